@@ -1,0 +1,136 @@
+//! Gated full attention `Qwen3_5Attention` (lines 742-814), eager form
+//! (`eager_attention_forward`, lines 717-739).
+
+use candle_core::{Device, Tensor};
+
+use super::norm::RmsNorm;
+use super::rope::Rotary;
+use super::{linear, LayerGeometry};
+use crate::error::Result;
+use crate::models::WeightSource;
+
+/// Key/value cache of one full-attention layer: rotated keys and raw values,
+/// each `[1, nkv, S, hd]`.
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+}
+
+impl KvCache {
+    /// Tokens held.
+    pub fn len(&self) -> usize {
+        self.k.as_ref().map(|k| k.dim(2).unwrap_or(0)).unwrap_or(0)
+    }
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `self_attn.*` of one full-attention layer.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    /// `[2·nh·hd, H]`, rows interleaved per head: `[query_h | gate_h]`.
+    q_proj: Tensor,
+    k_proj: Tensor,
+    v_proj: Tensor,
+    o_proj: Tensor,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    geo: LayerGeometry,
+}
+
+impl Attention {
+    /// Loads `{prefix}.{q,k,v,o}_proj.weight`, `{prefix}.{q,k}_norm.weight`.
+    pub fn load(src: &dyn WeightSource, prefix: &str, geo: LayerGeometry) -> Result<Self> {
+        Ok(Self {
+            q_proj: src.tensor(&format!("{prefix}.q_proj.weight"))?,
+            k_proj: src.tensor(&format!("{prefix}.k_proj.weight"))?,
+            v_proj: src.tensor(&format!("{prefix}.v_proj.weight"))?,
+            o_proj: src.tensor(&format!("{prefix}.o_proj.weight"))?,
+            q_norm: RmsNorm::load(src, &format!("{prefix}.q_norm"), geo.eps)?,
+            k_norm: RmsNorm::load(src, &format!("{prefix}.k_norm"), geo.eps)?,
+            geo,
+        })
+    }
+
+    /// `x`: `[T, H]` (already `input_layernorm`-ed); `cos`/`sin`: `[T, rd/2]` for
+    /// the absolute positions of these T tokens; `cache`: earlier tokens' keys
+    /// and values, extended in place when given. Causal mask over
+    /// cache + current tokens. Returns `[T, H]`.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rotary: &Rotary,
+        cos: &Tensor,
+        sin: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let g = &self.geo;
+        let t = x.dim(0)?;
+        let (nh, nkv, hd) = (g.num_heads, g.num_kv_heads, g.head_dim);
+        let qg = linear(x, &self.q_proj)?.reshape((t, nh, 2 * hd))?;
+        let q = qg.narrow(2, 0, hd)?;
+        let gate = qg.narrow(2, hd, hd)?.reshape((t, nh * hd))?;
+        let q = self.q_norm.forward(&q.contiguous()?)?;
+        let k = self
+            .k_norm
+            .forward(&linear(x, &self.k_proj)?.reshape((t, nkv, hd))?)?;
+        let v = linear(x, &self.v_proj)?.reshape((t, nkv, hd))?;
+        // [1, heads, T, hd]
+        let q = q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
+        let k = k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
+        let v = v.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
+        let q = rotary.apply(&q, cos, sin)?;
+        let mut k = rotary.apply(&k, cos, sin)?;
+        let mut v = v;
+        let past = match cache {
+            Some(c) => {
+                let past = c.len();
+                if let (Some(pk), Some(pv)) = (&c.k, &c.v) {
+                    k = Tensor::cat(&[pk, &k], 2)?;
+                    v = Tensor::cat(&[pv, &v], 2)?;
+                }
+                c.k = Some(k.clone());
+                c.v = Some(v.clone());
+                past
+            }
+            None => 0,
+        };
+        let s = past + t;
+        // repeat_kv: kv head j serves q heads j·n_rep .. (j+1)·n_rep-1.
+        let n_rep = nh / nkv;
+        let (k, v) = if n_rep == 1 {
+            (k, v)
+        } else {
+            let rep = |x: &Tensor| -> Result<Tensor> {
+                Ok(x.unsqueeze(2)?
+                    .broadcast_as((1, nkv, n_rep, s, hd))?
+                    .reshape((1, nh, s, hd))?)
+            };
+            (rep(&k)?, rep(&v)?)
+        };
+        let scale = (hd as f64).powf(-0.5);
+        let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
+        let mask = causal_mask(t, past)?;
+        let scores = scores.broadcast_add(&mask)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let out = probs.matmul(&v)?; // [1, nh, T, hd]
+        let out = out.squeeze(0)?.transpose(0, 1)?.reshape((t, nh * hd))?;
+        let out = (out * candle_nn::ops::sigmoid(&gate)?)?;
+        linear(&out, &self.o_proj)
+    }
+}
+
+/// Additive causal mask `[T, past+T]`: 0 where key position ≤ query position, −∞ elsewhere.
+fn causal_mask(t: usize, past: usize) -> Result<Tensor> {
+    let s = past + t;
+    let mut m = vec![0f32; t * s];
+    for i in 0..t {
+        for j in (past + i + 1)..s {
+            m[i * s + j] = f32::NEG_INFINITY;
+        }
+    }
+    Ok(Tensor::from_vec(m, (t, s), &Device::Cpu)?)
+}

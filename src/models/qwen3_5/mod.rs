@@ -1,0 +1,350 @@
+//! Qwen3.5 hybrid text decoder (`Qwen3_5TextModel` + `lm_head`), after
+//! `transformers/models/qwen3_5/modeling_qwen3_5.py` (5.23.0).
+//!
+//! The model is built piecewise — [`Embedding`], one [`DecoderLayer`] at a
+//! time, [`FinalNorm`], [`LmHead`] — so [`crate::capture`] can stream layer by
+//! layer and hold only one layer's weights at a time. All compute is f32 on
+//! CPU; weights arrive through a [`WeightSource`] and never know which loading
+//! path they came from.
+
+pub mod attention;
+pub mod gated_delta_net;
+pub mod mlp;
+pub mod norm;
+pub mod rope;
+
+use candle_core::{Device, Tensor};
+
+use crate::checkpoint::config::{LayerType, TextConfig};
+use crate::error::{Error, Result};
+use crate::models::WeightSource;
+pub use attention::{Attention, KvCache};
+pub use gated_delta_net::{GatedDeltaNet, GdnForm, GdnState};
+use mlp::Mlp;
+use norm::RmsNorm;
+use rope::Rotary;
+
+/// `x · Wᵀ` for `x`: `[T, in]`, `w`: `[out, in]` → `[T, out]` (nn.Linear, no bias).
+pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    Ok(x.matmul(&w.t()?)?)
+}
+
+/// Dimensions a layer needs, copied out of [`TextConfig`].
+#[derive(Debug, Clone, Copy)]
+pub struct LayerGeometry {
+    pub hidden: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub lin_k_heads: usize,
+    pub lin_v_heads: usize,
+    pub lin_k_dim: usize,
+    pub lin_v_dim: usize,
+    pub conv_kernel: usize,
+    pub eps: f64,
+}
+
+impl LayerGeometry {
+    /// From the text config.
+    pub fn new(cfg: &TextConfig) -> Self {
+        Self {
+            hidden: cfg.hidden_size,
+            num_heads: cfg.num_attention_heads,
+            num_kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            lin_k_heads: cfg.linear_num_key_heads,
+            lin_v_heads: cfg.linear_num_value_heads,
+            lin_k_dim: cfg.linear_key_head_dim,
+            lin_v_dim: cfg.linear_value_head_dim,
+            conv_kernel: cfg.linear_conv_kernel_dim,
+            eps: cfg.rms_norm_eps,
+        }
+    }
+
+    /// Conv channels `2·nk·dk + nv·dv`.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.lin_k_heads * self.lin_k_dim + self.lin_v_heads * self.lin_v_dim
+    }
+}
+
+/// Per-forward context shared by the layers: rope tables for the tokens'
+/// absolute positions and the delta-rule form.
+#[derive(Debug, Clone)]
+pub struct Positions {
+    /// `[T, rd/2]`.
+    pub cos: Tensor,
+    /// `[T, rd/2]`.
+    pub sin: Tensor,
+}
+
+/// Shared, weight-free pieces of a decoder: config geometry and rope.
+#[derive(Debug, Clone)]
+pub struct TextModelSpec {
+    pub geo: LayerGeometry,
+    pub layer_types: Vec<LayerType>,
+    pub rotary: Rotary,
+    pub vocab_size: usize,
+    pub max_position_embeddings: usize,
+}
+
+impl TextModelSpec {
+    /// Errors: invalid `layer_types` (see [`TextConfig::layer_types`]).
+    pub fn new(cfg: &TextConfig) -> Result<Self> {
+        Ok(Self {
+            geo: LayerGeometry::new(cfg),
+            layer_types: cfg.layer_types()?,
+            rotary: Rotary::new(cfg.rope_theta(), cfg.rotary_dim()),
+            vocab_size: cfg.vocab_size,
+            max_position_embeddings: cfg.max_position_embeddings,
+        })
+    }
+
+    /// Number of decoder layers N (`hidden_states` has N+1 entries).
+    pub fn num_layers(&self) -> usize {
+        self.layer_types.len()
+    }
+
+    /// Rope tables for positions `offset .. offset+T`.
+    pub fn positions(&self, offset: usize, t: usize) -> Result<Positions> {
+        let pos: Vec<usize> = (offset..offset + t).collect();
+        let (cos, sin) = self.rotary.cos_sin(&pos)?;
+        Ok(Positions { cos, sin })
+    }
+
+    /// Names (relative to the text model) of every tensor layer `i` reads.
+    pub fn layer_tensor_names(&self, i: usize) -> Vec<String> {
+        let p = format!("layers.{i}");
+        let mut v: Vec<String> = match self.layer_types[i] {
+            LayerType::LinearAttention => [
+                "linear_attn.in_proj_qkv.weight",
+                "linear_attn.in_proj_z.weight",
+                "linear_attn.in_proj_b.weight",
+                "linear_attn.in_proj_a.weight",
+                "linear_attn.conv1d.weight",
+                "linear_attn.dt_bias",
+                "linear_attn.A_log",
+                "linear_attn.norm.weight",
+                "linear_attn.out_proj.weight",
+            ]
+            .iter()
+            .map(|s| format!("{p}.{s}"))
+            .collect(),
+            LayerType::FullAttention => [
+                "self_attn.q_proj.weight",
+                "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight",
+                "self_attn.o_proj.weight",
+                "self_attn.q_norm.weight",
+                "self_attn.k_norm.weight",
+            ]
+            .iter()
+            .map(|s| format!("{p}.{s}"))
+            .collect(),
+        };
+        for s in [
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+        ] {
+            v.push(format!("{p}.{s}"));
+        }
+        v
+    }
+}
+
+/// `embed_tokens`: plain lookup, no scaling (line 1235).
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    /// `[V, H]`.
+    weight: Tensor,
+}
+
+impl Embedding {
+    /// Loads `embed_tokens.weight`.
+    pub fn load(src: &dyn WeightSource) -> Result<Self> {
+        Ok(Self {
+            weight: src.tensor("embed_tokens.weight")?,
+        })
+    }
+
+    /// `ids` (each `< V`) → `[T, H]`. Errors: an id out of range.
+    pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
+        let v = self.weight.dim(0)?;
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
+            return Err(Error::Input(format!(
+                "token id {bad} is out of range for embed_tokens with {v} rows"
+            )));
+        }
+        let idx = Tensor::from_slice(ids, ids.len(), &Device::Cpu)?;
+        Ok(self.weight.index_select(&idx, 0)?)
+    }
+}
+
+/// The token mixer of a layer.
+#[derive(Debug, Clone)]
+pub enum Mixer {
+    Linear(GatedDeltaNet),
+    Full(Attention),
+}
+
+/// Per-layer decode state, matching the layer's mixer.
+#[derive(Debug, Clone)]
+pub enum LayerState {
+    Linear(GdnState),
+    Full(KvCache),
+}
+
+/// `Qwen3_5DecoderLayer` (lines 867-907): pre-norm mixer and SwiGLU MLP, two residuals.
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    pub index: usize,
+    pub layer_type: LayerType,
+    input_layernorm: RmsNorm,
+    mixer: Mixer,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    /// Loads `layers.{i}.*`. Errors: any tensor missing or unreadable.
+    pub fn load(spec: &TextModelSpec, src: &dyn WeightSource, i: usize) -> Result<Self> {
+        let p = format!("layers.{i}");
+        let geo = spec.geo;
+        let layer_type = spec.layer_types[i];
+        let mixer = match layer_type {
+            LayerType::LinearAttention => {
+                Mixer::Linear(GatedDeltaNet::load(src, &format!("{p}.linear_attn"), geo)?)
+            }
+            LayerType::FullAttention => {
+                Mixer::Full(Attention::load(src, &format!("{p}.self_attn"), geo)?)
+            }
+        };
+        Ok(Self {
+            index: i,
+            layer_type,
+            input_layernorm: RmsNorm::load(src, &format!("{p}.input_layernorm"), geo.eps)?,
+            mixer,
+            post_attention_layernorm: RmsNorm::load(
+                src,
+                &format!("{p}.post_attention_layernorm"),
+                geo.eps,
+            )?,
+            mlp: Mlp::load(src, &format!("{p}.mlp"))?,
+        })
+    }
+
+    /// Fresh (empty) decode state for this layer.
+    pub fn new_state(&self, spec: &TextModelSpec) -> LayerState {
+        match self.mixer {
+            Mixer::Linear(_) => LayerState::Linear(GdnState::zeros(&spec.geo)),
+            Mixer::Full(_) => LayerState::Full(KvCache::default()),
+        }
+    }
+
+    /// `h`: `[T, H]` → `[T, H]` (the layer's output after both residuals,
+    /// what `hidden_states[i+1]` records). `state`: continue from earlier
+    /// tokens (decode); `None` = fresh prefill.
+    pub fn forward(
+        &self,
+        h: &Tensor,
+        spec: &TextModelSpec,
+        pos: &Positions,
+        form: GdnForm,
+        state: Option<&mut LayerState>,
+    ) -> Result<Tensor> {
+        let x = self.input_layernorm.forward(h)?;
+        let x = match (&self.mixer, state) {
+            (Mixer::Linear(m), Some(LayerState::Linear(s))) => m.forward(&x, form, Some(s))?,
+            (Mixer::Linear(m), _) => m.forward(&x, form, None)?,
+            (Mixer::Full(m), Some(LayerState::Full(c))) => {
+                m.forward(&x, &spec.rotary, &pos.cos, &pos.sin, Some(c))?
+            }
+            (Mixer::Full(m), _) => m.forward(&x, &spec.rotary, &pos.cos, &pos.sin, None)?,
+        };
+        let h = (h + x)?;
+        let y = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?)?;
+        Ok((h + y)?)
+    }
+}
+
+/// Final `norm` (zero-centred RMSNorm, line 1283).
+#[derive(Debug, Clone)]
+pub struct FinalNorm(RmsNorm);
+
+impl FinalNorm {
+    /// Loads `norm.weight`.
+    pub fn load(spec: &TextModelSpec, src: &dyn WeightSource) -> Result<Self> {
+        Ok(Self(RmsNorm::load(src, "norm", spec.geo.eps)?))
+    }
+    /// `[T, H]` → `[T, H]`.
+    pub fn forward(&self, h: &Tensor) -> Result<Tensor> {
+        self.0.forward(h)
+    }
+}
+
+/// `lm_head` (no bias, no softcap; lines 1708-1710).
+#[derive(Debug, Clone)]
+pub struct LmHead {
+    /// `[V, H]`.
+    weight: Tensor,
+}
+
+impl LmHead {
+    /// Loads `lm_head.weight` (the loading path decides whether that is tied).
+    pub fn load(src: &dyn WeightSource) -> Result<Self> {
+        Ok(Self {
+            weight: src.tensor("lm_head.weight")?,
+        })
+    }
+    /// `[T, H]` (final-normed) → logits `[T, V]`.
+    pub fn forward(&self, h: &Tensor) -> Result<Tensor> {
+        linear(h, &self.weight)
+    }
+}
+
+/// Everything `output_hidden_states=True` gives for one prompt, plus the raw
+/// last-layer output and the logits.
+#[derive(Debug, Clone)]
+pub struct ForwardOutput {
+    /// `N+1` entries of `[T, H]`; the last is final-normed (transformers' convention).
+    pub hidden_states: Vec<Tensor>,
+    /// `[T, H]`, output of decoder layer N−1 before the final norm.
+    pub last_layer_output: Tensor,
+    /// `[T, V]` when `with_logits`.
+    pub logits: Option<Tensor>,
+}
+
+/// Whole-model forward over one prompt, loading every layer (convenient for
+/// tests and single-path runs; the capture streams instead).
+pub fn forward(
+    spec: &TextModelSpec,
+    src: &dyn WeightSource,
+    ids: &[u32],
+    form: GdnForm,
+    with_logits: bool,
+) -> Result<ForwardOutput> {
+    let pos = spec.positions(0, ids.len())?;
+    let mut h = Embedding::load(src)?.forward(ids)?;
+    let mut hs = vec![h.clone()];
+    for i in 0..spec.num_layers() {
+        h = DecoderLayer::load(spec, src, i)?.forward(&h, spec, &pos, form, None)?;
+        hs.push(h.clone());
+    }
+    let last = hs.pop().expect("at least the embeddings");
+    let normed = FinalNorm::load(spec, src)?.forward(&last)?;
+    let logits = if with_logits {
+        Some(LmHead::load(src)?.forward(&normed)?)
+    } else {
+        None
+    };
+    hs.push(normed);
+    Ok(ForwardOutput {
+        hidden_states: hs,
+        last_layer_output: last,
+        logits,
+    })
+}

@@ -1,0 +1,11 @@
+//! Parity: metrics over two captures of the same tensors, tolerances and
+//! verdicts, and the per-layer table of a pair of loading paths. Shared by
+//! `compare` (live paths) and by dump comparisons.
+
+pub mod metrics;
+pub mod pairs;
+pub mod verdict;
+
+pub use metrics::{Accumulator, Location, Metrics};
+pub use pairs::{HiddenStateRow, PairObserver, PairReport};
+pub use verdict::{Tolerance, Verdict};

@@ -1,0 +1,190 @@
+//! Per-layer parity of path pairs `(paths[0], paths[j])`, computed on the fly
+//! as the capture streams `hidden_states` (DESIGN §1.4–1.5).
+
+use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+
+use super::metrics::{Accumulator, Metrics};
+use super::verdict::{Tolerance, Verdict};
+use crate::capture::{HiddenKind, Observer};
+use crate::error::Result;
+
+/// One `hidden_states` index of a pair (a JSON row of `pairs[].hidden_states`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HiddenStateRow {
+    /// transformers `hidden_states` index: 0 embeddings, l+1 output of layer l, N final-normed.
+    pub index: usize,
+    /// `embedding` | `linear_attention` | `full_attention` | `final_norm`.
+    pub layer_type: String,
+    /// Propagated comparison: each path fed its own history.
+    #[serde(flatten)]
+    pub metrics: Metrics,
+    /// Verdict of the propagated comparison.
+    pub verdict: Verdict,
+    /// Local comparison: path b's layer fed path a's input (isolates the layer).
+    pub local: Option<Metrics>,
+    /// Verdict of the local comparison.
+    pub local_verdict: Option<Verdict>,
+    /// On warn/fail, the tolerance that would have passed.
+    pub needed_to_pass: Option<String>,
+}
+
+/// The comparison of two loading paths over all prompts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PairReport {
+    /// Reference path (`rel_l2` is measured against `b`, DESIGN §4).
+    pub a: String,
+    /// Compared path.
+    pub b: String,
+    /// First `hidden_states` index whose verdict is not pass.
+    pub first_divergent: Option<usize>,
+    /// First `hidden_states` index that is not bitwise identical.
+    pub first_non_bitwise: Option<usize>,
+    /// Rows by `hidden_states` index.
+    pub hidden_states: Vec<HiddenStateRow>,
+    /// Raw last-layer output (pre final norm).
+    pub last_layer_output: Option<Metrics>,
+    /// Logits, when both paths have an LM head.
+    pub logits: Option<Metrics>,
+    /// Verdict on the logits.
+    pub logits_verdict: Option<Verdict>,
+    /// Fraction of tokens whose greedy (argmax) next token agrees, when both have logits.
+    pub argmax_agreement: Option<f64>,
+    /// Tolerances applied.
+    pub tolerance: Tolerance,
+}
+
+impl PairReport {
+    fn new(a: &str, b: &str, tolerance: Tolerance) -> Self {
+        Self {
+            a: a.to_string(),
+            b: b.to_string(),
+            first_divergent: None,
+            first_non_bitwise: None,
+            hidden_states: Vec::new(),
+            last_layer_output: None,
+            logits: None,
+            logits_verdict: None,
+            argmax_agreement: None,
+            tolerance,
+        }
+    }
+
+    /// Verdict of the pair: the worst over hidden states and logits.
+    pub fn verdict(&self) -> Verdict {
+        self.hidden_states
+            .iter()
+            .map(|r| r.verdict)
+            .chain(self.logits_verdict)
+            .max_by_key(|v| *v as u8)
+            .unwrap_or(Verdict::Pass)
+    }
+
+    /// Adds one compared index (used by live capture and by dump comparison).
+    pub fn push_row(&mut self, index: usize, layer_type: &str, m: Metrics, local: Option<Metrics>) {
+        let verdict = self.tolerance.judge(&m);
+        let local_verdict = local.as_ref().map(|l| self.tolerance.judge(l));
+        if verdict != Verdict::Pass && self.first_divergent.is_none() {
+            self.first_divergent = Some(index);
+        }
+        if !m.bitwise && self.first_non_bitwise.is_none() {
+            self.first_non_bitwise = Some(index);
+        }
+        let needed_to_pass = (verdict != Verdict::Pass).then(|| Tolerance::needed_to_pass(&m));
+        self.hidden_states.push(HiddenStateRow {
+            index,
+            layer_type: layer_type.to_string(),
+            metrics: m,
+            verdict,
+            local,
+            local_verdict,
+            needed_to_pass,
+        });
+    }
+
+    /// Records the logits comparison.
+    pub fn set_logits(&mut self, m: Metrics, argmax_agreement: f64) {
+        self.logits_verdict = Some(self.tolerance.judge(&m));
+        self.logits = Some(m);
+        self.argmax_agreement = Some(argmax_agreement);
+    }
+}
+
+/// Compares every tensor of one list of prompts: `a[k]` vs `b[k]`.
+pub fn compare_prompts(a: &[Tensor], b: &[Tensor]) -> Result<Metrics> {
+    let mut acc = Accumulator::default();
+    for (k, (x, y)) in a.iter().zip(b).enumerate() {
+        acc.add(k, x, y)?;
+    }
+    Ok(acc.finish())
+}
+
+/// Fraction of rows whose argmax agrees between `a[k]` and `b[k]` (`[T, V]` each).
+pub fn argmax_agreement(a: &[Tensor], b: &[Tensor]) -> Result<f64> {
+    let (mut same, mut total) = (0usize, 0usize);
+    for (x, y) in a.iter().zip(b) {
+        let xa = x.argmax(candle_core::D::Minus1)?.to_vec1::<u32>()?;
+        let ya = y.argmax(candle_core::D::Minus1)?.to_vec1::<u32>()?;
+        same += xa.iter().zip(&ya).filter(|(p, q)| p == q).count();
+        total += xa.len();
+    }
+    Ok(if total == 0 {
+        1.0
+    } else {
+        same as f64 / total as f64
+    })
+}
+
+/// [`Observer`] building one [`PairReport`] per `(paths[0], paths[j])`.
+pub struct PairObserver {
+    /// Reports for j = 1.., in path order.
+    pub pairs: Vec<PairReport>,
+}
+
+impl PairObserver {
+    /// `names`: loading path names in capture order (≥ 2); `tolerance` for every pair.
+    pub fn new(names: &[String], tolerance: Tolerance) -> Self {
+        Self {
+            pairs: names[1..]
+                .iter()
+                .map(|b| PairReport::new(&names[0], b, tolerance))
+                .collect(),
+        }
+    }
+}
+
+impl Observer for PairObserver {
+    fn hidden_states(
+        &mut self,
+        index: usize,
+        kind: HiddenKind,
+        states: &[Vec<Tensor>],
+        local: &[Option<Vec<Tensor>>],
+    ) -> Result<()> {
+        for (j, pair) in self.pairs.iter_mut().enumerate() {
+            let m = compare_prompts(&states[0], &states[j + 1])?;
+            let lm = match &local[j + 1] {
+                Some(l) => Some(compare_prompts(&states[0], l)?),
+                None => None,
+            };
+            pair.push_row(index, kind.as_str(), m, lm);
+        }
+        Ok(())
+    }
+
+    fn last_layer_output(&mut self, states: &[Vec<Tensor>]) -> Result<()> {
+        for (j, pair) in self.pairs.iter_mut().enumerate() {
+            pair.last_layer_output = Some(compare_prompts(&states[0], &states[j + 1])?);
+        }
+        Ok(())
+    }
+
+    fn logits(&mut self, logits: &[Option<Vec<Tensor>>]) -> Result<()> {
+        for (j, pair) in self.pairs.iter_mut().enumerate() {
+            if let (Some(a), Some(b)) = (&logits[0], &logits[j + 1]) {
+                pair.set_logits(compare_prompts(a, b)?, argmax_agreement(a, b)?);
+            }
+        }
+        Ok(())
+    }
+}

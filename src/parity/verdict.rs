@@ -1,0 +1,111 @@
+//! Tolerances and verdicts (DESIGN §4). Defaults depend on the dtype the
+//! compared paths ran in: f32 is held to round-off, half precisions looser.
+
+use serde::{Deserialize, Serialize};
+
+use super::metrics::Metrics;
+
+/// Outcome for one compared tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Pass,
+    Warn,
+    Fail,
+}
+
+impl Verdict {
+    /// `"pass"`, `"warn"`, `"fail"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Warn => "warn",
+            Verdict::Fail => "fail",
+        }
+    }
+}
+
+/// Thresholds: pass needs `cos_min ≥ pass_cos` and `rel_l2 ≤ pass_rel_l2`;
+/// warn needs `cos_min ≥ warn_cos` and `rel_l2 ≤ warn_rel_l2`; else fail.
+/// NaN/Inf always fail.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Tolerance {
+    pub pass_cos: f64,
+    pub pass_rel_l2: f64,
+    pub warn_cos: f64,
+    pub warn_rel_l2: f64,
+}
+
+impl Tolerance {
+    /// Default for a compute dtype (`"f32"`, `"bf16"`, `"f16"`; anything else → f32).
+    /// f32: two f32 implementations of the same math agree to ~1e-6 relative
+    /// (qwen3_5 brief §6: eager vs sdpa 8e-7), so 1e-4 leaves room for long
+    /// prompts while catching any real change. bf16 has 8 mantissa bits: the
+    /// brief measured cos ≈ 0.9995 after four random layers against exact math.
+    pub fn for_dtype(dtype: &str) -> Self {
+        match dtype {
+            "bf16" => Self {
+                pass_cos: 0.999,
+                pass_rel_l2: 5e-2,
+                warn_cos: 0.99,
+                warn_rel_l2: 2e-1,
+            },
+            "f16" => Self {
+                pass_cos: 0.9999,
+                pass_rel_l2: 1e-2,
+                warn_cos: 0.999,
+                warn_rel_l2: 5e-2,
+            },
+            _ => Self {
+                pass_cos: 0.99999,
+                pass_rel_l2: 1e-4,
+                warn_cos: 0.999,
+                warn_rel_l2: 1e-2,
+            },
+        }
+    }
+
+    /// Verdict for `m`.
+    pub fn judge(&self, m: &Metrics) -> Verdict {
+        if m.nan_count > 0 || m.inf_count > 0 {
+            return Verdict::Fail;
+        }
+        if m.bitwise || (m.cos_min >= self.pass_cos && m.rel_l2 <= self.pass_rel_l2) {
+            Verdict::Pass
+        } else if m.cos_min >= self.warn_cos && m.rel_l2 <= self.warn_rel_l2 {
+            Verdict::Warn
+        } else {
+            Verdict::Fail
+        }
+    }
+
+    /// The loosest tolerance `m` needed to pass, for failure messages:
+    /// `"cos_min ≥ 0.99871, rel_l2 ≤ 3.1e-2"`.
+    pub fn needed_to_pass(m: &Metrics) -> String {
+        format!("cos_min >= {:.6}, rel_l2 <= {:.2e}", m.cos_min, m.rel_l2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parity::metrics::Accumulator;
+
+    #[test]
+    fn verdicts_follow_thresholds() {
+        let tol = Tolerance::for_dtype("f32");
+        let mut same = Accumulator::default();
+        same.add_rows(0, &[1.0, 2.0], &[1.0, 2.0], 2);
+        assert_eq!(tol.judge(&same.finish()), Verdict::Pass);
+        let mut far = Accumulator::default();
+        far.add_rows(0, &[1.0, 0.0], &[0.0, 1.0], 2);
+        assert_eq!(tol.judge(&far.finish()), Verdict::Fail);
+        let mut near = Accumulator::default();
+        near.add_rows(0, &[1.0, 1.001], &[1.0, 1.0], 2);
+        assert_eq!(tol.judge(&near.finish()), Verdict::Warn);
+        assert_eq!(
+            Tolerance::for_dtype("bf16").judge(&near.finish()),
+            Verdict::Pass
+        );
+    }
+}

@@ -1,0 +1,779 @@
+#!/usr/bin/env python3
+"""Generate hsparity's golden fixtures with HuggingFace transformers 5.23.0.
+
+CI never runs this script: its outputs are committed under ``fixtures/`` and the
+Rust tests read them. Regenerate only when the fixture contract changes.
+
+How to run (from the repository root):
+
+    python3 -m venv .venv && .venv/bin/pip install -r tools/requirements.txt \
+        && .venv/bin/python tools/make_fixtures.py
+
+The script is deterministic: fixed seeds, one CPU thread, deterministic torch
+algorithms, fixed file ordering. Two runs give byte-identical files
+(checked with ``sha256sum`` over ``fixtures/``). It always runs on CPU.
+
+What it writes
+==============
+
+``fixtures/tiny-qwen3_5/`` -- a tiny, structurally complete Qwen3.5 checkpoint
+    (``Qwen3_5ForConditionalGeneration``, ``model_type: qwen3_5``) with random
+    weights, float32, sharded:
+
+    * ``config.json`` exactly as ``save_pretrained`` writes it (see TEXT_CONFIG /
+      VISION_CONFIG below for the values); ``generation_config.json`` if written.
+    * ``model-0000i-of-0000N.safetensors`` (N >= 2) + ``model.safetensors.index.json``.
+      Besides the model's own tensors, the last shard carries the 15 ``mtp.*``
+      tensors that published checkpoints carry (transformers ignores them), and the
+      index lists every tensor, mtp included.
+    * Every weight is random, norms included: zero-centred RMSNorm weights
+      (``(1 + w)`` form) ~ N(0, 0.1); the gated norm ``linear_attn.norm.weight``
+      (plain ``w`` form) ~ 1 + N(0, 0.1), so a ``w`` vs ``1 + w`` slip shows.
+      ``A_log = log U(1, 16)``; ``dt_bias ~ N(-4.5, 0.5)`` so that the per-token
+      log-decay ``g = -exp(A_log) * softplus(a + dt_bias)`` is mostly in
+      [-1.5, -0.005]: state carries across the 64-token chunk boundary.
+    * ``tokenizer.json``: byte-level BPE trained with ``tokenizers`` on the text
+      embedded below (vocab = TOKENIZER_VOCAB = the model's ``vocab_size``), one
+      special token ``<|endoftext|>`` (id 0), no post-processor: ``encode(text)``
+      yields the same ids with and without ``add_special_tokens``.
+      ``tokenizer_config.json`` (minimal; ``AutoTokenizer`` resolves it to
+      ``Qwen3_5Tokenizer`` and yields the same ids). The Rust ``tokenizers`` crate
+      0.23 (fancy-regex) was checked to give the same ids as Python.
+    * ``prompts.jsonl``: one JSON object per line, ``{"text": ...}`` or
+      ``{"input_ids": [...]}``, in this order:
+        p0  short text prompt (8-15 tokens)
+        p1  long text prompt (> 64 tokens, not a multiple of 64: crosses the GDN
+            chunk boundary)
+        p2  ``input_ids`` prompt of exactly 64 random ids (one full chunk)
+      Text prompts are tokenised with the tokenizer above, no special tokens.
+
+``fixtures/tiny-qwen3_5/golden/`` -- transformers' outputs on those prompts:
+
+    * ``causal-lm.safetensors``          AutoModelForCausalLM        -> Qwen3_5ForCausalLM
+    * ``vlm.safetensors``                AutoModel                   -> Qwen3_5Model
+    * ``image-text-to-text.safetensors`` AutoModelForImageTextToText -> Qwen3_5ForConditionalGeneration
+
+      hsparity dump format v1 (DESIGN.md section 3). Each comes from
+      ``model(input_ids=ids[None], output_hidden_states=True, use_cache=False)``,
+      eager attention, fp32, eval, no_grad, batch 1, one prompt at a time.
+      Keys for prompt k:
+        ``p{k}.input_ids``          I64 [T]
+        ``p{k}.hidden_states.{i}``  F32 [T, H], i = 0..=N (N = 6): 0 = embeddings,
+                                    i = layer i-1 output, N = final-normed output
+        ``p{k}.last_layer_output``  F32 [T, H]  raw output of the last decoder layer
+                                    (forward hook), i.e. hidden_states.N before the norm
+        ``p{k}.logits``             F32 [T, V]  causal-lm and image-text-to-text only
+      ``__metadata__`` (all strings): format, checkpoint, loading_path, class,
+      dtype, num_layers, tool_version.
+
+    * ``load_report.json``: for each Auto class, what transformers reports when
+      loading the checkpoint with default arguments (dtype "auto"): class,
+      config class, config model_type, state_dict tensor count, parameter count
+      (numel), missing / unexpected / mismatched keys from
+      ``output_loading_info=True``, parameter dtype, and the WARNING-level load
+      messages (ANSI stripped). Plus the checkpoint's own tensor count, and per path
+      ``derived_dropped_silently`` = checkpoint tensors - state_dict tensors -
+      unexpected keys (computed here: tensors dropped by ``_keys_to_ignore_on_load_unexpected``).
+
+    * ``gdn_kernels.safetensors``: the Gated DeltaNet kernels on random inputs,
+      one layer shape, B = 1, T = 100 (one full 64-chunk + a partial one),
+      nk = 2 key heads, nv = 4 value heads, dk = dv = 16. GVA is NOT applied to
+      the inputs: q and k have nk heads; the kernels repeat_interleave them to nv
+      (value head h uses key head h // (nv / nk)), exactly as the model calls them.
+      Inputs are float32, in the kernels' argument layout:
+        ``q``      F32 [1, 100, 2, 16]   (before l2norm; the kernel normalises)
+        ``k``      F32 [1, 100, 2, 16]
+        ``v``      F32 [1, 100, 4, 16]
+        ``g``      F32 [1, 100, 4]       log-decay (<= 0) = -exp(A_log) * softplus(a + dt_bias)
+        ``beta``   F32 [1, 100, 4]       sigmoid(b)
+        ``initial_state`` F32 [1, 4, 16, 16]  used only by the ``*_init`` outputs
+      Outputs of ``torch_chunk_gated_delta_rule`` (chunk_size 64) and
+      ``torch_recurrent_gated_delta_rule`` from
+      ``transformers.models.qwen3_5.modeling_qwen3_5``, both with
+      ``use_qk_l2norm_in_kernel=True, output_final_state=True``:
+        ``chunk.out`` / ``recurrent.out``                F32 [1, 100, 4, 16]
+        ``chunk.final_state`` / ``recurrent.final_state`` F32 [1, 4, 16, 16]  (S[k, v] per head)
+        ``chunk_init.out``, ``chunk_init.final_state``, ``recurrent_init.out``,
+        ``recurrent_init.final_state``: the same with ``initial_state`` given.
+        ``chunk.out_no_carry``  F32 [1, 100, 4, 16]: the chunked kernel run on
+          tokens [0, 64) and [64, 100) separately with a zero state: what a
+          chunk kernel that forgot to carry the state would give (for the test's
+          "the golden can tell" sanity check).
+      ``__metadata__`` records the shapes, chunk size and measured differences.
+
+``fixtures/qwen3.6-27b/`` -- plain copies of ``config.json`` and ``tensors.json``
+    from the shared research data (only if the source exists; the copies are
+    committed).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+
+import transformers  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
+)
+from transformers.models.qwen3_5 import modeling_qwen3_5 as mq  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+REPO = Path(__file__).resolve().parent.parent
+CKPT_REL = "fixtures/tiny-qwen3_5"
+SEED = 20260209
+
+EXPECTED_TRANSFORMERS = "5.23.0"
+
+# ------------------------------------------------------------------------------------------------
+# Configuration
+# ------------------------------------------------------------------------------------------------
+TOKENIZER_VOCAB = 384
+EOT = "<|endoftext|>"
+
+LAYER_TYPES = [
+    "linear_attention",
+    "linear_attention",
+    "full_attention",
+    "linear_attention",
+    "linear_attention",
+    "full_attention",
+]
+TEXT_CONFIG = dict(
+    vocab_size=TOKENIZER_VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=len(LAYER_TYPES),
+    layer_types=LAYER_TYPES,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # GQA, n_rep = 2
+    head_dim=32,  # rotary dim = 32 * 0.25 = 8 -> 4 frequencies; mrope_section sums to 4
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,  # GVA: value heads = 2 x key heads
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    eos_token_id=0,
+    rope_parameters=dict(
+        rope_type="default",
+        rope_theta=10000.0,
+        partial_rotary_factor=0.25,
+        mrope_section=[2, 1, 1],
+        mrope_interleaved=True,
+    ),
+)
+VISION_CONFIG = dict(
+    depth=2,
+    hidden_size=32,
+    intermediate_size=64,
+    num_heads=2,
+    patch_size=4,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    out_hidden_size=64,
+    num_position_embeddings=16,
+)
+MAX_SHARD_SIZE = "600KB"
+
+# Auto classes, in the order of the golden files.
+PATHS = [
+    ("causal-lm", "AutoModelForCausalLM", AutoModelForCausalLM),
+    ("vlm", "AutoModel", AutoModel),
+    ("image-text-to-text", "AutoModelForImageTextToText", AutoModelForImageTextToText),
+]
+
+# ------------------------------------------------------------------------------------------------
+# Tokenizer training text (English prose + a little code) and prompts
+# ------------------------------------------------------------------------------------------------
+TRAIN_TEXT = r'''
+The quick brown fox jumps over the lazy dog. A model is only as good as the data it was trained on,
+and a test is only as good as the reference it compares against. When two loading paths of the same
+checkpoint disagree, the first question is where: which layer, which token, and by how much.
+Hidden states flow through the residual stream one layer at a time. Each layer reads the stream,
+normalises it, mixes information across tokens, and writes its update back. Linear attention keeps a
+small recurrent state for every head; full attention looks at every earlier token again.
+The state decays a little at every step, and the delta rule writes only the part of the new value
+that the old state could not already predict. Chunked and recurrent forms compute the same thing in
+different orders, so their results agree up to rounding.
+In the morning the river was calm and the boats waited by the old stone bridge. Children ran along
+the bank, and their laughter carried across the water to the market on the other side, where the
+bakers had been working since four o'clock and the smell of fresh bread filled the narrow streets.
+People often say that numbers do not lie, but they rarely say which numbers were measured, with
+what tolerance, and on which machine. Write it down: the version, the seed, the shape, the dtype.
+
+def rms_norm(x, weight, eps=1e-6):
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return x * torch.rsqrt(variance + eps) * (1.0 + weight)
+
+def softplus(x):
+    return math.log1p(math.exp(-abs(x))) + max(x, 0.0)
+
+for layer_index, layer_type in enumerate(config.layer_types):
+    if layer_type == "linear_attention":
+        hidden = hidden + layer.linear_attn(norm(hidden))
+    else:
+        hidden = hidden + layer.self_attn(norm(hidden), cos, sin)
+    hidden = hidden + layer.mlp(post_norm(hidden))
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+let config: Config = serde_json::from_str(&text)?;
+println!("{} layers, hidden size {}", config.num_hidden_layers, config.hidden_size);
+if value > threshold { return Err(anyhow!("tolerance exceeded: {value} > {threshold}")); }
+
+{"model_type": "qwen3_5", "hidden_size": 5120, "num_hidden_layers": 64, "vocab_size": 248320}
+SELECT name, value FROM results WHERE layer = 12 ORDER BY value DESC LIMIT 10;
+x = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]; y = {"a": 1.5, "b": -2.25, "c": 3e-4}
+'''
+
+PROMPT_SHORT = "The hidden state of the model."
+PROMPT_LONG = (
+    "When the two loading paths of one checkpoint disagree, we want to know where it starts: "
+    "which layer, which token, and by how much. def max_abs_diff(a, b): "
+    "return (a - b).abs().max()"
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers
+# ------------------------------------------------------------------------------------------------
+def log(*a):
+    print(*a, flush=True)
+
+
+def setup_determinism():
+    torch.manual_seed(SEED)
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    torch.use_deterministic_algorithms(True)
+
+
+def write_json(path: Path, obj, indent=2):
+    path.write_text(json.dumps(obj, indent=indent, sort_keys=False, ensure_ascii=False) + "\n")
+
+
+def train_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    # No normalizer, no post-processor: encode() never adds tokens.
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([TRAIN_TEXT], trainer=trainer)
+    assert tok.get_vocab_size() == TOKENIZER_VOCAB, tok.get_vocab_size()
+    return tok
+
+
+def encode(tok: Tokenizer, text: str) -> list[int]:
+    a = tok.encode(text, add_special_tokens=False).ids
+    b = tok.encode(text, add_special_tokens=True).ids
+    assert a == b, "tokenizer must not add special tokens"
+    assert tok.decode(a) == text, "byte-level BPE must round-trip"
+    return a
+
+
+@torch.no_grad()
+def randomise(model: torch.nn.Module, gen: torch.Generator):
+    """Give every parameter a random value (see module docstring for the recipe)."""
+
+    def normal(p, std, mean=0.0):
+        p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std + mean)
+
+    for name, p in model.named_parameters():
+        if name.endswith("linear_attn.A_log"):
+            p.copy_(torch.empty(p.shape, dtype=torch.float32).uniform_(1.0, 16.0, generator=gen).log())
+        elif name.endswith("linear_attn.dt_bias"):
+            normal(p, 0.5, -4.5)
+        elif name.endswith("linear_attn.norm.weight"):
+            normal(p, 0.1, 1.0)  # plain-w gated RMSNorm
+        elif name.startswith("model.visual.") and ("norm" in name):
+            normal(p, 0.1, 1.0 if name.endswith(".weight") else 0.0)  # LayerNorm weight/bias
+        elif "norm" in name:
+            normal(p, 0.1)  # zero-centred (1 + w) RMSNorm
+        elif name.endswith(".bias"):
+            normal(p, 0.02)
+        elif name.endswith("embed_tokens.weight"):
+            normal(p, 1.0)
+        elif name.endswith("conv1d.weight"):
+            normal(p, 0.5)  # fan_in = kernel size 4
+        elif p.dim() >= 2:
+            fan_in = p[0].numel()
+            # writers into the residual stream are damped so 6 layers stay O(1..10)
+            damp = 0.5 if re.search(r"(o_proj|out_proj|down_proj)\.weight$", name) else 1.0
+            normal(p, damp / fan_in**0.5)
+        else:
+            normal(p, 0.1)
+
+
+def mtp_tensors(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    H, I = TEXT_CONFIG["hidden_size"], TEXT_CONFIG["intermediate_size"]
+    nh, nkv, hd = TEXT_CONFIG["num_attention_heads"], TEXT_CONFIG["num_key_value_heads"], TEXT_CONFIG["head_dim"]
+
+    def w(*shape):
+        return torch.randn(shape, generator=gen) / shape[-1] ** 0.5
+
+    def n(*shape):
+        return torch.randn(shape, generator=gen) * 0.1
+
+    return {
+        "mtp.fc.weight": w(H, 2 * H),
+        "mtp.pre_fc_norm_embedding.weight": n(H),
+        "mtp.pre_fc_norm_hidden.weight": n(H),
+        "mtp.norm.weight": n(H),
+        "mtp.layers.0.input_layernorm.weight": n(H),
+        "mtp.layers.0.post_attention_layernorm.weight": n(H),
+        "mtp.layers.0.self_attn.q_proj.weight": w(2 * nh * hd, H),
+        "mtp.layers.0.self_attn.k_proj.weight": w(nkv * hd, H),
+        "mtp.layers.0.self_attn.v_proj.weight": w(nkv * hd, H),
+        "mtp.layers.0.self_attn.o_proj.weight": w(H, nh * hd),
+        "mtp.layers.0.self_attn.q_norm.weight": n(hd),
+        "mtp.layers.0.self_attn.k_norm.weight": n(hd),
+        "mtp.layers.0.mlp.gate_proj.weight": w(I, H),
+        "mtp.layers.0.mlp.up_proj.weight": w(I, H),
+        "mtp.layers.0.mlp.down_proj.weight": w(H, I),
+    }
+
+
+def shard_metadata(path: Path) -> dict:
+    with safe_open(str(path), "pt") as f:
+        return f.metadata() or {}
+
+
+def save_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]):
+    """Write a safetensors file byte-for-byte deterministically.
+
+    ``safetensors.torch.save_file`` serialises ``__metadata__`` from a Rust HashMap, so
+    its key order (and the file's bytes) changes from run to run when there is more
+    than one metadata key. Here: metadata keys sorted, tensors laid out in name order,
+    header padded with spaces to a multiple of 8 bytes (as safetensors does).
+    """
+    dtypes = {torch.float32: "F32", torch.int64: "I64", torch.float16: "F16", torch.bfloat16: "BF16"}
+    header: dict = {"__metadata__": dict(sorted(metadata.items()))}
+    blobs = []
+    offset = 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        data = t.view(torch.uint8).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
+        header[name] = {"dtype": dtypes[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    back = load_file(str(path))
+    assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
+    assert shard_metadata(path) == metadata
+
+
+def build_checkpoint(ckpt: Path, vocab: int):
+    setup_determinism()
+    gen = torch.Generator().manual_seed(SEED)
+    assert TEXT_CONFIG["vocab_size"] == vocab
+    config = Qwen3_5Config(text_config=dict(TEXT_CONFIG), vision_config=dict(VISION_CONFIG), tie_word_embeddings=False)
+    model = Qwen3_5ForConditionalGeneration(config).eval().float()
+    randomise(model, gen)
+    model.save_pretrained(str(ckpt), max_shard_size=MAX_SHARD_SIZE)
+
+    index_path = ckpt / "model.safetensors.index.json"
+    assert index_path.exists(), "expected a sharded checkpoint; lower MAX_SHARD_SIZE"
+    index = json.loads(index_path.read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) >= 2, shards
+    last = ckpt / shards[-1]
+    meta = shard_metadata(last)
+    sd = {k: v.clone() for k, v in load_file(str(last)).items()}  # detach from the mmap before rewriting
+    mtp = mtp_tensors(gen)
+    assert not (set(mtp) & set(sd))
+    sd.update(mtp)
+    save_safetensors(last, sd, meta)  # deterministic even if meta had several keys
+    for k in mtp:
+        index["weight_map"][k] = shards[-1]
+    index["weight_map"] = dict(sorted(index["weight_map"].items()))
+    md = index.setdefault("metadata", {})
+    mtp_bytes = sum(t.numel() * t.element_size() for t in mtp.values())
+    mtp_params = sum(t.numel() for t in mtp.values())
+    if "total_size" in md:
+        md["total_size"] += mtp_bytes
+    if "total_parameters" in md:
+        md["total_parameters"] += mtp_params
+    write_json(index_path, index)
+    return model
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading and golden dumps
+# ------------------------------------------------------------------------------------------------
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class _Capture(logging.Handler):
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.records: list[str] = []
+
+    def emit(self, record):
+        self.records.append(f"{record.levelname} {record.name}: {_ANSI.sub('', record.getMessage())}")
+
+
+def load(auto_cls, ckpt_rel: str, **kw):
+    cap = _Capture()
+    lg = logging.getLogger("transformers")
+    lg.addHandler(cap)
+    try:
+        model, info = auto_cls.from_pretrained(ckpt_rel, output_loading_info=True, **kw)
+    finally:
+        lg.removeHandler(cap)
+    model.eval()
+    return model, info, cap.records
+
+
+def checkpoint_keys(ckpt: Path) -> list[str]:
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
+    keys = []
+    for shard in sorted(set(index["weight_map"].values())):
+        with safe_open(str(ckpt / shard), "pt") as f:
+            keys.extend(f.keys())
+    assert sorted(keys) == sorted(index["weight_map"]), "index must list every tensor"
+    return sorted(keys)
+
+
+def load_report(ckpt: Path) -> dict:
+    keys = checkpoint_keys(ckpt)
+    report = {
+        "tool_version": f"transformers {transformers.__version__}",
+        "torch_version": torch.__version__.split("+")[0],
+        "checkpoint": CKPT_REL,
+        "load_arguments": "from_pretrained(checkpoint, output_loading_info=True)  # dtype defaults to 'auto'",
+        "checkpoint_tensors": len(keys),
+        "checkpoint_tensors_by_prefix": {
+            "model.language_model.": sum(k.startswith("model.language_model.") for k in keys),
+            "model.visual.": sum(k.startswith("model.visual.") for k in keys),
+            "lm_head.": sum(k.startswith("lm_head.") for k in keys),
+            "mtp.": sum(k.startswith("mtp.") for k in keys),
+        },
+        "paths": [],
+    }
+    for path_name, auto_name, auto_cls in PATHS:
+        m, info, records = load(auto_cls, CKPT_REL)
+        sd = m.state_dict()
+        params = list(m.named_parameters())
+        dtypes = sorted({str(p.dtype).replace("torch.", "") for _, p in params})
+        entry = {
+            "name": path_name,
+            "auto_class": auto_name,
+            "class": type(m).__name__,
+            "config_class": type(m.config).__name__,
+            "model_type": m.config.model_type,
+            "attn_implementation": m.config._attn_implementation,
+            "dtype": dtypes[0] if len(dtypes) == 1 else dtypes,
+            "state_dict_tensors": len(sd),
+            "named_parameters": len(params),
+            "numel": sum(p.numel() for _, p in params),
+            "missing_keys": sorted(info.get("missing_keys") or []),
+            "unexpected_keys": sorted(info.get("unexpected_keys") or []),
+            "mismatched_keys": sorted(str(x) for x in (info.get("mismatched_keys") or [])),
+            "error_msgs": [str(x) for x in (info.get("error_msgs") or [])],
+            "load_warnings": records,
+            # derived here, not reported by transformers: checkpoint tensors neither loaded nor
+            # reported (ignore rules: ^mtp.*, and ^model.visual.* for the causal-lm class)
+            "derived_dropped_silently": len(keys) - len(sd) - len(info.get("unexpected_keys") or []),
+            "first_state_dict_keys": list(sd.keys())[:3],
+            "last_state_dict_keys": list(sd.keys())[-2:],
+        }
+        report["paths"].append(entry)
+        del m
+    return report
+
+
+def find_last_decoder_layer(model):
+    layers = [m for m in model.modules() if isinstance(m, mq.Qwen3_5DecoderLayer)]
+    assert len(layers) == TEXT_CONFIG["num_hidden_layers"], len(layers)
+    return layers[-1]
+
+
+def final_norm(model):
+    for name, mod in model.named_modules():
+        if re.fullmatch(r"(model\.)?(language_model\.)?norm", name):
+            return mod
+    raise RuntimeError("final norm not found")
+
+
+@torch.no_grad()
+def golden(path_name: str, auto_cls, prompts_ids: list[list[int]], out_path: Path) -> dict:
+    setup_determinism()
+    m, _, _ = load(auto_cls, CKPT_REL, dtype=torch.float32, attn_implementation="eager")
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+    last = find_last_decoder_layer(m)
+    norm = final_norm(m)
+    N = TEXT_CONFIG["num_hidden_layers"]
+    captured = {}
+
+    def hook(_mod, _args, out):
+        captured["last"] = out[0] if isinstance(out, (tuple, list)) else out
+
+    handle = last.register_forward_hook(hook)
+    tensors: dict[str, torch.Tensor] = {}
+    stats = []
+    try:
+        for k, ids in enumerate(prompts_ids):
+            input_ids = torch.tensor(ids, dtype=torch.int64)
+            captured.clear()
+            out = m(input_ids=input_ids[None], output_hidden_states=True, use_cache=False)
+            hs = out.hidden_states
+            assert len(hs) == N + 1, len(hs)
+            raw = captured["last"]
+            assert torch.equal(hs[N], norm(raw)), "hidden_states[N] must be the final-normed last layer output"
+            tensors[f"p{k}.input_ids"] = input_ids.contiguous()
+            for i, h in enumerate(hs):
+                h = h[0].float().contiguous()
+                assert torch.isfinite(h).all()
+                tensors[f"p{k}.hidden_states.{i}"] = h
+            tensors[f"p{k}.last_layer_output"] = raw[0].float().contiguous()
+            if getattr(out, "logits", None) is not None:
+                tensors[f"p{k}.logits"] = out.logits[0].float().contiguous()
+            stats.append([float(h[0].abs().max()) for h in hs] + [float(raw.abs().max())])
+    finally:
+        handle.remove()
+    metadata = {
+        "format": "hsparity.dump.v1",
+        "checkpoint": CKPT_REL,
+        "loading_path": path_name,
+        "class": type(m).__name__,
+        "dtype": "f32",
+        "num_layers": str(N),
+        "tool_version": f"transformers {transformers.__version__}",
+    }
+    save_safetensors(out_path, tensors, metadata)
+    return {"class": type(m).__name__, "tensors": tensors, "max_abs": stats}
+
+
+@torch.no_grad()
+def gdn_golden(out_path: Path) -> dict:
+    setup_determinism()
+    gen = torch.Generator().manual_seed(SEED + 1)
+    B, T, nk, nv, dk, dv = 1, 100, 2, 4, 16, 16
+    q = torch.randn(B, T, nk, dk, generator=gen)
+    k = torch.randn(B, T, nk, dk, generator=gen)
+    v = torch.randn(B, T, nv, dv, generator=gen)
+    a = torch.randn(B, T, nv, generator=gen)
+    b = torch.randn(B, T, nv, generator=gen)
+    A_log = torch.empty(nv).uniform_(1.0, 16.0, generator=gen).log()
+    dt_bias = torch.randn(nv, generator=gen) * 0.5 - 4.5
+    g = -A_log.exp() * F.softplus(a + dt_bias)
+    beta = torch.sigmoid(b)
+    init = torch.randn(B, nv, dk, dv, generator=gen) * 0.5
+
+    chunk = mq.torch_chunk_gated_delta_rule
+    rec = mq.torch_recurrent_gated_delta_rule
+    kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
+    co, cs = chunk(q, k, v, g, beta, chunk_size=64, **kw)
+    ro, rs = rec(q, k, v, g, beta, **kw)
+    cio, cis = chunk(q, k, v, g, beta, chunk_size=64, initial_state=init, **kw)
+    rio, ris = rec(q, k, v, g, beta, initial_state=init, **kw)
+    n0, _ = chunk(q[:, :64], k[:, :64], v[:, :64], g[:, :64], beta[:, :64], chunk_size=64, **kw)
+    n1, _ = chunk(q[:, 64:], k[:, 64:], v[:, 64:], g[:, 64:], beta[:, 64:], chunk_size=64, **kw)
+    no_carry = torch.cat([n0, n1], dim=1)
+
+    def mad(x, y):
+        return float((x.double() - y.double()).abs().max())
+
+    measured = {
+        "chunk_vs_recurrent_out_max_abs": mad(co, ro),
+        "chunk_vs_recurrent_state_max_abs": mad(cs, rs),
+        "chunk_vs_recurrent_init_out_max_abs": mad(cio, rio),
+        "chunk_vs_recurrent_init_state_max_abs": mad(cis, ris),
+        "no_carry_vs_chunk_out_max_abs": mad(no_carry, co),
+        "out_max_abs": float(co.abs().max()),
+        "state_max_abs": float(cs.abs().max()),
+        "g_min": float(g.min()),
+        "g_max": float(g.max()),
+        "g_mean": float(g.mean()),
+    }
+    tensors = {
+        "q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": init,
+        "chunk.out": co, "chunk.final_state": cs,
+        "recurrent.out": ro, "recurrent.final_state": rs,
+        "chunk_init.out": cio, "chunk_init.final_state": cis,
+        "recurrent_init.out": rio, "recurrent_init.final_state": ris,
+        "chunk.out_no_carry": no_carry,
+    }
+    tensors = {k_: t.float().contiguous() for k_, t in tensors.items()}
+    metadata = {
+        "format": "hsparity.gdn_kernels.v1",
+        "source": "transformers.models.qwen3_5.modeling_qwen3_5.torch_{chunk,recurrent}_gated_delta_rule",
+        "tool_version": f"transformers {transformers.__version__}",
+        "layout": "q,k [B,T,nk,dk]; v [B,T,nv,dv]; g,beta [B,T,nv]; state [B,nv,dk,dv]; out [B,T,nv,dv]",
+        "gva": "not applied to inputs; kernel repeat_interleaves q,k: value head h uses key head h // (nv/nk)",
+        "use_qk_l2norm_in_kernel": "true",
+        "chunk_size": "64",
+        "B": str(B), "T": str(T), "nk": str(nk), "nv": str(nv), "dk": str(dk), "dv": str(dv),
+        **{k_: f"{v_:.6e}" for k_, v_ in measured.items()},
+    }
+    save_safetensors(out_path, tensors, metadata)
+    return measured
+
+
+@torch.no_grad()
+def decay_stats(prompts_ids) -> dict:
+    """Per-token log-decay g seen by the model's GDN layers on the long prompt."""
+    m, _, _ = load(AutoModelForCausalLM, CKPT_REL, dtype=torch.float32, attn_implementation="eager")
+    gs = []
+    hooks = []
+    for layer in m.model.layers:
+        if hasattr(layer, "linear_attn"):
+            la = layer.linear_attn
+
+            def hook(mod, args, out, la=la):
+                a = out
+                gs.append(-la.A_log.float().exp() * F.softplus(a.float() + la.dt_bias))
+
+            hooks.append(la.in_proj_a.register_forward_hook(hook))
+    m(input_ids=torch.tensor(prompts_ids[1])[None], use_cache=False)
+    for h in hooks:
+        h.remove()
+    g = torch.cat([x.flatten() for x in gs])
+    chunk_decay = [float(x[0, :64].sum(0).exp().max()) for x in gs]  # per layer, best-remembering head
+    return {"g_min": float(g.min()), "g_median": float(g.median()), "g_max": float(g.max()),
+            "max_64_token_decay_per_layer": chunk_decay}
+
+
+# ------------------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------------------
+def main():
+    os.chdir(REPO)
+    if transformers.__version__ != EXPECTED_TRANSFORMERS:
+        sys.exit(f"need transformers {EXPECTED_TRANSFORMERS}, have {transformers.__version__}")
+    transformers.logging.set_verbosity_warning()
+    transformers.logging.disable_progress_bar()
+    setup_determinism()
+
+    ckpt = REPO / CKPT_REL
+    shutil.rmtree(ckpt, ignore_errors=True)
+    (ckpt / "golden").mkdir(parents=True)
+
+    # 1. tokenizer
+    tok = train_tokenizer()
+    tok.save(str(ckpt / "tokenizer.json"), pretty=True)
+    write_json(ckpt / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": TEXT_CONFIG["max_position_embeddings"],
+        "eos_token": EOT,
+        "add_bos_token": False,
+        "add_eos_token": False,
+    })
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))  # what the Rust side reads
+    vocab = tok.get_vocab_size()
+
+    # 2. prompts
+    short_ids = encode(tok, PROMPT_SHORT)
+    long_ids = encode(tok, PROMPT_LONG)
+    assert 8 <= len(short_ids) <= 15, len(short_ids)
+    assert len(long_ids) > 64 and len(long_ids) % 64 != 0 and 90 <= len(long_ids) <= 110, len(long_ids)
+    gen = torch.Generator().manual_seed(SEED + 2)
+    boundary_ids = torch.randint(1, vocab, (64,), generator=gen).tolist()
+    prompts = [{"text": PROMPT_SHORT}, {"text": PROMPT_LONG}, {"input_ids": boundary_ids}]
+    with open(ckpt / "prompts.jsonl", "w") as f:
+        for p in prompts:
+            f.write(json.dumps(p, ensure_ascii=False) + "\n")
+    prompts_ids = [short_ids, long_ids, boundary_ids]
+
+    # 3. checkpoint
+    build_checkpoint(ckpt, vocab)
+
+    # 4. load report
+    report = load_report(ckpt)
+    write_json(ckpt / "golden" / "load_report.json", report)
+    by = {p["name"]: p for p in report["paths"]}
+    assert by["vlm"]["unexpected_keys"] == ["lm_head.weight"], by["vlm"]["unexpected_keys"]
+    for p in report["paths"]:
+        assert p["missing_keys"] == [], p
+        assert not any("mtp" in r for r in p["load_warnings"]), p["load_warnings"]
+        if p["name"] != "vlm":
+            assert p["unexpected_keys"] == [] and p["load_warnings"] == [], p
+
+    # 5. goldens
+    results = {}
+    for path_name, _, auto_cls in PATHS:
+        results[path_name] = golden(path_name, auto_cls, prompts_ids, ckpt / "golden" / f"{path_name}.safetensors")
+    ref = results["causal-lm"]["tensors"]
+    for other in ("vlm", "image-text-to-text"):
+        for key, t in results[other]["tensors"].items():
+            assert torch.equal(t, ref[key]), f"{other}:{key} differs from causal-lm"
+
+    # 6. GDN kernels
+    gdn = gdn_golden(ckpt / "golden" / "gdn_kernels.safetensors")
+    decay = decay_stats(prompts_ids)
+
+    # 7. 27B reference data
+    src = Path("/work/shared/data/qwen3.6-27b")
+    if src.is_dir():
+        dst = REPO / "fixtures" / "qwen3.6-27b"
+        dst.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "tensors.json"):
+            if (src / name).exists():
+                shutil.copyfile(src / name, dst / name)
+
+    # 8. summary
+    log("== tiny-qwen3_5")
+    log("text_config:", json.dumps(TEXT_CONFIG))
+    log("vision_config:", json.dumps(VISION_CONFIG))
+    log("prompt token counts:", [len(p) for p in prompts_ids])
+    for p in report["paths"]:
+        log(f"  {p['auto_class']:28s} -> {p['class']:32s} {p['config_class']}({p['model_type']}) "
+            f"tensors={p['state_dict_tensors']} numel={p['numel']} dtype={p['dtype']} "
+            f"missing={p['missing_keys']} unexpected={p['unexpected_keys']}")
+    log("checkpoint tensors:", report["checkpoint_tensors"], report["checkpoint_tensors_by_prefix"])
+    log("per-layer max|h| (causal-lm; hidden_states 0..N, then last_layer_output), per prompt:")
+    for k, row in enumerate(results["causal-lm"]["max_abs"]):
+        log(f"  p{k}: " + " ".join(f"{x:.2f}" for x in row))
+    log("all three loading paths bitwise identical on shared keys: True")
+    log("GDN kernels:", json.dumps(gdn))
+    log("model decay stats (long prompt):", json.dumps(decay))
+    log("files:")
+    for f in sorted((REPO / "fixtures").rglob("*")):
+        if f.is_file():
+            log(f"  {f.relative_to(REPO)}  {f.stat().st_size}  {hashlib.sha256(f.read_bytes()).hexdigest()[:16]}")
+
+
+if __name__ == "__main__":
+    main()
