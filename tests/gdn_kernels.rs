@@ -50,7 +50,10 @@ fn inputs(g: &HashMap<String, Tensor>) -> DeltaRuleInputs {
 
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn scale(a: &[f32]) -> f32 {
@@ -63,9 +66,16 @@ fn chunked_and_recurrent_match_transformers_kernels() {
     let inp = inputs(&g);
     let n_state = inp.heads * inp.dk * inp.dv;
     for (init, prefix) in [(false, ""), (true, "_init")] {
-        let start = if init { v(&g["initial_state"]) } else { vec![0.0; n_state] };
+        let start = if init {
+            v(&g["initial_state"])
+        } else {
+            vec![0.0; n_state]
+        };
         for (name, f) in [
-            ("chunk", chunked as fn(&DeltaRuleInputs, &mut [f32]) -> Vec<f32>),
+            (
+                "chunk",
+                chunked as fn(&DeltaRuleInputs, &mut [f32]) -> Vec<f32>,
+            ),
             ("recurrent", recurrent),
         ] {
             let mut state = start.clone();
@@ -75,8 +85,14 @@ fn chunked_and_recurrent_match_transformers_kernels() {
             let (d_out, d_state) = (max_abs(&out, &want_out), max_abs(&state, &want_state));
             println!("{name}{prefix}: out max|Δ| {d_out:.3e}, state max|Δ| {d_state:.3e}");
             // f32 round-off: transformers itself sees 1e-7..4e-7 between its two forms.
-            assert!(d_out <= 1e-5 * scale(&want_out), "{name}{prefix} out differs by {d_out}");
-            assert!(d_state <= 1e-5 * scale(&want_state), "{name}{prefix} state differs by {d_state}");
+            assert!(
+                d_out <= 1e-5 * scale(&want_out),
+                "{name}{prefix} out differs by {d_out}"
+            );
+            assert!(
+                d_state <= 1e-5 * scale(&want_state),
+                "{name}{prefix} state differs by {d_state}"
+            );
         }
     }
 }

@@ -1,0 +1,269 @@
+//! Resolving the `<CHECKPOINT>` argument: a local directory, or a Hub id
+//! `org/name[@revision]` looked up in the local Hugging Face cache only.
+//!
+//! hsparity never touches the network, so `HF_HUB_OFFLINE` is honoured
+//! trivially. The cache layout is the one `huggingface_hub` (Python) and
+//! `hf-hub` write:
+//!
+//! ```text
+//! <cache>/models--{org}--{name}/refs/{revision}          text: 40-hex commit
+//! <cache>/models--{org}--{name}/blobs/{etag}             file bytes
+//! <cache>/models--{org}--{name}/snapshots/{commit}/{f}   symlink ../../blobs/{etag}
+//! ```
+//!
+//! The cache directory follows `huggingface_hub.constants`:
+//! `HF_HUB_CACHE` > `HUGGINGFACE_HUB_CACHE` > `$HF_HOME/hub` >
+//! `$XDG_CACHE_HOME/huggingface/hub` > `~/.cache/huggingface/hub`.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Where a checkpoint argument was found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// A local directory given by path.
+    Local,
+    /// A snapshot in the Hugging Face hub cache.
+    HubCache,
+}
+
+/// What `<CHECKPOINT>` resolved to; recorded in reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResolvedSource {
+    /// The argument as the user gave it (e.g. `Qwen/Qwen3.6-27B@main` or `./ckpt`).
+    pub display: String,
+    /// Local directory or hub-cache snapshot directory holding `config.json`.
+    pub dir: PathBuf,
+    /// Local directory or hub cache.
+    pub kind: SourceKind,
+    /// `org/name` for a hub id, `None` for a local directory.
+    pub repo_id: Option<String>,
+    /// The revision asked for (`main` by default), `None` for a local directory.
+    pub revision: Option<String>,
+    /// The 40-hex snapshot commit, `None` for a local directory.
+    pub commit: Option<String>,
+}
+
+/// The hub cache directory from the environment, in `huggingface_hub` order:
+/// `HF_HUB_CACHE` > `HUGGINGFACE_HUB_CACHE` > `$HF_HOME/hub` >
+/// `$XDG_CACHE_HOME/huggingface/hub` > `$HOME/.cache/huggingface/hub`.
+///
+/// Returns `None` only when none of these variables is set (no `HOME` either).
+pub fn hub_cache_dir() -> Option<PathBuf> {
+    hub_cache_dir_from(|k| std::env::var(k).ok())
+}
+
+/// [`hub_cache_dir`] with an explicit variable lookup (empty values count as
+/// unset), so the precedence can be tested without touching the process
+/// environment.
+pub fn hub_cache_dir_from(lookup: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    let get = |k: &str| lookup(k).filter(|v| !v.is_empty());
+    if let Some(p) = get("HF_HUB_CACHE").or_else(|| get("HUGGINGFACE_HUB_CACHE")) {
+        return Some(PathBuf::from(p));
+    }
+    if let Some(home) = get("HF_HOME") {
+        return Some(PathBuf::from(home).join("hub"));
+    }
+    if let Some(xdg) = get("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(xdg).join("huggingface").join("hub"));
+    }
+    get("HOME").map(|h| {
+        PathBuf::from(h)
+            .join(".cache")
+            .join("huggingface")
+            .join("hub")
+    })
+}
+
+/// Splits `org/name[@revision]` into `(repo_id, revision)`; `None` when the
+/// argument does not have that shape (exactly one `/`, both parts made of
+/// `[A-Za-z0-9._-]`, not starting with `.`). The revision may contain `/`
+/// (e.g. `refs/pr/1`).
+pub fn parse_repo_id(arg: &str) -> Option<(String, Option<String>)> {
+    let (id, rev) = match arg.split_once('@') {
+        Some((id, rev)) if !rev.is_empty() => (id, Some(rev.to_string())),
+        Some(_) => return None,
+        None => (arg, None),
+    };
+    let (org, name) = id.split_once('/')?;
+    let ok = |s: &str| {
+        !s.is_empty()
+            && !s.starts_with('.')
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    };
+    if ok(org) && ok(name) {
+        Some((id.to_string(), rev))
+    } else {
+        None
+    }
+}
+
+fn is_commit_hash(s: &str) -> bool {
+    s.len() == 40 && s.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// Resolves `<CHECKPOINT>` using the cache directory from the environment
+/// ([`hub_cache_dir`]). See [`resolve_with_cache`].
+pub fn resolve(arg: &str) -> Result<ResolvedSource> {
+    resolve_with_cache(arg, hub_cache_dir().as_deref())
+}
+
+/// Resolves `<CHECKPOINT>`: an existing directory is used as is; otherwise
+/// the argument must be `org/name[@revision]` and is looked up in `cache_dir`
+/// (`refs/{revision}` → commit; a 40-hex revision is used directly as the
+/// commit) → `snapshots/{commit}/`. Never downloads.
+///
+/// Errors ([`Error::Input`]): the argument is neither an existing directory
+/// nor `org/name[@rev]`; the repository, revision or snapshot is not in the
+/// cache (the message names the cache directory and suggests
+/// `huggingface-cli download org/name`).
+pub fn resolve_with_cache(arg: &str, cache_dir: Option<&Path>) -> Result<ResolvedSource> {
+    let p = Path::new(arg);
+    if p.is_dir() {
+        return Ok(ResolvedSource {
+            display: arg.to_string(),
+            dir: p.to_path_buf(),
+            kind: SourceKind::Local,
+            repo_id: None,
+            revision: None,
+            commit: None,
+        });
+    }
+    if p.exists() {
+        return Err(Error::Input(format!(
+            "checkpoint {arg}: is a file, expected a directory holding config.json and *.safetensors, or a Hub id org/name[@revision]"
+        )));
+    }
+    let Some((repo_id, rev)) = parse_repo_id(arg) else {
+        return Err(Error::Input(format!(
+            "checkpoint {arg}: no such directory, and not a Hub id of the form org/name[@revision]"
+        )));
+    };
+    let Some(cache_dir) = cache_dir else {
+        return Err(Error::Input(format!(
+            "checkpoint {arg}: not a local directory, and no Hugging Face cache directory is known \
+             (set HF_HUB_CACHE or HF_HOME)"
+        )));
+    };
+    let revision = rev.unwrap_or_else(|| "main".to_string());
+    let not_cached = |what: String| {
+        Error::Input(format!(
+            "checkpoint {arg}: {what} in the Hugging Face cache {} (hsparity never downloads, as if \
+             HF_HUB_OFFLINE=1); fetch it first with `huggingface-cli download {repo_id}{}`",
+            cache_dir.display(),
+            if revision == "main" {
+                String::new()
+            } else {
+                format!(" --revision {revision}")
+            }
+        ))
+    };
+    let repo =
+        hf_hub::Repo::with_revision(repo_id.clone(), hf_hub::RepoType::Model, revision.clone());
+    let repo_dir = cache_dir.join(repo.folder_name());
+    if !repo_dir.is_dir() {
+        return Err(not_cached(format!(
+            "not a local directory, and {repo_id} is not"
+        )));
+    }
+    let ref_path = repo_dir.join("refs").join(&revision);
+    let commit = match std::fs::read_to_string(&ref_path) {
+        Ok(s) => s.trim().to_string(),
+        Err(_) if is_commit_hash(&revision) => revision.clone(),
+        Err(_) => {
+            let known = list_dir(&repo_dir.join("snapshots"));
+            return Err(not_cached(format!(
+                "revision {revision:?} of {repo_id} (no refs/{revision}; cached snapshots: {}) is not",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        }
+    };
+    let dir = repo_dir.join("snapshots").join(&commit);
+    if !dir.is_dir() {
+        return Err(not_cached(format!(
+            "snapshot {commit} of {repo_id} (revision {revision}) is not"
+        )));
+    }
+    Ok(ResolvedSource {
+        display: arg.to_string(),
+        dir,
+        kind: SourceKind::HubCache,
+        repo_id: Some(repo_id),
+        revision: Some(revision),
+        commit: Some(commit),
+    })
+}
+
+fn list_dir(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repo_id_shapes() {
+        assert_eq!(
+            parse_repo_id("Qwen/Qwen3.6-27B"),
+            Some(("Qwen/Qwen3.6-27B".into(), None))
+        );
+        assert_eq!(
+            parse_repo_id("a/b@refs/pr/1"),
+            Some(("a/b".into(), Some("refs/pr/1".into())))
+        );
+        assert_eq!(parse_repo_id("a/b/c"), None);
+        assert_eq!(parse_repo_id("./x"), None);
+        assert_eq!(parse_repo_id("noslash"), None);
+        assert_eq!(parse_repo_id("a/b@"), None);
+    }
+
+    #[test]
+    fn cache_dir_precedence() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let all = [
+            ("HF_HUB_CACHE", "/a"),
+            ("HUGGINGFACE_HUB_CACHE", "/b"),
+            ("HF_HOME", "/c"),
+            ("XDG_CACHE_HOME", "/d"),
+            ("HOME", "/e"),
+        ];
+        for skip in 0..5 {
+            let pairs: &'static [(&str, &str)] = Box::leak(all[skip..].to_vec().into_boxed_slice());
+            let got = hub_cache_dir_from(env(pairs)).unwrap();
+            let want = [
+                "/a",
+                "/b",
+                "/c/hub",
+                "/d/huggingface/hub",
+                "/e/.cache/huggingface/hub",
+            ][skip];
+            assert_eq!(got, PathBuf::from(want));
+        }
+        assert_eq!(hub_cache_dir_from(|_| None), None);
+    }
+}

@@ -1,0 +1,212 @@
+//! `hsparity compare`: run the same prompts through two or more loading paths
+//! in lock-step and report per-layer parity.
+
+use std::path::PathBuf;
+
+use crate::capture::{self, CaptureOptions, PathModel};
+use crate::commands::{file_sha256, progress, prompts_sha256, utc_stamp, Session};
+use crate::error::{Error, Result};
+use crate::loading::{self, LoadingPath};
+use crate::models::qwen3_5::GdnForm;
+use crate::models::WeightSource;
+use crate::parity::{PairObserver, Tolerance};
+use crate::prompts::{preview, PromptOptions};
+use crate::report::{
+    self, Environment, PathRun, PromptInfo, Report, SCHEMA_VERSION, TAP_CONVENTION,
+};
+
+/// Options of `compare`.
+#[derive(Debug, Clone)]
+pub struct CompareOptions {
+    /// Checkpoint directory or Hub id.
+    pub checkpoint: String,
+    /// Loading paths (≥ 2); the first is the reference `a` of every pair.
+    pub paths: Vec<LoadingPath>,
+    /// Prompt set.
+    pub prompts: PromptOptions,
+    /// `auto` or `f32`.
+    pub dtype: String,
+    /// Drafter taps (decoder-layer indices) to mark.
+    pub taps: Vec<usize>,
+    /// Delta-rule form.
+    pub gdn_form: GdnForm,
+    /// Seed for the init of missing tensors.
+    pub seed: u64,
+    /// Hide progress.
+    pub quiet: bool,
+    /// The command line, for the report's "reproduce" section.
+    pub command_line: String,
+}
+
+/// Where a report was written.
+#[derive(Debug, Clone)]
+pub struct WrittenReport {
+    /// `report.md`.
+    pub markdown: PathBuf,
+    /// `report.json`.
+    pub json: PathBuf,
+}
+
+/// Runs the comparison and returns the report.
+///
+/// Errors ([`Error::Input`] unless noted): fewer than two paths, an
+/// unsupported `--dtype`, a tap outside `0..num_hidden_layers`, and anything
+/// [`Session::open`] or the capture returns.
+pub fn run(opts: &CompareOptions) -> Result<Report> {
+    if opts.paths.len() < 2 {
+        return Err(Error::Input(format!(
+            "compare needs at least two loading paths, got {}",
+            opts.paths.len()
+        )));
+    }
+    match opts.dtype.as_str() {
+        "auto" | "f32" => {}
+        other => {
+            return Err(Error::Input(format!(
+                "--dtype {other}: this version computes in f32 only (auto and f32 are accepted)"
+            )))
+        }
+    }
+    let session = Session::open(&opts.checkpoint, &opts.paths, &opts.prompts, opts.seed)?;
+    let n = session.spec.num_layers();
+    if let Some(bad) = opts.taps.iter().find(|&&t| t >= n) {
+        return Err(Error::Input(format!(
+            "--taps {bad}: the model has decoder layers 0..{} ({TAP_CONVENTION})",
+            n - 1
+        )));
+    }
+    let inventory = loading::inventory(&session.ckpt, &opts.paths)?;
+
+    let mut notes = Vec::new();
+    let paths_run: Vec<PathRun> = session
+        .paths
+        .iter()
+        .map(|p| {
+            let dtype = p.dtype.name().to_string();
+            if dtype != "f32" {
+                notes.push(format!(
+                    "{} would load in {dtype} ({}); hsparity computed it in f32, so dtype-induced differences are not shown",
+                    p.path.name(),
+                    p.inventory.dtype_reason
+                ));
+            }
+            if p.inventory.missing > 0 {
+                notes.push(format!(
+                    "{} has {} MISSING tensors, initialised as transformers would (seed {}): {}",
+                    p.path.name(),
+                    p.inventory.missing,
+                    opts.seed,
+                    p.inventory.missing_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+                ));
+            }
+            PathRun {
+                name: p.path.name().to_string(),
+                class: p.inventory.class.clone(),
+                dtype,
+                dtype_reason: p.inventory.dtype_reason.clone(),
+                compute_dtype: "f32".into(),
+                missing: p.inventory.missing,
+            }
+        })
+        .collect();
+
+    let models: Vec<PathModel> = session
+        .paths
+        .iter()
+        .map(|p| PathModel {
+            name: p.path.name().to_string(),
+            source: &p.view as &dyn WeightSource,
+            has_lm_head: p.view.has_lm_head(),
+        })
+        .collect();
+    let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
+    let mut obs = PairObserver::new(&names, Tolerance::for_dtype("f32"));
+    let pb = progress(n as u64, opts.quiet);
+    capture::run(
+        &session.spec,
+        &models,
+        &session.prompt_ids(),
+        CaptureOptions {
+            form: opts.gdn_form,
+            local: true,
+        },
+        &mut obs,
+        Some(&pb),
+    )?;
+    pb.finish_and_clear();
+
+    let (verdict, summary) = report::summarize(&obs.pairs, &paths_run);
+    let exit_code = if verdict == crate::parity::Verdict::Pass {
+        0
+    } else {
+        1
+    };
+    let src = &session.ckpt.source;
+    Ok(Report {
+        schema_version: SCHEMA_VERSION,
+        verdict,
+        summary,
+        exit_code,
+        environment: Environment {
+            hsparity_version: format!("hsparity {}", env!("CARGO_PKG_VERSION")),
+            checkpoint: opts.checkpoint.clone(),
+            revision: src.commit.clone().or_else(|| src.revision.clone()),
+            config_sha256: file_sha256(&session.ckpt.config_path)?,
+            prompts_sha256: prompts_sha256(&session.prompts),
+            device: "cpu".into(),
+            threads: candle_core::utils::get_num_threads(),
+            gdn_form: match opts.gdn_form {
+                GdnForm::Chunked => "chunked (chunk 64, as transformers prefill)".into(),
+                GdnForm::Recurrent => "recurrent".into(),
+            },
+        },
+        command: opts.command_line.clone(),
+        tap_convention: TAP_CONVENTION.into(),
+        taps: opts.taps.clone(),
+        inventory,
+        paths: paths_run,
+        prompts: session
+            .prompts
+            .iter()
+            .enumerate()
+            .map(|(k, p)| PromptInfo {
+                index: k,
+                source: p.kind().into(),
+                tokens: p.ids.len(),
+                preview: p.text().map(preview),
+            })
+            .collect(),
+        pairs: obs.pairs,
+        notes,
+    })
+}
+
+/// Default report name: checkpoint folder name plus a UTC time stamp.
+pub fn default_report_name(checkpoint: &str) -> String {
+    let base = checkpoint
+        .trim_end_matches('/')
+        .rsplit(['/', '\\'])
+        .next()
+        .unwrap_or("report")
+        .split('@')
+        .next()
+        .unwrap_or("report")
+        .to_string();
+    format!("{base}-{}", utc_stamp())
+}
+
+/// Writes `report.md` and `report.json` into `dir`, atomically; refuses to
+/// overwrite either without `force` ([`Error::Refused`]).
+pub fn write_report(report: &Report, dir: &std::path::Path, force: bool) -> Result<WrittenReport> {
+    let markdown = dir.join("report.md");
+    let json = dir.join("report.json");
+    crate::output::check_overwrite(&markdown, force)?;
+    crate::output::check_overwrite(&json, force)?;
+    crate::output::write_atomic(&json, report::json::render(report)?.as_bytes(), force)?;
+    crate::output::write_atomic(
+        &markdown,
+        report::markdown::render(report).as_bytes(),
+        force,
+    )?;
+    Ok(WrittenReport { markdown, json })
+}

@@ -1,0 +1,123 @@
+//! `hsparity dump`: one loading path's hidden states in the DESIGN §3 format.
+
+use std::path::Path;
+
+use candle_core::Tensor;
+
+use crate::capture::{self, CaptureOptions, HiddenKind, Observer, PathModel};
+use crate::commands::{progress, Session};
+use crate::dump::{Dump, DumpPrompt, FORMAT};
+use crate::error::Result;
+use crate::loading::LoadingPath;
+use crate::models::qwen3_5::GdnForm;
+use crate::prompts::PromptOptions;
+
+/// Collects every tensor of path 0 into a [`Dump`].
+struct Collect {
+    dump: Dump,
+    logits: bool,
+}
+
+impl Observer for Collect {
+    fn hidden_states(
+        &mut self,
+        _: usize,
+        _: HiddenKind,
+        states: &[Vec<Tensor>],
+        _: &[Option<Vec<Tensor>>],
+    ) -> Result<()> {
+        for (p, h) in self.dump.prompts.iter_mut().zip(&states[0]) {
+            p.hidden_states.push(h.clone());
+        }
+        Ok(())
+    }
+    fn last_layer_output(&mut self, states: &[Vec<Tensor>]) -> Result<()> {
+        for (p, h) in self.dump.prompts.iter_mut().zip(&states[0]) {
+            p.last_layer_output = Some(h.clone());
+        }
+        Ok(())
+    }
+    fn logits(&mut self, logits: &[Option<Vec<Tensor>>]) -> Result<()> {
+        if let (true, Some(l)) = (self.logits, &logits[0]) {
+            for (p, x) in self.dump.prompts.iter_mut().zip(l) {
+                p.logits = Some(x.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `path` over the prompts and returns the dump (not yet written).
+///
+/// Errors: as [`Session::open`] and the capture.
+pub fn run(
+    checkpoint: &str,
+    path: LoadingPath,
+    prompts: &PromptOptions,
+    logits: bool,
+    form: GdnForm,
+    seed: u64,
+    quiet: bool,
+) -> Result<Dump> {
+    let session = Session::open(checkpoint, &[path], prompts, seed)?;
+    let p = &session.paths[0];
+    let mut obs = Collect {
+        dump: Dump::default(),
+        logits,
+    };
+    obs.dump.prompts = session
+        .prompts
+        .iter()
+        .map(|pr| DumpPrompt {
+            input_ids: pr.ids.iter().map(|&i| i as i64).collect(),
+            hidden_states: Vec::new(),
+            last_layer_output: None,
+            logits: None,
+        })
+        .collect();
+    let meta = &mut obs.dump.metadata;
+    meta.insert("format".into(), FORMAT.into());
+    meta.insert("checkpoint".into(), checkpoint.into());
+    meta.insert("loading_path".into(), path.name().into());
+    meta.insert("class".into(), p.inventory.class.clone());
+    meta.insert("dtype".into(), "f32".into());
+    meta.insert("num_layers".into(), session.spec.num_layers().to_string());
+    meta.insert(
+        "tool_version".into(),
+        format!("hsparity {}", env!("CARGO_PKG_VERSION")),
+    );
+    let pb = progress(session.spec.num_layers() as u64, quiet);
+    capture::run(
+        &session.spec,
+        &[PathModel {
+            name: path.name().into(),
+            source: &p.view,
+            has_lm_head: p.view.has_lm_head() && logits,
+        }],
+        &session.prompt_ids(),
+        CaptureOptions { form, local: false },
+        &mut obs,
+        Some(&pb),
+    )?;
+    pb.finish_and_clear();
+    Ok(obs.dump)
+}
+
+/// Runs and writes to `out` (atomic; refuses to overwrite without `force`).
+#[allow(clippy::too_many_arguments)]
+pub fn run_to_file(
+    checkpoint: &str,
+    path: LoadingPath,
+    prompts: &PromptOptions,
+    logits: bool,
+    form: GdnForm,
+    seed: u64,
+    quiet: bool,
+    out: &Path,
+    force: bool,
+) -> Result<Dump> {
+    crate::output::check_overwrite(out, force)?;
+    let dump = run(checkpoint, path, prompts, logits, form, seed, quiet)?;
+    dump.write(out, force)?;
+    Ok(dump)
+}

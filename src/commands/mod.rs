@@ -1,0 +1,156 @@
+//! The verbs of the CLI as library functions: options in, a result value out.
+//! `main.rs` only parses arguments, calls these and prints.
+
+pub mod compare;
+pub mod dump;
+pub mod inventory;
+
+use std::path::Path;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::loading::{self, LoadingPath, ResolvedPath};
+use crate::models::qwen3_5::TextModelSpec;
+use crate::prompts::{self, Prompt, PromptLimits, PromptOptions};
+
+/// A checkpoint opened with its loading paths resolved and prompts tokenised:
+/// what `compare` and `dump` share.
+pub struct Session {
+    /// The checkpoint (headers read, weights mapped lazily).
+    pub ckpt: Checkpoint,
+    /// Resolved paths, in the order asked.
+    pub paths: Vec<ResolvedPath>,
+    /// Model geometry (from the first path's text config).
+    pub spec: TextModelSpec,
+    /// Prompts as run.
+    pub prompts: Vec<Prompt>,
+}
+
+impl Session {
+    /// Opens `checkpoint`, resolves `paths` (seeding missing-tensor init with
+    /// `seed`) and the prompt set.
+    ///
+    /// Errors: anything [`Checkpoint::open`], [`loading::resolve`] or
+    /// [`prompts::resolve`] return.
+    pub fn open(
+        checkpoint: &str,
+        paths: &[LoadingPath],
+        prompt_opts: &PromptOptions,
+        seed: u64,
+    ) -> Result<Self> {
+        let ckpt = Checkpoint::open(checkpoint)?;
+        let paths = paths
+            .iter()
+            .map(|&p| {
+                let mut r = loading::resolve(&ckpt, p)?;
+                r.view = r.view.with_seed(seed);
+                Ok(r)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let first = paths
+            .first()
+            .ok_or_else(|| Error::Input("no loading path given".into()))?;
+        let spec = TextModelSpec::new(&first.text_config)?;
+        let limits = PromptLimits {
+            vocab_size: first.text_config.vocab_size,
+            max_tokens: first.text_config.max_position_embeddings,
+        };
+        let prompts = prompts::resolve(prompt_opts, ckpt.tokenizer.as_deref(), limits)?;
+        Ok(Self {
+            ckpt,
+            paths,
+            spec,
+            prompts,
+        })
+    }
+
+    /// Token ids of every prompt.
+    pub fn prompt_ids(&self) -> Vec<Vec<u32>> {
+        self.prompts.iter().map(|p| p.ids.clone()).collect()
+    }
+}
+
+/// Parses `causal-lm,vlm`. Errors: unknown or repeated path name.
+pub fn parse_paths(s: &str) -> Result<Vec<LoadingPath>> {
+    let mut out: Vec<LoadingPath> = Vec::new();
+    for name in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+        let p: LoadingPath = name.parse()?;
+        if out.contains(&p) {
+            return Err(Error::Input(format!("--paths names {name} twice")));
+        }
+        out.push(p);
+    }
+    Ok(out)
+}
+
+/// A progress bar over `len` steps on stderr, hidden when `quiet` or when
+/// stderr is not a terminal (indicatif's own check).
+pub fn progress(len: u64, quiet: bool) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(
+        Some(len),
+        if quiet {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        },
+    );
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} layers {msg}",
+    ) {
+        pb.set_style(style);
+    }
+    pb
+}
+
+/// First 16 hex chars of the sha256 of `bytes`.
+pub fn short_sha256(bytes: &[u8]) -> String {
+    let d = Sha256::digest(bytes);
+    d.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// sha256 of a file (first 16 hex chars). Errors: unreadable file.
+pub fn file_sha256(path: &Path) -> Result<String> {
+    Ok(short_sha256(
+        &std::fs::read(path).map_err(|e| Error::io(path, e))?,
+    ))
+}
+
+/// sha256 over the prompts' ids (little-endian u32, a separator per prompt).
+pub fn prompts_sha256(prompts: &[Prompt]) -> String {
+    let mut bytes = Vec::new();
+    for p in prompts {
+        for id in &p.ids {
+            bytes.extend_from_slice(&id.to_le_bytes());
+        }
+        bytes.extend_from_slice(&u32::MAX.to_le_bytes());
+    }
+    short_sha256(&bytes)
+}
+
+/// `YYYYMMDD-HHMMSS` in UTC, for default report names.
+pub fn utc_stamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}

@@ -1,0 +1,17 @@
+//! hsparity: do two ways of loading the same checkpoint produce the same hidden
+//! states, and what does a difference cost the drafter that reads them?
+//!
+//! Pipeline (one module each): [`checkpoint`] → [`loading`] → [`models`] →
+//! [`capture`] → [`parity`] → [`report`]; [`dump`] reads and writes captures.
+
+pub mod capture;
+pub mod checkpoint;
+pub mod commands;
+pub mod dump;
+pub mod error;
+pub mod loading;
+pub mod models;
+pub mod output;
+pub mod parity;
+pub mod prompts;
+pub mod report;

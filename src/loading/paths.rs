@@ -1,0 +1,327 @@
+//! Loading paths (which Auto class the user calls), the model class each
+//! resolves to, and the dtype that class would pick.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::HeaderIndex;
+use crate::error::{Error, Result};
+
+/// A transformers Auto class applied to the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum LoadingPath {
+    /// `causal-lm`: `AutoModelForCausalLM` → `Qwen3_5ForCausalLM` (text config only).
+    #[serde(rename = "causal-lm")]
+    CausalLm,
+    /// `vlm`: `AutoModel` → `Qwen3_5Model` (no `lm_head`); `Qwen3_5TextModel` for a text-only config.
+    #[serde(rename = "vlm")]
+    Vlm,
+    /// `image-text-to-text`: `AutoModelForImageTextToText` → `Qwen3_5ForConditionalGeneration`.
+    #[serde(rename = "image-text-to-text")]
+    ImageTextToText,
+}
+
+impl LoadingPath {
+    /// All paths, in report order.
+    pub const ALL: [LoadingPath; 3] = [
+        LoadingPath::CausalLm,
+        LoadingPath::Vlm,
+        LoadingPath::ImageTextToText,
+    ];
+
+    /// CLI / report name: `causal-lm`, `vlm`, `image-text-to-text`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LoadingPath::CausalLm => "causal-lm",
+            LoadingPath::Vlm => "vlm",
+            LoadingPath::ImageTextToText => "image-text-to-text",
+        }
+    }
+
+    /// The transformers Auto class.
+    pub fn auto_class(self) -> &'static str {
+        match self {
+            LoadingPath::CausalLm => "AutoModelForCausalLM",
+            LoadingPath::Vlm => "AutoModel",
+            LoadingPath::ImageTextToText => "AutoModelForImageTextToText",
+        }
+    }
+
+    /// The class the Auto class instantiates for this config
+    /// (`models/auto/modeling_auto.py` mappings, 5.23.0), or `None` when the
+    /// Auto class has no mapping for the config's `model_type`
+    /// (`image-text-to-text` on a `qwen3_5_text` config).
+    pub fn class_for(self, cfg: &ModelConfig) -> Option<ModelClass> {
+        match (self, cfg.is_vlm()) {
+            (LoadingPath::CausalLm, _) => Some(ModelClass::ForCausalLm),
+            (LoadingPath::Vlm, true) => Some(ModelClass::Model),
+            (LoadingPath::Vlm, false) => Some(ModelClass::TextModel),
+            (LoadingPath::ImageTextToText, true) => Some(ModelClass::ForConditionalGeneration),
+            (LoadingPath::ImageTextToText, false) => None,
+        }
+    }
+
+    /// The paths that apply to `cfg` (all three for `qwen3_5`; `causal-lm`
+    /// and `vlm` for `qwen3_5_text`).
+    pub fn applicable(cfg: &ModelConfig) -> Vec<LoadingPath> {
+        Self::ALL
+            .into_iter()
+            .filter(|p| p.class_for(cfg).is_some())
+            .collect()
+    }
+}
+
+impl fmt::Display for LoadingPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for LoadingPath {
+    type Err = Error;
+
+    /// Parses `causal-lm`, `vlm`, `image-text-to-text` (also the Auto class
+    /// names). Errors: [`Error::Input`] listing the accepted names.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "causal-lm" | "causal_lm" | "AutoModelForCausalLM" => Ok(LoadingPath::CausalLm),
+            "vlm" | "AutoModel" => Ok(LoadingPath::Vlm),
+            "image-text-to-text" | "image_text_to_text" | "itt" | "AutoModelForImageTextToText" => {
+                Ok(LoadingPath::ImageTextToText)
+            }
+            other => Err(Error::Input(format!(
+                "unknown loading path {other:?}: expected causal-lm, vlm or image-text-to-text"
+            ))),
+        }
+    }
+}
+
+/// The transformers model class a loading path builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum ModelClass {
+    /// `Qwen3_5ForCausalLM`: `model.*` (text) + `lm_head`; config = `text_config`.
+    ForCausalLm,
+    /// `Qwen3_5Model`: `visual.*` + `language_model.*`, no `lm_head`.
+    Model,
+    /// `Qwen3_5TextModel`: `embed_tokens`, `layers.*`, `norm` (base model of a text-only config).
+    TextModel,
+    /// `Qwen3_5ForConditionalGeneration`: `model.visual.*`, `model.language_model.*`, `lm_head`.
+    ForConditionalGeneration,
+}
+
+impl ModelClass {
+    /// The Python class name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelClass::ForCausalLm => "Qwen3_5ForCausalLM",
+            ModelClass::Model => "Qwen3_5Model",
+            ModelClass::TextModel => "Qwen3_5TextModel",
+            ModelClass::ForConditionalGeneration => "Qwen3_5ForConditionalGeneration",
+        }
+    }
+
+    /// True when the class has an `lm_head`.
+    pub fn has_lm_head(self) -> bool {
+        matches!(
+            self,
+            ModelClass::ForCausalLm | ModelClass::ForConditionalGeneration
+        )
+    }
+
+    /// True when the class has a vision tower.
+    pub fn has_vision(self) -> bool {
+        matches!(
+            self,
+            ModelClass::Model | ModelClass::ForConditionalGeneration
+        )
+    }
+
+    /// True when the class sees only the text config (`text_config` of a VLM
+    /// config, swapped in by `auto_factory.py::from_pretrained`, 392-408), so
+    /// dtype and tie come from the text config.
+    pub fn uses_text_config(self) -> bool {
+        matches!(self, ModelClass::ForCausalLm | ModelClass::TextModel)
+    }
+
+    /// True when the class's state-dict keys start with `base_model_prefix`
+    /// (`model.`): the head classes.
+    pub fn has_base_prefix(self) -> bool {
+        self.has_lm_head()
+    }
+
+    /// Prefix of text-model keys in this class's state dict.
+    pub fn text_prefix(self) -> &'static str {
+        match self {
+            ModelClass::ForCausalLm => "model.",
+            ModelClass::Model => "language_model.",
+            ModelClass::TextModel => "",
+            ModelClass::ForConditionalGeneration => "model.language_model.",
+        }
+    }
+
+    /// Prefix of vision keys in this class's state dict (`None` without a vision tower).
+    pub fn vision_prefix(self) -> Option<&'static str> {
+        match self {
+            ModelClass::Model => Some("visual."),
+            ModelClass::ForConditionalGeneration => Some("model.visual."),
+            _ => None,
+        }
+    }
+
+    /// `_keys_to_ignore_on_load_unexpected` as regex strings
+    /// (`Qwen3_5PreTrainedModel`: `^mtp.*`; `Qwen3_5ForCausalLM` adds `^model.visual.*`).
+    pub fn ignore_patterns(self) -> &'static [&'static str] {
+        match self {
+            ModelClass::ForCausalLm => &["^mtp.*", "^model.visual.*"],
+            _ => &["^mtp.*"],
+        }
+    }
+}
+
+/// Compute dtype a loading path resolves to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelDtype {
+    /// float32.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// float16.
+    F16,
+}
+
+impl ModelDtype {
+    /// `f32`, `bf16`, `f16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelDtype::F32 => "f32",
+            ModelDtype::Bf16 => "bf16",
+            ModelDtype::F16 => "f16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            ModelDtype::F32 => 4,
+            ModelDtype::Bf16 | ModelDtype::F16 => 2,
+        }
+    }
+
+    /// The candle dtype.
+    pub fn to_candle(self) -> candle_core::DType {
+        match self {
+            ModelDtype::F32 => candle_core::DType::F32,
+            ModelDtype::Bf16 => candle_core::DType::BF16,
+            ModelDtype::F16 => candle_core::DType::F16,
+        }
+    }
+
+    /// Parses a config spelling (`"bfloat16"`, `"torch.float16"`, `"float32"`,
+    /// `"bf16"`, …). `Ok(None)` for `"auto"`; [`Error::Config`] for others.
+    pub fn from_config_str(s: &str, field: &str) -> Result<Option<Self>> {
+        let s = s.strip_prefix("torch.").unwrap_or(s);
+        Ok(Some(match s {
+            "float32" | "float" | "fp32" | "f32" => ModelDtype::F32,
+            "bfloat16" | "bf16" => ModelDtype::Bf16,
+            "float16" | "half" | "fp16" | "f16" => ModelDtype::F16,
+            "auto" => return Ok(None),
+            other => {
+                return Err(Error::Config(format!(
+                    "{field} = {other:?}: hsparity supports float32, bfloat16 and float16"
+                )))
+            }
+        }))
+    }
+
+    /// From a safetensors dtype name (`F32`, `BF16`, `F16`); `None` otherwise.
+    pub fn from_safetensors(s: &str) -> Option<Self> {
+        match s {
+            "F32" => Some(ModelDtype::F32),
+            "BF16" => Some(ModelDtype::Bf16),
+            "F16" => Some(ModelDtype::F16),
+            _ => None,
+        }
+    }
+}
+
+impl FromStr for ModelDtype {
+    type Err = Error;
+
+    /// Parses `f32`, `bf16`, `f16` (and the config spellings). Errors: [`Error::Input`].
+    fn from_str(s: &str) -> Result<Self> {
+        match ModelDtype::from_config_str(s, "dtype") {
+            Ok(Some(d)) => Ok(d),
+            _ => Err(Error::Input(format!(
+                "unknown dtype {s:?}: expected f32, bf16 or f16"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for ModelDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The dtype `from_pretrained(dtype="auto")` picks for `class`, with the
+/// reason, following `modeling_utils.py::_get_dtype` (5.23.0, 810-891):
+/// the (text or top-level) `config.dtype` if set, else the index's
+/// `metadata.dtype`, else the first floating tensor of the first shard
+/// (`get_state_dict_dtype`). `Qwen3_5ForCausalLM` sees `text_config`
+/// (`auto_factory.py::from_pretrained`), the VLM classes the top level.
+///
+/// Reasons: `"text_config.dtype"`, `"config.dtype"`, `"index metadata.dtype"`,
+/// `"first weight on disk (<shard file>: <tensor>)"`.
+///
+/// Errors: an unsupported dtype string in the config ([`Error::Config`]); no
+/// floating tensor to sniff, or one that is not F32/BF16/F16 ([`Error::Checkpoint`]).
+pub fn resolve_dtype(
+    cfg: &ModelConfig,
+    class: ModelClass,
+    headers: &HeaderIndex,
+) -> Result<(ModelDtype, String)> {
+    let (field, value) = if class.uses_text_config() {
+        if cfg.is_vlm() {
+            ("text_config.dtype", cfg.text.dtype.as_deref())
+        } else {
+            ("config.dtype", cfg.text.dtype.as_deref())
+        }
+    } else {
+        ("config.dtype", cfg.dtype.as_deref())
+    };
+    if let Some(v) = value {
+        if let Some(d) = ModelDtype::from_config_str(v, field)? {
+            return Ok((d, field.to_string()));
+        }
+    }
+    if let Some(v) = headers.index_metadata.get("dtype").and_then(|v| v.as_str()) {
+        if let Some(d) =
+            ModelDtype::from_config_str(v, "model.safetensors.index.json metadata.dtype")?
+        {
+            return Ok((d, "index metadata.dtype".to_string()));
+        }
+    }
+    let t = headers.first_floating().ok_or_else(|| {
+        Error::Checkpoint(format!(
+            "no dtype in config.json and no floating tensor in the first shard {} to infer it from",
+            headers
+                .shards
+                .first()
+                .map(|s| s.file_name.as_str())
+                .unwrap_or("(none)")
+        ))
+    })?;
+    let shard = &headers.shard_of(t).file_name;
+    let d = ModelDtype::from_safetensors(&t.dtype).ok_or_else(|| {
+        Error::Checkpoint(format!(
+            "{shard}: dtype inferred from the first weight {} is {}; hsparity supports F32, BF16 and F16",
+            t.name, t.dtype
+        ))
+    })?;
+    Ok((d, format!("first weight on disk ({shard}: {})", t.name)))
+}

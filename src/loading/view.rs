@@ -1,0 +1,167 @@
+//! The tensor view of one loading path: text-model-relative names
+//! (`embed_tokens.weight`, `layers.{i}.…`, `norm.weight`, `lm_head.weight`)
+//! mapped to where their values come from.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+use serde::Serialize;
+
+use crate::checkpoint::Weights;
+use crate::error::{Error, Result};
+use crate::loading::spec::InitRule;
+use crate::models::WeightSource;
+
+/// Where a model parameter's values come from on one loading path.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WeightOrigin {
+    /// Read from checkpoint key `key`.
+    Checkpoint { key: String },
+    /// Tied: shares the values of checkpoint key `key` (e.g. `lm_head.weight`
+    /// tied to `model.language_model.embed_tokens.weight`).
+    Tied { key: String },
+    /// Absent from the checkpoint: transformers initialises it with `init`.
+    Missing { init: InitRule, shape: Vec<usize> },
+}
+
+/// Text-model tensors of one resolved loading path. Implements
+/// [`WeightSource`]: f32 tensors read from the shared mmap.
+#[derive(Debug, Clone)]
+pub struct TensorView {
+    weights: Arc<Weights>,
+    names: Vec<String>,
+    entries: HashMap<String, WeightOrigin>,
+    seed: Option<u64>,
+}
+
+impl TensorView {
+    /// A view over `weights` with `(name, origin)` entries in state-dict order.
+    pub fn new(weights: Arc<Weights>, entries: Vec<(String, WeightOrigin)>) -> Self {
+        let names = entries.iter().map(|(n, _)| n.clone()).collect();
+        TensorView {
+            weights,
+            names,
+            entries: entries.into_iter().collect(),
+            seed: None,
+        }
+    }
+
+    /// Enables deterministic init of missing tensors from `seed` and the
+    /// tensor name (transformers' random init cannot be reproduced bit for
+    /// bit; this only follows its distribution).
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The seed for missing tensors, if set.
+    pub fn seed(&self) -> Option<u64> {
+        self.seed
+    }
+
+    /// Text-model-relative names, in state-dict order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Where `name` comes from, `None` if this view has no such tensor.
+    pub fn origin(&self, name: &str) -> Option<&WeightOrigin> {
+        self.entries.get(name)
+    }
+
+    /// True when the view has `lm_head.weight` (the class has an LM head).
+    pub fn has_lm_head(&self) -> bool {
+        self.entries.contains_key("lm_head.weight")
+    }
+
+    /// The shared weights handle.
+    pub fn weights(&self) -> &Arc<Weights> {
+        &self.weights
+    }
+}
+
+impl WeightSource for TensorView {
+    /// Errors: unknown name ([`Error::Checkpoint`]); a missing tensor that
+    /// needs random init while no seed is set ([`Error::Checkpoint`]); shard
+    /// I/O ([`Error::Io`]).
+    fn tensor(&self, name: &str) -> Result<Tensor> {
+        match self.entries.get(name) {
+            None => Err(Error::Checkpoint(format!(
+                "tensor {name} is not part of this loading path's model"
+            ))),
+            Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
+                self.weights.load_f32(key)
+            }
+            Some(WeightOrigin::Missing { init, shape }) => {
+                init_tensor(name, *init, shape, self.seed)
+            }
+        }
+    }
+
+    fn identity(&self, name: &str) -> String {
+        match self.entries.get(name) {
+            None => format!("unknown:{name}"),
+            Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
+                format!("ckpt:{key}")
+            }
+            Some(WeightOrigin::Missing { init, shape }) => match init {
+                InitRule::Zeros | InitRule::Ones => format!("init:{init}:{shape:?}"),
+                _ => format!(
+                    "init:{init}:seed={}:{name}",
+                    self.seed
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "none".into())
+                ),
+            },
+        }
+    }
+}
+
+/// Values for a missing tensor: constant rules directly; random rules from a
+/// generator seeded by `seed` and the FNV-1a hash of `name` (splitmix64,
+/// Box-Muller for normals).
+fn init_tensor(name: &str, init: InitRule, shape: &[usize], seed: Option<u64>) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let dev = Device::Cpu;
+    match init {
+        InitRule::Zeros => return Ok(Tensor::zeros(shape, candle_core::DType::F32, &dev)?),
+        InitRule::Ones => return Ok(Tensor::ones(shape, candle_core::DType::F32, &dev)?),
+        _ => {}
+    }
+    let Some(seed) = seed else {
+        return Err(Error::Checkpoint(format!(
+            "tensor {name} is missing from the checkpoint; transformers would initialise it randomly \
+             ({init}); pass a seed to emulate that"
+        )));
+    };
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in name.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    let mut state = h ^ seed.wrapping_mul(0x9e3779b97f4a7c15);
+    let mut next = || {
+        state = state.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^= z >> 31;
+        // uniform in (0, 1)
+        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let v: Vec<f32> = match init {
+        InitRule::Normal { std } => (0..n)
+            .map(|_| {
+                let (u1, u2) = (next(), next());
+                ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
+            })
+            .collect(),
+        InitRule::LogUniform { lo, hi } => (0..n)
+            .map(|_| (lo + next() * (hi - lo)).ln() as f32)
+            .collect(),
+        InitRule::Zeros | InitRule::Ones => unreachable!("handled above"),
+    };
+    Ok(Tensor::from_vec(v, shape, &dev)?)
+}

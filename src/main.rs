@@ -1,0 +1,271 @@
+//! `hsparity` command line: clap definitions that call into the library.
+//! Exit codes: 0 parity holds, 1 a tolerance is exceeded or a path has missing
+//! tensors, 2 bad input or usage.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use hsparity::commands::{self, compare, dump, inventory};
+use hsparity::error::Result;
+use hsparity::models::qwen3_5::GdnForm;
+use hsparity::prompts::{parse_ids, PromptOptions};
+use hsparity::report;
+
+#[derive(Parser)]
+#[command(
+    name = "hsparity",
+    version,
+    about = "Do two ways of loading the same checkpoint produce the same hidden states?"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// What each loading path (Auto class) would load from the checkpoint, header-only.
+    Inventory {
+        /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
+        checkpoint: String,
+        /// Loading paths, comma-separated (default: every path that applies).
+        #[arg(long)]
+        paths: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the same prompts through loading paths in lock-step; per-layer parity.
+    Compare(CompareArgs),
+    /// Write one loading path's hidden states (safetensors, DESIGN §3 format).
+    Dump(DumpArgs),
+}
+
+#[derive(Args)]
+struct PromptArgs {
+    /// Prompt text (needs tokenizer.json); repeatable.
+    #[arg(long = "prompt")]
+    prompt: Vec<String>,
+    /// Prompt as token ids, e.g. 1,2,3; repeatable.
+    #[arg(long = "prompt-ids")]
+    prompt_ids: Vec<String>,
+    /// JSONL file: one {"text": ...} or {"input_ids": [...]} per line.
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+}
+
+impl PromptArgs {
+    fn options(&self) -> Result<PromptOptions> {
+        Ok(PromptOptions {
+            texts: self.prompt.clone(),
+            ids: self
+                .prompt_ids
+                .iter()
+                .map(|s| parse_ids(s))
+                .collect::<Result<_>>()?,
+            file: self.prompts.clone(),
+        })
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Form {
+    /// Chunked delta rule (chunk 64): what transformers runs for a prefill.
+    Chunked,
+    /// Token-by-token recurrence.
+    Recurrent,
+}
+
+impl From<Form> for GdnForm {
+    fn from(f: Form) -> Self {
+        match f {
+            Form::Chunked => GdnForm::Chunked,
+            Form::Recurrent => GdnForm::Recurrent,
+        }
+    }
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
+    checkpoint: String,
+    /// Loading paths to compare, comma-separated; the first is the reference.
+    #[arg(long, default_value = "causal-lm,vlm")]
+    paths: String,
+    #[command(flatten)]
+    prompts: PromptArgs,
+    /// Compute dtype: auto (what each path would pick) or f32.
+    #[arg(long, default_value = "auto")]
+    dtype: String,
+    /// Drafter tap layers to mark (decoder-layer indices; tap L = hidden_states[L+1]).
+    #[arg(long, value_delimiter = ',')]
+    taps: Vec<usize>,
+    /// Gated DeltaNet form.
+    #[arg(long, value_enum, default_value = "chunked")]
+    gdn_form: Form,
+    /// Seed for tensors a path would initialise randomly (MISSING).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Folder for reports (report.md, report.json go to <DIR>/<NAME>/).
+    #[arg(long, default_value = "reports")]
+    report_dir: PathBuf,
+    /// Report name (default: checkpoint name + UTC time stamp).
+    #[arg(long)]
+    name: Option<String>,
+    /// Do not write report files.
+    #[arg(long)]
+    no_report: bool,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Overwrite existing report files.
+    #[arg(long)]
+    force: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct DumpArgs {
+    /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
+    checkpoint: String,
+    /// Loading path to run.
+    #[arg(long)]
+    path: String,
+    #[command(flatten)]
+    prompts: PromptArgs,
+    /// Output file (.safetensors).
+    #[arg(long)]
+    out: PathBuf,
+    /// Leave out the logits.
+    #[arg(long)]
+    no_logits: bool,
+    /// Gated DeltaNet form.
+    #[arg(long, value_enum, default_value = "chunked")]
+    gdn_form: Form,
+    /// Seed for tensors the path would initialise randomly (MISSING).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Overwrite an existing output file.
+    #[arg(long)]
+    force: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn command_line() -> String {
+    std::env::args()
+        .map(|a| {
+            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"$`\\".contains(c)) {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            } else {
+                a
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn run(cli: Cli) -> Result<u8> {
+    match cli.command {
+        Command::Inventory {
+            checkpoint,
+            paths,
+            json,
+        } => {
+            let paths = paths
+                .as_deref()
+                .map(commands::parse_paths)
+                .transpose()?
+                .unwrap_or_default();
+            let inv = inventory::run(&checkpoint, &paths)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&inv).expect("inventory serialises")
+                );
+            } else {
+                print!("{}", report::inventory::render_inventory_table(&inv));
+            }
+            Ok(u8::from(inv.paths.iter().any(|p| p.missing > 0)))
+        }
+        Command::Compare(a) => {
+            let opts = compare::CompareOptions {
+                checkpoint: a.checkpoint.clone(),
+                paths: commands::parse_paths(&a.paths)?,
+                prompts: a.prompts.options()?,
+                dtype: a.dtype.clone(),
+                taps: a.taps.clone(),
+                gdn_form: a.gdn_form.into(),
+                seed: a.seed,
+                quiet: a.quiet,
+                command_line: command_line(),
+            };
+            let dir = a.report_dir.join(
+                a.name
+                    .clone()
+                    .unwrap_or_else(|| compare::default_report_name(&a.checkpoint)),
+            );
+            if !a.no_report {
+                // Refuse before the (possibly long) run, not after.
+                hsparity::output::check_overwrite(&dir.join("report.md"), a.force)?;
+                hsparity::output::check_overwrite(&dir.join("report.json"), a.force)?;
+            }
+            let rep = compare::run(&opts)?;
+            if a.json {
+                print!("{}", report::json::render(&rep)?);
+            } else {
+                print!("{}", report::table::render(&rep));
+            }
+            if !a.no_report {
+                let w = compare::write_report(&rep, &dir, a.force)?;
+                eprintln!("report: {} (and report.json)", w.markdown.display());
+            }
+            Ok(rep.exit_code as u8)
+        }
+        Command::Dump(a) => {
+            let path = a.path.parse()?;
+            let d = dump::run_to_file(
+                &a.checkpoint,
+                path,
+                &a.prompts.options()?,
+                !a.no_logits,
+                a.gdn_form.into(),
+                a.seed,
+                a.quiet,
+                &a.out,
+                a.force,
+            )?;
+            eprintln!(
+                "wrote {} ({} prompts, {} hidden states each)",
+                a.out.display(),
+                d.prompts.len(),
+                d.prompts
+                    .first()
+                    .map(|p| p.hidden_states.len())
+                    .unwrap_or(0)
+            );
+            Ok(0)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

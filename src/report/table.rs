@@ -1,0 +1,173 @@
+//! Terminal rendering of a [`Report`] with comfy-table: the verdict sentence,
+//! the paths, then one table per pair with a row per `hidden_states` index.
+
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Attribute, Cell, CellAlignment, Color, Table};
+
+use super::Report;
+use crate::parity::{HiddenStateRow, Metrics, PairReport, Verdict};
+
+/// `1.234e-5` style, or `0` for exact zero.
+pub fn sci(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
+/// Cosine with enough digits to see f32 round-off (`0.99999994`).
+pub fn cos(x: f64) -> String {
+    format!("{x:.8}")
+}
+
+/// `max_abs @ p0 t12 f3`.
+pub fn max_abs_at(m: &Metrics) -> String {
+    match m.max_abs_at {
+        Some(at) if m.max_abs > 0.0 => {
+            format!(
+                "{} @p{} t{} f{}",
+                sci(m.max_abs),
+                at.prompt,
+                at.token,
+                at.feature
+            )
+        }
+        _ => sci(m.max_abs),
+    }
+}
+
+/// `L3` for the output of decoder layer 3 (`hidden_states[4]`), `emb`, `norm`.
+pub fn layer_label(row: &HiddenStateRow) -> String {
+    match row.layer_type.as_str() {
+        "embedding" => "emb".into(),
+        "final_norm" => format!("L{} +norm", row.index - 1),
+        _ => format!("L{}", row.index - 1),
+    }
+}
+
+fn verdict_cell(v: Verdict) -> Cell {
+    let c = Cell::new(v.as_str().to_uppercase());
+    match v {
+        Verdict::Pass => c.fg(Color::Green),
+        Verdict::Warn => c.fg(Color::Yellow).add_attribute(Attribute::Bold),
+        Verdict::Fail => c.fg(Color::Red).add_attribute(Attribute::Bold),
+    }
+}
+
+fn pair_table(report: &Report, pair: &PairReport) -> Table {
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "hs",
+        "layer",
+        "type",
+        "tap",
+        "cos min",
+        "cos mean",
+        "max abs diff",
+        "rel L2",
+        "bitwise",
+        "local cos min",
+        "verdict",
+    ]);
+    for r in &pair.hidden_states {
+        let m = &r.metrics;
+        let first = pair.first_divergent == Some(r.index);
+        let mut idx = Cell::new(r.index).set_alignment(CellAlignment::Right);
+        if first {
+            idx = idx.add_attribute(Attribute::Bold).fg(Color::Red);
+        }
+        t.add_row(vec![
+            idx,
+            Cell::new(layer_label(r)),
+            Cell::new(&r.layer_type),
+            Cell::new(if report.is_tap(r.index) { "◆" } else { "" }),
+            Cell::new(cos(m.cos_min)),
+            Cell::new(cos(m.cos_mean)),
+            Cell::new(max_abs_at(m)),
+            Cell::new(sci(m.rel_l2)),
+            Cell::new(if m.bitwise { "yes" } else { "no" }),
+            Cell::new(
+                r.local
+                    .as_ref()
+                    .map(|l| cos(l.cos_min))
+                    .unwrap_or_else(|| "-".into()),
+            ),
+            verdict_cell(r.verdict),
+        ]);
+    }
+    t
+}
+
+/// The whole terminal report.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    out.push_str(&report.summary);
+    out.push_str("\n\n");
+    for p in &report.paths {
+        out.push_str(&format!(
+            "  {:<20} {:<34} dtype {} ({}), computed in {}{}\n",
+            p.name,
+            p.class,
+            p.dtype,
+            p.dtype_reason,
+            p.compute_dtype,
+            if p.missing > 0 {
+                format!(", {} MISSING tensors (random init)", p.missing)
+            } else {
+                String::new()
+            }
+        ));
+    }
+    let toks: Vec<String> = report
+        .prompts
+        .iter()
+        .map(|p| p.tokens.to_string())
+        .collect();
+    out.push_str(&format!(
+        "  prompts: {} ({} tokens); delta rule: {}\n",
+        report.prompts.len(),
+        toks.join(", "),
+        report.environment.gdn_form
+    ));
+    for pair in &report.pairs {
+        out.push_str(&format!(
+            "\n{} vs {} (rel L2 = ‖a−b‖/‖b‖; local = {}'s layer fed {}'s input)\n",
+            pair.a, pair.b, pair.b, pair.a
+        ));
+        out.push_str(&pair_table(report, pair).to_string());
+        out.push('\n');
+        if let Some(l) = &pair.logits {
+            out.push_str(&format!(
+                "logits: cos min {}, max abs diff {}, rel L2 {}, bitwise {}, argmax agreement {:.4}\n",
+                cos(l.cos_min),
+                max_abs_at(l),
+                sci(l.rel_l2),
+                if l.bitwise { "yes" } else { "no" },
+                pair.argmax_agreement.unwrap_or(f64::NAN)
+            ));
+        }
+        for r in pair
+            .hidden_states
+            .iter()
+            .filter(|r| r.needed_to_pass.is_some())
+            .take(3)
+        {
+            out.push_str(&format!(
+                "hidden_states[{}] would pass with {}\n",
+                r.index,
+                r.needed_to_pass.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    if !report.taps.is_empty() {
+        out.push_str(&format!(
+            "\n◆ drafter taps {:?}: {}\n",
+            report.taps, report.tap_convention
+        ));
+    }
+    for n in &report.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    out
+}

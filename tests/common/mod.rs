@@ -1,0 +1,150 @@
+//! Helpers shared by the checkpoint / inventory integration tests.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+/// Repository root (for fixtures).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `(name, dtype, shape)` of one tensor to write.
+pub type Spec = (String, String, Vec<usize>);
+
+fn bytes_of(dtype: &str) -> u64 {
+    match dtype {
+        "F32" => 4,
+        "BF16" | "F16" => 2,
+        "F64" => 8,
+        other => panic!("test helper: dtype {other}"),
+    }
+}
+
+/// Writes one sparse safetensors file: header with contiguous data_offsets in
+/// the given order, then `set_len` to the full size (no data written).
+/// Returns the total data bytes.
+pub fn write_sparse_shard(path: &Path, tensors: &[Spec]) -> u64 {
+    let mut header = Map::new();
+    let mut off = 0u64;
+    for (name, dtype, shape) in tensors {
+        let n: u64 = shape.iter().map(|&d| d as u64).product::<u64>() * bytes_of(dtype);
+        header.insert(
+            name.clone(),
+            json!({"dtype": dtype, "shape": shape, "data_offsets": [off, off + n]}),
+        );
+        off += n;
+    }
+    header.insert("__metadata__".into(), json!({"format": "pt"}));
+    let mut h = serde_json::to_vec(&Value::Object(header)).unwrap();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut f = File::create(path).unwrap();
+    f.write_all(&(h.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(&h).unwrap();
+    f.set_len(8 + h.len() as u64 + off).unwrap();
+    off
+}
+
+/// Writes a sparse sharded checkpoint (`model-0000i-of-0000n.safetensors` +
+/// `model.safetensors.index.json` + `config.json`) into `dir`, distributing
+/// `tensors` in order over `n_shards` shards.
+pub fn write_sparse_checkpoint(dir: &Path, config: &Value, tensors: &[Spec], n_shards: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_vec_pretty(config).unwrap(),
+    )
+    .unwrap();
+    let per = tensors.len().div_ceil(n_shards);
+    let mut weight_map = Map::new();
+    let mut total = 0u64;
+    for (i, chunk) in tensors.chunks(per).enumerate() {
+        let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, n_shards);
+        total += write_sparse_shard(&dir.join(&file), chunk);
+        for (name, _, _) in chunk {
+            weight_map.insert(name.clone(), Value::String(file.clone()));
+        }
+    }
+    let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::to_vec_pretty(&index).unwrap(),
+    )
+    .unwrap();
+}
+
+/// The 27B fixture: `(config.json, tensor list)` with BF16 dtype.
+pub fn load_27b() -> (Value, Vec<Spec>) {
+    let d = repo_root().join("fixtures/qwen3.6-27b");
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(d.join("config.json")).unwrap()).unwrap();
+    let t: Value = serde_json::from_slice(&std::fs::read(d.join("tensors.json")).unwrap()).unwrap();
+    let dtype = t["dtype"].as_str().unwrap_or("BF16").to_string();
+    let specs = t["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                dtype.clone(),
+                e["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap() as usize)
+                    .collect(),
+            )
+        })
+        .collect();
+    (cfg, specs)
+}
+
+/// Copies the tiny fixture's top-level files into `dst`.
+pub fn copy_tiny(dst: &Path) {
+    let src = repo_root().join("fixtures/tiny-qwen3_5");
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// A commit hash used by the fake hub cache.
+pub const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// Lays out the tiny fixture as hf-hub / huggingface_hub cache it:
+/// `<cache>/models--{org}--{name}/{refs/main, blobs/<etag>, snapshots/<commit>/<file> -> ../../blobs/<etag>}`.
+pub fn fake_hub_cache(cache: &Path, repo_id: &str) -> PathBuf {
+    let repo = cache.join(format!("models--{}", repo_id.replace('/', "--")));
+    let src = repo_root().join("fixtures/tiny-qwen3_5");
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    let snap = repo.join("snapshots").join(COMMIT);
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::write(repo.join("refs/main"), COMMIT).unwrap();
+    for (i, e) in std::fs::read_dir(&src).unwrap().enumerate() {
+        let e = e.unwrap();
+        if !e.file_type().unwrap().is_file() {
+            continue;
+        }
+        let etag = format!("{:064x}", i + 1);
+        std::fs::copy(e.path(), repo.join("blobs").join(&etag)).unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(
+            PathBuf::from("../../blobs").join(&etag),
+            snap.join(e.file_name()),
+        )
+        .unwrap();
+        #[cfg(not(unix))]
+        std::fs::copy(e.path(), snap.join(e.file_name())).unwrap();
+    }
+    repo
+}
