@@ -1,0 +1,186 @@
+//! The `hsparity` binary end to end: exit codes (0 pass, 1 divergence or
+//! missing tensors, 2 bad input), report files, JSON contract, dumps.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use assert_cmd::Command;
+use candle_core::{Device, Tensor};
+use serde_json::Value;
+
+const CKPT: &str = "fixtures/tiny-qwen3_5";
+
+fn hsparity() -> Command {
+    let mut c = Command::cargo_bin("hsparity").unwrap();
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn compare_passes_and_writes_reports_atomically_without_overwriting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    let args = [
+        "compare", CKPT, "--quiet", "--report-dir", dir, "--name", "t", "--taps", "1,4",
+    ];
+    let out = hsparity().args(args).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("PASS: causal-lm and vlm agree bitwise at all 7 hidden states"), "{text}");
+    assert!(text.contains("◆"), "taps marked");
+    let md = std::fs::read_to_string(tmp.path().join("t/report.md")).unwrap();
+    assert!(md.starts_with("PASS:"));
+    assert!(md.contains("## Reproduce"));
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(tmp.path().join("t/report.json")).unwrap()).unwrap();
+    assert_eq!(json["verdict"], "pass");
+    // A second run refuses to overwrite, before running anything.
+    let again = hsparity().args(args).output().unwrap();
+    assert_eq!(again.status.code(), Some(2));
+    assert!(stderr(&again).contains("--force"), "{}", stderr(&again));
+    let forced = hsparity().args(args).arg("--force").output().unwrap();
+    assert_eq!(forced.status.code(), Some(0), "{}", stderr(&forced));
+}
+
+#[test]
+fn compare_json_follows_the_contract() {
+    let out = hsparity()
+        .args(["compare", CKPT, "--quiet", "--no-report", "--json", "--paths", "causal-lm,vlm,image-text-to-text"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["verdict"], "pass");
+    assert_eq!(v["inventory"]["checkpoint_tensors"], 129);
+    let pairs = v["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 2);
+    assert_eq!(pairs[1]["b"], "image-text-to-text");
+    assert!(pairs[0]["first_divergent"].is_null());
+    let rows = pairs[0]["hidden_states"].as_array().unwrap();
+    assert_eq!(rows.len(), 7);
+    for key in ["index", "layer_type", "cos_min", "cos_mean", "max_abs", "rel_l2", "bitwise", "verdict"] {
+        assert!(rows[3].get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(rows[0]["layer_type"], "embedding");
+    assert_eq!(rows[3]["layer_type"], "full_attention");
+    assert_eq!(rows[6]["layer_type"], "final_norm");
+    // causal-lm vs image-text-to-text: both have an lm_head, logits compared.
+    assert_eq!(pairs[1]["logits"]["bitwise"], true);
+}
+
+#[test]
+fn inventory_json_reports_each_path() {
+    let out = hsparity().args(["inventory", CKPT, "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let paths = v["paths"].as_array().unwrap();
+    let by: HashMap<&str, &Value> = paths.iter().map(|p| (p["name"].as_str().unwrap(), p)).collect();
+    assert_eq!(by["causal-lm"]["tensors"], 81);
+    assert_eq!(by["vlm"]["tensors"], 113);
+    assert_eq!(by["vlm"]["unexpected_names"][0], "lm_head.weight");
+    assert_eq!(by["image-text-to-text"]["tensors"], 114);
+    let table = hsparity().args(["inventory", CKPT]).output().unwrap();
+    assert!(stdout(&table).contains("Qwen3_5ForCausalLM"));
+}
+
+#[test]
+fn dump_writes_the_design_format_and_refuses_overwrite() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("d.safetensors");
+    let run = |extra: &[&str]| {
+        hsparity()
+            .args(["dump", CKPT, "--path", "vlm", "--quiet", "--prompt-ids", "1,2,3,4,5", "--out"])
+            .arg(&f)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let d = hsparity::dump::Dump::read(&f).unwrap();
+    assert_eq!(d.metadata["format"], "hsparity.dump.v1");
+    assert_eq!(d.metadata["loading_path"], "vlm");
+    assert_eq!(d.metadata["class"], "Qwen3_5Model");
+    assert_eq!(d.prompts[0].input_ids, vec![1, 2, 3, 4, 5]);
+    assert_eq!(d.prompts[0].hidden_states.len(), 7);
+    assert!(d.prompts[0].logits.is_none(), "AutoModel has no lm_head");
+    assert_eq!(run(&[]).status.code(), Some(2));
+    assert_eq!(run(&["--force"]).status.code(), Some(0));
+}
+
+fn assert_bad_input(args: &[&str], needle: &str) {
+    let out = hsparity().args(args).output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: expected {needle:?} in {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_input_exits_2_with_a_clear_message() {
+    assert_bad_input(&["compare", "no/such-model", "--no-report"], "huggingface-cli download");
+    assert_bad_input(&["compare", CKPT, "--no-report", "--paths", "causal-lm,bogus"], "unknown loading path");
+    assert_bad_input(&["compare", CKPT, "--no-report", "--paths", "vlm"], "at least two");
+    assert_bad_input(&["compare", CKPT, "--no-report", "--prompt-ids", "1,2,999"], "out of range");
+    let long: Vec<String> = (0..513).map(|i| (i % 300).to_string()).collect();
+    assert_bad_input(&["compare", CKPT, "--no-report", "--prompt-ids", &long.join(",")], "max_position_embeddings");
+    assert_bad_input(&["compare", CKPT, "--no-report", "--taps", "6"], "--taps 6");
+    assert_bad_input(&["compare", CKPT, "--no-report", "--prompt-ids", "1,x"], "not a token id");
+    assert_bad_input(&["compare", CKPT, "--no-report", "--prompts", "/nonexistent.jsonl"], "nonexistent.jsonl");
+    assert_bad_input(&["compare", CKPT, "--no-report", "--bogus-flag"], "--bogus-flag");
+    assert_bad_input(&["dump", CKPT, "--path", "vlm"], "--out");
+}
+
+#[test]
+fn truncated_shard_exits_2_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::copy_tiny(tmp.path());
+    let shard = tmp.path().join("model-00002-of-00003.safetensors");
+    let len = std::fs::metadata(&shard).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&shard).unwrap().set_len(len / 2).unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    assert_bad_input(&["compare", dir, "--no-report"], "model-00002-of-00003.safetensors");
+    assert_bad_input(&["inventory", dir], "model-00002-of-00003.safetensors");
+}
+
+/// Rewrites the fixture as one shard without `drop`.
+fn checkpoint_without(dst: &Path, drop: &str) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(CKPT);
+    let mut all: HashMap<String, Tensor> = HashMap::new();
+    for i in 1..=3 {
+        let f = src.join(format!("model-0000{i}-of-00003.safetensors"));
+        all.extend(candle_core::safetensors::load(&f, &Device::Cpu).unwrap());
+    }
+    assert!(all.remove(drop).is_some());
+    candle_core::safetensors::save(&all, dst.join("model.safetensors")).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+}
+
+#[test]
+fn missing_tensor_is_initialised_reported_and_exits_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    checkpoint_without(tmp.path(), "model.language_model.layers.1.mlp.up_proj.weight");
+    let dir = tmp.path().to_str().unwrap();
+    let out = hsparity().args(["compare", dir, "--quiet", "--no-report", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["verdict"], "fail");
+    assert!(v["summary"].as_str().unwrap().contains("missing"), "{}", v["summary"]);
+    let inv = &v["inventory"]["paths"][0];
+    assert_eq!(inv["missing"], 1);
+    assert_eq!(inv["missing_names"][0], "model.layers.1.mlp.up_proj.weight");
+    let inv_out = hsparity().args(["inventory", dir]).output().unwrap();
+    assert_eq!(inv_out.status.code(), Some(1));
+}
