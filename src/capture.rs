@@ -12,6 +12,7 @@ use indicatif::ProgressBar;
 
 use crate::checkpoint::config::LayerType;
 use crate::error::Result;
+use crate::models::precision::Precision;
 use crate::models::qwen3_5::{DecoderLayer, Embedding, FinalNorm, GdnForm, LmHead, TextModelSpec};
 use crate::models::WeightSource;
 
@@ -45,6 +46,8 @@ pub struct PathModel<'a> {
     pub source: &'a dyn WeightSource,
     /// Whether the path's class has an `lm_head` (logits are captured).
     pub has_lm_head: bool,
+    /// The dtype the path computes in.
+    pub precision: Precision,
 }
 
 /// Capture settings.
@@ -78,19 +81,22 @@ pub trait Observer {
 }
 
 /// Loads one piece per path, sharing it between paths whose tensors have the
-/// same identity.
+/// same identity and that compute in the same dtype.
 fn load_shared<T>(
     paths: &[PathModel],
     names: &[String],
-    load: impl Fn(&dyn WeightSource) -> Result<T>,
+    load: impl Fn(&dyn WeightSource, Precision) -> Result<T>,
 ) -> Result<Vec<Arc<T>>> {
     let mut out: Vec<Arc<T>> = Vec::with_capacity(paths.len());
-    let mut ids: Vec<Vec<String>> = Vec::with_capacity(paths.len());
+    let mut ids: Vec<(Precision, Vec<String>)> = Vec::with_capacity(paths.len());
     for p in paths {
-        let id: Vec<String> = names.iter().map(|n| p.source.identity(n)).collect();
+        let id = (
+            p.precision,
+            names.iter().map(|n| p.source.identity(n)).collect(),
+        );
         match ids.iter().position(|x| *x == id) {
             Some(j) => out.push(out[j].clone()),
-            None => out.push(Arc::new(load(p.source)?)),
+            None => out.push(Arc::new(load(p.source, p.precision)?)),
         }
         ids.push(id);
     }
@@ -128,8 +134,8 @@ pub fn run(
         if let Some(pb) = progress {
             pb.set_message(format!("layer {l}"));
         }
-        let layers = load_shared(paths, &spec.layer_tensor_names(l), |s| {
-            DecoderLayer::load(spec, s, l)
+        let layers = load_shared(paths, &spec.layer_tensor_names(l), |s, p| {
+            DecoderLayer::load(spec, s, l, p)
         })?;
         let mut local = none.clone();
         if opts.local {
@@ -163,8 +169,8 @@ pub fn run(
             )?;
         } else {
             obs.last_layer_output(&states)?;
-            let norms = load_shared(paths, &["norm.weight".to_string()], |s| {
-                FinalNorm::load(spec, s)
+            let norms = load_shared(paths, &["norm.weight".to_string()], |s, p| {
+                FinalNorm::load(spec, s, p)
             })?;
             let local_normed: Vec<Option<Vec<Tensor>>> = local
                 .iter()
@@ -197,7 +203,11 @@ pub fn run(
 
     let heads = paths
         .iter()
-        .map(|p| p.has_lm_head.then(|| LmHead::load(p.source)).transpose())
+        .map(|p| {
+            p.has_lm_head
+                .then(|| LmHead::load(p.source, p.precision))
+                .transpose()
+        })
         .collect::<Result<Vec<_>>>()?;
     let logits: Vec<Option<Vec<Tensor>>> = heads
         .iter()

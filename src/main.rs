@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use hsparity::commands::{self, compare, dump, inventory};
 use hsparity::error::Result;
+use hsparity::models::precision::Precision;
 use hsparity::models::qwen3_5::GdnForm;
 use hsparity::prompts::{parse_ids, PromptOptions};
 use hsparity::report;
@@ -95,7 +96,7 @@ struct CompareArgs {
     paths: String,
     #[command(flatten)]
     prompts: PromptArgs,
-    /// Compute dtype: auto (what each path would pick) or f32.
+    /// Compute dtype: auto (what each loading path would pick), f32, bf16 or f16.
     #[arg(long, default_value = "auto")]
     dtype: String,
     /// Drafter tap layers to mark (decoder-layer indices; tap L = hidden_states[L+1]).
@@ -142,6 +143,9 @@ struct DumpArgs {
     /// Leave out the logits.
     #[arg(long)]
     no_logits: bool,
+    /// Compute dtype: auto (what the loading path would pick), f32, bf16 or f16.
+    #[arg(long, default_value = "auto")]
+    dtype: String,
     /// Gated DeltaNet form.
     #[arg(long, value_enum, default_value = "chunked")]
     gdn_form: Form,
@@ -228,14 +232,21 @@ fn run(cli: Cli) -> Result<u8> {
         }
         Command::Dump(a) => {
             let path = a.path.parse()?;
+            let opts = dump::DumpOptions {
+                logits: !a.no_logits,
+                form: a.gdn_form.into(),
+                seed: a.seed,
+                dtype: match a.dtype.as_str() {
+                    "auto" => None,
+                    d => Some(Precision::parse(d)?),
+                },
+                quiet: a.quiet,
+            };
             let d = dump::run_to_file(
                 &a.checkpoint,
                 path,
                 &a.prompts.options()?,
-                !a.no_logits,
-                a.gdn_form.into(),
-                a.seed,
-                a.quiet,
+                &opts,
                 &a.out,
                 a.force,
             )?;

@@ -31,17 +31,30 @@ fn compare_passes_and_writes_reports_atomically_without_overwriting() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_str().unwrap();
     let args = [
-        "compare", CKPT, "--quiet", "--report-dir", dir, "--name", "t", "--taps", "1,4",
+        "compare",
+        CKPT,
+        "--quiet",
+        "--report-dir",
+        dir,
+        "--name",
+        "t",
+        "--taps",
+        "1,4",
     ];
     let out = hsparity().args(args).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.starts_with("PASS: causal-lm and vlm agree bitwise at all 7 hidden states"), "{text}");
+    assert!(
+        text.starts_with("PASS: causal-lm and vlm agree bitwise at all 7 hidden states"),
+        "{text}"
+    );
     assert!(text.contains("◆"), "taps marked");
     let md = std::fs::read_to_string(tmp.path().join("t/report.md")).unwrap();
     assert!(md.starts_with("PASS:"));
     assert!(md.contains("## Reproduce"));
-    let json: Value = serde_json::from_str(&std::fs::read_to_string(tmp.path().join("t/report.json")).unwrap()).unwrap();
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("t/report.json")).unwrap())
+            .unwrap();
     assert_eq!(json["verdict"], "pass");
     // A second run refuses to overwrite, before running anything.
     let again = hsparity().args(args).output().unwrap();
@@ -54,7 +67,15 @@ fn compare_passes_and_writes_reports_atomically_without_overwriting() {
 #[test]
 fn compare_json_follows_the_contract() {
     let out = hsparity()
-        .args(["compare", CKPT, "--quiet", "--no-report", "--json", "--paths", "causal-lm,vlm,image-text-to-text"])
+        .args([
+            "compare",
+            CKPT,
+            "--quiet",
+            "--no-report",
+            "--json",
+            "--paths",
+            "causal-lm,vlm,image-text-to-text",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -68,7 +89,16 @@ fn compare_json_follows_the_contract() {
     assert!(pairs[0]["first_divergent"].is_null());
     let rows = pairs[0]["hidden_states"].as_array().unwrap();
     assert_eq!(rows.len(), 7);
-    for key in ["index", "layer_type", "cos_min", "cos_mean", "max_abs", "rel_l2", "bitwise", "verdict"] {
+    for key in [
+        "index",
+        "layer_type",
+        "cos_min",
+        "cos_mean",
+        "max_abs",
+        "rel_l2",
+        "bitwise",
+        "verdict",
+    ] {
         assert!(rows[3].get(key).is_some(), "missing {key}");
     }
     assert_eq!(rows[0]["layer_type"], "embedding");
@@ -80,11 +110,17 @@ fn compare_json_follows_the_contract() {
 
 #[test]
 fn inventory_json_reports_each_path() {
-    let out = hsparity().args(["inventory", CKPT, "--json"]).output().unwrap();
+    let out = hsparity()
+        .args(["inventory", CKPT, "--json"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
     let paths = v["paths"].as_array().unwrap();
-    let by: HashMap<&str, &Value> = paths.iter().map(|p| (p["name"].as_str().unwrap(), p)).collect();
+    let by: HashMap<&str, &Value> = paths
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap(), p))
+        .collect();
     assert_eq!(by["causal-lm"]["tensors"], 81);
     assert_eq!(by["vlm"]["tensors"], 113);
     assert_eq!(by["vlm"]["unexpected_names"][0], "lm_head.weight");
@@ -99,7 +135,16 @@ fn dump_writes_the_design_format_and_refuses_overwrite() {
     let f = tmp.path().join("d.safetensors");
     let run = |extra: &[&str]| {
         hsparity()
-            .args(["dump", CKPT, "--path", "vlm", "--quiet", "--prompt-ids", "1,2,3,4,5", "--out"])
+            .args([
+                "dump",
+                CKPT,
+                "--path",
+                "vlm",
+                "--quiet",
+                "--prompt-ids",
+                "1,2,3,4,5",
+                "--out",
+            ])
             .arg(&f)
             .args(extra)
             .output()
@@ -122,22 +167,61 @@ fn assert_bad_input(args: &[&str], needle: &str) {
     let out = hsparity().args(args).output().unwrap();
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-    assert!(err.contains(needle), "{args:?}: expected {needle:?} in {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: expected {needle:?} in {err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]
 fn bad_input_exits_2_with_a_clear_message() {
-    assert_bad_input(&["compare", "no/such-model", "--no-report"], "huggingface-cli download");
-    assert_bad_input(&["compare", CKPT, "--no-report", "--paths", "causal-lm,bogus"], "unknown loading path");
-    assert_bad_input(&["compare", CKPT, "--no-report", "--paths", "vlm"], "at least two");
-    assert_bad_input(&["compare", CKPT, "--no-report", "--prompt-ids", "1,2,999"], "out of range");
+    assert_bad_input(
+        &["compare", "no/such-model", "--no-report"],
+        "huggingface-cli download",
+    );
+    assert_bad_input(
+        &["compare", CKPT, "--no-report", "--paths", "causal-lm,bogus"],
+        "unknown loading path",
+    );
+    assert_bad_input(
+        &["compare", CKPT, "--no-report", "--paths", "vlm"],
+        "at least two",
+    );
+    assert_bad_input(
+        &["compare", CKPT, "--no-report", "--prompt-ids", "1,2,999"],
+        "out of range",
+    );
     let long: Vec<String> = (0..513).map(|i| (i % 300).to_string()).collect();
-    assert_bad_input(&["compare", CKPT, "--no-report", "--prompt-ids", &long.join(",")], "max_position_embeddings");
+    assert_bad_input(
+        &[
+            "compare",
+            CKPT,
+            "--no-report",
+            "--prompt-ids",
+            &long.join(","),
+        ],
+        "max_position_embeddings",
+    );
     assert_bad_input(&["compare", CKPT, "--no-report", "--taps", "6"], "--taps 6");
-    assert_bad_input(&["compare", CKPT, "--no-report", "--prompt-ids", "1,x"], "not a token id");
-    assert_bad_input(&["compare", CKPT, "--no-report", "--prompts", "/nonexistent.jsonl"], "nonexistent.jsonl");
-    assert_bad_input(&["compare", CKPT, "--no-report", "--bogus-flag"], "--bogus-flag");
+    assert_bad_input(
+        &["compare", CKPT, "--no-report", "--prompt-ids", "1,x"],
+        "not a token id",
+    );
+    assert_bad_input(
+        &[
+            "compare",
+            CKPT,
+            "--no-report",
+            "--prompts",
+            "/nonexistent.jsonl",
+        ],
+        "nonexistent.jsonl",
+    );
+    assert_bad_input(
+        &["compare", CKPT, "--no-report", "--bogus-flag"],
+        "--bogus-flag",
+    );
     assert_bad_input(&["dump", CKPT, "--path", "vlm"], "--out");
 }
 
@@ -147,9 +231,17 @@ fn truncated_shard_exits_2_naming_the_file() {
     common::copy_tiny(tmp.path());
     let shard = tmp.path().join("model-00002-of-00003.safetensors");
     let len = std::fs::metadata(&shard).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&shard).unwrap().set_len(len / 2).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
     let dir = tmp.path().to_str().unwrap();
-    assert_bad_input(&["compare", dir, "--no-report"], "model-00002-of-00003.safetensors");
+    assert_bad_input(
+        &["compare", dir, "--no-report"],
+        "model-00002-of-00003.safetensors",
+    );
     assert_bad_input(&["inventory", dir], "model-00002-of-00003.safetensors");
 }
 
@@ -171,13 +263,23 @@ fn checkpoint_without(dst: &Path, drop: &str) {
 #[test]
 fn missing_tensor_is_initialised_reported_and_exits_1() {
     let tmp = tempfile::tempdir().unwrap();
-    checkpoint_without(tmp.path(), "model.language_model.layers.1.mlp.up_proj.weight");
+    checkpoint_without(
+        tmp.path(),
+        "model.language_model.layers.1.mlp.up_proj.weight",
+    );
     let dir = tmp.path().to_str().unwrap();
-    let out = hsparity().args(["compare", dir, "--quiet", "--no-report", "--json"]).output().unwrap();
+    let out = hsparity()
+        .args(["compare", dir, "--quiet", "--no-report", "--json"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["verdict"], "fail");
-    assert!(v["summary"].as_str().unwrap().contains("missing"), "{}", v["summary"]);
+    assert!(
+        v["summary"].as_str().unwrap().contains("missing"),
+        "{}",
+        v["summary"]
+    );
     let inv = &v["inventory"]["paths"][0];
     assert_eq!(inv["missing"], 1);
     assert_eq!(inv["missing_names"][0], "model.layers.1.mlp.up_proj.weight");

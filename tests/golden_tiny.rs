@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use hsparity::commands::dump;
+use hsparity::commands::dump::{self, DumpOptions};
 use hsparity::dump::Dump;
 use hsparity::loading::LoadingPath;
 use hsparity::models::qwen3_5::GdnForm;
@@ -17,6 +17,15 @@ const CKPT: &str = "fixtures/tiny-qwen3_5";
 fn prompts() -> PromptOptions {
     PromptOptions {
         file: Some(format!("{CKPT}/prompts.jsonl").into()),
+        ..Default::default()
+    }
+}
+
+fn opts(form: GdnForm, logits: bool) -> DumpOptions {
+    DumpOptions {
+        logits,
+        form,
+        quiet: true,
         ..Default::default()
     }
 }
@@ -42,7 +51,7 @@ fn assert_close(what: &str, ours: &candle_core::Tensor, want: &candle_core::Tens
 }
 
 fn check_path(path: LoadingPath, gold_name: &str, with_logits: bool) {
-    let ours = dump::run(CKPT, path, &prompts(), true, GdnForm::Chunked, 0, true).unwrap();
+    let ours = dump::run(CKPT, path, &prompts(), &opts(GdnForm::Chunked, true)).unwrap();
     let gold = golden(gold_name);
     assert_eq!(ours.prompts.len(), gold.prompts.len());
     let mut worst = 0f64;
@@ -103,20 +112,14 @@ fn chunked_and_recurrent_forms_agree_within_1e3_relative() {
         CKPT,
         LoadingPath::CausalLm,
         &prompts(),
-        false,
-        GdnForm::Chunked,
-        0,
-        true,
+        &opts(GdnForm::Chunked, false),
     )
     .unwrap();
     let r = dump::run(
         CKPT,
         LoadingPath::CausalLm,
         &prompts(),
-        false,
-        GdnForm::Recurrent,
-        0,
-        true,
+        &opts(GdnForm::Recurrent, false),
     )
     .unwrap();
     let mut worst = 0f64;

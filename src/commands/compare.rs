@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use crate::capture::{self, CaptureOptions, PathModel};
 use crate::commands::{file_sha256, progress, prompts_sha256, utc_stamp, Session};
 use crate::error::{Error, Result};
-use crate::loading::{self, LoadingPath};
+use crate::loading::{self, LoadingPath, WeightOrigin};
+use crate::models::precision::Precision;
 use crate::models::qwen3_5::GdnForm;
 use crate::models::WeightSource;
-use crate::parity::{PairObserver, Tolerance};
+use crate::parity::PairObserver;
 use crate::prompts::{preview, PromptOptions};
 use crate::report::{
     self, Environment, PathRun, PromptInfo, Report, SCHEMA_VERSION, TAP_CONVENTION,
@@ -24,7 +25,7 @@ pub struct CompareOptions {
     pub paths: Vec<LoadingPath>,
     /// Prompt set.
     pub prompts: PromptOptions,
-    /// `auto` or `f32`.
+    /// `auto` (what each path would load with) or an explicit dtype for every path.
     pub dtype: String,
     /// Drafter taps (decoder-layer indices) to mark.
     pub taps: Vec<usize>,
@@ -59,14 +60,10 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
             opts.paths.len()
         )));
     }
-    match opts.dtype.as_str() {
-        "auto" | "f32" => {}
-        other => {
-            return Err(Error::Input(format!(
-                "--dtype {other}: this version computes in f32 only (auto and f32 are accepted)"
-            )))
-        }
-    }
+    let forced = match opts.dtype.as_str() {
+        "auto" => None,
+        other => Some(Precision::parse(other)?),
+    };
     let session = Session::open(&opts.checkpoint, &opts.paths, &opts.prompts, opts.seed)?;
     let n = session.spec.num_layers();
     if let Some(bad) = opts.taps.iter().find(|&&t| t >= n) {
@@ -78,49 +75,71 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
     let inventory = loading::inventory(&session.ckpt, &opts.paths)?;
 
     let mut notes = Vec::new();
-    let paths_run: Vec<PathRun> = session
+    let precisions: Vec<Precision> = session
         .paths
         .iter()
-        .map(|p| {
-            let dtype = p.dtype.name().to_string();
-            if dtype != "f32" {
-                notes.push(format!(
-                    "{} would load in {dtype} ({}); hsparity computed it in f32, so dtype-induced differences are not shown",
-                    p.path.name(),
-                    p.inventory.dtype_reason
-                ));
-            }
-            if p.inventory.missing > 0 {
-                notes.push(format!(
+        .map(|p| forced.unwrap_or(p.dtype.precision()))
+        .collect();
+    let paths_run: Vec<PathRun> =
+        session
+            .paths
+            .iter()
+            .zip(&precisions)
+            .map(|(p, prec)| {
+                let dtype = p.dtype.name().to_string();
+                if forced.is_some() && prec.name() != dtype {
+                    notes.push(format!(
+                        "{} would load in {dtype} ({}); --dtype {} overrides it",
+                        p.path.name(),
+                        p.inventory.dtype_reason,
+                        prec.name()
+                    ));
+                }
+                if p.inventory.missing > 0 {
+                    notes.push(format!(
                     "{} has {} MISSING tensors, initialised as transformers would (seed {}): {}",
                     p.path.name(),
                     p.inventory.missing,
                     opts.seed,
                     p.inventory.missing_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
                 ));
-            }
-            PathRun {
-                name: p.path.name().to_string(),
-                class: p.inventory.class.clone(),
-                dtype,
-                dtype_reason: p.inventory.dtype_reason.clone(),
-                compute_dtype: "f32".into(),
-                missing: p.inventory.missing,
-            }
-        })
-        .collect();
+                }
+                PathRun {
+                    name: p.path.name().to_string(),
+                    class: p.inventory.class.clone(),
+                    dtype,
+                    dtype_reason: p.inventory.dtype_reason.clone(),
+                    compute_dtype: prec.name().into(),
+                    missing: p.inventory.missing,
+                    tie: p.inventory.tied_lm_head,
+                    lm_head: match p.view.origin("lm_head.weight") {
+                        None => "none".into(),
+                        Some(WeightOrigin::Checkpoint { .. }) => "checkpoint".into(),
+                        Some(WeightOrigin::Tied { key }) => format!("tied to {key}"),
+                        Some(WeightOrigin::Missing { init, .. }) => {
+                            format!("MISSING -> random init ({init})")
+                        }
+                    },
+                }
+            })
+            .collect();
 
     let models: Vec<PathModel> = session
         .paths
         .iter()
-        .map(|p| PathModel {
+        .zip(&precisions)
+        .map(|(p, &precision)| PathModel {
             name: p.path.name().to_string(),
             source: &p.view as &dyn WeightSource,
             has_lm_head: p.view.has_lm_head(),
+            precision,
         })
         .collect();
-    let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
-    let mut obs = PairObserver::new(&names, Tolerance::for_dtype("f32"));
+    let names: Vec<(String, String)> = models
+        .iter()
+        .map(|m| (m.name.clone(), m.precision.name().to_string()))
+        .collect();
+    let mut obs = PairObserver::new(&names);
     let pb = progress(n as u64, opts.quiet);
     capture::run(
         &session.spec,
@@ -134,6 +153,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
         Some(&pb),
     )?;
     pb.finish_and_clear();
+    mark_random_init(&mut obs.pairs, &session);
 
     let (verdict, summary) = report::summarize(&obs.pairs, &paths_run);
     let exit_code = if verdict == crate::parity::Verdict::Pass {
@@ -179,6 +199,51 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
         pairs: obs.pairs,
         notes,
     })
+}
+
+/// Tensor names (text-model relative) that `hidden_states[index]` reads
+/// directly: the embedding, layer `index − 1`, plus the final norm for the last.
+fn tensors_of_index(spec: &crate::models::qwen3_5::TextModelSpec, index: usize) -> Vec<String> {
+    let n = spec.num_layers();
+    match index {
+        0 => vec!["embed_tokens.weight".into()],
+        i => {
+            let mut v = spec.layer_tensor_names(i - 1);
+            if i == n {
+                v.push("norm.weight".into());
+            }
+            v
+        }
+    }
+}
+
+fn is_random(view: &crate::loading::TensorView, name: &str) -> bool {
+    matches!(view.origin(name), Some(WeightOrigin::Missing { .. }))
+}
+
+/// Marks every row (and the logits) whose weights include randomly
+/// initialised tensors on either path of the pair.
+fn mark_random_init(pairs: &mut [crate::parity::PairReport], session: &Session) {
+    let by_name = |n: &str| session.paths.iter().find(|p| p.path.name() == n);
+    for pair in pairs.iter_mut() {
+        let views: Vec<_> = [pair.a.clone(), pair.b.clone()]
+            .into_iter()
+            .filter_map(|n| by_name(&n).map(|p| (n, &p.view)))
+            .collect();
+        for row in pair.hidden_states.iter_mut() {
+            let names = tensors_of_index(&session.spec, row.index);
+            row.random_init = views
+                .iter()
+                .filter(|(_, v)| names.iter().any(|t| is_random(v, t)))
+                .map(|(n, _)| n.clone())
+                .collect();
+        }
+        pair.logits_random_init = views
+            .iter()
+            .filter(|(_, v)| is_random(v, "lm_head.weight"))
+            .map(|(n, _)| n.clone())
+            .collect();
+    }
 }
 
 /// Default report name: checkpoint folder name plus a UTC time stamp.

@@ -9,8 +9,24 @@ use crate::commands::{progress, Session};
 use crate::dump::{Dump, DumpPrompt, FORMAT};
 use crate::error::Result;
 use crate::loading::LoadingPath;
+use crate::models::precision::Precision;
 use crate::models::qwen3_5::GdnForm;
 use crate::prompts::PromptOptions;
+
+/// Settings of a dump run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DumpOptions {
+    /// Record logits (paths with an LM head).
+    pub logits: bool,
+    /// Delta-rule form.
+    pub form: GdnForm,
+    /// Seed for the init of missing tensors.
+    pub seed: u64,
+    /// Compute dtype; `None` = what the loading path would pick.
+    pub dtype: Option<Precision>,
+    /// Hide progress.
+    pub quiet: bool,
+}
 
 /// Collects every tensor of path 0 into a [`Dump`].
 struct Collect {
@@ -54,13 +70,12 @@ pub fn run(
     checkpoint: &str,
     path: LoadingPath,
     prompts: &PromptOptions,
-    logits: bool,
-    form: GdnForm,
-    seed: u64,
-    quiet: bool,
+    opts: &DumpOptions,
 ) -> Result<Dump> {
-    let session = Session::open(checkpoint, &[path], prompts, seed)?;
+    let session = Session::open(checkpoint, &[path], prompts, opts.seed)?;
     let p = &session.paths[0];
+    let precision = opts.dtype.unwrap_or(p.dtype.precision());
+    let (logits, form, quiet) = (opts.logits, opts.form, opts.quiet);
     let mut obs = Collect {
         dump: Dump::default(),
         logits,
@@ -80,7 +95,7 @@ pub fn run(
     meta.insert("checkpoint".into(), checkpoint.into());
     meta.insert("loading_path".into(), path.name().into());
     meta.insert("class".into(), p.inventory.class.clone());
-    meta.insert("dtype".into(), "f32".into());
+    meta.insert("dtype".into(), precision.name().into());
     meta.insert("num_layers".into(), session.spec.num_layers().to_string());
     meta.insert(
         "tool_version".into(),
@@ -93,6 +108,7 @@ pub fn run(
             name: path.name().into(),
             source: &p.view,
             has_lm_head: p.view.has_lm_head() && logits,
+            precision,
         }],
         &session.prompt_ids(),
         CaptureOptions { form, local: false },
@@ -103,21 +119,18 @@ pub fn run(
     Ok(obs.dump)
 }
 
-/// Runs and writes to `out` (atomic; refuses to overwrite without `force`).
-#[allow(clippy::too_many_arguments)]
+/// Runs and writes to `out` (atomic; refuses to overwrite without `force`,
+/// checked before the run).
 pub fn run_to_file(
     checkpoint: &str,
     path: LoadingPath,
     prompts: &PromptOptions,
-    logits: bool,
-    form: GdnForm,
-    seed: u64,
-    quiet: bool,
+    opts: &DumpOptions,
     out: &Path,
     force: bool,
 ) -> Result<Dump> {
     crate::output::check_overwrite(out, force)?;
-    let dump = run(checkpoint, path, prompts, logits, form, seed, quiet)?;
+    let dump = run(checkpoint, path, prompts, opts)?;
     dump.write(out, force)?;
     Ok(dump)
 }

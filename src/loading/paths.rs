@@ -194,6 +194,16 @@ pub enum ModelDtype {
 }
 
 impl ModelDtype {
+    /// The compute precision hsparity emulates for this dtype.
+    pub fn precision(self) -> crate::models::precision::Precision {
+        use crate::models::precision::Precision;
+        match self {
+            ModelDtype::F32 => Precision::F32,
+            ModelDtype::Bf16 => Precision::Bf16,
+            ModelDtype::F16 => Precision::F16,
+        }
+    }
+
     /// `f32`, `bf16`, `f16`.
     pub fn name(self) -> &'static str {
         match self {

@@ -27,6 +27,10 @@ pub struct HiddenStateRow {
     pub local_verdict: Option<Verdict>,
     /// On warn/fail, the tolerance that would have passed.
     pub needed_to_pass: Option<String>,
+    /// Paths whose weights for this hidden state (its layer, or the embedding
+    /// / final norm) include MISSING, randomly initialised tensors.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub random_init: Vec<String>,
 }
 
 /// The comparison of two loading paths over all prompts.
@@ -36,6 +40,10 @@ pub struct PairReport {
     pub a: String,
     /// Compared path.
     pub b: String,
+    /// dtype path `a` computed in.
+    pub dtype_a: String,
+    /// dtype path `b` computed in.
+    pub dtype_b: String,
     /// First `hidden_states` index whose verdict is not pass.
     pub first_divergent: Option<usize>,
     /// First `hidden_states` index that is not bitwise identical.
@@ -50,15 +58,28 @@ pub struct PairReport {
     pub logits_verdict: Option<Verdict>,
     /// Fraction of tokens whose greedy (argmax) next token agrees, when both have logits.
     pub argmax_agreement: Option<f64>,
+    /// Paths whose `lm_head` is randomly initialised (their logits are noise).
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub logits_random_init: Vec<String>,
     /// Tolerances applied.
     pub tolerance: Tolerance,
 }
 
 impl PairReport {
-    fn new(a: &str, b: &str, tolerance: Tolerance) -> Self {
+    /// An empty report for `a` (computed in `dtype_a`) vs `b` (in `dtype_b`).
+    /// Tolerances: those of the common dtype; when the dtypes differ, the f32
+    /// ones — the paths then compute different things, and that is the finding.
+    pub fn new(a: &str, dtype_a: &str, b: &str, dtype_b: &str) -> Self {
+        let tolerance = if dtype_a == dtype_b {
+            Tolerance::for_dtype(dtype_a)
+        } else {
+            Tolerance::for_dtype("f32")
+        };
         Self {
             a: a.to_string(),
             b: b.to_string(),
+            dtype_a: dtype_a.to_string(),
+            dtype_b: dtype_b.to_string(),
             first_divergent: None,
             first_non_bitwise: None,
             hidden_states: Vec::new(),
@@ -66,6 +87,7 @@ impl PairReport {
             logits: None,
             logits_verdict: None,
             argmax_agreement: None,
+            logits_random_init: Vec::new(),
             tolerance,
         }
     }
@@ -99,6 +121,7 @@ impl PairReport {
             local,
             local_verdict,
             needed_to_pass,
+            random_init: Vec::new(),
         });
     }
 
@@ -142,12 +165,13 @@ pub struct PairObserver {
 }
 
 impl PairObserver {
-    /// `names`: loading path names in capture order (≥ 2); `tolerance` for every pair.
-    pub fn new(names: &[String], tolerance: Tolerance) -> Self {
+    /// `paths`: `(name, compute dtype)` in capture order (≥ 2).
+    pub fn new(paths: &[(String, String)]) -> Self {
+        let (a, da) = &paths[0];
         Self {
-            pairs: names[1..]
+            pairs: paths[1..]
                 .iter()
-                .map(|b| PairReport::new(&names[0], b, tolerance))
+                .map(|(b, db)| PairReport::new(a, da, b, db))
                 .collect(),
         }
     }

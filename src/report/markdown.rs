@@ -2,7 +2,7 @@
 //! sentence first, then environment, inventory, the per-layer table (folded
 //! when long) and the command that reproduces the run.
 
-use super::table::{cos, layer_label, max_abs_at, sci};
+use super::table::{cos, layer_label, max_abs_at, sci, type_label};
 use super::Report;
 
 /// Rows above which the per-layer table is folded in `<details>`.
@@ -26,11 +26,13 @@ pub fn render(report: &Report) -> String {
         e.threads,
         e.gdn_form
     ));
-    md.push_str("| path | class | dtype (reason) | computed in |\n|---|---|---|---|\n");
+    md.push_str(
+        "| path | class | dtype (reason) | computed in | lm_head |\n|---|---|---|---|---|\n",
+    );
     for p in &report.paths {
         md.push_str(&format!(
-            "| `{}` | `{}` | {} ({}) | {} |\n",
-            p.name, p.class, p.dtype, p.dtype_reason, p.compute_dtype
+            "| `{}` | `{}` | {} ({}) | {} | {} |\n",
+            p.name, p.class, p.dtype, p.dtype_reason, p.compute_dtype, p.lm_head
         ));
     }
     md.push_str("\n## Inventory\n\n");
@@ -92,7 +94,7 @@ pub fn render(report: &Report) -> String {
                 "| {hl}{}{hl} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {hl}{}{hl} |\n",
                 r.index,
                 layer_label(r),
-                r.layer_type,
+                type_label(r),
                 if report.is_tap(r.index) { "◆" } else { "" },
                 cos(m.cos_min),
                 cos(m.cos_mean),

@@ -59,6 +59,11 @@ pub struct PathRun {
     pub compute_dtype: String,
     /// Newly initialised (missing) tensors on this path.
     pub missing: usize,
+    /// True when `lm_head.weight` is tied to the embedding on this path.
+    pub tie: bool,
+    /// Where the logits come from: `checkpoint`, `tied to embed_tokens`,
+    /// `MISSING -> random init`, or `none` (no LM head on this class).
+    pub lm_head: String,
 }
 
 /// One prompt as run.
@@ -134,6 +139,11 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
     for p in pairs {
         let n = p.hidden_states.len();
         let v = p.verdict();
+        let dtypes = if p.dtype_a != p.dtype_b {
+            format!(" (dtype {} vs {})", p.dtype_a, p.dtype_b)
+        } else {
+            String::new()
+        };
         if v != Verdict::Pass {
             verdict = Verdict::Fail;
         }
@@ -150,9 +160,9 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
                 let detail = row
                     .map(|r| format!(" (cos_min {:.6}, max_abs {:.3e})", r.metrics.cos_min, r.metrics.max_abs))
                     .unwrap_or_default();
-                format!("{} and {} diverge from hidden_states[{i}]{detail}", p.a, p.b)
+                format!("{} and {} diverge from hidden_states[{i}]{dtypes}{detail}", p.a, p.b)
             }
-            (_, _, None) => format!("{} and {} differ in the logits", p.a, p.b),
+            (_, _, None) => format!("{} and {} differ in the logits{dtypes}", p.a, p.b),
         });
     }
     parts.extend(missing);

@@ -45,6 +45,19 @@ pub fn layer_label(row: &HiddenStateRow) -> String {
     }
 }
 
+/// Layer type, plus the paths whose weights here are randomly initialised.
+pub fn type_label(row: &HiddenStateRow) -> String {
+    if row.random_init.is_empty() {
+        row.layer_type.clone()
+    } else {
+        format!(
+            "{} (RANDOM INIT on {})",
+            row.layer_type,
+            row.random_init.join(", ")
+        )
+    }
+}
+
 fn verdict_cell(v: Verdict) -> Cell {
     let c = Cell::new(v.as_str().to_uppercase());
     match v {
@@ -80,7 +93,7 @@ fn pair_table(report: &Report, pair: &PairReport) -> Table {
         t.add_row(vec![
             idx,
             Cell::new(layer_label(r)),
-            Cell::new(&r.layer_type),
+            Cell::new(type_label(r)),
             Cell::new(if report.is_tap(r.index) { "◆" } else { "" }),
             Cell::new(cos(m.cos_min)),
             Cell::new(cos(m.cos_mean)),
@@ -106,12 +119,13 @@ pub fn render(report: &Report) -> String {
     out.push_str("\n\n");
     for p in &report.paths {
         out.push_str(&format!(
-            "  {:<20} {:<34} dtype {} ({}), computed in {}{}\n",
+            "  {:<20} {:<34} dtype {} ({}), computed in {}; lm_head: {}{}\n",
             p.name,
             p.class,
             p.dtype,
             p.dtype_reason,
             p.compute_dtype,
+            p.lm_head,
             if p.missing > 0 {
                 format!(", {} MISSING tensors (random init)", p.missing)
             } else {
@@ -145,6 +159,12 @@ pub fn render(report: &Report) -> String {
                 sci(l.rel_l2),
                 if l.bitwise { "yes" } else { "no" },
                 pair.argmax_agreement.unwrap_or(f64::NAN)
+            ));
+        }
+        if !pair.logits_random_init.is_empty() {
+            out.push_str(&format!(
+                "logits of {} come from a randomly initialised lm_head (MISSING in the checkpoint)\n",
+                pair.logits_random_init.join(", ")
             ));
         }
         for r in pair

@@ -5,7 +5,7 @@ use candle_core::{Device, Tensor};
 
 use super::norm::RmsNorm;
 use super::rope::Rotary;
-use super::{linear, LayerGeometry};
+use super::{linear, param, LayerGeometry, Positions};
 use crate::error::Result;
 use crate::models::WeightSource;
 
@@ -44,18 +44,19 @@ pub struct Attention {
 impl Attention {
     /// Loads `{prefix}.{q,k,v,o}_proj.weight`, `{prefix}.{q,k}_norm.weight`.
     pub fn load(src: &dyn WeightSource, prefix: &str, geo: LayerGeometry) -> Result<Self> {
+        let p = geo.prec;
         Ok(Self {
-            q_proj: src.tensor(&format!("{prefix}.q_proj.weight"))?,
-            k_proj: src.tensor(&format!("{prefix}.k_proj.weight"))?,
-            v_proj: src.tensor(&format!("{prefix}.v_proj.weight"))?,
-            o_proj: src.tensor(&format!("{prefix}.o_proj.weight"))?,
-            q_norm: RmsNorm::load(src, &format!("{prefix}.q_norm"), geo.eps)?,
-            k_norm: RmsNorm::load(src, &format!("{prefix}.k_norm"), geo.eps)?,
+            q_proj: param(src, &format!("{prefix}.q_proj.weight"), p)?,
+            k_proj: param(src, &format!("{prefix}.k_proj.weight"), p)?,
+            v_proj: param(src, &format!("{prefix}.v_proj.weight"), p)?,
+            o_proj: param(src, &format!("{prefix}.o_proj.weight"), p)?,
+            q_norm: RmsNorm::load(src, &format!("{prefix}.q_norm"), geo.eps, p)?,
+            k_norm: RmsNorm::load(src, &format!("{prefix}.k_norm"), geo.eps, p)?,
             geo,
         })
     }
 
-    /// `x`: `[T, H]` (already `input_layernorm`-ed); `cos`/`sin`: `[T, rd/2]` for
+    /// `x`: `[T, H]` (already `input_layernorm`-ed); `pos`: rope tables for
     /// the absolute positions of these T tokens; `cache`: earlier tokens' keys
     /// and values, extended in place when given. Causal mask over
     /// cache + current tokens. Returns `[T, H]`.
@@ -63,27 +64,27 @@ impl Attention {
         &self,
         x: &Tensor,
         rotary: &Rotary,
-        cos: &Tensor,
-        sin: &Tensor,
+        pos: &Positions,
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         let g = &self.geo;
+        let prec = g.prec;
         let t = x.dim(0)?;
         let (nh, nkv, hd) = (g.num_heads, g.num_kv_heads, g.head_dim);
-        let qg = linear(x, &self.q_proj)?.reshape((t, nh, 2 * hd))?;
+        let qg = linear(x, &self.q_proj, prec)?.reshape((t, nh, 2 * hd))?;
         let q = qg.narrow(2, 0, hd)?;
         let gate = qg.narrow(2, hd, hd)?.reshape((t, nh * hd))?;
         let q = self.q_norm.forward(&q.contiguous()?)?;
         let k = self
             .k_norm
-            .forward(&linear(x, &self.k_proj)?.reshape((t, nkv, hd))?)?;
-        let v = linear(x, &self.v_proj)?.reshape((t, nkv, hd))?;
+            .forward(&linear(x, &self.k_proj, prec)?.reshape((t, nkv, hd))?)?;
+        let v = linear(x, &self.v_proj, prec)?.reshape((t, nkv, hd))?;
         // [1, heads, T, hd]
         let q = q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
         let k = k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
         let v = v.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
-        let q = rotary.apply(&q, cos, sin)?;
-        let mut k = rotary.apply(&k, cos, sin)?;
+        let q = rotary.apply(&q, &pos.cos, &pos.sin, prec)?;
+        let mut k = rotary.apply(&k, &pos.cos, &pos.sin, prec)?;
         let mut v = v;
         let past = match cache {
             Some(c) => {
@@ -111,15 +112,18 @@ impl Attention {
             };
             (rep(&k)?, rep(&v)?)
         };
+        // eager_attention_forward: (q·kᵀ)·scale and the mask in the model
+        // dtype, softmax in f32 cast back, probs·v in the model dtype.
         let scale = (hd as f64).powf(-0.5);
-        let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
-        let mask = causal_mask(t, past)?;
-        let scores = scores.broadcast_add(&mask)?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let out = probs.matmul(&v)?; // [1, nh, T, hd]
+        let scores = prec.round(&q.matmul(&k.t()?.contiguous()?)?)?;
+        let scores = prec.round(&(scores * scale)?)?;
+        let scores = scores.broadcast_add(&causal_mask(t, past)?)?;
+        let probs = prec.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
+        let out = prec.round(&probs.matmul(&v)?)?; // [1, nh, T, hd]
         let out = out.squeeze(0)?.transpose(0, 1)?.reshape((t, nh * hd))?;
-        let out = (out * candle_nn::ops::sigmoid(&gate)?)?;
-        linear(&out, &self.o_proj)
+        let gate = prec.round(&candle_nn::ops::sigmoid(&gate)?)?;
+        let out = prec.round(&(out * gate)?)?;
+        linear(&out, &self.o_proj, prec)
     }
 }
 

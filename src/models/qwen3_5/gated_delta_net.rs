@@ -8,7 +8,7 @@
 use candle_core::{Device, Tensor};
 
 use super::norm::RmsNormGated;
-use super::{linear, LayerGeometry};
+use super::{linear, param, LayerGeometry};
 use crate::error::Result;
 use crate::models::WeightSource;
 
@@ -315,19 +315,21 @@ impl GatedDeltaNet {
     /// Loads `{prefix}.{in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj}.weight`,
     /// `{prefix}.conv1d.weight`, `{prefix}.A_log`, `{prefix}.dt_bias`, `{prefix}.norm.weight`.
     pub fn load(src: &dyn WeightSource, prefix: &str, geo: LayerGeometry) -> Result<Self> {
-        let conv = src.tensor(&format!("{prefix}.conv1d.weight"))?;
+        let p = geo.prec;
+        let conv = param(src, &format!("{prefix}.conv1d.weight"), p)?;
         let conv_w = conv.flatten_all()?.to_vec1::<f32>()?;
-        let a_log = src.tensor(&format!("{prefix}.A_log"))?.to_vec1::<f32>()?;
+        let a_log = param(src, &format!("{prefix}.A_log"), p)?.to_vec1::<f32>()?;
         Ok(Self {
-            in_proj_qkv: src.tensor(&format!("{prefix}.in_proj_qkv.weight"))?,
-            in_proj_z: src.tensor(&format!("{prefix}.in_proj_z.weight"))?,
-            in_proj_b: src.tensor(&format!("{prefix}.in_proj_b.weight"))?,
-            in_proj_a: src.tensor(&format!("{prefix}.in_proj_a.weight"))?,
+            in_proj_qkv: param(src, &format!("{prefix}.in_proj_qkv.weight"), p)?,
+            in_proj_z: param(src, &format!("{prefix}.in_proj_z.weight"), p)?,
+            in_proj_b: param(src, &format!("{prefix}.in_proj_b.weight"), p)?,
+            in_proj_a: param(src, &format!("{prefix}.in_proj_a.weight"), p)?,
             conv_w,
+            // -A_log.float().exp(): f32 from the dtype-rounded parameter.
             neg_a: a_log.iter().map(|a| -a.exp()).collect(),
-            dt_bias: src.tensor(&format!("{prefix}.dt_bias"))?.to_vec1::<f32>()?,
-            norm: RmsNormGated::load(src, &format!("{prefix}.norm"), geo.eps)?,
-            out_proj: src.tensor(&format!("{prefix}.out_proj.weight"))?,
+            dt_bias: param(src, &format!("{prefix}.dt_bias"), p)?.to_vec1::<f32>()?,
+            norm: RmsNormGated::load(src, &format!("{prefix}.norm"), geo.eps, p)?,
+            out_proj: param(src, &format!("{prefix}.out_proj.weight"), p)?,
             geo,
         })
     }
@@ -346,10 +348,13 @@ impl GatedDeltaNet {
             geo.lin_k_dim,
             geo.lin_v_dim,
         );
-        let mixed = linear(x, &self.in_proj_qkv)?
+        let prec = geo.prec;
+        let mixed = linear(x, &self.in_proj_qkv, prec)?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        // Causal depthwise conv: out[t,c] = Σ_j w[c,j]·x[t−K+1+j, c], history from state.
+        // Causal depthwise conv: out[t,c] = Σ_j w[c,j]·x[t−K+1+j, c], history
+        // from state; f32 accumulation rounded once, then SiLU rounded again
+        // (`causal_conv1d_fn`: F.conv1d then ACT2FN["silu"], both in the model dtype).
         let hist = kk - 1;
         let mut padded = Vec::with_capacity((hist + t) * c);
         padded.extend_from_slice(conv_state);
@@ -361,7 +366,8 @@ impl GatedDeltaNet {
                 for j in 0..kk {
                     acc += self.conv_w[ch * kk + j] * padded[(i + j) * c + ch];
                 }
-                conv[i * c + ch] = acc / (1.0 + (-acc).exp());
+                let acc = prec.round_f32(acc);
+                conv[i * c + ch] = prec.round_f32(acc / (1.0 + (-acc).exp()));
             }
         }
         conv_state.copy_from_slice(&padded[t * c..(t + hist) * c]);
@@ -379,19 +385,23 @@ impl GatedDeltaNet {
             }
             v.extend_from_slice(&row[2 * kd..2 * kd + nv * dv]);
         }
-        let b = linear(x, &self.in_proj_b)?
+        let b = linear(x, &self.in_proj_b, prec)?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let a = linear(x, &self.in_proj_a)?
+        let a = linear(x, &self.in_proj_a, prec)?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let beta = b.iter().map(|&b| 1.0 / (1.0 + (-b).exp())).collect();
+        // beta = b.sigmoid() in the model dtype; g = -exp(A_log)·softplus(a + dt_bias) in f32.
+        let beta = b
+            .iter()
+            .map(|&b| prec.round_f32(1.0 / (1.0 + (-b).exp())))
+            .collect();
         let g = a
             .iter()
             .enumerate()
             .map(|(i, &a)| self.neg_a[i % nv] * softplus(a + self.dt_bias[i % nv]))
             .collect();
-        let z = linear(x, &self.in_proj_z)?.reshape((t, nv, dv))?;
+        let z = linear(x, &self.in_proj_z, prec)?.reshape((t, nv, dv))?;
         Ok((
             DeltaRuleInputs {
                 t,
@@ -426,13 +436,15 @@ impl GatedDeltaNet {
             }
         };
         let (inp, z) = self.prepare(x, &mut st.conv)?;
-        let o = match form {
+        let mut o = match form {
             GdnForm::Chunked => chunked(&inp, &mut st.recurrent),
             GdnForm::Recurrent => recurrent(&inp, &mut st.recurrent),
         };
+        // The kernel runs in f32 and casts its output back to the input dtype.
+        self.geo.prec.round_slice(&mut o);
         let (t, nv, dv) = (inp.t, inp.heads, inp.dv);
         let o = Tensor::from_vec(o, (t, nv, dv), &Device::Cpu)?;
         let y = self.norm.forward(&o, &z)?.reshape((t, nv * dv))?;
-        linear(&y, &self.out_proj)
+        linear(&y, &self.out_proj, self.geo.prec)
     }
 }

@@ -2,8 +2,9 @@
 
 use candle_core::Tensor;
 
-use super::linear;
+use super::{linear, param};
 use crate::error::Result;
+use crate::models::precision::Precision;
 use crate::models::WeightSource;
 
 /// `mlp.{gate,up,down}_proj` of one layer.
@@ -12,22 +13,25 @@ pub struct Mlp {
     gate_proj: Tensor,
     up_proj: Tensor,
     down_proj: Tensor,
+    prec: Precision,
 }
 
 impl Mlp {
     /// Loads `{prefix}.{gate,up,down}_proj.weight` (`[I, H]`, `[I, H]`, `[H, I]`).
-    pub fn load(src: &dyn WeightSource, prefix: &str) -> Result<Self> {
+    pub fn load(src: &dyn WeightSource, prefix: &str, prec: Precision) -> Result<Self> {
         Ok(Self {
-            gate_proj: src.tensor(&format!("{prefix}.gate_proj.weight"))?,
-            up_proj: src.tensor(&format!("{prefix}.up_proj.weight"))?,
-            down_proj: src.tensor(&format!("{prefix}.down_proj.weight"))?,
+            gate_proj: param(src, &format!("{prefix}.gate_proj.weight"), prec)?,
+            up_proj: param(src, &format!("{prefix}.up_proj.weight"), prec)?,
+            down_proj: param(src, &format!("{prefix}.down_proj.weight"), prec)?,
+            prec,
         })
     }
 
     /// `[T, H]` → `[T, H]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = linear(x, &self.gate_proj)?.silu()?;
-        let u = linear(x, &self.up_proj)?;
-        linear(&(g * u)?, &self.down_proj)
+        let p = self.prec;
+        let g = p.round(&linear(x, &self.gate_proj, p)?.silu()?)?;
+        let u = linear(x, &self.up_proj, p)?;
+        linear(&p.round(&(g * u)?)?, &self.down_proj, p)
     }
 }

@@ -17,6 +17,7 @@ use candle_core::{Device, Tensor};
 
 use crate::checkpoint::config::{LayerType, TextConfig};
 use crate::error::{Error, Result};
+use crate::models::precision::Precision;
 use crate::models::WeightSource;
 pub use attention::{Attention, KvCache};
 pub use gated_delta_net::{GatedDeltaNet, GdnForm, GdnState};
@@ -24,9 +25,15 @@ use mlp::Mlp;
 use norm::RmsNorm;
 use rope::Rotary;
 
-/// `x · Wᵀ` for `x`: `[T, in]`, `w`: `[out, in]` → `[T, out]` (nn.Linear, no bias).
-pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    Ok(x.matmul(&w.t()?)?)
+/// `x · Wᵀ` for `x`: `[T, in]`, `w`: `[out, in]` → `[T, out]` (nn.Linear, no
+/// bias), accumulated in f32 and rounded once to `prec` as a CPU half GEMM does.
+pub fn linear(x: &Tensor, w: &Tensor, prec: Precision) -> Result<Tensor> {
+    prec.round(&x.matmul(&w.t()?)?)
+}
+
+/// Loads `name` rounded to the compute dtype (a parameter of a model loaded in `prec`).
+pub fn param(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Tensor> {
+    prec.round(&src.tensor(name)?)
 }
 
 /// Dimensions a layer needs, copied out of [`TextConfig`].
@@ -42,11 +49,13 @@ pub struct LayerGeometry {
     pub lin_v_dim: usize,
     pub conv_kernel: usize,
     pub eps: f64,
+    /// Compute dtype emulated by every op of the layer.
+    pub prec: Precision,
 }
 
 impl LayerGeometry {
-    /// From the text config.
-    pub fn new(cfg: &TextConfig) -> Self {
+    /// From the text config, computing in `prec`.
+    pub fn new(cfg: &TextConfig, prec: Precision) -> Self {
         Self {
             hidden: cfg.hidden_size,
             num_heads: cfg.num_attention_heads,
@@ -58,6 +67,7 @@ impl LayerGeometry {
             lin_v_dim: cfg.linear_value_head_dim,
             conv_kernel: cfg.linear_conv_kernel_dim,
             eps: cfg.rms_norm_eps,
+            prec,
         }
     }
 
@@ -91,7 +101,7 @@ impl TextModelSpec {
     /// Errors: invalid `layer_types` (see [`TextConfig::layer_types`]).
     pub fn new(cfg: &TextConfig) -> Result<Self> {
         Ok(Self {
-            geo: LayerGeometry::new(cfg),
+            geo: LayerGeometry::new(cfg, Precision::F32),
             layer_types: cfg.layer_types()?,
             rotary: Rotary::new(cfg.rope_theta(), cfg.rotary_dim()),
             vocab_size: cfg.vocab_size,
@@ -162,10 +172,10 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    /// Loads `embed_tokens.weight`.
-    pub fn load(src: &dyn WeightSource) -> Result<Self> {
+    /// Loads `embed_tokens.weight` in `prec`.
+    pub fn load(src: &dyn WeightSource, prec: Precision) -> Result<Self> {
         Ok(Self {
-            weight: src.tensor("embed_tokens.weight")?,
+            weight: param(src, "embed_tokens.weight", prec)?,
         })
     }
 
@@ -205,13 +215,19 @@ pub struct DecoderLayer {
     mixer: Mixer,
     post_attention_layernorm: RmsNorm,
     mlp: Mlp,
+    prec: Precision,
 }
 
 impl DecoderLayer {
-    /// Loads `layers.{i}.*`. Errors: any tensor missing or unreadable.
-    pub fn load(spec: &TextModelSpec, src: &dyn WeightSource, i: usize) -> Result<Self> {
+    /// Loads `layers.{i}.*`, computing in `prec`. Errors: any tensor missing or unreadable.
+    pub fn load(
+        spec: &TextModelSpec,
+        src: &dyn WeightSource,
+        i: usize,
+        prec: Precision,
+    ) -> Result<Self> {
         let p = format!("layers.{i}");
-        let geo = spec.geo;
+        let geo = LayerGeometry { prec, ..spec.geo };
         let layer_type = spec.layer_types[i];
         let mixer = match layer_type {
             LayerType::LinearAttention => {
@@ -224,14 +240,16 @@ impl DecoderLayer {
         Ok(Self {
             index: i,
             layer_type,
-            input_layernorm: RmsNorm::load(src, &format!("{p}.input_layernorm"), geo.eps)?,
+            input_layernorm: RmsNorm::load(src, &format!("{p}.input_layernorm"), geo.eps, prec)?,
             mixer,
             post_attention_layernorm: RmsNorm::load(
                 src,
                 &format!("{p}.post_attention_layernorm"),
                 geo.eps,
+                prec,
             )?,
-            mlp: Mlp::load(src, &format!("{p}.mlp"))?,
+            mlp: Mlp::load(src, &format!("{p}.mlp"), prec)?,
+            prec,
         })
     }
 
@@ -259,15 +277,15 @@ impl DecoderLayer {
             (Mixer::Linear(m), Some(LayerState::Linear(s))) => m.forward(&x, form, Some(s))?,
             (Mixer::Linear(m), _) => m.forward(&x, form, None)?,
             (Mixer::Full(m), Some(LayerState::Full(c))) => {
-                m.forward(&x, &spec.rotary, &pos.cos, &pos.sin, Some(c))?
+                m.forward(&x, &spec.rotary, pos, Some(c))?
             }
-            (Mixer::Full(m), _) => m.forward(&x, &spec.rotary, &pos.cos, &pos.sin, None)?,
+            (Mixer::Full(m), _) => m.forward(&x, &spec.rotary, pos, None)?,
         };
-        let h = (h + x)?;
+        let h = self.prec.round(&(h + x)?)?;
         let y = self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&h)?)?;
-        Ok((h + y)?)
+        self.prec.round(&(h + y)?)
     }
 }
 
@@ -276,9 +294,9 @@ impl DecoderLayer {
 pub struct FinalNorm(RmsNorm);
 
 impl FinalNorm {
-    /// Loads `norm.weight`.
-    pub fn load(spec: &TextModelSpec, src: &dyn WeightSource) -> Result<Self> {
-        Ok(Self(RmsNorm::load(src, "norm", spec.geo.eps)?))
+    /// Loads `norm.weight`, computing in `prec`.
+    pub fn load(spec: &TextModelSpec, src: &dyn WeightSource, prec: Precision) -> Result<Self> {
+        Ok(Self(RmsNorm::load(src, "norm", spec.geo.eps, prec)?))
     }
     /// `[T, H]` → `[T, H]`.
     pub fn forward(&self, h: &Tensor) -> Result<Tensor> {
@@ -291,18 +309,20 @@ impl FinalNorm {
 pub struct LmHead {
     /// `[V, H]`.
     weight: Tensor,
+    prec: Precision,
 }
 
 impl LmHead {
     /// Loads `lm_head.weight` (the loading path decides whether that is tied).
-    pub fn load(src: &dyn WeightSource) -> Result<Self> {
+    pub fn load(src: &dyn WeightSource, prec: Precision) -> Result<Self> {
         Ok(Self {
-            weight: src.tensor("lm_head.weight")?,
+            weight: param(src, "lm_head.weight", prec)?,
+            prec,
         })
     }
     /// `[T, H]` (final-normed) → logits `[T, V]`.
     pub fn forward(&self, h: &Tensor) -> Result<Tensor> {
-        linear(h, &self.weight)
+        linear(h, &self.weight, self.prec)
     }
 }
 
@@ -326,18 +346,19 @@ pub fn forward(
     ids: &[u32],
     form: GdnForm,
     with_logits: bool,
+    prec: Precision,
 ) -> Result<ForwardOutput> {
     let pos = spec.positions(0, ids.len())?;
-    let mut h = Embedding::load(src)?.forward(ids)?;
+    let mut h = Embedding::load(src, prec)?.forward(ids)?;
     let mut hs = vec![h.clone()];
     for i in 0..spec.num_layers() {
-        h = DecoderLayer::load(spec, src, i)?.forward(&h, spec, &pos, form, None)?;
+        h = DecoderLayer::load(spec, src, i, prec)?.forward(&h, spec, &pos, form, None)?;
         hs.push(h.clone());
     }
     let last = hs.pop().expect("at least the embeddings");
-    let normed = FinalNorm::load(spec, src)?.forward(&last)?;
+    let normed = FinalNorm::load(spec, src, prec)?.forward(&last)?;
     let logits = if with_logits {
-        Some(LmHead::load(src)?.forward(&normed)?)
+        Some(LmHead::load(src, prec)?.forward(&normed)?)
     } else {
         None
     };

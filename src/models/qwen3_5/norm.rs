@@ -2,7 +2,9 @@
 
 use candle_core::{DType, Tensor, D};
 
+use super::param;
 use crate::error::Result;
+use crate::models::precision::Precision;
 use crate::models::WeightSource;
 
 /// `x · rsqrt(mean(x², -1) + eps)` over the last dim, computed in f32.
@@ -14,53 +16,62 @@ pub fn rms_normalize(x: &Tensor, eps: f64) -> Result<Tensor> {
 }
 
 /// Zero-centred RMSNorm `Qwen3_5RMSNorm` (lines 833-851): `norm(x) · (1 + w)`,
-/// the multiply in f32 before any cast. Used for `input_layernorm`,
+/// all in f32 (`1.0 + w.float()` of the dtype-rounded parameter), then one cast
+/// to the compute dtype (`type_as(x)`). Used for `input_layernorm`,
 /// `post_attention_layernorm`, `q_norm`, `k_norm` and the final `norm`.
 #[derive(Debug, Clone)]
 pub struct RmsNorm {
     /// `1 + w`, `[D]`, f32.
     scale: Tensor,
     eps: f64,
+    prec: Precision,
 }
 
 impl RmsNorm {
     /// Loads `{prefix}.weight` (`[D]`). Errors: tensor missing or unreadable.
-    pub fn load(src: &dyn WeightSource, prefix: &str, eps: f64) -> Result<Self> {
-        let w = src.tensor(&format!("{prefix}.weight"))?;
+    pub fn load(src: &dyn WeightSource, prefix: &str, eps: f64, prec: Precision) -> Result<Self> {
+        let w = param(src, &format!("{prefix}.weight"), prec)?;
         Ok(Self {
             scale: (w + 1.0)?,
             eps,
+            prec,
         })
     }
 
     /// `[.., D]` → `[.., D]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(rms_normalize(x, self.eps)?.broadcast_mul(&self.scale)?)
+        self.prec
+            .round(&rms_normalize(x, self.eps)?.broadcast_mul(&self.scale)?)
     }
 }
 
 /// Gated RMSNorm `Qwen3_5RMSNormGated` (lines 201-219): `w · norm(x) · silu(z)`
 /// with a **plain** weight (ones-initialised, not zero-centred), applied per
-/// value head on the `dv` vector.
+/// value head on the `dv` vector. Casts as the reference: `norm(x)` in f32 cast
+/// to the compute dtype, `w ·` in that dtype, `· silu(z.float())` in f32, cast back.
 #[derive(Debug, Clone)]
 pub struct RmsNormGated {
-    /// `w`, `[dv]`, f32.
+    /// `w`, `[dv]`, rounded to the compute dtype.
     weight: Tensor,
     eps: f64,
+    prec: Precision,
 }
 
 impl RmsNormGated {
     /// Loads `{prefix}.weight` (`[dv]`).
-    pub fn load(src: &dyn WeightSource, prefix: &str, eps: f64) -> Result<Self> {
+    pub fn load(src: &dyn WeightSource, prefix: &str, eps: f64, prec: Precision) -> Result<Self> {
         Ok(Self {
-            weight: src.tensor(&format!("{prefix}.weight"))?,
+            weight: param(src, &format!("{prefix}.weight"), prec)?,
             eps,
+            prec,
         })
     }
 
     /// `x`, `z`: `[.., dv]` → `[.., dv]`.
     pub fn forward(&self, x: &Tensor, z: &Tensor) -> Result<Tensor> {
-        let n = rms_normalize(x, self.eps)?.broadcast_mul(&self.weight)?;
-        Ok((n * z.to_dtype(DType::F32)?.silu()?)?)
+        let p = self.prec;
+        let n = p.round(&rms_normalize(x, self.eps)?)?;
+        let n = p.round(&n.broadcast_mul(&self.weight)?)?;
+        p.round(&(n * z.to_dtype(DType::F32)?.silu()?)?)
     }
 }

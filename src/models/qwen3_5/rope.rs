@@ -4,9 +4,10 @@
 //! For text-only input the three interleaved mRoPE rows are equal, so the
 //! rotation reduces exactly to 1-D rope with `pos = t` (qwen3_5 brief §4.5).
 
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Tensor, D};
 
 use crate::error::Result;
+use crate::models::precision::Precision;
 
 /// Inverse frequencies for the rotary slice of each head.
 #[derive(Debug, Clone)]
@@ -35,36 +36,49 @@ impl Rotary {
         self.rotary_dim
     }
 
-    /// `(cos, sin)`, each `[T, rd/2]` f32, for absolute positions `positions`.
+    /// `(cos, sin)`, each `[T, rd]` f32 (`emb = cat(freqs, freqs)`), for
+    /// absolute positions `positions`.
     pub fn cos_sin(&self, positions: &[usize]) -> Result<(Tensor, Tensor)> {
-        let half = self.rotary_dim / 2;
-        let mut cos = Vec::with_capacity(positions.len() * half);
-        let mut sin = Vec::with_capacity(positions.len() * half);
+        let rd = self.rotary_dim;
+        let mut cos = Vec::with_capacity(positions.len() * rd);
+        let mut sin = Vec::with_capacity(positions.len() * rd);
         for &p in positions {
-            for &f in &self.inv_freq {
-                let a = p as f32 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
+            for _ in 0..2 {
+                for &f in &self.inv_freq {
+                    let a = p as f32 * f;
+                    cos.push(a.cos());
+                    sin.push(a.sin());
+                }
             }
         }
-        let shape = (positions.len(), half);
+        let shape = (positions.len(), rd);
         Ok((
             Tensor::from_vec(cos, shape, &Device::Cpu)?,
             Tensor::from_vec(sin, shape, &Device::Cpu)?,
         ))
     }
 
-    /// Rotates the first `rd` dims of every head, NeoX half-split
-    /// (`rotate_half`), passing the rest through.
-    /// `x`: `[1, heads, T, head_dim]` → same shape.
-    pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    /// `q·cos + rotate_half(q)·sin` on the first `rd` dims of every head (NeoX
+    /// half split), the rest passed through. cos/sin are cast to the compute
+    /// dtype first and each product and the sum are rounded, as the reference
+    /// computes them in the model dtype.
+    /// `x`: `[1, heads, T, head_dim]`; `cos`, `sin`: `[T, rd]` → same shape as `x`.
+    pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, prec: Precision) -> Result<Tensor> {
         let hd = x.dim(3)?;
-        let rot = x.narrow(3, 0, self.rotary_dim)?.contiguous()?;
-        let rot = candle_nn::rotary_emb::rope(&rot, cos, sin)?;
-        if self.rotary_dim == hd {
-            return Ok(rot);
+        let rd = self.rotary_dim;
+        let half = rd / 2;
+        let rot = x.narrow(3, 0, rd)?;
+        let x1 = rot.narrow(3, 0, half)?;
+        let x2 = rot.narrow(3, half, half)?;
+        let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+        let (cos, sin) = (prec.round(cos)?, prec.round(sin)?);
+        let a = prec.round(&rot.broadcast_mul(&cos)?)?;
+        let b = prec.round(&rotated.broadcast_mul(&sin)?)?;
+        let out = prec.round(&(a + b)?)?;
+        if rd == hd {
+            return Ok(out);
         }
-        let pass = x.narrow(3, self.rotary_dim, hd - self.rotary_dim)?;
-        Ok(Tensor::cat(&[&rot, &pass], 3)?)
+        let pass = x.narrow(3, rd, hd - rd)?;
+        Ok(Tensor::cat(&[&out, &pass], 3)?)
     }
 }
