@@ -245,15 +245,15 @@ fn truncated_shard_exits_2_naming_the_file() {
     assert_bad_input(&["inventory", dir], "model-00002-of-00003.safetensors");
 }
 
-/// Rewrites the fixture as one shard without `drop`.
-fn checkpoint_without(dst: &Path, drop: &str) {
+/// Rewrites the fixture as one shard after `edit`.
+fn rewrite_fixture(dst: &Path, edit: impl FnOnce(&mut HashMap<String, Tensor>)) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(CKPT);
     let mut all: HashMap<String, Tensor> = HashMap::new();
     for i in 1..=3 {
         let f = src.join(format!("model-0000{i}-of-00003.safetensors"));
         all.extend(candle_core::safetensors::load(&f, &Device::Cpu).unwrap());
     }
-    assert!(all.remove(drop).is_some());
+    edit(&mut all);
     candle_core::safetensors::save(&all, dst.join("model.safetensors")).unwrap();
     for f in ["config.json", "tokenizer.json"] {
         std::fs::copy(src.join(f), dst.join(f)).unwrap();
@@ -263,10 +263,9 @@ fn checkpoint_without(dst: &Path, drop: &str) {
 #[test]
 fn missing_tensor_is_initialised_reported_and_exits_1() {
     let tmp = tempfile::tempdir().unwrap();
-    checkpoint_without(
-        tmp.path(),
-        "model.language_model.layers.1.mlp.up_proj.weight",
-    );
+    rewrite_fixture(tmp.path(), |all| {
+        assert!(all.remove("model.language_model.layers.1.mlp.up_proj.weight").is_some());
+    });
     let dir = tmp.path().to_str().unwrap();
     let out = hsparity()
         .args(["compare", dir, "--quiet", "--no-report", "--json"])
@@ -283,6 +282,38 @@ fn missing_tensor_is_initialised_reported_and_exits_1() {
     let inv = &v["inventory"]["paths"][0];
     assert_eq!(inv["missing"], 1);
     assert_eq!(inv["missing_names"][0], "model.layers.1.mlp.up_proj.weight");
+    // Layer 1 (hidden_states[2]) is marked as randomly initialised on both paths, no other.
+    let rows = v["pairs"][0]["hidden_states"].as_array().unwrap();
+    let marked: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.get("random_init").is_some())
+        .map(|r| r["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(marked, vec![2]);
+    assert_eq!(rows[2]["random_init"], serde_json::json!(["causal-lm", "vlm"]));
     let inv_out = hsparity().args(["inventory", dir]).output().unwrap();
     assert_eq!(inv_out.status.code(), Some(1));
+}
+
+#[test]
+fn nan_weights_are_reported_per_tensor_and_exit_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = "model.language_model.layers.2.self_attn.k_proj.weight";
+    rewrite_fixture(tmp.path(), |all| {
+        let t = &all[key];
+        let mut v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v[0] = f32::NAN;
+        v[1] = f32::INFINITY;
+        all.insert(key.into(), Tensor::from_vec(v, t.dims(), &Device::Cpu).unwrap());
+    });
+    let dir = tmp.path().to_str().unwrap();
+    let out = hsparity().args(["compare", dir, "--quiet", "--no-report", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let summary = v["summary"].as_str().unwrap();
+    assert!(summary.contains(key) && summary.contains("NaN"), "{summary}");
+    assert_eq!(v["paths"][0]["non_finite_weights"][key]["nan"], 1);
+    assert_eq!(v["paths"][0]["non_finite_weights"][key]["inf"], 1);
+    // The NaN propagates: hidden states from layer 2 on fail.
+    assert_eq!(v["pairs"][0]["hidden_states"][3]["verdict"], "fail");
 }

@@ -120,6 +120,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
                             format!("MISSING -> random init ({init})")
                         }
                     },
+                    non_finite_weights: Default::default(),
                 }
             })
             .collect();
@@ -154,6 +155,13 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
     )?;
     pb.finish_and_clear();
     mark_random_init(&mut obs.pairs, &session);
+    let mut paths_run = paths_run;
+    for (run, p) in paths_run.iter_mut().zip(&session.paths) {
+        run.non_finite_weights = p.view.non_finite();
+        for (name, nf) in &run.non_finite_weights {
+            notes.push(format!("{}: weight {name} holds {} NaN and {} Inf values", run.name, nf.nan, nf.inf));
+        }
+    }
 
     let (verdict, summary) = report::summarize(&obs.pairs, &paths_run);
     let exit_code = if verdict == crate::parity::Verdict::Pass {

@@ -16,4 +16,4 @@ pub use inventory::{
 };
 pub use paths::{resolve_dtype, LoadingPath, ModelClass, ModelDtype};
 pub use spec::{Component, InitRule};
-pub use view::{TensorView, WeightOrigin};
+pub use view::{NonFinite, TensorView, WeightOrigin};

@@ -2,8 +2,8 @@
 //! (`embed_tokens.weight`, `layers.{i}.…`, `norm.weight`, `lm_head.weight`)
 //! mapped to where their values come from.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use candle_core::{Device, Tensor};
 use serde::Serialize;
@@ -34,6 +34,8 @@ pub struct TensorView {
     names: Vec<String>,
     entries: HashMap<String, WeightOrigin>,
     seed: Option<u64>,
+    /// Non-finite checkpoint tensors met while loading (shared by clones).
+    non_finite: Arc<Mutex<BTreeMap<String, NonFinite>>>,
 }
 
 impl TensorView {
@@ -45,6 +47,7 @@ impl TensorView {
             names,
             entries: entries.into_iter().collect(),
             seed: None,
+            non_finite: Arc::default(),
         }
     }
 
@@ -82,6 +85,34 @@ impl TensorView {
     }
 }
 
+/// NaN and ±Inf counts of one checkpoint tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct NonFinite {
+    /// NaN elements.
+    pub nan: usize,
+    /// ±Inf elements.
+    pub inf: usize,
+}
+
+impl TensorView {
+    /// Checkpoint tensors read so far that hold NaN or ±Inf, by checkpoint key.
+    pub fn non_finite(&self) -> BTreeMap<String, NonFinite> {
+        self.non_finite.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    fn scan_non_finite(&self, key: &str, t: &Tensor) -> Result<()> {
+        let v = t.flatten_all()?.to_vec1::<f32>()?;
+        let nan = v.iter().filter(|x| x.is_nan()).count();
+        let inf = v.iter().filter(|x| x.is_infinite()).count();
+        if nan + inf > 0 {
+            if let Ok(mut m) = self.non_finite.lock() {
+                m.insert(key.to_string(), NonFinite { nan, inf });
+            }
+        }
+        Ok(())
+    }
+}
+
 impl WeightSource for TensorView {
     /// Errors: unknown name ([`Error::Checkpoint`]); a missing tensor that
     /// needs random init while no seed is set ([`Error::Checkpoint`]); shard
@@ -92,7 +123,9 @@ impl WeightSource for TensorView {
                 "tensor {name} is not part of this loading path's model"
             ))),
             Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
-                self.weights.load_f32(key)
+                let t = self.weights.load_f32(key)?;
+                self.scan_non_finite(key, &t)?;
+                Ok(t)
             }
             Some(WeightOrigin::Missing { init, shape }) => {
                 init_tensor(name, *init, shape, self.seed)

@@ -11,9 +11,11 @@ pub mod json;
 pub mod markdown;
 pub mod table;
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
-use crate::loading::Inventory;
+use crate::loading::{Inventory, NonFinite};
 use crate::parity::{PairReport, Verdict};
 
 /// Version of the JSON schema (`schema_version`).
@@ -64,6 +66,8 @@ pub struct PathRun {
     /// Where the logits come from: `checkpoint`, `tied to embed_tokens`,
     /// `MISSING -> random init`, or `none` (no LM head on this class).
     pub lm_head: String,
+    /// Checkpoint tensors read by this path that hold NaN or ±Inf.
+    pub non_finite_weights: BTreeMap<String, NonFinite>,
 }
 
 /// One prompt as run.
@@ -166,6 +170,18 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
         });
     }
     parts.extend(missing);
+    for p in paths {
+        if let Some((name, nf)) = p.non_finite_weights.iter().next() {
+            verdict = Verdict::Fail;
+            parts.push(format!(
+                "{} reads {} weight tensor(s) with NaN/Inf (first: {name}: {} NaN, {} Inf)",
+                p.name,
+                p.non_finite_weights.len(),
+                nf.nan,
+                nf.inf
+            ));
+        }
+    }
     let tag = if verdict == Verdict::Pass {
         "PASS"
     } else {
