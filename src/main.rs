@@ -17,7 +17,8 @@ use hsparity::report;
 #[command(
     name = "hsparity",
     version,
-    about = "Do two ways of loading the same checkpoint produce the same hidden states?"
+    about = "Do two ways of loading the same checkpoint produce the same hidden states?",
+    after_help = "Loading paths: causal-lm (AutoModelForCausalLM), vlm (AutoModel), image-text-to-text (AutoModelForImageTextToText).\nExit codes: 0 parity holds and inventories are clean; 1 a tolerance is exceeded or a path has missing (randomly initialised) or non-finite tensors; 2 bad input or usage."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -30,7 +31,7 @@ enum Command {
     Inventory {
         /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
         checkpoint: String,
-        /// Loading paths, comma-separated (default: every path that applies).
+        /// Loading paths, comma-separated, from causal-lm, vlm, image-text-to-text (default: every path that applies).
         #[arg(long)]
         paths: Option<String>,
         /// Print JSON instead of a table.
@@ -39,7 +40,7 @@ enum Command {
     },
     /// Run the same prompts through loading paths in lock-step; per-layer parity.
     Compare(CompareArgs),
-    /// Write one loading path's hidden states (safetensors, DESIGN §3 format).
+    /// Write one loading path's hidden states to safetensors (hsparity.dump.v1, see README).
     Dump(DumpArgs),
 }
 
@@ -48,7 +49,7 @@ struct PromptArgs {
     /// Prompt text (needs tokenizer.json); repeatable.
     #[arg(long = "prompt")]
     prompt: Vec<String>,
-    /// Prompt as token ids, e.g. 1,2,3; repeatable.
+    /// Prompt as token ids, e.g. 1,2,3; repeatable (use --prompt-ids=... for a value starting with '-').
     #[arg(long = "prompt-ids")]
     prompt_ids: Vec<String>,
     /// JSONL file: one {"text": ...} or {"input_ids": [...]} per line.
@@ -91,7 +92,7 @@ impl From<Form> for GdnForm {
 struct CompareArgs {
     /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
     checkpoint: String,
-    /// Loading paths to compare, comma-separated; the first is the reference.
+    /// Loading paths to compare, comma-separated, from causal-lm, vlm, image-text-to-text; the first is the reference.
     #[arg(long, default_value = "causal-lm,vlm")]
     paths: String,
     #[command(flatten)]
@@ -132,7 +133,7 @@ struct CompareArgs {
 struct DumpArgs {
     /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
     checkpoint: String,
-    /// Loading path to run.
+    /// Loading path to run: causal-lm, vlm or image-text-to-text.
     #[arg(long)]
     path: String,
     #[command(flatten)]
@@ -208,15 +209,16 @@ fn run(cli: Cli) -> Result<u8> {
                 quiet: a.quiet,
                 command_line: command_line(),
             };
-            let dir = a.report_dir.join(
-                a.name
-                    .clone()
-                    .unwrap_or_else(|| compare::default_report_name(&a.checkpoint)),
-            );
+            let dir = match &a.name {
+                Some(n) => {
+                    compare::validate_report_name(n)?;
+                    a.report_dir.join(n)
+                }
+                None => compare::default_report_dir(&a.report_dir, &a.checkpoint),
+            };
             if !a.no_report {
-                // Refuse before the (possibly long) run, not after.
-                hsparity::output::check_overwrite(&dir.join("report.md"), a.force)?;
-                hsparity::output::check_overwrite(&dir.join("report.json"), a.force)?;
+                // Refuse or fail before the (possibly long) run, not after.
+                compare::prepare_report_dir(&dir, a.force)?;
             }
             let rep = compare::run(&opts)?;
             if a.json {

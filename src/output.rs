@@ -6,8 +6,15 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// Fails with [`Error::Refused`] when `path` exists and `force` is false.
+/// Fails with [`Error::Refused`] when `path` exists and `force` is false, and
+/// with [`Error::Input`] when `path` is a directory.
 pub fn check_overwrite(path: &Path, force: bool) -> Result<()> {
+    if path.is_dir() {
+        return Err(Error::Input(format!(
+            "{} is a directory; give a file path",
+            path.display()
+        )));
+    }
     if path.exists() && !force {
         return Err(Error::Refused(format!(
             "{} already exists; pass --force to overwrite it",
@@ -31,6 +38,34 @@ pub fn write_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
     let mut tmp = tempfile::NamedTempFile::new_in(&dir).map_err(|e| Error::io(&dir, e))?;
     tmp.write_all(bytes).map_err(|e| Error::io(path, e))?;
     tmp.as_file().sync_all().map_err(|e| Error::io(path, e))?;
-    tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    if force {
+        tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    } else {
+        // Never clobber a file that appeared since the check.
+        tmp.persist_noclobber(path)
+            .map_err(|e| match e.error.kind() {
+                std::io::ErrorKind::AlreadyExists => Error::Refused(format!(
+                    "{} already exists; pass --force to overwrite it",
+                    path.display()
+                )),
+                _ => Error::io(path, e.error),
+            })?;
+    }
     Ok(())
+}
+
+/// Makes sure `dir` exists and is writable, before a long run writes into it.
+/// Errors: `dir` exists as a file, cannot be created, or cannot be written
+/// ([`Error::Io`] naming it).
+pub fn ensure_writable_dir(dir: &Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::Input(format!(
+            "{} exists and is not a directory",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    tempfile::NamedTempFile::new_in(dir)
+        .map(drop)
+        .map_err(|e| Error::io(dir, e))
 }

@@ -264,7 +264,9 @@ fn rewrite_fixture(dst: &Path, edit: impl FnOnce(&mut HashMap<String, Tensor>)) 
 fn missing_tensor_is_initialised_reported_and_exits_1() {
     let tmp = tempfile::tempdir().unwrap();
     rewrite_fixture(tmp.path(), |all| {
-        assert!(all.remove("model.language_model.layers.1.mlp.up_proj.weight").is_some());
+        assert!(all
+            .remove("model.language_model.layers.1.mlp.up_proj.weight")
+            .is_some());
     });
     let dir = tmp.path().to_str().unwrap();
     let out = hsparity()
@@ -290,7 +292,10 @@ fn missing_tensor_is_initialised_reported_and_exits_1() {
         .map(|r| r["index"].as_u64().unwrap())
         .collect();
     assert_eq!(marked, vec![2]);
-    assert_eq!(rows[2]["random_init"], serde_json::json!(["causal-lm", "vlm"]));
+    assert_eq!(
+        rows[2]["random_init"],
+        serde_json::json!(["causal-lm", "vlm"])
+    );
     let inv_out = hsparity().args(["inventory", dir]).output().unwrap();
     assert_eq!(inv_out.status.code(), Some(1));
 }
@@ -304,14 +309,23 @@ fn nan_weights_are_reported_per_tensor_and_exit_1() {
         let mut v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         v[0] = f32::NAN;
         v[1] = f32::INFINITY;
-        all.insert(key.into(), Tensor::from_vec(v, t.dims(), &Device::Cpu).unwrap());
+        all.insert(
+            key.into(),
+            Tensor::from_vec(v, t.dims(), &Device::Cpu).unwrap(),
+        );
     });
     let dir = tmp.path().to_str().unwrap();
-    let out = hsparity().args(["compare", dir, "--quiet", "--no-report", "--json"]).output().unwrap();
+    let out = hsparity()
+        .args(["compare", dir, "--quiet", "--no-report", "--json"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
     let summary = v["summary"].as_str().unwrap();
-    assert!(summary.contains(key) && summary.contains("NaN"), "{summary}");
+    assert!(
+        summary.contains(key) && summary.contains("NaN"),
+        "{summary}"
+    );
     assert_eq!(v["paths"][0]["non_finite_weights"][key]["nan"], 1);
     assert_eq!(v["paths"][0]["non_finite_weights"][key]["inf"], 1);
     // The NaN propagates: hidden states from layer 2 on fail.

@@ -118,3 +118,37 @@ fn chunked_and_recurrent_agree_with_each_other() {
     println!("chunked vs recurrent (hsparity): max|Δ| {d:.3e}");
     assert!(d <= 1e-3 * scale(&b));
 }
+
+/// Exact multiples of the chunk size (64, 128) and a single token: the chunked
+/// form must agree with the recurrent one there too (no golden prompt is an
+/// exact multiple; the fixture's long prompt has 103 tokens).
+#[test]
+fn chunked_equals_recurrent_at_chunk_boundaries() {
+    for t in [1usize, 63, 64, 65, 128] {
+        let (heads, dk, dv) = (3, 8, 4);
+        let mut x: u64 = 0x9e3779b97f4a7c15 ^ t as u64;
+        let mut rnd = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
+        };
+        let mut gen = |n: usize| (0..n).map(|_| rnd()).collect::<Vec<f32>>();
+        let inp = DeltaRuleInputs {
+            t,
+            heads,
+            dk,
+            dv,
+            q: gen(t * heads * dk),
+            k: gen(t * heads * dk),
+            v: gen(t * heads * dv),
+            g: gen(t * heads).iter().map(|u| -0.05 - 0.1 * u.abs()).collect(),
+            beta: gen(t * heads).iter().map(|u| 0.5 + 0.4 * u).collect(),
+        };
+        let (mut s1, mut s2) = (vec![0.0; heads * dk * dv], vec![0.0; heads * dk * dv]);
+        let a = chunked(&inp, &mut s1);
+        let b = recurrent(&inp, &mut s2);
+        assert!(max_abs(&a, &b) <= 1e-5 * scale(&b), "T={t}: out {}", max_abs(&a, &b));
+        assert!(max_abs(&s1, &s2) <= 1e-5 * scale(&s2), "T={t}: state {}", max_abs(&s1, &s2));
+    }
+}

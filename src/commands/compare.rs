@@ -1,7 +1,7 @@
 //! `hsparity compare`: run the same prompts through two or more loading paths
 //! in lock-step and report per-layer parity.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::capture::{self, CaptureOptions, PathModel};
 use crate::commands::{file_sha256, progress, prompts_sha256, utc_stamp, Session};
@@ -159,7 +159,10 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
     for (run, p) in paths_run.iter_mut().zip(&session.paths) {
         run.non_finite_weights = p.view.non_finite();
         for (name, nf) in &run.non_finite_weights {
-            notes.push(format!("{}: weight {name} holds {} NaN and {} Inf values", run.name, nf.nan, nf.inf));
+            notes.push(format!(
+                "{}: weight {name} holds {} NaN and {} Inf values",
+                run.name, nf.nan, nf.inf
+            ));
         }
     }
 
@@ -254,18 +257,51 @@ fn mark_random_init(pairs: &mut [crate::parity::PairReport], session: &Session) 
     }
 }
 
-/// Default report name: checkpoint folder name plus a UTC time stamp.
-pub fn default_report_name(checkpoint: &str) -> String {
-    let base = checkpoint
-        .trim_end_matches('/')
-        .rsplit(['/', '\\'])
-        .next()
-        .unwrap_or("report")
-        .split('@')
-        .next()
-        .unwrap_or("report")
-        .to_string();
-    format!("{base}-{}", utc_stamp())
+/// Checks a `--name`: a plain folder name (no path separators, not `.`/`..`).
+pub fn validate_report_name(name: &str) -> Result<()> {
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\']) {
+        return Err(Error::Input(format!(
+            "--name {name:?}: expected a plain folder name (no '/', not '.' or '..')"
+        )));
+    }
+    Ok(())
+}
+
+/// Default report folder under `report_dir`: the checkpoint's name plus a UTC
+/// time stamp, with `-2`, `-3`, … appended if that folder already exists.
+pub fn default_report_dir(report_dir: &Path, checkpoint: &str) -> PathBuf {
+    let local = Path::new(checkpoint);
+    let base = if local.is_dir() {
+        local
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+    } else {
+        checkpoint
+            .split('@')
+            .next()
+            .and_then(|id| id.rsplit('/').next())
+            .map(str::to_string)
+    };
+    let base = base
+        .filter(|b| validate_report_name(b).is_ok() && !b.starts_with('.'))
+        .unwrap_or_else(|| "report".into());
+    let stem = format!("{base}-{}", utc_stamp());
+    let mut dir = report_dir.join(&stem);
+    let mut k = 2;
+    while dir.exists() {
+        dir = report_dir.join(format!("{stem}-{k}"));
+        k += 1;
+    }
+    dir
+}
+
+/// Pre-flight for a report folder: refuses existing report files without
+/// `force`, creates the folder and checks it is writable — before the run.
+pub fn prepare_report_dir(dir: &Path, force: bool) -> Result<()> {
+    crate::output::check_overwrite(&dir.join("report.md"), force)?;
+    crate::output::check_overwrite(&dir.join("report.json"), force)?;
+    crate::output::ensure_writable_dir(dir)
 }
 
 /// Writes `report.md` and `report.json` into `dir`, atomically; refuses to

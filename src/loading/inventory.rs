@@ -79,7 +79,7 @@ pub struct PathInventory {
     pub missing_init: BTreeMap<String, String>,
     /// Number of checkpoint keys renamed on the way in.
     pub renamed: usize,
-    /// Model parameters (sum over state-dict entries, a tied lm_head counted once per key).
+    /// Model parameters, a tied lm_head not counted twice (`model.num_parameters()`).
     pub params: u64,
     /// Per component: `language_model`, `vision_tower`, `mtp`, `lm_head`.
     pub components: BTreeMap<String, ComponentCount>,
@@ -148,6 +148,42 @@ fn ignore_matches(pattern: &str, key: &str) -> bool {
     let p = pattern.trim_start_matches('^').trim_end_matches(".*");
     let (pb, kb) = (p.as_bytes(), key.as_bytes());
     kb.len() >= pb.len() && pb.iter().zip(kb).all(|(a, b)| *a == b'.' || a == b)
+}
+
+/// One line for the common "wrong prefix" failure: when at least half of the
+/// model's tensors are MISSING and the UNEXPECTED keys (lm_head aside) share a
+/// dotted prefix, name it instead of listing hundreds of keys.
+fn diagnose_prefix(missing: usize, tensors: usize, unexpected: &[String], want: &str) -> Option<String> {
+    if missing < 2 || missing * 2 < tensors {
+        return None;
+    }
+    let keys: Vec<&str> = unexpected
+        .iter()
+        .map(String::as_str)
+        .filter(|k| !k.starts_with("lm_head."))
+        .collect();
+    let first = keys.first()?;
+    let mut segs: Vec<&str> = first.split('.').collect();
+    segs.pop();
+    for k in &keys[1..] {
+        let ks: Vec<&str> = k.split('.').collect();
+        let n = segs.iter().zip(&ks).take_while(|(a, b)| a == b).count();
+        segs.truncate(n);
+    }
+    // Stop before the per-layer part (`layers.3…`) and require a real prefix.
+    if let Some(pos) = segs.iter().position(|s| *s == "layers") {
+        segs.truncate(pos);
+    }
+    if segs.is_empty() {
+        return None;
+    }
+    let prefix = format!("{}.", segs.join("."));
+    let want = if want.is_empty() { "(no prefix)" } else { want };
+    Some(format!(
+        "{missing} of {tensors} tensors MISSING (random init): {} checkpoint keys sit under `{prefix}`, \
+         which no rename rule maps to this class's `{want}`",
+        keys.len()
+    ))
 }
 
 /// Resolves `path` on `ckpt`: what the class expects, what the checkpoint
@@ -242,6 +278,10 @@ pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
         .filter(|(_, u)| **u)
         .map(|(r, _)| r.label.to_string())
         .collect();
+
+    // transformers reports UNEXPECTED keys under their names after the
+    // conversion renames but before the base-model prefix step.
+    let reported_names = renamed.clone();
 
     // Base-model prefix (`base_model_prefix = "model"`): strip it when loading a
     // base class from a head checkpoint, add it when loading a head class from
@@ -361,7 +401,11 @@ pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
     let mut params = 0u64;
     for (mi, m) in model.iter().enumerate() {
         let numel: u64 = m.exp.shape.iter().map(|&d| d as u64).product();
-        params += numel;
+        // A tied parameter is one tensor: count it once, as
+        // `model.num_parameters()` (named_parameters de-duplicates) does.
+        if !tied.contains_key(&mi) {
+            params += numel;
+        }
         let c = components
             .entry(m.component.as_str().to_string())
             .or_default();
@@ -409,6 +453,18 @@ pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
     }
 
     let consumed = model.len() - missing_names.len();
+    let unexpected_names: Vec<String> = unexpected
+        .iter()
+        .map(|&i| reported_names[i].clone())
+        .collect();
+    if let Some(d) = diagnose_prefix(
+        missing_names.len(),
+        model.len(),
+        &unexpected_names,
+        class.text_prefix(),
+    ) {
+        notes.insert(0, d);
+    }
     let inventory = PathInventory {
         name: path.name().to_string(),
         auto_class: path.auto_class().to_string(),
@@ -423,7 +479,7 @@ pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
         tied_lm_head,
         rules,
         missing_names,
-        unexpected_names: unexpected.iter().map(|&i| renamed[i].clone()).collect(),
+        unexpected_names,
         dropped_names: dropped
             .iter()
             .map(|&i| headers.tensors[i].name.clone())

@@ -97,7 +97,10 @@ pub struct NonFinite {
 impl TensorView {
     /// Checkpoint tensors read so far that hold NaN or ±Inf, by checkpoint key.
     pub fn non_finite(&self) -> BTreeMap<String, NonFinite> {
-        self.non_finite.lock().map(|m| m.clone()).unwrap_or_default()
+        self.non_finite
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default()
     }
 
     fn scan_non_finite(&self, key: &str, t: &Tensor) -> Result<()> {

@@ -82,6 +82,12 @@ impl Tolerance {
     /// The loosest tolerance `m` needed to pass, for failure messages:
     /// `"cos_min ≥ 0.99871, rel_l2 ≤ 3.1e-2"`.
     pub fn needed_to_pass(m: &Metrics) -> String {
+        if m.nan_count + m.inf_count > 0 {
+            return format!(
+                "no tolerance: {} NaN and {} Inf values",
+                m.nan_count, m.inf_count
+            );
+        }
         format!("cos_min >= {:.6}, rel_l2 <= {:.2e}", m.cos_min, m.rel_l2)
     }
 }

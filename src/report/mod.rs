@@ -162,7 +162,14 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
             (_, _, Some(i)) => {
                 let row = &p.hidden_states.iter().find(|r| r.index == i);
                 let detail = row
-                    .map(|r| format!(" (cos_min {:.6}, max_abs {:.3e})", r.metrics.cos_min, r.metrics.max_abs))
+                    .map(|r| {
+                        let m = &r.metrics;
+                        if m.nan_count + m.inf_count > 0 {
+                            format!(" ({} NaN, {} Inf values)", m.nan_count, m.inf_count)
+                        } else {
+                            format!(" (cos_min {:.6}, max_abs {:.3e})", m.cos_min, m.max_abs)
+                        }
+                    })
                     .unwrap_or_default();
                 format!("{} and {} diverge from hidden_states[{i}]{dtypes}{detail}", p.a, p.b)
             }

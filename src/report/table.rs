@@ -133,6 +133,22 @@ pub fn render(report: &Report) -> String {
             }
         ));
     }
+    for p in &report.inventory.paths {
+        out.push_str(&format!(
+            "  {:<20} inventory: {} tensors = {} consumed + {} missing; {} dropped by rule, {} unexpected{}\n",
+            p.name,
+            p.tensors,
+            p.consumed,
+            p.missing,
+            p.dropped_by_rule,
+            p.unexpected,
+            if p.unexpected_names.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", p.unexpected_names.iter().take(3).cloned().collect::<Vec<_>>().join(", "))
+            }
+        ));
+    }
     let toks: Vec<String> = report
         .prompts
         .iter()
