@@ -2,6 +2,7 @@
 //! it emulates: it reads its weights through a [`WeightSource`] built by
 //! [`crate::loading`], named relative to the text model.
 
+pub mod dflash;
 pub mod precision;
 pub mod qwen3_5;
 

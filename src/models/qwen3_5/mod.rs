@@ -324,6 +324,11 @@ impl LmHead {
     pub fn forward(&self, h: &Tensor) -> Result<Tensor> {
         linear(h, &self.weight, self.prec)
     }
+
+    /// The weight `[V, H]` (a drafter projects its outputs with it).
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
 }
 
 /// Everything `output_hidden_states=True` gives for one prompt, plus the raw
@@ -368,4 +373,152 @@ pub fn forward(
         last_layer_output: last,
         logits,
     })
+}
+
+/// Per-layer decode state of a whole model plus the number of tokens it holds
+/// (transformers' `DynamicCache` with `LinearAttentionLayer`s).
+#[derive(Debug, Clone)]
+pub struct DecodeState {
+    /// One state per decoder layer.
+    pub layers: Vec<LayerState>,
+    /// Tokens processed so far (the next token's position).
+    pub len: usize,
+}
+
+/// A whole text model resident in memory (for generation, where every step
+/// runs every layer). Built from one loading path's weights.
+pub struct TextModel {
+    /// Geometry.
+    pub spec: TextModelSpec,
+    embed: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: FinalNorm,
+    lm_head: Option<LmHead>,
+}
+
+/// What one [`TextModel::forward`] call returns.
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    /// `hidden_states` entries (N+1 of `[T, H]`, the last final-normed) when requested.
+    pub hidden_states: Option<Vec<Tensor>>,
+    /// `[T, V]` logits (when the model has a head).
+    pub logits: Option<Tensor>,
+}
+
+impl TextModel {
+    /// Loads every layer. `head`: where `lm_head.weight` comes from (the
+    /// path's own source, another path's when this class has none, or
+    /// `None` for no logits).
+    pub fn load(
+        spec: &TextModelSpec,
+        src: &dyn WeightSource,
+        head: Option<&dyn WeightSource>,
+        prec: Precision,
+    ) -> Result<Self> {
+        Ok(Self {
+            spec: spec.clone(),
+            embed: Embedding::load(src, prec)?,
+            layers: (0..spec.num_layers())
+                .map(|i| DecoderLayer::load(spec, src, i, prec))
+                .collect::<Result<_>>()?,
+            norm: FinalNorm::load(spec, src, prec)?,
+            lm_head: head.map(|h| LmHead::load(h, prec)).transpose()?,
+        })
+    }
+
+    /// The token embedding (shared with a drafter).
+    pub fn embedding(&self) -> &Embedding {
+        &self.embed
+    }
+
+    /// The LM head, if loaded.
+    pub fn lm_head(&self) -> Option<&LmHead> {
+        self.lm_head.as_ref()
+    }
+
+    /// Empty decode state.
+    pub fn new_state(&self) -> DecodeState {
+        DecodeState {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| l.new_state(&self.spec))
+                .collect(),
+            len: 0,
+        }
+    }
+
+    /// Runs `ids` at positions `state.len ..` (or `0..` without a state),
+    /// continuing and updating `state`. Linear-attention layers use the
+    /// recurrent form for a single token with a state (as transformers'
+    /// decode does) and `form` otherwise.
+    ///
+    /// Errors: an out-of-range id, a tensor failure.
+    pub fn forward(
+        &self,
+        ids: &[u32],
+        mut state: Option<&mut DecodeState>,
+        form: GdnForm,
+        want_hidden: bool,
+    ) -> Result<StepOutput> {
+        let offset = state.as_ref().map(|s| s.len).unwrap_or(0);
+        let pos = self.spec.positions(offset, ids.len())?;
+        let form = if state.is_some() && ids.len() == 1 {
+            GdnForm::Recurrent
+        } else {
+            form
+        };
+        let mut h = self.embed.forward(ids)?;
+        let mut hs = want_hidden.then(|| vec![h.clone()]);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let st = state.as_mut().map(|s| &mut s.layers[i]);
+            h = layer.forward(&h, &self.spec, &pos, form, st)?;
+            if let Some(v) = hs.as_mut() {
+                v.push(h.clone());
+            }
+        }
+        let normed = self.norm.forward(&h)?;
+        if let Some(v) = hs.as_mut() {
+            v.pop();
+            v.push(normed.clone());
+        }
+        if let Some(s) = state {
+            s.len += ids.len();
+        }
+        Ok(StepOutput {
+            hidden_states: hs,
+            logits: self
+                .lm_head
+                .as_ref()
+                .map(|l| l.forward(&normed))
+                .transpose()?,
+        })
+    }
+
+    /// Greedy continuation: prefill `prompt`, then `n` single-token steps
+    /// with the cache. Returns the `n` new tokens. Errors: no LM head.
+    pub fn greedy(&self, prompt: &[u32], n: usize, form: GdnForm) -> Result<Vec<u32>> {
+        if self.lm_head.is_none() {
+            return Err(Error::Input("greedy generation needs an lm_head".into()));
+        }
+        let mut state = self.new_state();
+        let mut out = Vec::with_capacity(n);
+        let mut logits = self
+            .forward(prompt, Some(&mut state), form, false)?
+            .logits
+            .expect("lm_head checked");
+        while out.len() < n {
+            let last = logits.dim(0)? - 1;
+            let next = logits.get(last)?.argmax(0)?.to_scalar::<u32>()?;
+            out.push(next);
+            if out.len() == n {
+                break;
+            }
+            logits = self
+                .forward(&[next], Some(&mut state), form, false)?
+                .logits
+                .expect("lm_head checked");
+        }
+        Ok(out)
+    }
 }

@@ -75,3 +75,32 @@ impl RmsNormGated {
         p.round(&(n * z.to_dtype(DType::F32)?.silu()?)?)
     }
 }
+
+/// Plain RMSNorm (`Qwen3RMSNorm`, `transformers/models/qwen3/modeling_qwen3.py`):
+/// `w · norm(x)` with the normalisation in f32 cast to the compute dtype
+/// before the weight multiply (Llama style, unlike [`RmsNorm`]). Used by
+/// Qwen3 dense models and the DFlash drafter.
+#[derive(Debug, Clone)]
+pub struct PlainRmsNorm {
+    /// `w`, `[D]`, rounded to the compute dtype.
+    weight: Tensor,
+    eps: f64,
+    prec: Precision,
+}
+
+impl PlainRmsNorm {
+    /// Loads `{prefix}.weight` (`[D]`). Errors: tensor missing or unreadable.
+    pub fn load(src: &dyn WeightSource, prefix: &str, eps: f64, prec: Precision) -> Result<Self> {
+        Ok(Self {
+            weight: param(src, &format!("{prefix}.weight"), prec)?,
+            eps,
+            prec,
+        })
+    }
+
+    /// `[.., D]` → `[.., D]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let n = self.prec.round(&rms_normalize(x, self.eps)?)?;
+        self.prec.round(&n.broadcast_mul(&self.weight)?)
+    }
+}
