@@ -26,6 +26,10 @@ pub enum PromptSource {
 pub struct Prompt {
     /// Origin of the prompt.
     pub source: PromptSource,
+    /// Where it was given, for messages: `--prompt #2`, `--prompt-ids #1`
+    /// (1-based occurrence of the option), `prompts.jsonl:3` (file and line),
+    /// `built-in prompt #1`.
+    pub origin: String,
     /// Token ids `[T]`.
     pub ids: Vec<u32>,
 }
@@ -104,19 +108,33 @@ struct JsonlPrompt {
     input_ids: Option<Vec<i64>>,
 }
 
-fn tokenize(tokenizer: Option<&Path>, text: &str) -> Result<Vec<u32>> {
+fn tokenize(tokenizer: Option<&Path>, text: &str, origin: &str) -> Result<Vec<u32>> {
     let path = tokenizer.ok_or_else(|| {
         Error::Input(format!(
-            "text prompt {:?} needs tokenizer.json in the checkpoint; use --prompt-ids instead",
+            "{origin}: text prompt {:?} needs tokenizer.json in the checkpoint; use --prompt-ids instead",
             preview(text)
         ))
     })?;
-    let tok = tokenizers::Tokenizer::from_file(path)
-        .map_err(|e| Error::Input(format!("{}: cannot load tokenizer: {e}", path.display())))?;
-    let enc = tok
-        .encode(text, false)
-        .map_err(|e| Error::Input(format!("tokenising {:?}: {e}", preview(text))))?;
+    let tok = tokenizers::Tokenizer::from_file(path).map_err(|e| {
+        Error::Input(format!(
+            "{}: cannot load tokenizer: {}",
+            path.display(),
+            one_line(&e.to_string())
+        ))
+    })?;
+    let enc = tok.encode(text, false).map_err(|e| {
+        Error::Input(format!(
+            "{origin}: tokenising {:?}: {}",
+            preview(text),
+            one_line(&e.to_string())
+        ))
+    })?;
     Ok(enc.get_ids().to_vec())
+}
+
+/// `s` with line breaks folded to spaces, so an error stays on one line.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// The first 40 characters of `text`, for messages and reports.
@@ -129,42 +147,74 @@ pub fn preview(text: &str) -> String {
 }
 
 fn read_jsonl(path: &Path, tokenizer: Option<&Path>) -> Result<Vec<Prompt>> {
-    let body = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let body = String::from_utf8(bytes).map_err(|e| {
+        Error::Input(format!(
+            "{}: not UTF-8 text (invalid byte at offset {}); expected JSON lines {{\"text\": …}} or {{\"input_ids\": […]}}",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ))
+    })?;
+    let body = body.strip_prefix('\u{feff}').unwrap_or(&body);
     let mut out = Vec::new();
     for (n, line) in body.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let at = || format!("{}:{}", path.display(), n + 1);
-        let p: JsonlPrompt = serde_json::from_str(line).map_err(|e| {
+        let at = format!("{}:{}", path.display(), n + 1);
+        let expected = "expected an object {\"text\": …} or {\"input_ids\": […]}";
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+            // serde_json's location is relative to the line: keep the column only.
+            let msg = e.to_string();
+            let msg = msg
+                .rsplit_once(" at line ")
+                .map_or(msg.as_str(), |(m, _)| m);
             Error::Input(format!(
-                "{}: expected {{\"text\": …}} or {{\"input_ids\": […]}}: {e}",
-                at()
+                "{at}: line {}: not valid JSON at column {} ({msg}); {expected}",
+                n + 1,
+                e.column()
+            ))
+        })?;
+        if !v.is_object() {
+            return Err(Error::Input(format!("{at}: line {}: {expected}", n + 1)));
+        }
+        let p: JsonlPrompt = serde_path_to_error::deserialize(&v).map_err(|e| {
+            let field = e.path().to_string();
+            let field = if field == "." {
+                String::new()
+            } else {
+                format!("{field}: ")
+            };
+            Error::Input(format!(
+                "{at}: line {}: {field}{}; {expected}",
+                n + 1,
+                e.inner()
             ))
         })?;
         match (p.text, p.input_ids) {
             (Some(t), None) => out.push(Prompt {
-                ids: tokenize(tokenizer, &t)?,
+                ids: tokenize(tokenizer, &t, &at)?,
                 source: PromptSource::Text(t),
+                origin: at,
             }),
             (None, Some(ids)) => {
                 let ids = ids
                     .into_iter()
                     .map(|i| {
                         u32::try_from(i).map_err(|_| {
-                            Error::Input(format!("{}: token id {i} is negative or too large", at()))
+                            Error::Input(format!("{at}: token id {i} is negative or too large"))
                         })
                     })
                     .collect::<Result<_>>()?;
                 out.push(Prompt {
                     source: PromptSource::Ids,
                     ids,
+                    origin: at,
                 })
             }
             _ => {
                 return Err(Error::Input(format!(
-                    "{}: give exactly one of \"text\" or \"input_ids\"",
-                    at()
+                    "{at}: give exactly one of \"text\" or \"input_ids\""
                 )))
             }
         }
@@ -181,24 +231,29 @@ fn read_jsonl(path: &Path, tokenizer: Option<&Path>) -> Result<Vec<Prompt>> {
 /// Resolves the prompt set and checks it against `limits`.
 ///
 /// Errors ([`Error::Input`]): a text prompt without `tokenizer.json`, an
-/// unreadable or malformed prompts file, an empty prompt, a token id
-/// `≥ vocab_size`, or a prompt longer than `max_position_embeddings`.
+/// unreadable, non-UTF-8 or malformed prompts file, an empty prompt, a token
+/// id `≥ vocab_size`, or a prompt longer than `max_position_embeddings`.
+/// Messages give the prompt's index (as in dumps, `p{k}`) and where it came
+/// from ([`Prompt::origin`]).
 pub fn resolve(
     opts: &PromptOptions,
     tokenizer: Option<&Path>,
     limits: PromptLimits,
 ) -> Result<Vec<Prompt>> {
     let mut prompts = Vec::new();
-    for t in &opts.texts {
+    for (i, t) in opts.texts.iter().enumerate() {
+        let origin = format!("--prompt #{}", i + 1);
         prompts.push(Prompt {
-            ids: tokenize(tokenizer, t)?,
+            ids: tokenize(tokenizer, t, &origin)?,
             source: PromptSource::Text(t.clone()),
+            origin,
         });
     }
-    for ids in &opts.ids {
+    for (i, ids) in opts.ids.iter().enumerate() {
         prompts.push(Prompt {
             source: PromptSource::Ids,
             ids: ids.clone(),
+            origin: format!("--prompt-ids #{}", i + 1),
         });
     }
     if let Some(f) = &opts.file {
@@ -208,36 +263,47 @@ pub fn resolve(
         prompts = match tokenizer {
             Some(_) => BUILTIN_TEXTS
                 .iter()
-                .map(|t| {
+                .enumerate()
+                .map(|(i, t)| {
+                    let origin = format!("built-in prompt #{}", i + 1);
                     Ok(Prompt {
-                        ids: tokenize(tokenizer, t)?,
+                        ids: tokenize(tokenizer, t, &origin)?,
                         source: PromptSource::Builtin(Some(t.to_string())),
+                        origin,
                     })
                 })
                 .collect::<Result<_>>()?,
             None => builtin_ids(limits.vocab_size)
                 .into_iter()
-                .map(|ids| Prompt {
+                .enumerate()
+                .map(|(i, ids)| Prompt {
                     source: PromptSource::Builtin(None),
                     ids,
+                    origin: format!("built-in prompt #{}", i + 1),
                 })
                 .collect(),
         };
     }
     for (k, p) in prompts.iter().enumerate() {
+        let o = &p.origin;
         if p.ids.is_empty() {
-            return Err(Error::Input(format!("prompt {k} has no tokens")));
+            return Err(Error::Input(format!("prompt {k} ({o}) has no tokens")));
         }
         if p.ids.len() > limits.max_tokens {
             return Err(Error::Input(format!(
-                "prompt {k} has {} tokens, more than the model allows (max_position_embeddings = {})",
+                "prompt {k} ({o}) has {} tokens, more than the model allows (max_position_embeddings = {})",
                 p.ids.len(),
                 limits.max_tokens
             )));
         }
-        if let Some(bad) = p.ids.iter().find(|&&i| i as usize >= limits.vocab_size) {
+        if let Some((pos, bad)) = p
+            .ids
+            .iter()
+            .enumerate()
+            .find(|(_, &i)| i as usize >= limits.vocab_size)
+        {
             return Err(Error::Input(format!(
-                "prompt {k}: token id {bad} is out of range (vocab_size = {})",
+                "prompt {k} ({o}): token id {bad} at position {pos} is out of range (vocab_size = {})",
                 limits.vocab_size
             )));
         }
@@ -253,7 +319,8 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .map(|x| {
             x.parse::<u32>().map_err(|_| {
                 Error::Input(format!(
-                    "--prompt-ids: {x:?} is not a token id (non-negative integer)"
+                    "--prompt-ids {:?}: {x:?} is not a token id (non-negative integer below 2^32)",
+                    preview(s)
                 ))
             })
         })
@@ -301,5 +368,92 @@ mod tests {
             .to_string()
             .contains("tokenizer.json"));
         assert!(parse_ids("1, x").is_err());
+    }
+
+    #[test]
+    fn errors_name_the_source_and_keep_the_index() {
+        let lim = PromptLimits {
+            vocab_size: 10,
+            max_tokens: 4,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("p.jsonl");
+        std::fs::write(&f, "{\"input_ids\": [1]}\n\n{\"input_ids\": [2, 11]}\n").unwrap();
+        let opts = PromptOptions {
+            ids: vec![vec![1, 2], vec![3]],
+            file: Some(f.clone()),
+            ..Default::default()
+        };
+        let e = resolve(&opts, None, lim).unwrap_err().to_string();
+        let want = format!(
+            "prompt 3 ({}:3): token id 11 at position 1 is out of range",
+            f.display()
+        );
+        assert!(e.contains(&want), "{e}");
+        let opts = PromptOptions {
+            ids: vec![vec![1, 2], vec![]],
+            ..Default::default()
+        };
+        let e = resolve(&opts, None, lim).unwrap_err().to_string();
+        assert_eq!(e, "prompt 1 (--prompt-ids #2) has no tokens");
+        let opts = PromptOptions {
+            ids: vec![vec![1; 5]],
+            ..Default::default()
+        };
+        let e = resolve(&opts, None, lim).unwrap_err().to_string();
+        assert!(
+            e.starts_with("prompt 0 (--prompt-ids #1) has 5 tokens"),
+            "{e}"
+        );
+        let opts = PromptOptions {
+            texts: vec!["a".into(), "b".into()],
+            ..Default::default()
+        };
+        let e = resolve(&opts, None, lim).unwrap_err().to_string();
+        assert!(e.starts_with("--prompt #1: text prompt"), "{e}");
+        assert!(parse_ids("").unwrap().is_empty());
+        assert!(parse_ids("1,x")
+            .unwrap_err()
+            .to_string()
+            .contains("--prompt-ids \"1,x\""));
+    }
+
+    #[test]
+    fn malformed_prompt_files() {
+        let lim = PromptLimits {
+            vocab_size: 10,
+            max_tokens: 4,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("p.jsonl");
+        let run = |body: &[u8]| {
+            std::fs::write(&f, body).unwrap();
+            let opts = PromptOptions {
+                file: Some(f.clone()),
+                ..Default::default()
+            };
+            let e = resolve(&opts, None, lim).unwrap_err().to_string();
+            assert!(e.contains(&f.display().to_string()), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+            e
+        };
+        let e = run(b"{\"input_ids\": [1]}\n[1, 2]\n");
+        assert!(e.contains(":2: line 2: expected an object {\"text\": \u{2026}} or {\"input_ids\": [\u{2026}]}"), "{e}");
+        assert!(run(b"5\n").contains("line 1: expected an object"));
+        assert!(run(b"\xff\xfe{}").contains("not UTF-8"));
+        assert!(run(b"{\"input_ids\": \"12\"}").contains("input_ids: invalid type"));
+        assert!(run(b"{\"input_ids\": [-1]}").contains("negative"));
+        assert!(run(b"{\"txt\": \"a\"}").contains("unknown field"));
+        assert!(run(b"{\"text\": \"a\", \"input_ids\": [1]}").contains("exactly one"));
+        assert!(run(b"{\"input_ids\": [1,}").contains("line 1: not valid JSON at column"));
+        assert!(run(b"\n  \n").contains("no prompts"));
+        // A UTF-8 byte-order mark is skipped.
+        std::fs::write(&f, "\u{feff}{\"input_ids\": [1]}\n").unwrap();
+        let opts = PromptOptions {
+            file: Some(f.clone()),
+            ..Default::default()
+        };
+        let p = resolve(&opts, None, lim).unwrap();
+        assert_eq!(p[0].origin, format!("{}:1", f.display()));
     }
 }

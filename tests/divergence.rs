@@ -60,15 +60,26 @@ fn inventories_match_transformers_load_reports() {
             let path: LoadingPath = name.parse().unwrap();
             let ours = loading::resolve(&ckpt, path);
             if p["loaded"] == false {
-                let err = ours.err().unwrap_or_else(|| panic!("{f}/{name}: transformers raises, we resolved"));
+                let err = ours
+                    .err()
+                    .unwrap_or_else(|| panic!("{f}/{name}: transformers raises, we resolved"));
                 assert_eq!(err.to_string().lines().count(), 1, "{f}/{name}: {err}");
                 continue;
             }
             let inv = ours.unwrap_or_else(|e| panic!("{f}/{name}: {e}")).inventory;
             let at = format!("{f}/{name}");
             assert_eq!(inv.class, p["class"].as_str().unwrap(), "{at} class");
-            assert_eq!(inv.dtype.name(), short_dtype(p["dtype"].as_str().unwrap()), "{at} dtype ({})", inv.dtype_reason);
-            assert_eq!(inv.tensors as u64, p["state_dict_tensors"].as_u64().unwrap(), "{at} tensors");
+            assert_eq!(
+                inv.dtype.name(),
+                short_dtype(p["dtype"].as_str().unwrap()),
+                "{at} dtype ({})",
+                inv.dtype_reason
+            );
+            assert_eq!(
+                inv.tensors as u64,
+                p["state_dict_tensors"].as_u64().unwrap(),
+                "{at} tensors"
+            );
             let missing: BTreeSet<String> = inv.missing_names.iter().cloned().collect();
             assert_eq!(missing, names(&p["missing_keys"]), "{at} missing");
             let unexpected: BTreeSet<String> = inv.unexpected_names.iter().cloned().collect();
@@ -106,7 +117,9 @@ fn broken_nested_prefix_is_named_in_one_line() {
 fn hidden_states_match_goldens_in_the_dtype_transformers_picked() {
     for f in FIXTURES {
         for p in load_report(f)["paths"].as_array().unwrap() {
-            let Some(g) = p["golden"].as_str() else { continue };
+            let Some(g) = p["golden"].as_str() else {
+                continue;
+            };
             let name = p["name"].as_str().unwrap();
             let gold = Dump::read(Path::new(g)).unwrap();
             let opts = DumpOptions {
@@ -121,7 +134,11 @@ fn hidden_states_match_goldens_in_the_dtype_transformers_picked() {
             let ours = dump::run(&dir(f), name.parse().unwrap(), &prompts, &opts).unwrap();
             let dtype = &gold.metadata["dtype"];
             assert_eq!(&ours.metadata["dtype"], dtype, "{f}/{name}: computed dtype");
-            let random_head = p["missing_keys"].as_array().unwrap().iter().any(|k| k == "lm_head.weight");
+            let random_head = p["missing_keys"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|k| k == "lm_head.weight");
             let mut worst_cos = 1f64;
             for (k, (o, g)) in ours.prompts.iter().zip(&gold.prompts).enumerate() {
                 assert_eq!(o.input_ids, g.input_ids);
@@ -141,10 +158,21 @@ fn hidden_states_match_goldens_in_the_dtype_transformers_picked() {
                     let m = acc.finish();
                     worst_cos = worst_cos.min(m.cos_min);
                     if dtype == "f32" {
-                        assert!(m.cos_min >= 0.99999, "{f}/{name} p{k} {what}: cos {}", m.cos_min);
-                        assert!(m.max_abs <= 1e-3 * m.max_ref_abs.max(1.0), "{f}/{name} p{k} {what}");
+                        assert!(
+                            m.cos_min >= 0.99999,
+                            "{f}/{name} p{k} {what}: cos {}",
+                            m.cos_min
+                        );
+                        assert!(
+                            m.max_abs <= 1e-3 * m.max_ref_abs.max(1.0),
+                            "{f}/{name} p{k} {what}"
+                        );
                     } else {
-                        assert!(m.cos_min >= 0.999, "{f}/{name} p{k} {what}: cos {}", m.cos_min);
+                        assert!(
+                            m.cos_min >= 0.999,
+                            "{f}/{name} p{k} {what}: cos {}",
+                            m.cos_min
+                        );
                     }
                 }
             }
@@ -177,11 +205,21 @@ fn cross_path_bitwise_verdicts_match_transformers() {
             };
             let r = compare::run(&opts).unwrap();
             let p = &r.pairs[0];
-            let want = facts["hidden_states_and_last_layer_output"]["bitwise_equal"].as_bool().unwrap();
-            assert_eq!(p.first_non_bitwise.is_none(), want, "{f}: {pair} hidden states bitwise");
+            let want = facts["hidden_states_and_last_layer_output"]["bitwise_equal"]
+                .as_bool()
+                .unwrap();
+            assert_eq!(
+                p.first_non_bitwise.is_none(),
+                want,
+                "{f}: {pair} hidden states bitwise"
+            );
             if let Some(lg) = facts["logits"].as_object() {
                 let ours = p.logits.as_ref().unwrap().bitwise;
-                assert_eq!(ours, lg["bitwise_equal"].as_bool().unwrap(), "{f}: {pair} logits bitwise");
+                assert_eq!(
+                    ours,
+                    lg["bitwise_equal"].as_bool().unwrap(),
+                    "{f}: {pair} logits bitwise"
+                );
             }
             println!("{f}: {pair}: {}", r.summary);
         }

@@ -142,13 +142,24 @@ fn chunked_equals_recurrent_at_chunk_boundaries() {
             q: gen(t * heads * dk),
             k: gen(t * heads * dk),
             v: gen(t * heads * dv),
-            g: gen(t * heads).iter().map(|u| -0.05 - 0.1 * u.abs()).collect(),
+            g: gen(t * heads)
+                .iter()
+                .map(|u| -0.05 - 0.1 * u.abs())
+                .collect(),
             beta: gen(t * heads).iter().map(|u| 0.5 + 0.4 * u).collect(),
         };
         let (mut s1, mut s2) = (vec![0.0; heads * dk * dv], vec![0.0; heads * dk * dv]);
         let a = chunked(&inp, &mut s1);
         let b = recurrent(&inp, &mut s2);
-        assert!(max_abs(&a, &b) <= 1e-5 * scale(&b), "T={t}: out {}", max_abs(&a, &b));
-        assert!(max_abs(&s1, &s2) <= 1e-5 * scale(&s2), "T={t}: state {}", max_abs(&s1, &s2));
+        assert!(
+            max_abs(&a, &b) <= 1e-5 * scale(&b),
+            "T={t}: out {}",
+            max_abs(&a, &b)
+        );
+        assert!(
+            max_abs(&s1, &s2) <= 1e-5 * scale(&s2),
+            "T={t}: state {}",
+            max_abs(&s1, &s2)
+        );
     }
 }

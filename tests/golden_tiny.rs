@@ -61,7 +61,9 @@ fn check_path(path: LoadingPath, gold_name: &str, logits_from: Option<&str>) {
     assert_eq!(ours.prompts.len(), gold.prompts.len());
     let mut worst = 0f64;
     for (k, (o, g)) in ours.prompts.iter().zip(&gold.prompts).enumerate() {
-        let want_logits = logits_gold.as_ref().and_then(|l| l.prompts[k].logits.as_ref());
+        let want_logits = logits_gold
+            .as_ref()
+            .and_then(|l| l.prompts[k].logits.as_ref());
         assert_eq!(
             o.input_ids, g.input_ids,
             "p{k}: tokenisation differs from Python's"

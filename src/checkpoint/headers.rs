@@ -43,14 +43,16 @@ pub struct TensorHeader {
 }
 
 impl TensorHeader {
-    /// Number of elements (product of the shape; 1 for a scalar).
+    /// Number of elements (product of the shape; 1 for a scalar). Headers
+    /// read by [`HeaderIndex::read_dir`] never overflow (checked when read);
+    /// for a hand-built header an overflowing product saturates at `u64::MAX`.
     pub fn numel(&self) -> u64 {
-        self.shape.iter().map(|&d| d as u64).product()
+        checked_numel(&self.shape).unwrap_or(u64::MAX)
     }
 
     /// Bytes on disk (`end - begin`).
     pub fn nbytes(&self) -> u64 {
-        self.data_offsets.1 - self.data_offsets.0
+        self.data_offsets.1.saturating_sub(self.data_offsets.0)
     }
 
     /// True for floating dtypes (the ones `torch.is_floating_point` accepts,
@@ -72,6 +74,19 @@ pub fn dtype_bits(dtype: &str) -> Option<u64> {
         "I64" | "U64" | "F64" | "C64" => 64,
         _ => return None,
     })
+}
+
+/// Product of `shape` in checked arithmetic; `None` on overflow.
+pub fn checked_numel(shape: &[usize]) -> Option<u64> {
+    shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
+}
+
+/// True when `name` names a file directly inside a directory: not empty, no
+/// path separator, not `.` or `..`, no NUL.
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 
 /// True for floating safetensors dtypes.
@@ -151,7 +166,19 @@ impl HeaderIndex {
             let mut files: Vec<String> = raw.weight_map.values().cloned().collect();
             files.sort();
             files.dedup();
+            if files.is_empty() {
+                return Err(Error::Checkpoint(format!(
+                    "{}: weight_map is empty (no tensor is mapped to a shard)",
+                    index_path.display()
+                )));
+            }
             for f in &files {
+                if !is_plain_file_name(f) {
+                    return Err(Error::Checkpoint(format!(
+                        "{}: shard name {f:?} is not a file name inside the checkpoint directory",
+                        index_path.display()
+                    )));
+                }
                 if !dir.join(f).is_file() {
                     return Err(Error::Checkpoint(format!(
                         "{}: shard {f} listed in {INDEX_FILE} is missing (incomplete download?)",
@@ -184,33 +211,30 @@ impl HeaderIndex {
         let mut by_name: HashMap<String, usize> = HashMap::new();
         for (si, file_name) in files.iter().enumerate() {
             let path = dir.join(file_name);
-            let (file_len, data_start, metadata, mut list) = read_shard_header(&path)?;
-            list.sort_by_key(|(_, info)| info.data_offsets);
-            let mut idxs = Vec::with_capacity(list.len());
-            for (name, info) in list {
-                if let Some(&prev) = by_name.get(&name) {
+            let (file_len, parsed) = read_header_file(&path)?;
+            let mut idxs = Vec::with_capacity(parsed.tensors.len());
+            for mut t in parsed.tensors {
+                if let Some(&prev) = by_name.get(&t.name) {
                     return Err(Error::Checkpoint(format!(
-                        "tensor {name} is in both {} and {}",
-                        shards[tensors[prev].shard].file_name, file_name
+                        "{}: tensor {} is in both {} and {}",
+                        dir.display(),
+                        t.name,
+                        shards[tensors[prev].shard].file_name,
+                        file_name
                     )));
                 }
-                by_name.insert(name.clone(), tensors.len());
+                t.shard = si;
+                by_name.insert(t.name.clone(), tensors.len());
                 idxs.push(tensors.len());
-                tensors.push(TensorHeader {
-                    name,
-                    dtype: info.dtype,
-                    shape: info.shape,
-                    data_offsets: info.data_offsets,
-                    shard: si,
-                });
+                tensors.push(t);
             }
             shards.push(ShardInfo {
                 file_name: file_name.clone(),
                 path,
                 file_len,
-                data_start,
+                data_start: parsed.data_start,
                 tensors: idxs,
-                metadata,
+                metadata: parsed.metadata,
             });
         }
 
@@ -223,12 +247,14 @@ impl HeaderIndex {
                     Some(f) if f == file => {}
                     Some(f) => {
                         return Err(Error::Checkpoint(format!(
-                            "tensor {name}: {INDEX_FILE} says {file}, but it is in {f}"
+                            "{}: tensor {name} is mapped to {file}, but it is in {f}",
+                            dir.join(INDEX_FILE).display()
                         )))
                     }
                     None => {
                         return Err(Error::Checkpoint(format!(
-                            "tensor {name} is listed in {INDEX_FILE} for {file} but absent from that shard's header"
+                            "{}: tensor {name} is listed for {file} but absent from that shard's header",
+                            dir.join(INDEX_FILE).display()
                         )))
                     }
                 }
@@ -264,9 +290,13 @@ impl HeaderIndex {
         self.tensors.is_empty()
     }
 
-    /// Total parameters (sum of element counts).
+    /// Total parameters (sum of element counts; saturating, though the
+    /// element counts of a read checkpoint are bounded by its file sizes).
     pub fn total_params(&self) -> u64 {
-        self.tensors.iter().map(TensorHeader::numel).sum()
+        self.tensors
+            .iter()
+            .map(TensorHeader::numel)
+            .fold(0u64, u64::saturating_add)
     }
 
     /// The shard holding `t`.
@@ -288,21 +318,60 @@ impl HeaderIndex {
     }
 }
 
-type ShardHeader = (u64, u64, BTreeMap<String, String>, Vec<(String, RawInfo)>);
+/// One shard header, parsed and checked against the file's length.
+#[derive(Debug, Clone)]
+pub struct ParsedHeader {
+    /// Byte offset of the data section (`8 + header length`).
+    pub data_start: u64,
+    /// The header's `__metadata__` (string values only).
+    pub metadata: BTreeMap<String, String>,
+    /// The tensors, sorted by data offset, with `shard` set to 0. Every
+    /// `data_offsets` range lies inside the file's data section, matches
+    /// dtype × shape, and overlaps no other tensor's range.
+    pub tensors: Vec<TensorHeader>,
+}
 
-/// Reads and validates one shard header. Returns (file length, data start,
-/// `__metadata__`, tensors in arbitrary order).
-fn read_shard_header(path: &Path) -> Result<ShardHeader> {
-    let bad = |m: String| Error::Checkpoint(format!("{}: {m}", path.display()));
+/// Reads and validates the header of the safetensors file at `path`
+/// (`8 + n` bytes, never the data). Returns the file length and the header.
+///
+/// Errors: as [`parse_header`]; an unreadable file gives [`Error::Io`].
+pub fn read_header_file(path: &Path) -> Result<(u64, ParsedHeader)> {
     let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
     let file_len = f.metadata().map_err(|e| Error::io(path, e))?.len();
-    if file_len < 8 {
+    let mut prefix = Vec::new();
+    if file_len >= 8 {
+        let mut len_buf = [0u8; 8];
+        f.read_exact(&mut len_buf).map_err(|e| Error::io(path, e))?;
+        prefix.extend_from_slice(&len_buf);
+        let n = u64::from_le_bytes(len_buf);
+        if n <= file_len - 8 && n <= MAX_HEADER_LEN {
+            let mut buf = vec![0u8; n as usize];
+            f.read_exact(&mut buf).map_err(|e| Error::io(path, e))?;
+            prefix.extend_from_slice(&buf);
+        }
+    }
+    Ok((file_len, parse_header(path, &prefix, file_len)?))
+}
+
+/// Parses and validates a safetensors header from `bytes`, the start of a
+/// file of `file_len` bytes (`bytes` holds at least the 8-byte length and the
+/// header, or the whole file when shorter). Reads nothing else and never panics.
+///
+/// Errors ([`Error::Checkpoint`], naming `path` and the tensor): a file shorter
+/// than 8 bytes; a header length beyond the file or over [`MAX_HEADER_LEN`];
+/// a header that is not a JSON object; an entry without `dtype`, `shape` or
+/// `data_offsets`; an unknown dtype; an element count that overflows;
+/// `data_offsets` reversed, inconsistent with dtype × shape, past the end of
+/// the file, or overlapping another tensor's bytes.
+pub fn parse_header(path: &Path, bytes: &[u8], file_len: u64) -> Result<ParsedHeader> {
+    let bad = |m: String| Error::Checkpoint(format!("{}: {m}", path.display()));
+    if file_len < 8 || bytes.len() < 8 {
         return Err(bad(format!(
             "truncated safetensors header: file is {file_len} bytes, shorter than the 8-byte header length"
         )));
     }
     let mut len_buf = [0u8; 8];
-    f.read_exact(&mut len_buf).map_err(|e| Error::io(path, e))?;
+    len_buf.copy_from_slice(&bytes[..8]);
     let n = u64::from_le_bytes(len_buf);
     if n > file_len - 8 {
         return Err(bad(format!(
@@ -314,17 +383,21 @@ fn read_shard_header(path: &Path) -> Result<ShardHeader> {
             "invalid safetensors header: header length {n} exceeds {MAX_HEADER_LEN} bytes"
         )));
     }
-    let mut buf = vec![0u8; n as usize];
-    f.read_exact(&mut buf).map_err(|e| Error::io(path, e))?;
-    let raw: BTreeMap<String, Value> = serde_json::from_slice(&buf).map_err(|e| {
+    let data_start = 8 + n;
+    let Some(header) = bytes.get(8..data_start as usize) else {
+        return Err(bad(format!(
+            "truncated safetensors header: header length {n}, but only {} bytes could be read",
+            bytes.len().saturating_sub(8)
+        )));
+    };
+    let raw: BTreeMap<String, Value> = serde_json::from_slice(header).map_err(|e| {
         bad(format!(
-            "invalid safetensors header: not a JSON object: {e}"
+            "invalid safetensors header: not a JSON object of tensors: {e}"
         ))
     })?;
-    let data_start = 8 + n;
     let data_len = file_len - data_start;
     let mut metadata = BTreeMap::new();
-    let mut list = Vec::with_capacity(raw.len());
+    let mut list: Vec<TensorHeader> = Vec::with_capacity(raw.len());
     for (name, v) in raw {
         if name == "__metadata__" {
             if let Value::Object(m) = v {
@@ -336,17 +409,31 @@ fn read_shard_header(path: &Path) -> Result<ShardHeader> {
             }
             continue;
         }
-        let info: RawInfo = serde_json::from_value(v)
-            .map_err(|e| bad(format!("tensor {name}: invalid header entry: {e}")))?;
+        let info: RawInfo = serde_json::from_value(v).map_err(|e| {
+            bad(format!(
+                "tensor {name}: invalid header entry (expected {{\"dtype\", \"shape\", \"data_offsets\"}}): {e}"
+            ))
+        })?;
         let bits = dtype_bits(&info.dtype)
             .ok_or_else(|| bad(format!("tensor {name}: unknown dtype {:?}", info.dtype)))?;
-        let numel: u64 = info.shape.iter().map(|&d| d as u64).product();
         let (b, e) = info.data_offsets;
-        let want_bits = numel * bits;
-        if e < b || want_bits % 8 != 0 || e - b != want_bits / 8 {
+        if e < b {
+            return Err(bad(format!(
+                "tensor {name}: data_offsets [{b}, {e}] end before they begin"
+            )));
+        }
+        let want_bits = checked_numel(&info.shape)
+            .and_then(|n| n.checked_mul(bits))
+            .ok_or_else(|| {
+                bad(format!(
+                    "tensor {name}: shape {:?} x {} has more elements than can be addressed (element count overflows)",
+                    info.shape, info.dtype
+                ))
+            })?;
+        if want_bits % 8 != 0 || e - b != want_bits / 8 {
             return Err(bad(format!(
                 "tensor {name}: data_offsets [{b}, {e}] span {} bytes, but {} x {:?} needs {} bytes",
-                e.saturating_sub(b),
+                e - b,
                 info.dtype,
                 info.shape,
                 want_bits as f64 / 8.0
@@ -355,24 +442,164 @@ fn read_shard_header(path: &Path) -> Result<ShardHeader> {
         if e > data_len {
             return Err(bad(format!(
                 "tensor {name}: data ends at byte {} but the file is only {file_len} bytes (truncated download?)",
-                data_start + e
+                data_start.saturating_add(e)
             )));
         }
-        list.push((name, info));
+        list.push(TensorHeader {
+            name,
+            dtype: info.dtype,
+            shape: info.shape,
+            data_offsets: info.data_offsets,
+            shard: 0,
+        });
     }
-    // Overlap check on the sorted ranges.
-    let mut ranges: Vec<(u64, u64, &str)> = list
-        .iter()
-        .map(|(n, i)| (i.data_offsets.0, i.data_offsets.1, n.as_str()))
-        .collect();
-    ranges.sort();
-    for w in ranges.windows(2) {
-        if w[1].0 < w[0].1 && w[1].1 > w[1].0 {
-            return Err(bad(format!(
-                "tensors {} and {} have overlapping data_offsets",
-                w[0].2, w[1].2
-            )));
+    // On-disk order; then no tensor may start before the furthest end seen so
+    // far (empty tensors occupy no bytes and never overlap).
+    list.sort_by(|a, b| {
+        a.data_offsets
+            .cmp(&b.data_offsets)
+            .then(a.name.cmp(&b.name))
+    });
+    let mut furthest: Option<(u64, &str)> = None;
+    for t in &list {
+        let (b, e) = t.data_offsets;
+        if b == e {
+            continue;
+        }
+        if let Some((end, prev)) = furthest {
+            if b < end {
+                return Err(bad(format!(
+                    "tensors {prev} and {} have overlapping data_offsets (they share bytes {b}..{})",
+                    t.name,
+                    end.min(e)
+                )));
+            }
+        }
+        if furthest.is_none_or(|(end, _)| e > end) {
+            furthest = Some((e, &t.name));
         }
     }
-    Ok((file_len, data_start, metadata, list))
+    Ok(ParsedHeader {
+        data_start,
+        metadata,
+        tensors: list,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(header: &str, data_len: usize) -> Vec<u8> {
+        let mut v = (header.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(header.as_bytes());
+        v.resize(v.len() + data_len, 0);
+        v
+    }
+
+    fn parse(header: &str, data_len: usize) -> Result<ParsedHeader> {
+        let f = file(header, data_len);
+        parse_header(Path::new("x.safetensors"), &f, f.len() as u64)
+    }
+
+    #[test]
+    fn valid_header_with_empty_tensors() {
+        let h = r#"{"__metadata__":{"format":"pt"},
+            "a":{"dtype":"F32","shape":[25],"data_offsets":[0,100]},
+            "e":{"dtype":"F32","shape":[0,3],"data_offsets":[100,100]},
+            "f":{"dtype":"F32","shape":[0],"data_offsets":[100,100]},
+            "b":{"dtype":"BF16","shape":[2,5],"data_offsets":[100,120]}}"#;
+        let p = parse(h, 120).unwrap();
+        let names: Vec<&str> = p.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["a", "e", "f", "b"]);
+        assert_eq!(p.metadata["format"], "pt");
+    }
+
+    #[test]
+    fn overlap_hidden_behind_an_empty_tensor_is_found() {
+        // Sorted: a [0,100), e [10,10), c [50,60): only a non-adjacent pair overlaps.
+        let h = r#"{"a":{"dtype":"U8","shape":[100],"data_offsets":[0,100]},
+            "e":{"dtype":"U8","shape":[0],"data_offsets":[10,10]},
+            "c":{"dtype":"U8","shape":[10],"data_offsets":[50,60]}}"#;
+        let m = parse(h, 100).unwrap_err().to_string();
+        assert!(
+            m.contains("tensors a and c have overlapping data_offsets"),
+            "{m}"
+        );
+        assert!(m.contains("x.safetensors"), "{m}");
+    }
+
+    #[test]
+    fn overflowing_and_inconsistent_entries() {
+        let over = r#"{"m":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}}"#;
+        let m = parse(over, 0).unwrap_err().to_string();
+        assert!(m.contains("tensor m") && m.contains("overflows"), "{m}");
+        let rev = r#"{"m":{"dtype":"U8","shape":[1],"data_offsets":[5,4]}}"#;
+        assert!(parse(rev, 8)
+            .unwrap_err()
+            .to_string()
+            .contains("end before they begin"));
+        let far = r#"{"m":{"dtype":"U8","shape":[1],"data_offsets":[18446744073709551614,18446744073709551615]}}"#;
+        assert!(parse(far, 8)
+            .unwrap_err()
+            .to_string()
+            .contains("data ends at byte"));
+        let neg = r#"{"m":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}}"#;
+        assert!(parse(neg, 8)
+            .unwrap_err()
+            .to_string()
+            .contains("invalid header entry"));
+        let arr = r#"[1,2]"#;
+        assert!(parse(arr, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("not a JSON object"));
+        let f = file("{}", 0);
+        let short = parse_header(Path::new("x"), &f[..4], 4)
+            .unwrap_err()
+            .to_string();
+        assert!(short.contains("truncated"), "{short}");
+        // bytes shorter than the header length the file claims.
+        let cut = parse_header(Path::new("x"), &f[..9], f.len() as u64).unwrap_err();
+        assert!(cut.to_string().contains("truncated"), "{cut}");
+    }
+
+    #[test]
+    fn index_with_bad_shard_names_or_empty_map() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("model.safetensors"), file("{}", 0)).unwrap();
+        for (wm, want) in [
+            (r#"{}"#, "weight_map is empty"),
+            (
+                r#"{"a": "../model.safetensors"}"#,
+                "\"../model.safetensors\" is not a file name",
+            ),
+            (
+                r#"{"a": "/etc/passwd"}"#,
+                "\"/etc/passwd\" is not a file name",
+            ),
+            (r#"{"a": ""}"#, "\"\" is not a file name"),
+            (r#"{"a": 5}"#, "not a valid shard index"),
+        ] {
+            std::fs::write(d.join(INDEX_FILE), format!(r#"{{"weight_map": {wm}}}"#)).unwrap();
+            let m = HeaderIndex::read_dir(d).unwrap_err().to_string();
+            assert!(m.contains(want) && m.contains(INDEX_FILE), "{wm}: {m}");
+        }
+    }
+
+    #[test]
+    fn numel_never_wraps() {
+        let t = TensorHeader {
+            name: "x".into(),
+            dtype: "F32".into(),
+            shape: vec![1 << 62, 4],
+            data_offsets: (0, 0),
+            shard: 0,
+        };
+        assert_eq!(t.numel(), u64::MAX);
+        assert_eq!(checked_numel(&[1 << 62, 4]), None);
+        assert_eq!(checked_numel(&[]), Some(1));
+        assert_eq!(checked_numel(&[1 << 62, 0]), Some(0));
+    }
 }

@@ -58,8 +58,8 @@ impl Checkpoint {
         let config_path = source.dir.join("config.json");
         if !config_path.is_file() {
             return Err(Error::Config(format!(
-                "{}: no config.json (expected a transformers checkpoint directory)",
-                source.dir.display()
+                "{}: not found: no config.json in the checkpoint directory (expected a transformers checkpoint)",
+                config_path.display()
             )));
         }
         let config = ModelConfig::from_file(&config_path)?;

@@ -107,6 +107,17 @@ fn is_commit_hash(s: &str) -> bool {
     s.len() == 40 && s.chars().all(|c| c.is_ascii_hexdigit())
 }
 
+/// True for a revision that can name a file under `refs/`: a branch, tag or
+/// `refs/pr/N`, made of non-empty `/`-separated components, none of them `.`
+/// or `..`, no backslash, NUL or control character, not absolute.
+pub fn is_valid_revision(rev: &str) -> bool {
+    !rev.is_empty()
+        && !rev.chars().any(|c| c == '\\' || c.is_control())
+        && rev
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
+}
+
 /// Resolves `<CHECKPOINT>` using the cache directory from the environment
 /// ([`hub_cache_dir`]). See [`resolve_with_cache`].
 pub fn resolve(arg: &str) -> Result<ResolvedSource> {
@@ -151,6 +162,12 @@ pub fn resolve_with_cache(arg: &str, cache_dir: Option<&Path>) -> Result<Resolve
         )));
     };
     let revision = rev.unwrap_or_else(|| "main".to_string());
+    if !is_valid_revision(&revision) {
+        return Err(Error::Input(format!(
+            "checkpoint {arg}: revision {revision:?} is not a valid revision name (expected a branch, \
+             tag or 40-hex commit, without empty, `.` or `..` path components)"
+        )));
+    }
     let not_cached = |what: String| {
         Error::Input(format!(
             "checkpoint {arg}: {what} in the Hugging Face cache {} (hsparity never downloads, as if \
@@ -172,9 +189,20 @@ pub fn resolve_with_cache(arg: &str, cache_dir: Option<&Path>) -> Result<Resolve
         )));
     }
     let ref_path = repo_dir.join("refs").join(&revision);
-    let commit = match std::fs::read_to_string(&ref_path) {
-        Ok(s) => s.trim().to_string(),
-        Err(_) if is_commit_hash(&revision) => revision.clone(),
+    let commit = match std::fs::read(&ref_path) {
+        Ok(bytes) => {
+            let s = String::from_utf8_lossy(&bytes);
+            let c = s.trim();
+            if !is_commit_hash(c) {
+                return Err(Error::Input(format!(
+                    "checkpoint {arg}: {}: expected a 40-hex commit hash, found {:?} (corrupt Hugging Face cache?)",
+                    ref_path.display(),
+                    crate::prompts::preview(c)
+                )));
+            }
+            c.to_ascii_lowercase()
+        }
+        Err(_) if is_commit_hash(&revision) => revision.to_ascii_lowercase(),
         Err(_) => {
             let known = list_dir(&repo_dir.join("snapshots"));
             return Err(not_cached(format!(
@@ -265,5 +293,76 @@ mod tests {
             assert_eq!(got, PathBuf::from(want));
         }
         assert_eq!(hub_cache_dir_from(|_| None), None);
+    }
+
+    #[test]
+    fn revisions_that_escape_refs_are_invalid() {
+        for ok in [
+            "main",
+            "v1.0",
+            "refs/pr/1",
+            "0123456789abcdef0123456789abcdef01234567",
+        ] {
+            assert!(is_valid_revision(ok), "{ok}");
+        }
+        for bad in [
+            "", "..", "../x", "a/../b", "/etc", "a//b", "a/", "./a", "a\\b", "a\nb",
+        ] {
+            assert!(!is_valid_revision(bad), "{bad:?}");
+        }
+    }
+
+    fn fake_repo(cache: &Path, refs_main: &str) -> PathBuf {
+        let repo = cache.join("models--org--m");
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::create_dir_all(
+            repo.join("snapshots")
+                .join("0123456789abcdef0123456789abcdef01234567"),
+        )
+        .unwrap();
+        std::fs::write(repo.join("refs/main"), refs_main).unwrap();
+        repo
+    }
+
+    #[test]
+    fn refs_must_hold_a_commit_hash() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = tmp.path();
+        fake_repo(cache, "0123456789abcdef0123456789abcdef01234567\n");
+        let r = resolve_with_cache("org/m", Some(cache)).unwrap();
+        assert_eq!(
+            r.commit.as_deref(),
+            Some("0123456789abcdef0123456789abcdef01234567")
+        );
+        for bad in [
+            "/etc",
+            "../../../etc",
+            "",
+            "0123456789abcdef0123456789abcdef0123456",
+            "main",
+        ] {
+            fake_repo(cache, bad);
+            let e = resolve_with_cache("org/m", Some(cache)).unwrap_err();
+            assert!(matches!(e, Error::Input(_)), "{e:?}");
+            let m = e.to_string();
+            assert!(
+                m.contains("refs/main") && m.contains("40-hex"),
+                "{bad:?}: {m}"
+            );
+        }
+        let e = resolve_with_cache("org/m@../../x", Some(cache))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a valid revision"), "{e}");
+        // A 40-hex revision without a ref is used directly (case-insensitively).
+        let r = resolve_with_cache(
+            "org/m@0123456789ABCDEF0123456789ABCDEF01234567",
+            Some(cache),
+        )
+        .unwrap();
+        assert_eq!(
+            r.commit.as_deref(),
+            Some("0123456789abcdef0123456789abcdef01234567")
+        );
     }
 }

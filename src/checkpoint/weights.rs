@@ -73,9 +73,27 @@ impl Weights {
         let t = self.header(name)?;
         let shard = &self.index.shards[t.shard];
         let m = self.mmap(t.shard)?;
-        let b = (shard.data_start + t.data_offsets.0) as usize;
-        let e = (shard.data_start + t.data_offsets.1) as usize;
-        Ok(&m[b..e])
+        let range = |o: u64| usize::try_from(shard.data_start.checked_add(o)?).ok();
+        range(t.data_offsets.0)
+            .zip(range(t.data_offsets.1))
+            .and_then(|(b, e)| m.get(b..e))
+            .ok_or_else(|| {
+                Error::Checkpoint(format!(
+                    "{}: tensor {name}: data_offsets [{}, {}] lie outside the file",
+                    shard.path.display(),
+                    t.data_offsets.0,
+                    t.data_offsets.1
+                ))
+            })
+    }
+
+    fn not_float(&self, t: &TensorHeader) -> Error {
+        Error::Checkpoint(format!(
+            "{}: tensor {}: dtype {} is not a floating-point weight (expected BF16, F16, F32 or F64)",
+            self.index.shards[t.shard].path.display(),
+            t.name,
+            t.dtype
+        ))
     }
 
     /// Tensor `name` as an f32 CPU tensor with its checkpoint shape. BF16, F16,
@@ -105,11 +123,7 @@ impl Weights {
                     f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32
                 })
                 .collect(),
-            other => {
-                return Err(Error::Checkpoint(format!(
-                    "tensor {name}: dtype {other} cannot be converted to f32 (expected BF16, F16, F32 or F64)"
-                )))
-            }
+            _ => return Err(self.not_float(t)),
         };
         Ok(Tensor::from_vec(v, t.shape.clone(), &Device::Cpu)?)
     }
@@ -125,11 +139,7 @@ impl Weights {
             "F16" => DType::F16,
             "F32" => DType::F32,
             "F64" => DType::F64,
-            other => {
-                return Err(Error::Checkpoint(format!(
-                    "tensor {name}: dtype {other} is not supported (expected BF16, F16, F32 or F64)"
-                )))
-            }
+            _ => return Err(self.not_float(t)),
         };
         let bytes = self.bytes(name)?;
         Ok(Tensor::from_raw_buffer(

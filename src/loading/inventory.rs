@@ -153,7 +153,12 @@ fn ignore_matches(pattern: &str, key: &str) -> bool {
 /// One line for the common "wrong prefix" failure: when at least half of the
 /// model's tensors are MISSING and the UNEXPECTED keys (lm_head aside) share a
 /// dotted prefix, name it instead of listing hundreds of keys.
-fn diagnose_prefix(missing: usize, tensors: usize, unexpected: &[String], want: &str) -> Option<String> {
+fn diagnose_prefix(
+    missing: usize,
+    tensors: usize,
+    unexpected: &[String],
+    want: &str,
+) -> Option<String> {
     if missing < 2 || missing * 2 < tensors {
         return None;
     }

@@ -403,6 +403,9 @@ pub struct StepOutput {
     pub hidden_states: Option<Vec<Tensor>>,
     /// `[T, V]` logits (when the model has a head).
     pub logits: Option<Tensor>,
+    /// Raw output of the last decoder layer `[T, H]` (pre final norm) when
+    /// hidden states were requested.
+    pub last_layer_output: Option<Tensor>,
 }
 
 impl TextModel {
@@ -478,8 +481,9 @@ impl TextModel {
             }
         }
         let normed = self.norm.forward(&h)?;
+        let mut last_layer_output = None;
         if let Some(v) = hs.as_mut() {
-            v.pop();
+            last_layer_output = v.pop();
             v.push(normed.clone());
         }
         if let Some(s) = state {
@@ -492,6 +496,7 @@ impl TextModel {
                 .as_ref()
                 .map(|l| l.forward(&normed))
                 .transpose()?,
+            last_layer_output,
         })
     }
 

@@ -1,0 +1,282 @@
+//! `hsparity drafter` (and `compare --drafter`): the DFlash drafter's
+//! acceptance length τ on each loading path, DDTree-N from the same drafts,
+//! and cross runs (path B's features against path A's trajectory).
+
+use crate::checkpoint::resolve;
+use crate::commands::{progress, Session};
+use crate::drafter_eval::{
+    self, CrossTau, DdtreeTau, DraftTarget, DrafterInfo, DrafterReport, PathTau, PromptReplay,
+    PromptTau, END_RULE,
+};
+use crate::error::{Error, Result};
+use crate::loading::LoadingPath;
+use crate::models::dflash::{DflashConfig, Drafter, DrafterWeights};
+use crate::models::precision::Precision;
+use crate::models::qwen3_5::{GdnForm, TextModel};
+use crate::models::WeightSource;
+use crate::prompts::PromptOptions;
+
+/// Options of a drafter evaluation.
+#[derive(Debug, Clone)]
+pub struct DrafterOptions {
+    /// Target checkpoint (directory or Hub id).
+    pub checkpoint: String,
+    /// Drafter (directory or Hub id).
+    pub drafter: String,
+    /// Loading paths; the first is the reference of the cross runs and τ gap.
+    pub paths: Vec<LoadingPath>,
+    /// Prompt set.
+    pub prompts: PromptOptions,
+    /// Greedy tokens generated per prompt (the replayed span).
+    pub max_new_tokens: usize,
+    /// DDTree node budget.
+    pub ddtree_budget: usize,
+    /// Fail (exit 1) when τ on two paths differs by more than this.
+    pub max_tau_gap: f64,
+    /// `auto` or a dtype for every target path.
+    pub dtype: String,
+    /// Seed for tensors a path would initialise randomly.
+    pub seed: u64,
+    /// Hide progress.
+    pub quiet: bool,
+}
+
+/// Reads the drafter's dtype from its config (`dtype`/`torch_dtype`), f32 when absent.
+fn drafter_precision(cfg_path: &std::path::Path) -> Result<Precision> {
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(cfg_path).map_err(|e| Error::io(cfg_path, e))?,
+    )
+    .map_err(|e| Error::Config(format!("{}: {e}", cfg_path.display())))?;
+    match v
+        .get("dtype")
+        .or_else(|| v.get("torch_dtype"))
+        .and_then(|d| d.as_str())
+    {
+        Some(d) => Precision::parse(d),
+        None => Ok(Precision::F32),
+    }
+}
+
+struct PathRun {
+    name: String,
+    model: TextModel,
+    dtype: Precision,
+    lm_head_from: String,
+    /// Per prompt: full token sequence (prompt + continuation).
+    tokens: Vec<Vec<u32>>,
+}
+
+/// Runs the drafter evaluation.
+///
+/// Errors: as [`Session::open`]; a drafter that cannot be resolved or
+/// loaded; a tap outside the target; a `mask_token_id` outside the target's
+/// vocabulary; no loading path with an `lm_head` to draft through.
+pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
+    if opts.max_new_tokens == 0 {
+        return Err(Error::Input("--max-new-tokens must be at least 1".into()));
+    }
+    let session = Session::open(&opts.checkpoint, &opts.paths, &opts.prompts, opts.seed)?;
+    let dsrc = resolve::resolve(&opts.drafter)?;
+    let cfg_path = dsrc.dir.join("config.json");
+    let cfg = DflashConfig::from_file(&cfg_path)?;
+    let dprec = drafter_precision(&cfg_path)?;
+    let tc = &session.paths[0].text_config;
+    if cfg.mask_token_id as usize >= tc.vocab_size {
+        return Err(Error::Config(format!(
+            "{}: mask_token_id {} is outside the target's vocabulary ({} rows)",
+            cfg_path.display(),
+            cfg.mask_token_id,
+            tc.vocab_size
+        )));
+    }
+    let n_layers = session.spec.num_layers();
+    if let Some(bad) = cfg.target_layer_ids.iter().find(|&&l| l >= n_layers) {
+        return Err(Error::Config(format!(
+            "{}: target_layer_ids contains {bad}, but the target has decoder layers 0..{}",
+            cfg_path.display(),
+            n_layers - 1
+        )));
+    }
+    let weights = DrafterWeights::load_dir(&dsrc.dir)?;
+    let drafter = Drafter::load(cfg, &weights, tc.hidden_size, dprec)?;
+    let b = drafter.cfg.block_size;
+    let forced = match opts.dtype.as_str() {
+        "auto" => None,
+        d => Some(Precision::parse(d)?),
+    };
+    let head_path = session.paths.iter().find(|p| p.view.has_lm_head());
+    let mut notes = Vec::new();
+    let total = (session.paths.len() * session.prompts.len()) as u64;
+    let pb = progress(total, opts.quiet);
+    let mut runs = Vec::new();
+    for p in &session.paths {
+        let (head, lm_head_from): (&dyn WeightSource, String) = if p.view.has_lm_head() {
+            (&p.view, format!("{} (its own)", p.path.name()))
+        } else {
+            let hp = head_path.ok_or_else(|| {
+                Error::Input("no loading path has an lm_head; add causal-lm to --paths".into())
+            })?;
+            notes.push(format!(
+                "{} ({}) has no lm_head: greedy decoding and draft logits use {}'s lm_head.weight, as an eval harness built on it must",
+                p.path.name(),
+                p.inventory.class,
+                hp.path.name()
+            ));
+            (&hp.view, format!("{} (borrowed)", hp.path.name()))
+        };
+        let dtype = forced.unwrap_or(p.dtype.precision());
+        let model = TextModel::load(&session.spec, &p.view, Some(head), dtype)?;
+        let mut tokens = Vec::new();
+        for pr in &session.prompts {
+            pb.set_message(format!("{}: generating", p.path.name()));
+            let gen = model.greedy(&pr.ids, opts.max_new_tokens + b, GdnForm::Chunked)?;
+            tokens.push([pr.ids.clone(), gen].concat());
+            pb.inc(1);
+        }
+        runs.push(PathRun {
+            name: p.path.name().to_string(),
+            model,
+            dtype,
+            lm_head_from,
+            tokens,
+        });
+    }
+    pb.finish_and_clear();
+
+    let replay = |feat_run: &PathRun, traj: &PathRun| -> Result<(Vec<PromptTau>, Vec<PromptTau>)> {
+        let head = feat_run
+            .model
+            .lm_head()
+            .expect("every run has a head")
+            .weight();
+        let t = DraftTarget {
+            drafter: &drafter,
+            embed: feat_run.model.embedding(),
+            lm_head: head,
+        };
+        let mut dfl = Vec::new();
+        let mut tree = Vec::new();
+        for (k, toks) in traj.tokens.iter().enumerate() {
+            let n = session.prompts[k].ids.len();
+            let out = feat_run.model.forward(toks, None, GdnForm::Chunked, true)?;
+            let feats = drafter_eval::tap_features(
+                out.hidden_states.as_deref().expect("requested"),
+                out.last_layer_output.as_ref().expect("requested"),
+                &drafter.cfg.target_layer_ids,
+            )?;
+            dfl.push(drafter_eval::replay_dflash(
+                &t,
+                toks,
+                n,
+                &feats,
+                opts.max_new_tokens,
+            )?);
+            tree.push(drafter_eval::replay_ddtree(
+                &t,
+                toks,
+                n,
+                &feats,
+                opts.max_new_tokens,
+                opts.ddtree_budget,
+            )?);
+        }
+        Ok((dfl, tree))
+    };
+
+    let mut paths = Vec::new();
+    for r in &runs {
+        let (dfl, tree) = replay(r, r)?;
+        let summary = drafter_eval::summarize(&dfl, b);
+        let tree_summary = drafter_eval::summarize(&tree, b);
+        paths.push(PathTau {
+            name: r.name.clone(),
+            dtype: r.dtype.name().into(),
+            lm_head_from: r.lm_head_from.clone(),
+            summary,
+            per_prompt: dfl
+                .into_iter()
+                .zip(&r.tokens)
+                .zip(&session.prompts)
+                .map(|((p, toks), pr)| PromptReplay {
+                    tau: p.tau,
+                    acceptance_lengths: p.acceptance_lengths,
+                    tokens: toks[pr.ids.len()..pr.ids.len() + opts.max_new_tokens].to_vec(),
+                })
+                .collect(),
+            ddtree: DdtreeTau {
+                budget: opts.ddtree_budget,
+                tau_macro: tree_summary.tau_macro,
+                tau_pooled: tree_summary.tau_pooled,
+                per_prompt: tree,
+            },
+        });
+    }
+    let mut cross = Vec::new();
+    for r in runs.iter().skip(1) {
+        let (dfl, tree) = replay(r, &runs[0])?;
+        let s = drafter_eval::summarize(&dfl, b);
+        cross.push(CrossTau {
+            features: r.name.clone(),
+            trajectory: runs[0].name.clone(),
+            tau_macro: s.tau_macro,
+            tau_pooled: s.tau_pooled,
+            ddtree_tau_macro: drafter_eval::summarize(&tree, b).tau_macro,
+        });
+    }
+    let tau0 = paths[0].summary.tau_macro;
+    let tau_gap = paths
+        .iter()
+        .map(|p| (p.summary.tau_macro - tau0).abs())
+        .fold(0.0, f64::max);
+    let verdict = if tau_gap > opts.max_tau_gap {
+        crate::parity::Verdict::Fail
+    } else {
+        crate::parity::Verdict::Pass
+    };
+    let taus: Vec<String> = paths
+        .iter()
+        .map(|p| format!("{} {:.2}", p.name, p.summary.tau_macro))
+        .collect();
+    let summary = format!(
+        "{}: drafter τ {} (DDTree-{} {}; gap {:.3}, limit {})",
+        if verdict == crate::parity::Verdict::Pass {
+            "PASS"
+        } else {
+            "FAIL"
+        },
+        taus.join(" vs "),
+        opts.ddtree_budget,
+        paths
+            .iter()
+            .map(|p| format!("{:.2}", p.ddtree.tau_macro))
+            .collect::<Vec<_>>()
+            .join(" vs "),
+        tau_gap,
+        opts.max_tau_gap
+    );
+    Ok(DrafterReport {
+        schema_version: crate::report::SCHEMA_VERSION,
+        verdict,
+        summary,
+        exit_code: if verdict == crate::parity::Verdict::Pass {
+            0
+        } else {
+            1
+        },
+        drafter: DrafterInfo {
+            source: opts.drafter.clone(),
+            target_layer_ids: drafter.cfg.target_layer_ids.clone(),
+            block_size: b,
+            mask_token_id: drafter.cfg.mask_token_id,
+            num_hidden_layers: drafter.cfg.num_hidden_layers,
+            dtype: dprec.name().into(),
+        },
+        end_rule: END_RULE.into(),
+        max_new_tokens: opts.max_new_tokens,
+        tau_gap,
+        max_tau_gap: opts.max_tau_gap,
+        paths,
+        cross,
+        notes,
+    })
+}

@@ -1,0 +1,416 @@
+//! Replay evaluation of a DFlash drafter (DESIGN §5; dflash brief §2-§3).
+//!
+//! At temperature 0 the DFlash loop commits exactly the target's greedy
+//! trajectory, so it can be replayed with one target forward per prompt: the
+//! target's greedy continuation is generated once (with its cache), its tap
+//! hidden states are captured over the whole sequence, and the blocks are
+//! walked: at anchor `start` the drafter sees the block `[tok[start], M, …, M]`
+//! and the context rows `< start`, the longest prefix of its greedy drafts that
+//! equals `tok[start+1..]` is accepted (`a`), `a + 1` is recorded and
+//! `start += a + 1` — z-lab GitHub main's rule (full blocks every round, stop
+//! once `start ≥ prompt_len + max_new_tokens`). DDTree-N replays the same way
+//! with a best-first tree of N draft nodes per round (`liranringel/ddtree`
+//! `build_ddtree_tree` / `follow_verified_tree`).
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use candle_core::{Tensor, D};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::models::dflash::Drafter;
+use crate::models::qwen3_5::Embedding;
+
+/// The end-of-generation rule replayed (named in every report).
+pub const END_RULE: &str =
+    "z-lab dflash GitHub main: full blocks every round, record a+1, stop when start >= prompt_len + max_new_tokens";
+
+/// What the drafter needs from a target: its embedding and LM head.
+pub struct DraftTarget<'a> {
+    /// The drafter.
+    pub drafter: &'a Drafter,
+    /// The target's `embed_tokens`.
+    pub embed: &'a Embedding,
+    /// The target's `lm_head.weight`, `[V, H]`.
+    pub lm_head: &'a Tensor,
+}
+
+/// Per-prompt result of one replay.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PromptTau {
+    /// Mean acceptance length over the rounds of this prompt.
+    pub tau: f64,
+    /// `a + 1` per round.
+    pub acceptance_lengths: Vec<usize>,
+}
+
+impl PromptTau {
+    fn new(acceptance_lengths: Vec<usize>) -> Self {
+        let tau = if acceptance_lengths.is_empty() {
+            0.0
+        } else {
+            acceptance_lengths.iter().sum::<usize>() as f64 / acceptance_lengths.len() as f64
+        };
+        Self {
+            tau,
+            acceptance_lengths,
+        }
+    }
+}
+
+/// `[start+1 .. start+B)` draft logits `[B-1, V]` at anchor `start` of `tokens`,
+/// with context rows `feats[0..start)` (`feats`: `[T, K·H]`).
+pub fn draft_logits(
+    t: &DraftTarget,
+    tokens: &[u32],
+    feats: &Tensor,
+    start: usize,
+) -> Result<Tensor> {
+    let b = t.drafter.cfg.block_size;
+    let mut block = vec![t.drafter.cfg.mask_token_id; b];
+    block[0] = tokens[start];
+    let noise = t.embed.forward(&block)?;
+    let ctx = feats.narrow(0, 0, start)?;
+    let y = t.drafter.forward(&noise, &ctx, 0, start)?;
+    t.drafter.logits(&y.narrow(0, 1, b - 1)?, t.lm_head)
+}
+
+fn check_len(tokens: &[u32], prompt_len: usize, max_new: usize, b: usize) -> Result<()> {
+    if prompt_len == 0 {
+        return Err(Error::Input("a prompt needs at least one token".into()));
+    }
+    if tokens.len() < prompt_len + max_new + b {
+        return Err(Error::Input(format!(
+            "trajectory has {} tokens; replay needs prompt ({prompt_len}) + max_new_tokens ({max_new}) + block ({b})",
+            tokens.len()
+        )));
+    }
+    Ok(())
+}
+
+/// DFlash replay over one trajectory. `tokens`: prompt + greedy continuation
+/// (at least `prompt_len + max_new + B` tokens); `feats`: `[≥ that, K·H]` tap
+/// features of those tokens.
+pub fn replay_dflash(
+    t: &DraftTarget,
+    tokens: &[u32],
+    prompt_len: usize,
+    feats: &Tensor,
+    max_new: usize,
+) -> Result<PromptTau> {
+    let b = t.drafter.cfg.block_size;
+    check_len(tokens, prompt_len, max_new, b)?;
+    let mut start = prompt_len;
+    let mut lens = Vec::new();
+    while start < prompt_len + max_new {
+        let drafts = draft_logits(t, tokens, feats, start)?
+            .argmax(D::Minus1)?
+            .to_vec1::<u32>()?;
+        let a = drafts
+            .iter()
+            .zip(&tokens[start + 1..])
+            .take_while(|(d, x)| d == x)
+            .count();
+        lens.push(a + 1);
+        start += a + 1;
+    }
+    Ok(PromptTau::new(lens))
+}
+
+#[derive(PartialEq)]
+struct Cand {
+    logw: f32,
+    parent: usize,
+    depth: usize,
+    rank: usize,
+}
+impl Eq for Cand {}
+impl PartialOrd for Cand {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Cand {
+    fn cmp(&self, o: &Self) -> Ordering {
+        // Max-heap on logw; ties: earlier-created parents, shallower, lower rank first.
+        self.logw
+            .total_cmp(&o.logw)
+            .then(o.parent.cmp(&self.parent))
+            .then(o.depth.cmp(&self.depth))
+            .then(o.rank.cmp(&self.rank))
+    }
+}
+
+/// DDTree's draft tree from `[D, V]` draft logits: best-first over path
+/// log-probabilities (product of per-depth log-softmax), at most `budget`
+/// non-root nodes. Returns `children[node] = token → child` (node 0 = root).
+pub fn build_tree(logits: &Tensor, budget: usize) -> Result<Vec<HashMap<u32, usize>>> {
+    let lp = candle_nn::ops::log_softmax(logits, D::Minus1)?.to_vec2::<f32>()?;
+    let depths = lp.len();
+    let v = lp.first().map(Vec::len).unwrap_or(0);
+    let k = budget.min(v);
+    // Per depth: (token, logprob) sorted by logprob descending, first k.
+    let top: Vec<Vec<(u32, f32)>> = lp
+        .iter()
+        .map(|row| {
+            let mut idx: Vec<(u32, f32)> = row
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| (i as u32, x))
+                .collect();
+            idx.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            idx.truncate(k);
+            idx
+        })
+        .collect();
+    let mut children: Vec<HashMap<u32, usize>> = vec![HashMap::new()];
+    if depths == 0 || k == 0 {
+        return Ok(children);
+    }
+    let mut heap = BinaryHeap::new();
+    heap.push(Cand {
+        logw: top[0][0].1,
+        parent: 0,
+        depth: 1,
+        rank: 0,
+    });
+    while let Some(c) = heap.pop() {
+        if children.len() > budget {
+            break;
+        }
+        let idx = children.len();
+        let tok = top[c.depth - 1][c.rank].0;
+        children[c.parent].insert(tok, idx);
+        children.push(HashMap::new());
+        if c.rank + 1 < k {
+            let row = &top[c.depth - 1];
+            heap.push(Cand {
+                logw: c.logw - row[c.rank].1 + row[c.rank + 1].1,
+                parent: c.parent,
+                depth: c.depth,
+                rank: c.rank + 1,
+            });
+        }
+        if c.depth < depths {
+            heap.push(Cand {
+                logw: c.logw + top[c.depth][0].1,
+                parent: idx,
+                depth: c.depth + 1,
+                rank: 0,
+            });
+        }
+        if children.len() > budget {
+            break;
+        }
+    }
+    Ok(children)
+}
+
+/// DDTree-`budget` replay: per round, the tree from the draft logits; accept
+/// the longest root path equal to the trajectory; record its length (root
+/// included, so the same scale as DFlash's `a + 1`).
+pub fn replay_ddtree(
+    t: &DraftTarget,
+    tokens: &[u32],
+    prompt_len: usize,
+    feats: &Tensor,
+    max_new: usize,
+    budget: usize,
+) -> Result<PromptTau> {
+    let b = t.drafter.cfg.block_size;
+    check_len(tokens, prompt_len, max_new, b)?;
+    let mut start = prompt_len;
+    let mut lens = Vec::new();
+    while start < prompt_len + max_new {
+        let tree = build_tree(&draft_logits(t, tokens, feats, start)?, budget)?;
+        let (mut cur, mut depth) = (0usize, 0usize);
+        while let Some(&child) = tree[cur].get(&tokens[start + depth + 1]) {
+            cur = child;
+            depth += 1;
+        }
+        lens.push(depth + 1);
+        start += depth + 1;
+    }
+    Ok(PromptTau::new(lens))
+}
+
+/// The drafter as loaded.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrafterInfo {
+    /// Argument given.
+    pub source: String,
+    pub target_layer_ids: Vec<usize>,
+    pub block_size: usize,
+    pub mask_token_id: u32,
+    pub num_hidden_layers: usize,
+    /// dtype the drafter computed in.
+    pub dtype: String,
+}
+
+/// DDTree results for one path.
+#[derive(Debug, Clone, Serialize)]
+pub struct DdtreeTau {
+    /// Node budget N (DDTree-N).
+    pub budget: usize,
+    pub tau_macro: f64,
+    pub tau_pooled: f64,
+    pub per_prompt: Vec<PromptTau>,
+}
+
+/// One prompt replayed on one path.
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptReplay {
+    pub tau: f64,
+    pub acceptance_lengths: Vec<usize>,
+    /// The target's greedy continuation (the trajectory the drafter is judged on).
+    pub tokens: Vec<u32>,
+}
+
+/// τ on one loading path.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathTau {
+    pub name: String,
+    /// dtype the target computed in on this path.
+    pub dtype: String,
+    /// Where `lm_head` came from (`AutoModel` has none of its own).
+    pub lm_head_from: String,
+    #[serde(flatten)]
+    pub summary: TauSummary,
+    pub per_prompt: Vec<PromptReplay>,
+    pub ddtree: DdtreeTau,
+}
+
+/// Drafter fed `features`' hidden states, judged on `trajectory`'s tokens.
+#[derive(Debug, Clone, Serialize)]
+pub struct CrossTau {
+    pub features: String,
+    pub trajectory: String,
+    pub tau_macro: f64,
+    pub tau_pooled: f64,
+    pub ddtree_tau_macro: f64,
+}
+
+/// `drafter --json` (DESIGN §2).
+#[derive(Debug, Clone, Serialize)]
+pub struct DrafterReport {
+    pub schema_version: u32,
+    /// `pass` or `fail`.
+    pub verdict: crate::parity::Verdict,
+    /// One sentence.
+    pub summary: String,
+    pub exit_code: i32,
+    pub drafter: DrafterInfo,
+    /// The replayed end-of-generation rule.
+    pub end_rule: String,
+    pub max_new_tokens: usize,
+    /// Largest |τ(path) − τ(reference path)|.
+    pub tau_gap: f64,
+    pub max_tau_gap: f64,
+    pub paths: Vec<PathTau>,
+    pub cross: Vec<CrossTau>,
+    pub notes: Vec<String>,
+}
+
+/// τ aggregates over prompts (dflash brief §3.1).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TauSummary {
+    /// Mean over prompts of each prompt's mean acceptance length (z-lab's τ).
+    pub tau_macro: f64,
+    /// Mean over all rounds pooled.
+    pub tau_pooled: f64,
+    /// Fraction of rounds with acceptance length `i`, i = 0..=B (index 0 unused).
+    pub histogram: Vec<f64>,
+    /// For draft slot k = 1..B-1: fraction of rounds that accepted it.
+    pub per_position_acceptance: Vec<f64>,
+}
+
+/// Aggregates per-prompt results for block size `b`.
+pub fn summarize(per_prompt: &[PromptTau], b: usize) -> TauSummary {
+    let all: Vec<usize> = per_prompt
+        .iter()
+        .flat_map(|p| p.acceptance_lengths.iter().copied())
+        .collect();
+    let n = all.len().max(1) as f64;
+    let mut histogram = vec![0f64; b + 1];
+    for &l in &all {
+        if l <= b {
+            histogram[l] += 1.0 / n;
+        }
+    }
+    let per_position_acceptance = (1..b)
+        .map(|k| all.iter().filter(|&&l| l > k).count() as f64 / n)
+        .collect();
+    let tau_macro = if per_prompt.is_empty() {
+        0.0
+    } else {
+        per_prompt.iter().map(|p| p.tau).sum::<f64>() / per_prompt.len() as f64
+    };
+    TauSummary {
+        tau_macro,
+        tau_pooled: all.iter().sum::<usize>() as f64 / n,
+        histogram,
+        per_position_acceptance,
+    }
+}
+
+/// Concatenates the tap features along the feature dim: tap L = output of
+/// decoder layer L = `hidden_states[L+1]`, pre-norm — for the last layer that
+/// is the raw `last_layer_output`, not transformers' final-normed entry
+/// (sglang#32204). `hidden_states`: N+1 entries; result `[T, K·H]`.
+/// Errors: a tap ≥ N.
+pub fn tap_features(
+    hidden_states: &[Tensor],
+    last_layer_output: &Tensor,
+    taps: &[usize],
+) -> Result<Tensor> {
+    let n_layers = hidden_states.len().saturating_sub(1);
+    let parts = taps
+        .iter()
+        .map(|&l| match l {
+            l if l + 1 < n_layers => Ok(&hidden_states[l + 1]),
+            l if l + 1 == n_layers => Ok(last_layer_output),
+            l => Err(Error::Input(format!(
+                "drafter tap {l} is outside the target's decoder layers 0..{} (tap L = output of layer L = hidden_states[L+1])",
+                n_layers.saturating_sub(1)
+            ))),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&parts, D::Minus1)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn tree_is_best_first_and_respects_budget() {
+        // Depth 1: token 2 (p .6), token 1 (.3); depth 2: token 0 (.9).
+        let l = |p: &[f32]| p.iter().map(|x| x.ln()).collect::<Vec<f32>>();
+        let rows = [l(&[0.1, 0.3, 0.6]), l(&[0.9, 0.05, 0.05])];
+        let flat: Vec<f32> = rows.concat();
+        let t = Tensor::from_vec(flat, (2, 3), &Device::Cpu).unwrap();
+        let tree = build_tree(&t, 3).unwrap();
+        assert_eq!(tree.len(), 4); // root + 3
+                                   // Order: 2 (.6), then 2→0 (.54), then 1 (.3).
+        assert_eq!(tree[0][&2], 1);
+        assert_eq!(tree[1][&0], 2);
+        assert_eq!(tree[0][&1], 3);
+        // Budget 1 = the top-1 chain's first node.
+        assert_eq!(build_tree(&t, 1).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn summary_matches_hand_computation() {
+        let p = vec![PromptTau::new(vec![1, 3]), PromptTau::new(vec![4])];
+        let s = summarize(&p, 4);
+        assert!((s.tau_macro - 3.0).abs() < 1e-12); // (2 + 4) / 2
+        assert!((s.tau_pooled - 8.0 / 3.0).abs() < 1e-12);
+        assert_eq!(s.histogram.len(), 5);
+        assert!((s.histogram[3] - 1.0 / 3.0).abs() < 1e-12);
+        // slot 1 accepted when length > 1: 2 of 3 rounds.
+        assert!((s.per_position_acceptance[0] - 2.0 / 3.0).abs() < 1e-12);
+        assert!((s.per_position_acceptance[2] - 1.0 / 3.0).abs() < 1e-12);
+    }
+}

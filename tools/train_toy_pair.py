@@ -1,0 +1,842 @@
+#!/usr/bin/env python3
+"""Train a tiny Qwen3.5 target + DFlash v1 drafter pair and write ``fixtures/toy-pair/``.
+
+CI never runs this script: its outputs are committed and the Rust tests only read them.
+
+How to run (from the repository root, CPU only, about 10-13 minutes on 2 cores):
+
+    .venv/bin/pip install -r tools/requirements.txt      # dflash==0.1.0 needs --no-deps, see README
+    .venv/bin/python tools/train_toy_pair.py              # train + evaluate + write everything
+    .venv/bin/python tools/train_toy_pair.py --eval-only  # re-run only the evaluation / golden part on the
+                                                          # committed target + drafter (byte-identical output)
+
+Deterministic: fixed seeds, ``torch.set_num_threads(2)``, ``torch.use_deterministic_algorithms(True)``,
+fixed step counts (never time-based stopping), safetensors written byte-for-byte deterministically
+(``make_fixtures.save_safetensors``). The script refuses transformers != 5.23.0 or dflash != 0.1.0.
+
+What it builds
+==============
+
+Corpus (``make_sample``): four synthetic families, every sample is one line that starts with a header
+that fully determines the rest, and runs on for >= 140 characters (training crops 128):
+
+    count 347: 347 348 349 350 ...          count up from s (s < 700)
+    walk q 2: q s u w y a c ...             letters from c in steps of k (1..3), wrapping z -> a
+    say zorb: zorb zorb zorb ...            repeat a 2..5-letter word
+    pair ox: ox1 ox2 ox3 ...                word + counter from 1
+
+There is no end-of-text in the corpus: a continuation never stops within max_new_tokens, so the
+generated lengths are deterministic. Held-out parameters (HELD_OUT) never occur as training headers;
+the eval prompts are the first 12..40 characters of held-out samples.
+
+Tokenizer (``tokenizer.json``): character level. ``models.BPE`` with one token per character and no
+merges, no normalizer, no pre-tokenizer (so no regex: the Rust ``tokenizers`` crate gives the same ids
+by construction; also checked), ``decoders.Fuse``. Ids: 0 ``<|endoftext|>`` (special, never used),
+1 ``<|MASK|>`` (special, the DFlash ``mask_token_id``, never in the corpus), then CHARS in order.
+Encode with or without special tokens gives the same ids (no post-processor).
+
+``fixtures/toy-pair/target/``: ``Qwen3_5ForConditionalGeneration`` (model_type qwen3_5, VLM layout)
+written by ``model.to(torch.bfloat16).save_pretrained`` (config.json as transformers writes it: top-level
+``dtype: bfloat16``), one ``model.safetensors`` rewritten deterministically, plus ``tokenizer.json`` and a
+minimal ``tokenizer_config.json``. Text config TEXT_CONFIG, vision tower VISION_CONFIG (random, never
+trained). The language model is trained with the causal-LM loss (AdamW) on the corpus in float32.
+
+``fixtures/toy-pair/drafter/``: DFlash v1 drafter (``dflash.DFlashDraftModel`` of the PyPI ``dflash`` 0.1.0),
+``config.json`` (model_type qwen3, architectures [DFlashDraftModel], DRAFT_CONFIG) and ``model.safetensors``
+(bf16, tensor names exactly DFlashDraftModel's state_dict: fc.weight, hidden_norm.weight, layers.{i}.*,
+norm.weight; no embed_tokens, no lm_head). Trained with the SpecForge recipe (research/dflash.md §4) on
+features of the *saved* target loaded through ``AutoModelForCausalLM`` in float32 (frozen):
+``hidden_states[L+1]`` for L in target_layer_ids, concatenated; random anchors p (x_{p+1} real); block
+``[x_p, M x (B-1)]`` embedded by the target embedding; context = target features of positions < p
+(strictly); bidirectional inside the block; no attention to other blocks; CE on x_{p+k}, k = 1..B-1 with
+weights exp(-(k-1)/GAMMA), normalised; logits through the target lm_head.
+
+``fixtures/toy-pair/prompts.jsonl``: the eval prompts, ``{"text": ...}`` per line (ids: tokenizer, no specials).
+
+``fixtures/toy-pair/golden/reference_tau.json``: the reference acceptance lengths. Per path, per prompt, at
+temperature 0, block size B = 8, max_new_tokens 64, greedy draft, the GitHub-main DFlash loop
+(research/dflash.md §2) with the end rule "full blocks every round, record a+1 per round, loop while
+start < prompt_len + max_new_tokens", no stop token, and a *full re-forward of the target each round*
+(transformers' Qwen3.5 linear-attention cache cannot be cropped, dflash.md §8):
+
+    prefill: target(prompt) -> out[N] = argmax(logits[N-1]); ctx = taps of positions 0..N-1
+    round:   draft = drafter(target_hidden = taps of ALL positions < start (no draft cache),
+                             noise = target_embed([out[start], M x 7]), position_ids = 0..start+7)
+             drafts = argmax(compute_logits(draft[1:], target lm_head))      (first max index)
+             verify: target(out[0:start] + block) full forward (no cache), post = argmax(logits[start..start+7])
+             a = leading matches, commit, start += a + 1, record a + 1; taps for the next round from
+             this verify forward.
+
+Target: ``from_pretrained(target, dtype="auto", attn_implementation="eager")`` = bf16; drafter:
+``DFlashDraftModel.from_pretrained(drafter, dtype=torch.bfloat16)`` (as the z-lab benchmark runs it).
+Paths: ``causal-lm`` (AutoModelForCausalLM: taps, logits); ``vlm`` (AutoModel = Qwen3_5Model: taps and
+final hidden states from it, logits = causal-lm lm_head on them: a cross run). Every committed token is
+checked against the plain greedy trajectory (full re-forward per token, causal-lm). Recorded per path:
+per prompt trajectory (the 64 new tokens), acceptance lengths per round, tau; tau_macro (mean of
+per-prompt means), tau_pooled (total accepted / total rounds), histogram over 1..=B. Also:
+
+* ``ddtree8_same_rounds``: per DFlash round, what DDTree with budget 8 accepts from the same draft
+  logits (best-first tree over per-depth top-k log_softmax, heap key (-logw, rank tuple) as liranringel/
+  ddtree; accepted = 1 + longest root path matching the greedy trajectory).
+* ``ddtree8``: a separate DDTree-8 loop (its own rounds, start += accepted length, same full re-forward
+  features, tree verified against the greedy trajectory, which at T = 0 equals the tree verify).
+* ``drafter_f32``: the causal-lm DFlash loop with the drafter run in float32 (weights, taps, noise
+  embedding and lm_head upcast from bf16).
+
+``fixtures/toy-pair/golden/drafter_forward.safetensors``: ``DFlashDraftModel.forward`` in float32 (weights
+loaded in f32 from the bf16 files) without cache and without mask, for the trained drafter
+(prefix ``trained.``) and a random drafter (prefix ``random.``, config + bf16 weights in
+``golden/random-drafter/``: 2 layers, 4 heads / 2 kv heads, head_dim 32, rope_theta 1e6, rms_norm_eps 1e-5,
+intermediate 48, 3 taps [0, 1, 2], block_size 6). Keys, case i = 0, 1, 2:
+
+    {trained,random}.case{i}.target_hidden    F32 [C, K*H]  taps from the causal-lm bf16 path (exact in f32)
+    {trained,random}.case{i}.block_ids        I64 [B]       [root, M, ..., M]
+    {trained,random}.case{i}.position_ids     I64 [C + B]   context positions, then start..start+B-1
+    {trained,random}.case{i}.noise_embedding  F32 [B, H]    target embed_tokens rows of block_ids (f32)
+    {trained,random}.case{i}.hidden           F32 [B, H]    forward output (final-normed)
+    {trained,random}.case{i}.logits           F32 [B, V]    compute_logits(hidden, target lm_head in f32);
+                                                            rows 1..B-1 are the drafts (row 0 is unused)
+
+Cases: 0 = first round of prompt 0 (C = prompt length, positions 0..); 1 = a later round of prompt 5
+(C = start, all rows of positions < start); 2 = a window: only the 12 context rows of positions
+start-12..start-1 (position_ids do not start at 0). ``__metadata__`` describes them.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import heapq
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("MKL_NUM_THREADS", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from tokenizers import Tokenizer, decoders, models  # noqa: E402
+
+import transformers  # noqa: E402
+from transformers import AutoModel, AutoModelForCausalLM, Qwen3Config, Qwen3_5Config  # noqa: E402
+from transformers import Qwen3_5ForConditionalGeneration  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_fixtures import save_safetensors, write_json  # noqa: E402
+
+import dflash  # noqa: E402
+from dflash.model import DFlashDraftModel, extract_context_feature  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+REPO = Path(__file__).resolve().parent.parent
+OUT_REL = "fixtures/toy-pair"
+SEED = 20260301
+EXPECTED_TRANSFORMERS = "5.23.0"
+EXPECTED_DFLASH = "0.1.0"
+
+# ------------------------------------------------------------------------------------------------
+# Tokenizer / corpus
+# ------------------------------------------------------------------------------------------------
+EOT, MASK = "<|endoftext|>", "<|MASK|>"
+CHARS = " :0123456789abcdefghijklmnopqrstuvwxyz"
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+VOCAB = [EOT, MASK] + list(CHARS)
+CHAR_ID = {c: i for i, c in enumerate(VOCAB)}
+MASK_ID = CHAR_ID[MASK]
+SEQ = 128  # training crop
+MIN_CHARS = 140
+
+HELD_OUT = {
+    "count": [347, 512, 88],
+    "walk": [("q", 1), ("e", 2), ("w", 3)],
+    "say": ["zorb", "lum", "kite"],
+    "pair": ["ox", "tam", "j"],
+}
+# (family, held-out index, prompt length in characters = tokens)
+EVAL_PROMPTS = [
+    ("count", 0, 18), ("walk", 0, 16), ("say", 0, 19), ("pair", 0, 17),
+    ("count", 1, 27), ("walk", 1, 22), ("say", 1, 14), ("pair", 1, 30),
+    ("count", 2, 36), ("walk", 2, 40), ("say", 2, 33), ("pair", 2, 12),
+]
+
+
+def family_text(family: str, param) -> str:
+    if family == "count":
+        head, items, i = f"count {param}: ", [], param
+        while len(head) + len(" ".join(items)) < MIN_CHARS:
+            items.append(str(i))
+            i += 1
+    elif family == "walk":
+        c, k = param
+        head, items, j = f"walk {c} {k}: ", [], LETTERS.index(c)
+        while len(head) + len(" ".join(items)) < MIN_CHARS:
+            items.append(LETTERS[j % 26])
+            j += k
+    elif family == "say":
+        head, items = f"say {param}: ", []
+        while len(head) + len(" ".join(items)) < MIN_CHARS:
+            items.append(param)
+    elif family == "pair":
+        head, items, i = f"pair {param}: ", [], 1
+        while len(head) + len(" ".join(items)) < MIN_CHARS:
+            items.append(f"{param}{i}")
+            i += 1
+    else:
+        raise ValueError(family)
+    return head + " ".join(items)
+
+
+FAMILIES = ["count", "walk", "say", "pair"]
+
+
+def random_param(rng: random.Random, family: str):
+    while True:
+        if family == "count":
+            p = rng.randrange(0, 700)
+        elif family == "walk":
+            p = (rng.choice(LETTERS), rng.randint(1, 3))
+        elif family == "say":
+            p = "".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 5)))
+        else:
+            p = "".join(rng.choice(LETTERS) for _ in range(rng.randint(1, 3)))
+        if p not in HELD_OUT[family]:
+            return p
+
+
+def make_sample(rng: random.Random) -> str:
+    fam = FAMILIES[rng.randrange(len(FAMILIES))]
+    return family_text(fam, random_param(rng, fam))[:SEQ]
+
+
+def ids_of(text: str) -> list[int]:
+    return [CHAR_ID[c] for c in text]
+
+
+def build_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(VOCAB)}, merges=[], unk_token=None,
+                               fuse_unk=False, byte_fallback=False))
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([EOT, MASK])
+    assert tok.get_vocab_size() == len(VOCAB)
+    return tok
+
+
+def encode(tok: Tokenizer, text: str) -> list[int]:
+    a = tok.encode(text, add_special_tokens=False).ids
+    assert a == tok.encode(text, add_special_tokens=True).ids == ids_of(text), text
+    assert tok.decode(a) == text
+    return a
+
+
+# ------------------------------------------------------------------------------------------------
+# Model configs
+# ------------------------------------------------------------------------------------------------
+LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+TEXT_CONFIG = dict(
+    vocab_size=len(VOCAB),
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=len(LAYER_TYPES),
+    layer_types=LAYER_TYPES,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,  # rotary dim 16 * 0.25 = 4 -> 2 frequencies; mrope_section sums to 2
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    eos_token_id=0,
+    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
+                         mrope_section=[1, 1, 0], mrope_interleaved=True),
+)
+VISION_CONFIG = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, patch_size=2,
+                     temporal_patch_size=2, spatial_merge_size=1, out_hidden_size=64,
+                     num_position_embeddings=4)
+
+BLOCK = 8
+GAMMA = 4.0
+TAPS = [1, 2]
+DRAFT_CONFIG = dict(
+    architectures=["DFlashDraftModel"],
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    attention_bias=False,
+    max_position_embeddings=512,
+    rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+    vocab_size=len(VOCAB),
+    tie_word_embeddings=False,
+    layer_types=["full_attention"] * 2,
+    num_target_layers=len(LAYER_TYPES),
+    block_size=BLOCK,
+    dflash_config=dict(target_layer_ids=TAPS, mask_token_id=MASK_ID, block_size=BLOCK),
+)
+RANDOM_DRAFT_CONFIG = dict(
+    DRAFT_CONFIG,
+    intermediate_size=48,
+    head_dim=32,
+    rms_norm_eps=1e-5,
+    rope_parameters=dict(rope_type="default", rope_theta=1e6),
+    block_size=6,
+    dflash_config=dict(target_layer_ids=[0, 1, 2], mask_token_id=MASK_ID, block_size=6),
+)
+
+# training hyper-parameters (fixed step counts: deterministic)
+T_STEPS, T_BATCH, T_LR = 520, 32, 3e-3
+D_SEQS, D_STEPS, D_BATCH, D_ANCHORS, D_LR = 1024, 900, 16, 12, 3e-3
+MAX_NEW = 64
+DDTREE_BUDGET = 8
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers
+# ------------------------------------------------------------------------------------------------
+T0 = time.time()
+
+
+def log(*a):
+    print(f"[{time.time() - T0:7.1f}s]", *a, flush=True)
+
+
+def setup_determinism(seed: int):
+    torch.manual_seed(seed)
+    torch.set_num_threads(2)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    torch.use_deterministic_algorithms(True)
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int = 30) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    prog = (step - warmup) / max(1, total - warmup)
+    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * prog)))
+
+
+def rewrite_safetensors(path: Path, dtype=None):
+    from safetensors import safe_open
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+    sd = {k: v.clone() for k, v in load_file(str(path)).items()}
+    if dtype is not None:
+        sd = {k: v.to(dtype) for k, v in sd.items()}
+    save_safetensors(path, sd, meta)
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. target
+# ------------------------------------------------------------------------------------------------
+def train_target(target_dir: Path) -> dict:
+    setup_determinism(SEED)
+    cfg = Qwen3_5Config(text_config=dict(TEXT_CONFIG), vision_config=dict(VISION_CONFIG), tie_word_embeddings=False)
+    model = Qwen3_5ForConditionalGeneration(cfg).float()
+    model.train()
+    lm = model.model.language_model
+    params = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
+    opt = torch.optim.AdamW(params, lr=T_LR, betas=(0.9, 0.98), weight_decay=0.0)
+    rng = random.Random(SEED)
+    losses = []
+    t = time.time()
+    for step in range(T_STEPS):
+        x = torch.tensor([ids_of(make_sample(rng)) for _ in range(T_BATCH)])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, T_STEPS, T_LR)
+        h = lm(input_ids=x, use_cache=False).last_hidden_state
+        logits = model.lm_head(h[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if step % 50 == 0 or step == T_STEPS - 1:
+            log(f"target step {step:4d} loss {loss.item():.4f} (avg50 {sum(losses[-50:]) / len(losses[-50:]):.4f})")
+    secs = time.time() - t
+    model.eval()
+    model.to(torch.bfloat16).save_pretrained(str(target_dir))
+    files = sorted(p.name for p in target_dir.glob("*.safetensors"))
+    assert files == ["model.safetensors"], files
+    rewrite_safetensors(target_dir / "model.safetensors")
+    return {"steps": T_STEPS, "batch": T_BATCH, "seq": SEQ, "lr": T_LR, "seconds": round(secs, 1),
+            "final_loss_avg50": round(sum(losses[-50:]) / 50, 4), "loss_first": round(losses[0], 4)}
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. drafter training
+# ------------------------------------------------------------------------------------------------
+def target_features(model, ids: torch.Tensor, taps) -> torch.Tensor:
+    out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+    return extract_context_feature(out.hidden_states, taps)
+
+
+def train_drafter(target_dir: Path, drafter_dir: Path) -> dict:
+    setup_determinism(SEED + 1)
+    tgt = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32, attn_implementation="eager").eval()
+    for p in tgt.parameters():
+        p.requires_grad_(False)
+    embed, lm_head = tgt.get_input_embeddings(), tgt.lm_head
+    rng = random.Random(SEED + 1)
+    data = torch.tensor([ids_of(make_sample(rng)) for _ in range(D_SEQS)])
+    t = time.time()
+    with torch.no_grad():
+        feats = torch.cat([target_features(tgt, data[i:i + 64], TAPS) for i in range(0, D_SEQS, 64)])
+    feat_secs = time.time() - t
+    log(f"drafter features {tuple(feats.shape)} in {feat_secs:.1f}s")
+
+    cfg = Qwen3Config(**DRAFT_CONFIG)
+    draft = DFlashDraftModel(cfg).float()
+    draft.train()
+    opt = torch.optim.AdamW(draft.parameters(), lr=D_LR, betas=(0.9, 0.98), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(SEED + 2)
+    B, S, n = BLOCK, SEQ, D_ANCHORS
+    kw = torch.exp(-(torch.arange(1, B) - 1) / GAMMA)  # weights for k = 1..B-1
+    losses, accs = [], []
+    t = time.time()
+    for step in range(D_STEPS):
+        idx = torch.randint(0, D_SEQS, (D_BATCH,), generator=gen)
+        x, c = data[idx], feats[idx]
+        # anchors: p in [1, S-2] (x_{p+1} real), sorted
+        p = torch.stack([torch.randperm(S - 2, generator=gen)[:n] + 1 for _ in range(D_BATCH)]).sort(-1).values
+        blk = torch.full((D_BATCH, n, B), MASK_ID, dtype=torch.long)
+        blk[:, :, 0] = x.gather(1, p)
+        lab_pos = p[:, :, None] + torch.arange(1, B)  # [b, n, B-1]
+        valid = lab_pos < S
+        labels = x.gather(1, lab_pos.clamp(max=S - 1).view(D_BATCH, -1)).view(D_BATCH, n, B - 1)
+        noise = embed(blk.view(D_BATCH, n * B))
+        pos = torch.cat([torch.arange(S).expand(D_BATCH, S), (p[:, :, None] + torch.arange(B)).view(D_BATCH, n * B)], 1)
+        qp = p.repeat_interleave(B, dim=1)  # anchor of every query row
+        qb = torch.arange(n).repeat_interleave(B)
+        ctx_vis = torch.arange(S)[None, None, :] < qp[:, :, None]  # [b, nB, S]
+        blk_vis = (qb[:, None] == qb[None, :]).expand(D_BATCH, n * B, n * B)
+        mask = torch.cat([ctx_vis, blk_vis], -1)[:, None]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, D_STEPS, D_LR)
+        hid = draft(position_ids=pos, attention_mask=mask, noise_embedding=noise, target_hidden=c)
+        logits = lm_head(hid.view(D_BATCH, n, B, -1)[:, :, 1:])  # [b, n, B-1, V]
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none").view_as(labels)
+        w = kw * valid
+        loss = (ce * w).sum() / w.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        accs.append(((logits.argmax(-1) == labels) & valid).float().sum().item() / valid.sum().item())
+        if step % 100 == 0 or step == D_STEPS - 1:
+            log(f"drafter step {step:4d} loss {loss.item():.4f} acc {accs[-1]:.3f} "
+                f"(avg50 {sum(losses[-50:]) / len(losses[-50:]):.4f} / {sum(accs[-50:]) / len(accs[-50:]):.3f})")
+    secs = time.time() - t
+    draft.eval()
+    save_drafter(draft, drafter_dir)
+    return {"steps": D_STEPS, "batch_seqs": D_BATCH, "anchors_per_seq": n, "sequences": D_SEQS, "lr": D_LR,
+            "gamma": GAMMA, "seconds": round(secs, 1), "feature_seconds": round(feat_secs, 1),
+            "final_loss_avg50": round(sum(losses[-50:]) / 50, 4), "final_acc_avg50": round(sum(accs[-50:]) / 50, 4),
+            "loss_first": round(losses[0], 4)}
+
+
+def save_drafter(draft: DFlashDraftModel, out: Path):
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in draft.state_dict().items()}
+    assert not any("embed" in k or "lm_head" in k or "rotary" in k for k in sd), sorted(sd)
+    save_safetensors(out / "model.safetensors", sd, {"format": "pt"})
+    cfg = draft.config.to_dict()
+    cfg.pop("transformers_version", None)
+    cfg["dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+@torch.no_grad()
+def make_random_drafter(out: Path):
+    cfg = Qwen3Config(**RANDOM_DRAFT_CONFIG)
+    d = DFlashDraftModel(cfg).float()
+    gen = torch.Generator().manual_seed(SEED + 3)
+    for name, p in d.named_parameters():
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            p.copy_(1.5 + 0.5 * torch.randn(p.shape, generator=gen))  # sharp, non-uniform attention
+        elif "norm" in name:
+            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+        else:
+            p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+    save_drafter(d, out)
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. evaluation
+# ------------------------------------------------------------------------------------------------
+class Path_:
+    """A loading path of the target: taps + final-normed hidden states + logits for a full sequence."""
+
+    def __init__(self, name, model, lm_head, taps):
+        self.name, self.model, self.lm_head, self.taps = name, model, lm_head, taps
+        self.cls = type(model).__name__
+
+    @torch.no_grad()
+    def forward(self, ids: list[int], all_layers=False):
+        x = torch.tensor([ids])
+        out = self.model(input_ids=x, output_hidden_states=True, use_cache=False)
+        if hasattr(out, "logits") and out.logits is not None:
+            logits = out.logits[0]
+        else:
+            logits = self.lm_head(out.last_hidden_state)[0]
+        hs = out.hidden_states
+        feats = extract_context_feature(hs, self.taps)[0]
+        if all_layers:
+            return logits, feats, hs
+        return logits, feats
+
+
+def greedy_trajectory(path: Path_, prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(n):
+        logits, _ = path.forward(seq)
+        seq.append(int(torch.argmax(logits[-1]).item()))
+    return seq
+
+
+def ddtree_accept(draft_logits: torch.Tensor, budget: int, truth: list[int]) -> int:
+    """Accepted length (root included) of a DDTree over draft_logits [D, V] vs the greedy continuation
+    truth[0..] (truth[j] = target token at depth j+1)."""
+    D, V = draft_logits.shape
+    kk = min(budget, V)
+    lp_all = torch.log_softmax(draft_logits.float(), dim=-1)
+    lp, ids = torch.topk(lp_all, kk, dim=-1)
+    lp, ids = lp.tolist(), ids.tolist()
+    child = [{}]
+    heap = [(-lp[0][0], (0,), 0, 1, 0, lp[0][0])]
+    count = 0
+    while heap and count < budget:
+        _, ranks, parent, depth, rank, logw = heapq.heappop(heap)
+        count += 1
+        idx = count
+        child[parent][ids[depth - 1][rank]] = idx
+        child.append({})
+        if rank + 1 < kk:
+            sl = logw - lp[depth - 1][rank] + lp[depth - 1][rank + 1]
+            heapq.heappush(heap, (-sl, ranks[:-1] + (rank + 1,), parent, depth, rank + 1, sl))
+        if depth < D:
+            cl = logw + lp[depth][0]
+            heapq.heappush(heap, (-cl, ranks + (0,), idx, depth + 1, 0, cl))
+    cur, acc = 0, 1
+    while acc - 1 < len(truth) and truth[acc - 1] in child[cur]:
+        cur = child[cur][truth[acc - 1]]
+        acc += 1
+    return acc
+
+
+@torch.no_grad()
+def draft_logits_for(draft, embed_w, lm_head, feats, out_ids, start, dtype):
+    blk = torch.tensor([[out_ids[start]] + [MASK_ID] * (BLOCK - 1)])
+    noise = F.embedding(blk, embed_w).to(dtype)
+    hid = draft(target_hidden=feats[None, :start].to(dtype), noise_embedding=noise,
+                position_ids=torch.arange(start + BLOCK)[None])
+    return draft.compute_logits(hid[:, 1:], lm_head)[0]  # [B-1, V]
+
+
+@torch.no_grad()
+def dflash_loop(path: Path_, draft, embed_w, lm_head, prompt, greedy, dtype=torch.bfloat16):
+    """GitHub-main DFlash loop with full target re-forwards; returns per-round records."""
+    N = len(prompt)
+    maxlen = N + MAX_NEW
+    logits, feats = path.forward(prompt)
+    out = list(prompt) + [int(torch.argmax(logits[-1]).item())]
+    start, rounds = N, []
+    while start < maxlen:
+        dl = draft_logits_for(draft, embed_w, lm_head, feats, out, start, dtype)
+        drafts = torch.argmax(dl, dim=-1).tolist()
+        blk = [out[start]] + drafts
+        logits, feats = path.forward(out[:start] + blk)
+        post = torch.argmax(logits[start:start + BLOCK], dim=-1).tolist()
+        a = 0
+        while a < BLOCK - 1 and blk[a + 1] == post[a]:
+            a += 1
+        out = out[:start] + blk[:a + 1] + [post[a]]
+        dd = ddtree_accept(dl, DDTREE_BUDGET, greedy[start + 1:])
+        rounds.append({"start": start, "accept": a + 1, "drafts": drafts, "ddtree8": dd})
+        start += a + 1
+    assert out == greedy[:len(out)], f"{path.name}: DFlash output departs from the greedy trajectory"
+    return out, rounds
+
+
+@torch.no_grad()
+def ddtree_loop(path: Path_, draft, embed_w, lm_head, prompt, greedy):
+    N = len(prompt)
+    maxlen = N + MAX_NEW
+    _, feats = path.forward(prompt)
+    start, acc_lens = N, []
+    while start < maxlen:
+        dl = draft_logits_for(draft, embed_w, lm_head, feats, greedy, start, torch.bfloat16)
+        acc = ddtree_accept(dl, DDTREE_BUDGET, greedy[start + 1:])
+        acc_lens.append(acc)
+        start += acc
+        _, feats = path.forward(greedy[:start])
+    return acc_lens
+
+
+def summarise(per_prompt_lists, max_len):
+    means = [sum(x) / len(x) for x in per_prompt_lists]
+    pooled = [v for x in per_prompt_lists for v in x]
+    hist = {str(b): sum(1 for v in pooled if v == b) for b in range(1, max_len + 1)}
+    return {"tau_macro": round(sum(means) / len(means), 4), "tau_pooled": round(sum(pooled) / len(pooled), 4),
+            "rounds": len(pooled), "histogram": hist,
+            "histogram_fraction": {k: round(v / len(pooled), 4) for k, v in hist.items()}}
+
+
+def true_continuation(fam, hi, plen):
+    return ids_of(family_text(fam, HELD_OUT[fam][hi])[plen:plen + MAX_NEW])
+
+
+def evaluate(root: Path, prompts_ids: list[list[int]]) -> dict:
+    setup_determinism(SEED + 4)
+    tdir, ddir = root / "target", root / "drafter"
+    causal = AutoModelForCausalLM.from_pretrained(str(tdir), dtype="auto", attn_implementation="eager").eval()
+    vlm = AutoModel.from_pretrained(str(tdir), dtype="auto", attn_implementation="eager").eval()
+    assert causal.dtype == torch.bfloat16 and vlm.dtype == torch.bfloat16, (causal.dtype, vlm.dtype)
+    draft = DFlashDraftModel.from_pretrained(str(ddir), dtype=torch.bfloat16).eval()
+    draft32 = DFlashDraftModel.from_pretrained(str(ddir), dtype=torch.float32).eval()
+    assert draft.target_layer_ids == TAPS and draft.block_size == BLOCK and draft.mask_token_id == MASK_ID
+    embed_w, lm_head = causal.get_input_embeddings().weight, causal.lm_head
+    lm_head32 = torch.nn.Linear(lm_head.in_features, lm_head.out_features, bias=False)
+    lm_head32.weight.data = lm_head.weight.float()
+    paths = [Path_("causal-lm", causal, lm_head, TAPS), Path_("vlm", vlm, lm_head, TAPS)]
+
+    res = {"paths": {}, "prompts": []}
+    greedy_all = []
+    for i, ids in enumerate(prompts_ids):
+        g = greedy_trajectory(paths[0], ids, MAX_NEW + BLOCK + 1)
+        greedy_all.append(g)
+        fam, hi, plen = EVAL_PROMPTS[i]
+        truth = true_continuation(fam, hi, plen)
+        new = g[len(ids):len(ids) + MAX_NEW]
+        first_bad = next((j for j, (a, b) in enumerate(zip(new, truth)) if a != b), None)
+        res["prompts"].append({"family": fam, "num_tokens": len(ids), "text": decode_ids(ids),
+                               "target_continuation": decode_ids(new),
+                               "matches_pattern": sum(a == b for a, b in zip(new, truth)) / MAX_NEW,
+                               "first_mismatch": first_bad})
+    log("greedy trajectories done")
+
+    for path in paths:
+        per, info = [], {"class": path.cls, "dtype": "bfloat16"}
+        for i, ids in enumerate(prompts_ids):
+            out, rounds = dflash_loop(path, draft, embed_w, lm_head, ids, greedy_all[i])
+            acc = [r["accept"] for r in rounds]
+            per.append({"prompt": i, "num_tokens": len(ids), "trajectory": out[len(ids):len(ids) + MAX_NEW],
+                        "committed": out[len(ids):], "acceptance_lengths": acc,
+                        "tau": round(sum(acc) / len(acc), 4),
+                        "ddtree8_same_rounds": [r["ddtree8"] for r in rounds],
+                        "round_starts": [r["start"] for r in rounds],
+                        "drafts": [r["drafts"] for r in rounds]})
+        info.update(summarise([p["acceptance_lengths"] for p in per], BLOCK))
+        info["ddtree8_same_rounds"] = summarise([p["ddtree8_same_rounds"] for p in per], BLOCK)
+        info["per_prompt"] = per
+        res["paths"][path.name] = info
+        log(f"{path.name}: tau macro {info['tau_macro']} pooled {info['tau_pooled']}")
+
+    # features equal across paths?
+    eq = []
+    for ids, g in zip(prompts_ids, greedy_all):
+        seq = g[:len(ids) + MAX_NEW]
+        la, fa = paths[0].forward(seq)
+        lb, fb = paths[1].forward(seq)
+        eq.append((torch.equal(fa, fb), torch.equal(la, lb), (fa.float() - fb.float()).abs().max().item()))
+    res["paths"]["vlm"]["taps_bitwise_equal_to_causal_lm"] = all(e[0] for e in eq)
+    res["paths"]["vlm"]["logits_bitwise_equal_to_causal_lm"] = all(e[1] for e in eq)
+    res["paths"]["vlm"]["taps_max_abs_diff"] = max(e[2] for e in eq)
+
+    # DDTree-8 loop, causal-lm
+    dd = [ddtree_loop(paths[0], draft, embed_w, lm_head, ids, greedy_all[i]) for i, ids in enumerate(prompts_ids)]
+    res["ddtree8"] = {"path": "causal-lm", "budget": DDTREE_BUDGET, **summarise(dd, DDTREE_BUDGET + 1),
+                      "per_prompt": [{"prompt": i, "acceptance_lengths": a, "tau": round(sum(a) / len(a), 4)}
+                                     for i, a in enumerate(dd)]}
+    log(f"ddtree8: tau macro {res['ddtree8']['tau_macro']}")
+
+    # f32 drafter variant (causal-lm)
+    per32 = []
+    for i, ids in enumerate(prompts_ids):
+        _, rounds = dflash_loop(paths[0], draft32, embed_w.float(), lm_head32, ids, greedy_all[i], dtype=torch.float32)
+        per32.append([r["accept"] for r in rounds])
+    res["drafter_f32"] = {"path": "causal-lm", **summarise(per32, BLOCK), "per_prompt_acceptance_lengths": per32}
+    res["_greedy"] = greedy_all
+    res["_models"] = (causal, draft32, embed_w, lm_head32)
+    return res
+
+
+def decode_ids(ids):
+    return "".join(VOCAB[i] for i in ids)
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. drafter forward goldens
+# ------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def drafter_goldens(root: Path, res: dict, prompts_ids) -> dict:
+    causal, draft32, embed_w, lm_head32 = res["_models"]
+    rnd = DFlashDraftModel.from_pretrained(str(root / "golden" / "random-drafter"), dtype=torch.float32).eval()
+    p = Path_("causal-lm", causal, causal.lm_head, TAPS)
+    tensors, meta = {}, {}
+    cl = res["paths"]["causal-lm"]["per_prompt"]
+    g0, g5 = res["_greedy"][0], res["_greedy"][5]
+    n0 = len(prompts_ids[0])
+    start5 = cl[5]["round_starts"][2]
+    cases = [  # (sequence whose features are used, ctx first position, start)
+        (g0, 0, n0),
+        (g5, 0, start5),
+        (g5, start5 - 12, start5),
+    ]
+    for tag, model in (("trained", draft32), ("random", rnd)):
+        B = model.block_size
+        for ci, (seq, c0, start) in enumerate(cases):
+            _, _, hs = p.forward(seq[:start], all_layers=True)
+            feats = extract_context_feature(hs, model.target_layer_ids)[0, c0:start].float()
+            blk = torch.tensor([seq[start]] + [MASK_ID] * (B - 1))
+            noise = F.embedding(blk, embed_w).float()
+            pos = torch.cat([torch.arange(c0, start), torch.arange(start, start + B)])
+            hid = model(target_hidden=feats[None], noise_embedding=noise[None], position_ids=pos[None])[0]
+            logits = model.compute_logits(hid, lm_head32)
+            k = f"{tag}.case{ci}."
+            tensors.update({k + "target_hidden": feats.contiguous(), k + "block_ids": blk, k + "position_ids": pos,
+                            k + "noise_embedding": noise.contiguous(), k + "hidden": hid.contiguous(),
+                            k + "logits": logits.contiguous()})
+            meta[f"{tag}.case{ci}"] = f"C={start - c0} ctx positions {c0}..{start - 1}, block at {start}..{start + B - 1}"
+    meta.update({"format": "hsparity toy-pair drafter forward golden v1", "dtype": "float32",
+                 "trained_drafter": "drafter/ (bf16 on disk, run in f32)",
+                 "random_drafter": "golden/random-drafter/ (bf16 on disk, run in f32)",
+                 "target_hidden": "causal-lm path, bf16 taps hidden_states[L+1] upcast to f32",
+                 "logits": "compute_logits(hidden, target lm_head upcast to f32); rows 1..B-1 are the drafts",
+                 "dflash_version": dflash_version(), "transformers_version": transformers.__version__})
+    save_safetensors(root / "golden" / "drafter_forward.safetensors", tensors, meta)
+    return {k: list(v.shape) for k, v in tensors.items()}
+
+
+def dflash_version():
+    from importlib.metadata import version
+    return version("dflash")
+
+
+# ------------------------------------------------------------------------------------------------
+# main
+# ------------------------------------------------------------------------------------------------
+def sha_tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--eval-only", action="store_true", help="reuse target/ and drafter/, redo the rest")
+    args = ap.parse_args()
+    os.chdir(REPO)
+    if transformers.__version__ != EXPECTED_TRANSFORMERS:
+        sys.exit(f"need transformers {EXPECTED_TRANSFORMERS}, have {transformers.__version__}")
+    if dflash_version() != EXPECTED_DFLASH:
+        sys.exit(f"need dflash {EXPECTED_DFLASH}, have {dflash_version()}")
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    root = REPO / OUT_REL
+    tdir, ddir, gdir = root / "target", root / "drafter", root / "golden"
+    train_info = {}
+    if not args.eval_only:
+        shutil.rmtree(root, ignore_errors=True)
+        tdir.mkdir(parents=True)
+        ddir.mkdir(parents=True)
+    else:
+        train_info = json.loads((gdir / "reference_tau.json").read_text())["training"]
+        shutil.rmtree(gdir, ignore_errors=True)
+        for f in ("prompts.jsonl",):
+            (root / f).unlink(missing_ok=True)
+    gdir.mkdir(parents=True)
+
+    # tokenizer + prompts
+    tok = build_tokenizer()
+    tok.save(str(tdir / "tokenizer.json"), pretty=True)
+    write_json(tdir / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
+                                                 "eos_token": EOT, "add_bos_token": False, "add_eos_token": False})
+    tok = Tokenizer.from_file(str(tdir / "tokenizer.json"))
+    prompts, prompts_ids = [], []
+    for fam, hi, plen in EVAL_PROMPTS:
+        text = family_text(fam, HELD_OUT[fam][hi])[:plen]
+        assert 10 <= plen <= 40
+        prompts.append({"text": text})
+        prompts_ids.append(encode(tok, text))
+    with open(root / "prompts.jsonl", "w") as f:
+        for p in prompts:
+            f.write(json.dumps(p) + "\n")
+
+    if not args.eval_only:
+        log("training target")
+        train_info["target"] = train_target(tdir)
+        log(f"target done: {train_info['target']}")
+        train_info["drafter"] = train_drafter(tdir, ddir)
+        log(f"drafter done: {train_info['drafter']}")
+    make_random_drafter(gdir / "random-drafter")
+
+    res = evaluate(root, prompts_ids)
+    shapes = drafter_goldens(root, res, prompts_ids)
+    res.pop("_models")
+    res.pop("_greedy")
+    ref = {
+        "format": "hsparity toy-pair reference tau v1",
+        "tools": {"transformers": transformers.__version__, "torch": torch.__version__, "dflash": dflash_version()},
+        "settings": {"block_size": BLOCK, "max_new_tokens": MAX_NEW, "temperature": 0.0, "draft": "greedy (argmax)",
+                     "mask_token_id": MASK_ID, "target_layer_ids": TAPS, "ddtree_budget": DDTREE_BUDGET,
+                     "end_rule": "GitHub main: full blocks every round, record a+1, loop while start < N + max_new_tokens, no stop token",
+                     "target_forward": "full re-forward every round (no cache), eager attention, dtype auto (bf16)",
+                     "drafter": "DFlashDraftModel.from_pretrained(drafter, dtype=bfloat16), no cache, ctx = taps of all positions < start",
+                     "argmax": "torch.argmax (first max index) on the model-dtype logits"},
+        "training": train_info,
+        **res,
+    }
+    write_json(gdir / "reference_tau.json", ref)
+
+    # report
+    log("=== training ===")
+    for k, v in train_info.items():
+        log(f"{k}: {v}")
+    log("=== prompts ===")
+    for i, p in enumerate(res["prompts"]):
+        log(f"p{i:2d} {p['family']:5s} {p['num_tokens']:2d} tok  pattern {p['matches_pattern']:.2f}  "
+            f"tau causal {res['paths']['causal-lm']['per_prompt'][i]['tau']:.2f}  "
+            f"dd8 {res['ddtree8']['per_prompt'][i]['tau']:.2f}  {p['text']!r}")
+    log("=== tau (B=8, T=0, 64 new tokens) ===")
+    log(f"{'run':28s} {'macro':>7s} {'pooled':>7s} {'rounds':>6s}  histogram 1..")
+    for name, s in [("causal-lm", res["paths"]["causal-lm"]), ("vlm (cross)", res["paths"]["vlm"]),
+                    ("causal-lm DDTree-8 same rnds", res["paths"]["causal-lm"]["ddtree8_same_rounds"]),
+                    ("causal-lm DDTree-8 loop", res["ddtree8"]), ("causal-lm drafter f32", res["drafter_f32"])]:
+        log(f"{name:28s} {s['tau_macro']:7.3f} {s['tau_pooled']:7.3f} {s['rounds']:6d}  {list(s['histogram'].values())}")
+    log(f"vlm taps bitwise equal to causal-lm: {res['paths']['vlm']['taps_bitwise_equal_to_causal_lm']}, "
+        f"logits: {res['paths']['vlm']['logits_bitwise_equal_to_causal_lm']}")
+    log("=== files ===")
+    total = 0
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            total += p.stat().st_size
+            log(f"{p.stat().st_size:8d}  {p.relative_to(REPO)}")
+    log(f"{total:8d}  total")
+    tau = res["paths"]["causal-lm"]["tau_macro"]
+    assert tau >= 3.0, f"tau macro {tau} < 3"
+    log(f"sha256 of tree: {hashlib.sha256(json.dumps(sha_tree(root), sort_keys=True).encode()).hexdigest()}")
+
+
+if __name__ == "__main__":
+    main()
