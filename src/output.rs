@@ -54,18 +54,28 @@ pub fn write_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
     Ok(())
 }
 
-/// Makes sure `dir` exists and is writable, before a long run writes into it.
-/// Errors: `dir` exists as a file, cannot be created, or cannot be written
-/// ([`Error::Io`] naming it).
+/// Checks, before a long run, that `dir` can be created and written —
+/// without creating it (a failed run leaves nothing behind): the nearest
+/// existing ancestor must be a writable directory. Errors: `dir` (or an
+/// ancestor) is a file, or the ancestor is not writable ([`Error::Io`]).
 pub fn ensure_writable_dir(dir: &Path) -> Result<()> {
-    if dir.exists() && !dir.is_dir() {
-        return Err(Error::Input(format!(
-            "{} exists and is not a directory",
-            dir.display()
-        )));
+    let mut probe = dir;
+    loop {
+        if probe.exists() {
+            if !probe.is_dir() {
+                return Err(Error::Input(format!(
+                    "{} is a file, not a directory (report folder {})",
+                    probe.display(),
+                    dir.display()
+                )));
+            }
+            return tempfile::NamedTempFile::new_in(probe)
+                .map(drop)
+                .map_err(|e| Error::io(probe, e));
+        }
+        match probe.parent() {
+            Some(p) if !p.as_os_str().is_empty() => probe = p,
+            _ => probe = Path::new("."),
+        }
     }
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    tempfile::NamedTempFile::new_in(dir)
-        .map(drop)
-        .map_err(|e| Error::io(dir, e))
 }
