@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use hsparity::commands::{self, compare, dump, inventory};
+use hsparity::commands::{self, compare, drafter, dump, inventory};
 use hsparity::error::Result;
 use hsparity::models::precision::Precision;
 use hsparity::models::qwen3_5::GdnForm;
@@ -40,6 +40,8 @@ enum Command {
     },
     /// Run the same prompts through loading paths in lock-step; per-layer parity.
     Compare(CompareArgs),
+    /// DFlash drafter acceptance length τ (and DDTree-N) on each loading path.
+    Drafter(DrafterArgs),
     /// Write one loading path's hidden states to safetensors (hsparity.dump.v1, see README).
     Dump(DumpArgs),
 }
@@ -127,6 +129,52 @@ struct CompareArgs {
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
+    /// Also evaluate this DFlash drafter (directory or Hub id) on every path.
+    #[arg(long)]
+    drafter: Option<String>,
+    #[command(flatten)]
+    drafter_opts: DrafterEvalArgs,
+}
+
+#[derive(Args)]
+struct DrafterEvalArgs {
+    /// Greedy tokens generated (and replayed) per prompt.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// DDTree node budget (DDTree-N).
+    #[arg(long, default_value_t = 8)]
+    ddtree_budget: usize,
+    /// Exit 1 when τ on two paths differs by more than this.
+    #[arg(long, default_value_t = 0.05)]
+    max_tau_gap: f64,
+}
+
+#[derive(Args)]
+struct DrafterArgs {
+    /// Target checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
+    checkpoint: String,
+    /// DFlash v1 drafter: directory (config.json + safetensors) or Hub id.
+    #[arg(long)]
+    drafter: String,
+    /// Loading paths, comma-separated; the first is the reference of cross runs.
+    #[arg(long, default_value = "causal-lm,vlm")]
+    paths: String,
+    #[command(flatten)]
+    prompts: PromptArgs,
+    #[command(flatten)]
+    eval: DrafterEvalArgs,
+    /// Target compute dtype: auto (what each loading path would pick), f32, bf16 or f16.
+    #[arg(long, default_value = "auto")]
+    dtype: String,
+    /// Seed for tensors a path would initialise randomly (MISSING).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 #[derive(Args)]
@@ -208,6 +256,12 @@ fn run(cli: Cli) -> Result<u8> {
                 seed: a.seed,
                 quiet: a.quiet,
                 command_line: command_line(),
+                drafter: a.drafter.clone().map(|source| compare::DrafterSettings {
+                    source,
+                    max_new_tokens: a.drafter_opts.max_new_tokens,
+                    ddtree_budget: a.drafter_opts.ddtree_budget,
+                    max_tau_gap: a.drafter_opts.max_tau_gap,
+                }),
             };
             let dir = match &a.name {
                 Some(n) => {
@@ -229,6 +283,26 @@ fn run(cli: Cli) -> Result<u8> {
             if !a.no_report {
                 let w = compare::write_report(&rep, &dir, a.force)?;
                 eprintln!("report: {} (and report.json)", w.markdown.display());
+            }
+            Ok(rep.exit_code as u8)
+        }
+        Command::Drafter(a) => {
+            let rep = drafter::run(&drafter::DrafterOptions {
+                checkpoint: a.checkpoint.clone(),
+                drafter: a.drafter.clone(),
+                paths: commands::parse_paths(&a.paths)?,
+                prompts: a.prompts.options()?,
+                max_new_tokens: a.eval.max_new_tokens,
+                ddtree_budget: a.eval.ddtree_budget,
+                max_tau_gap: a.eval.max_tau_gap,
+                dtype: a.dtype.clone(),
+                seed: a.seed,
+                quiet: a.quiet,
+            })?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&rep).expect("report serialises"));
+            } else {
+                print!("{}", report::table::render_drafter(&rep));
             }
             Ok(rep.exit_code as u8)
         }

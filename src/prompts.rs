@@ -283,6 +283,13 @@ pub fn resolve(
                 })
                 .collect(),
         };
+        // The built-in set is ours: fit it to small models instead of refusing.
+        for p in prompts.iter_mut() {
+            if p.ids.len() > limits.max_tokens {
+                p.ids.truncate(limits.max_tokens);
+                p.origin.push_str(&format!(", cut to max_position_embeddings = {}", limits.max_tokens));
+            }
+        }
     }
     for (k, p) in prompts.iter().enumerate() {
         let o = &p.origin;

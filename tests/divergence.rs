@@ -202,6 +202,7 @@ fn cross_path_bitwise_verdicts_match_transformers() {
                 seed: 0,
                 quiet: true,
                 command_line: String::new(),
+                drafter: None,
             };
             let r = compare::run(&opts).unwrap();
             let p = &r.pairs[0];

@@ -37,6 +37,21 @@ pub struct CompareOptions {
     pub quiet: bool,
     /// The command line, for the report's "reproduce" section.
     pub command_line: String,
+    /// Also evaluate a DFlash drafter on every path (`--drafter`).
+    pub drafter: Option<DrafterSettings>,
+}
+
+/// Drafter settings of `compare --drafter`.
+#[derive(Debug, Clone)]
+pub struct DrafterSettings {
+    /// Drafter directory or Hub id.
+    pub source: String,
+    /// Greedy tokens per prompt.
+    pub max_new_tokens: usize,
+    /// DDTree node budget.
+    pub ddtree_budget: usize,
+    /// Exit 1 when τ differs between paths by more than this.
+    pub max_tau_gap: f64,
 }
 
 /// Where a report was written.
@@ -64,9 +79,15 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
         "auto" => None,
         other => Some(Precision::parse(other)?),
     };
+    // The drafter's taps are marked unless --taps says otherwise.
+    let mut taps = opts.taps.clone();
+    if let (Some(d), true) = (&opts.drafter, taps.is_empty()) {
+        let dir = crate::checkpoint::resolve::resolve(&d.source)?.dir;
+        taps = crate::models::dflash::DflashConfig::from_file(&dir.join("config.json"))?.target_layer_ids;
+    }
     let session = Session::open(&opts.checkpoint, &opts.paths, &opts.prompts, opts.seed)?;
     let n = session.spec.num_layers();
-    if let Some(bad) = opts.taps.iter().find(|&&t| t >= n) {
+    if let Some(bad) = taps.iter().find(|&&t| t >= n) {
         return Err(Error::Input(format!(
             "--taps {bad}: the model has decoder layers 0..{} ({TAP_CONVENTION})",
             n - 1
@@ -166,7 +187,36 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
         }
     }
 
-    let (verdict, summary) = report::summarize(&obs.pairs, &paths_run);
+    let (mut verdict, mut summary) = report::summarize(&obs.pairs, &paths_run);
+    let drafter = match &opts.drafter {
+        Some(d) => {
+            let dr = crate::commands::drafter::run(&crate::commands::drafter::DrafterOptions {
+                checkpoint: opts.checkpoint.clone(),
+                drafter: d.source.clone(),
+                paths: opts.paths.clone(),
+                prompts: opts.prompts.clone(),
+                max_new_tokens: d.max_new_tokens,
+                ddtree_budget: d.ddtree_budget,
+                max_tau_gap: d.max_tau_gap,
+                dtype: opts.dtype.clone(),
+                seed: opts.seed,
+                quiet: opts.quiet,
+            })?;
+            let taus: Vec<String> = dr
+                .paths
+                .iter()
+                .map(|p| format!("{:.2}", p.summary.tau_macro))
+                .collect();
+            summary.push_str(&format!("; drafter τ {}", taus.join(" → ")));
+            if dr.verdict != crate::parity::Verdict::Pass {
+                verdict = crate::parity::Verdict::Fail;
+                summary = summary.replacen("PASS:", "FAIL:", 1);
+                summary.push_str(&format!(" (gap {:.3} > {})", dr.tau_gap, dr.max_tau_gap));
+            }
+            Some(dr)
+        }
+        None => None,
+    };
     let exit_code = if verdict == crate::parity::Verdict::Pass {
         0
     } else {
@@ -193,7 +243,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
         },
         command: opts.command_line.clone(),
         tap_convention: TAP_CONVENTION.into(),
-        taps: opts.taps.clone(),
+        taps,
         inventory,
         paths: paths_run,
         prompts: session
@@ -209,6 +259,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
             .collect(),
         pairs: obs.pairs,
         notes,
+        drafter,
     })
 }
 

@@ -108,6 +108,8 @@ pub struct Inventory {
     pub checkpoint_dtypes: BTreeMap<String, usize>,
     /// One entry per requested path.
     pub paths: Vec<PathInventory>,
+    /// Loading paths that do not apply to this checkpoint, with the reason.
+    pub not_applicable: Vec<String>,
 }
 
 /// A loading path resolved against a checkpoint.
@@ -534,6 +536,18 @@ pub fn inventory(ckpt: &Checkpoint, paths: &[LoadingPath]) -> Result<Inventory> 
         shards: ckpt.headers.shards.len(),
         checkpoint_dtypes,
         paths,
+        not_applicable: LoadingPath::ALL
+            .into_iter()
+            .filter(|p| p.class_for(&ckpt.config).is_none())
+            .map(|p| {
+                format!(
+                    "{} ({}) does not apply to model_type {}: transformers raises \"Unrecognized configuration class\"",
+                    p.name(),
+                    p.auto_class(),
+                    ckpt.config.model_type
+                )
+            })
+            .collect(),
     })
 }
 

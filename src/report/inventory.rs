@@ -50,6 +50,9 @@ pub fn render_inventory_table(inv: &Inventory) -> String {
     }
     out.push_str(&table.to_string());
     out.push('\n');
+    for n in &inv.not_applicable {
+        out.push_str(&format!("not applicable: {n}\n"));
+    }
     for p in &inv.paths {
         out.push_str(&format!(
             "\n{} ({} parameters): {}\n",

@@ -127,6 +127,9 @@ pub fn render(report: &Report) -> String {
             ));
         }
     }
+    if let Some(d) = &report.drafter {
+        md.push_str(&render_drafter(d));
+    }
     md.push_str(&format!("\n{}.\n", report.tap_convention));
     if !report.notes.is_empty() {
         md.push_str("\n## Notes\n\n");
@@ -135,5 +138,34 @@ pub fn render(report: &Report) -> String {
         }
     }
     md.push_str(&format!("\n## Reproduce\n\n```\n{}\n```\n", report.command));
+    md
+}
+
+/// The drafter section: τ per loading path side by side, cross runs.
+pub fn render_drafter(d: &crate::drafter_eval::DrafterReport) -> String {
+    let budget = d.paths.first().map(|p| p.ddtree.budget).unwrap_or(0);
+    let mut md = format!(
+        "\n## Drafter τ\n\n{}\n\nDrafter `{}`: taps {:?}, block size {}, mask token {}, computed in {}; {} new tokens per prompt.\n\n| path | dtype | τ (macro) | τ (pooled) | DDTree-{budget} τ | lm_head |\n|---|---|---|---|---|---|\n",
+        d.summary,
+        d.drafter.source,
+        d.drafter.target_layer_ids,
+        d.drafter.block_size,
+        d.drafter.mask_token_id,
+        d.drafter.dtype,
+        d.max_new_tokens
+    );
+    for p in &d.paths {
+        md.push_str(&format!(
+            "| `{}` | {} | {:.3} | {:.3} | {:.3} | {} |\n",
+            p.name, p.dtype, p.summary.tau_macro, p.summary.tau_pooled, p.ddtree.tau_macro, p.lm_head_from
+        ));
+    }
+    for c in &d.cross {
+        md.push_str(&format!(
+            "| `{}` features on `{}` trajectory | - | {:.3} | {:.3} | {:.3} | - |\n",
+            c.features, c.trajectory, c.tau_macro, c.tau_pooled, c.ddtree_tau_macro
+        ));
+    }
+    md.push_str(&format!("\nτ rule: {}.\n", d.end_rule));
     md
 }

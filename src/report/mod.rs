@@ -112,6 +112,9 @@ pub struct Report {
     pub pairs: Vec<PairReport>,
     /// Notes for the reader (dtype emulation limits, missing tensors, ...).
     pub notes: Vec<String>,
+    /// Drafter evaluation (`compare --drafter`), DESIGN §2 `drafter` member.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drafter: Option<crate::drafter_eval::DrafterReport>,
 }
 
 impl Report {

@@ -4,6 +4,7 @@
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Attribute, Cell, CellAlignment, Color, Table};
 
 use super::Report;
+use crate::drafter_eval::DrafterReport;
 use crate::parity::{HiddenStateRow, Metrics, PairReport, Verdict};
 
 /// `1.234e-5` style, or `0` for exact zero.
@@ -203,6 +204,75 @@ pub fn render(report: &Report) -> String {
         ));
     }
     for n in &report.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    if let Some(d) = &report.drafter {
+        out.push('\n');
+        out.push_str(&render_drafter(d));
+    }
+    out
+}
+
+/// The τ table of a drafter evaluation: one row per loading path, then the
+/// cross runs.
+pub fn render_drafter(d: &DrafterReport) -> String {
+    let mut out = format!(
+        "{}\ndrafter {}: taps {:?}, block size {}, mask token {}, computed in {}; {} new tokens per prompt\n",
+        d.summary,
+        d.drafter.source,
+        d.drafter.target_layer_ids,
+        d.drafter.block_size,
+        d.drafter.mask_token_id,
+        d.drafter.dtype,
+        d.max_new_tokens
+    );
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED);
+    let budget = d.paths.first().map(|p| p.ddtree.budget).unwrap_or(0);
+    t.set_header(vec![
+        "path".to_string(),
+        "dtype".into(),
+        "τ (macro)".into(),
+        "τ (pooled)".into(),
+        format!("DDTree-{budget} τ"),
+        "rounds".into(),
+        "accept@1..".into(),
+        "lm_head".into(),
+    ]);
+    for p in &d.paths {
+        let rounds: usize = p.per_prompt.iter().map(|x| x.acceptance_lengths.len()).sum();
+        let acc: Vec<String> = p
+            .summary
+            .per_position_acceptance
+            .iter()
+            .map(|a| format!("{a:.2}"))
+            .collect();
+        t.add_row(vec![
+            p.name.clone(),
+            p.dtype.clone(),
+            format!("{:.3}", p.summary.tau_macro),
+            format!("{:.3}", p.summary.tau_pooled),
+            format!("{:.3}", p.ddtree.tau_macro),
+            rounds.to_string(),
+            acc.join(" "),
+            p.lm_head_from.clone(),
+        ]);
+    }
+    for c in &d.cross {
+        t.add_row(vec![
+            format!("{} features on {} trajectory", c.features, c.trajectory),
+            "-".into(),
+            format!("{:.3}", c.tau_macro),
+            format!("{:.3}", c.tau_pooled),
+            format!("{:.3}", c.ddtree_tau_macro),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+        ]);
+    }
+    out.push_str(&t.to_string());
+    out.push_str(&format!("\nτ rule: {}\n", d.end_rule));
+    for n in &d.notes {
         out.push_str(&format!("note: {n}\n"));
     }
     out
