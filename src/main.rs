@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use hsparity::commands::{self, compare, drafter, dump, inventory};
+use hsparity::commands::{self, compare, diff, drafter, dump, inventory};
 use hsparity::error::Result;
 use hsparity::models::precision::Precision;
 use hsparity::models::qwen3_5::GdnForm;
@@ -40,6 +40,19 @@ enum Command {
     },
     /// Run the same prompts through loading paths in lock-step; per-layer parity.
     Compare(CompareArgs),
+    /// Compare two dumps (hsparity.dump.v1, from hsparity or tools/dump_hidden_states.py).
+    Diff {
+        /// Reference dump (safetensors).
+        a: PathBuf,
+        /// Compared dump (safetensors).
+        b: PathBuf,
+        /// Compare a's hidden_states[i] with b's hidden_states[i + OFFSET] (the other tap convention: ±1).
+        #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+        tap_offset: i64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// DFlash drafter acceptance length τ (and DDTree-N) on each loading path.
     Drafter(DrafterArgs),
     /// Write one loading path's hidden states to safetensors (hsparity.dump.v1, see README).
@@ -286,6 +299,23 @@ fn run(cli: Cli) -> Result<u8> {
             }
             Ok(rep.exit_code as u8)
         }
+        Command::Diff {
+            a,
+            b,
+            tap_offset,
+            json,
+        } => {
+            let rep = diff::run(&a, &b, tap_offset, &command_line())?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&rep).expect("report serialises")
+                );
+            } else {
+                print!("{}", report::diff::render(&rep));
+            }
+            Ok(rep.exit_code as u8)
+        }
         Command::Drafter(a) => {
             let rep = drafter::run(&drafter::DrafterOptions {
                 checkpoint: a.checkpoint.clone(),
@@ -300,7 +330,10 @@ fn run(cli: Cli) -> Result<u8> {
                 quiet: a.quiet,
             })?;
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&rep).expect("report serialises"));
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&rep).expect("report serialises")
+                );
             } else {
                 print!("{}", report::table::render_drafter(&rep));
             }

@@ -50,6 +50,7 @@ What it writes
 
     * ``causal-lm.safetensors``          AutoModelForCausalLM        -> Qwen3_5ForCausalLM
     * ``vlm.safetensors``                AutoModel                   -> Qwen3_5Model
+    * ``py-dump-vlm.safetensors``        tools/dump_hidden_states.py (AutoModel), short prompt only
     * ``image-text-to-text.safetensors`` AutoModelForImageTextToText -> Qwen3_5ForConditionalGeneration
 
       hsparity dump format v1 (DESIGN.md section 3). Each comes from
@@ -1336,6 +1337,17 @@ def main():
     for other in ("vlm", "image-text-to-text"):
         for key, t in results[other]["tensors"].items():
             assert torch.equal(t, ref[key]), f"{other}:{key} differs from causal-lm"
+
+    # 5b. tools/dump_hidden_states.py, the user-facing dump script, on the same
+    #     checkpoint (short prompt only, to keep fixtures small): tests/diff.rs
+    #     checks `hsparity diff` finds it clean against hsparity's own dump.
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import dump_hidden_states as dhs  # noqa: E402  (tools/ sibling)
+
+    m_vlm, _, _ = load(AutoModel, CKPT_REL, dtype=torch.float32, attn_implementation="eager")
+    save_safetensors(ckpt / "golden" / "py-dump-vlm.safetensors", dhs.dump(m_vlm, [prompts_ids[0]]),
+                     dhs.metadata(m_vlm, CKPT_REL, "AutoModel"))
+    del m_vlm
 
     # 6. GDN kernels
     gdn = gdn_golden(ckpt / "golden" / "gdn_kernels.safetensors")

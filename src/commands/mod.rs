@@ -2,6 +2,7 @@
 //! `main.rs` only parses arguments, calls these and prints.
 
 pub mod compare;
+pub mod diff;
 pub mod drafter;
 pub mod dump;
 pub mod inventory;

@@ -6,6 +6,7 @@
 //! - [`markdown`] for `report.md` (bug tickets),
 //! - [`inventory`] for the inventory table.
 
+pub mod diff;
 pub mod inventory;
 pub mod json;
 pub mod markdown;
@@ -84,7 +85,12 @@ pub struct PromptInfo {
 }
 
 /// The result of `compare` (JSON: DESIGN §2 `compare --json`).
+///
+/// Serialised with `"kind": "compare"` first: every verb's report shares the
+/// top-level members `kind`, `schema_version`, `verdict`, `summary`,
+/// `exit_code`, `environment`, `command`, `notes` (docs/report-schema.md).
 #[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename = "compare")]
 pub struct Report {
     /// [`SCHEMA_VERSION`].
     pub schema_version: u32,
@@ -122,6 +128,123 @@ impl Report {
     pub fn is_tap(&self, index: usize) -> bool {
         index > 0 && self.taps.contains(&(index - 1))
     }
+
+    /// The path run named `name`.
+    pub fn path(&self, name: &str) -> Option<&PathRun> {
+        self.paths.iter().find(|p| p.name == name)
+    }
+
+    /// Why `pair` differs, one sentence per loading difference found between
+    /// its two paths (dtype and its reason, lm_head tie and origin, missing
+    /// tensors, NaN/Inf weights), then whether the first divergent hidden
+    /// state differs by itself (local comparison) or only inherits its input.
+    /// Empty when the pair is bitwise identical and nothing differs.
+    pub fn causes(&self, pair: &PairReport) -> Vec<String> {
+        let mut out = Vec::new();
+        let (a, b) = (self.path(&pair.a), self.path(&pair.b));
+        if pair.dtype_a != pair.dtype_b {
+            let why = |p: Option<&PathRun>| {
+                p.map(|p| format!(" ({})", p.dtype_reason))
+                    .unwrap_or_default()
+            };
+            out.push(format!(
+                "dtype: {} computes in {}{}, {} in {}{}",
+                pair.a,
+                pair.dtype_a,
+                why(a),
+                pair.b,
+                pair.dtype_b,
+                why(b)
+            ));
+        }
+        if let (Some(a), Some(b)) = (a, b) {
+            if a.lm_head != b.lm_head && a.lm_head != "none" && b.lm_head != "none" {
+                out.push(format!(
+                    "lm_head: {} uses {}, {} uses {}",
+                    a.name, a.lm_head, b.name, b.lm_head
+                ));
+            } else if a.tie != b.tie {
+                let tied = if a.tie { &a.name } else { &b.name };
+                out.push(format!(
+                    "tie: lm_head is tied to the embedding on {tied} only"
+                ));
+            }
+            for p in [a, b] {
+                if p.missing > 0 {
+                    let first = self
+                        .inventory
+                        .paths
+                        .iter()
+                        .find(|i| i.name == p.name)
+                        .and_then(|i| i.missing_names.first())
+                        .map(|n| format!(", first {n}"))
+                        .unwrap_or_default();
+                    out.push(format!(
+                        "missing: {} initialises {} tensor(s) randomly (its checkpoint names do not match the class{first})",
+                        p.name, p.missing
+                    ));
+                }
+                if !p.non_finite_weights.is_empty() {
+                    out.push(format!(
+                        "weights: {} reads {} tensor(s) holding NaN/Inf",
+                        p.name,
+                        p.non_finite_weights.len()
+                    ));
+                }
+            }
+        }
+        if let Some(row) = pair
+            .first_divergent
+            .and_then(|i| pair.hidden_states.iter().find(|r| r.index == i))
+        {
+            let at = hidden_state_label(row.index, &row.layer_type);
+            match (&row.local, row.local_verdict) {
+                (Some(l), Some(Verdict::Pass)) => out.push(format!(
+                    "hidden_states[{}] ({at}) passes when {}'s layer is fed {}'s input (local cos_min {:.8}): the difference is inherited",
+                    row.index, pair.b, pair.a, l.cos_min
+                )),
+                (Some(l), Some(_)) => out.push(format!(
+                    "hidden_states[{}] ({at}) differs even when both layers get the same input (local cos_min {:.8}): the layer itself computes differently",
+                    row.index, l.cos_min
+                )),
+                _ => {}
+            }
+            if out.len() == usize::from(row.local.is_some()) {
+                out.insert(
+                    0,
+                    "no loading difference found (same dtype, lm_head and tensors): a numerical difference".into(),
+                );
+            }
+        }
+        out
+    }
+}
+
+/// `embeddings`, `output of layer 2, full attention`, `output of layer 5 after the final norm`.
+pub fn hidden_state_label(index: usize, layer_type: &str) -> String {
+    match layer_type {
+        "embedding" => "embeddings".into(),
+        "final_norm" => format!("output of layer {} after the final norm", index - 1),
+        t => format!("output of layer {}, {}", index - 1, t.replace('_', " ")),
+    }
+}
+
+/// Checkpoint keys of `dropped` that the ignore rule `rule` (`"ignore ^mtp.*"`,
+/// as in [`crate::loading::PathInventory::rules`]) matches: `.` is a wildcard,
+/// as in transformers' `_keys_to_ignore_on_load_unexpected` regexes. `None`
+/// when `rule` is not an ignore rule.
+pub fn dropped_by_rule<'a>(rule: &str, dropped: &'a [String]) -> Option<Vec<&'a String>> {
+    let pat = rule.strip_prefix("ignore ")?;
+    let p = pat.trim_start_matches('^').trim_end_matches(".*").as_bytes();
+    Some(
+        dropped
+            .iter()
+            .filter(|k| {
+                let k = k.as_bytes();
+                k.len() >= p.len() && p.iter().zip(k).all(|(a, b)| *a == b'.' || a == b)
+            })
+            .collect(),
+    )
 }
 
 /// The verdict sentence: `PASS: causal-lm and vlm agree bitwise at all 7 hidden states`
@@ -147,7 +270,7 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
         let n = p.hidden_states.len();
         let v = p.verdict();
         let dtypes = if p.dtype_a != p.dtype_b {
-            format!(" (dtype {} vs {})", p.dtype_a, p.dtype_b)
+            format!("; dtype {} vs {}", p.dtype_a, p.dtype_b)
         } else {
             String::new()
         };
@@ -164,19 +287,30 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
             ),
             (_, _, Some(i)) => {
                 let row = &p.hidden_states.iter().find(|r| r.index == i);
-                let detail = row
+                let (at, detail) = row
                     .map(|r| {
                         let m = &r.metrics;
-                        if m.nan_count + m.inf_count > 0 {
-                            format!(" ({} NaN, {} Inf values)", m.nan_count, m.inf_count)
+                        let d = if m.nan_count + m.inf_count > 0 {
+                            format!("; {} NaN, {} Inf values", m.nan_count, m.inf_count)
                         } else {
-                            format!(" (cos_min {:.6}, max_abs {:.3e})", m.cos_min, m.max_abs)
-                        }
+                            format!("; cos_min {:.6}, max_abs {:.3e}", m.cos_min, m.max_abs)
+                        };
+                        (hidden_state_label(r.index, &r.layer_type), d)
                     })
                     .unwrap_or_default();
-                format!("{} and {} diverge from hidden_states[{i}]{dtypes}{detail}", p.a, p.b)
+                format!(
+                    "{} and {} diverge from hidden_states[{i}] ({at}{dtypes}{detail})",
+                    p.a, p.b
+                )
             }
-            (_, _, None) => format!("{} and {} differ in the logits{dtypes}", p.a, p.b),
+            (_, _, None) => {
+                let why = if dtypes.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", &dtypes[2..])
+                };
+                format!("{} and {} differ in the logits{why}", p.a, p.b)
+            }
         });
     }
     parts.extend(missing);

@@ -1,0 +1,139 @@
+//! `hsparity diff`: dumps captured anywhere compared with the same metrics and
+//! verdicts as `compare`; the input-equality gate; dtype noise; tap offsets.
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+const CKPT: &str = "fixtures/tiny-qwen3_5";
+
+fn hsparity() -> Command {
+    let mut c = Command::cargo_bin("hsparity").unwrap();
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+fn dump(dir: &std::path::Path, name: &str, args: &[&str]) -> String {
+    let out = dir.join(name);
+    let o = hsparity()
+        .args(["dump", CKPT, "--quiet", "--force", "--out"])
+        .arg(&out)
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out.to_str().unwrap().to_string()
+}
+
+fn diff(args: &[&str]) -> (i32, Value, String) {
+    let o = hsparity()
+        .arg("diff")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    let v = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    (o.status.code().unwrap(), v, stderr)
+}
+
+#[test]
+fn python_dump_script_diffs_clean_against_hsparity() {
+    // golden/py-dump-vlm.safetensors was written by tools/dump_hidden_states.py
+    // (transformers, AutoModel) on the fixture's first prompt.
+    let tmp = tempfile::tempdir().unwrap();
+    let ours = dump(
+        tmp.path(),
+        "vlm.safetensors",
+        &[
+            "--path",
+            "vlm",
+            "--prompt",
+            "The hidden state of the model.",
+        ],
+    );
+    let (code, v, err) = diff(&[&format!("{CKPT}/golden/py-dump-vlm.safetensors"), &ours]);
+    assert_eq!(code, 0, "{err} {v}");
+    assert_eq!(v["verdict"], "pass");
+    assert_eq!(v["pairs"][0]["hidden_states"].as_array().unwrap().len(), 7);
+    assert_eq!(v["schema_version"], 1);
+}
+
+#[test]
+fn bf16_vs_f32_is_labelled_dtype_noise() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ids = [
+        "--path",
+        "causal-lm",
+        "--prompts",
+        "fixtures/tiny-qwen3_5/prompts.jsonl",
+    ];
+    let f32 = dump(tmp.path(), "f32.safetensors", &ids);
+    let bf16 = dump(
+        tmp.path(),
+        "bf16.safetensors",
+        &[&ids[..], &["--dtype", "bf16"]].concat(),
+    );
+    let (code, v, err) = diff(&[&f32, &bf16]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["lower_dtype"], "bf16");
+    let rows = v["dtype_noise"].as_array().unwrap();
+    assert_eq!(rows.len(), 7);
+    assert!(rows.iter().all(|r| r["dtype_noise"] == true), "{rows:?}");
+    assert!(v["summary"].as_str().unwrap().contains("dtype noise"));
+    // A real difference is not dtype noise: bf16 vs f32 of *different* weights
+    // would fail; here, shifting the taps by one is a real difference.
+    let (code, v, _) = diff(&[&f32, &bf16, "--tap-offset", "1"]);
+    assert_eq!(code, 1);
+    assert!(v["dtype_noise"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["dtype_noise"] == false));
+}
+
+#[test]
+fn tap_offset_aligns_the_other_convention() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = dump(
+        tmp.path(),
+        "a.safetensors",
+        &["--path", "causal-lm", "--prompt-ids", "5,6,7,8,9"],
+    );
+    let (code, v, _) = diff(&[&a, &a]);
+    assert_eq!((code, v["verdict"].as_str()), (0, Some("pass")));
+    let (code, v, _) = diff(&[&a, &a, "--tap-offset", "-1"]);
+    assert_eq!(code, 1);
+    assert_eq!(v["pairs"][0]["first_divergent"], 1);
+    assert_eq!(v["tap_offset"], -1);
+}
+
+#[test]
+fn different_inputs_are_refused_with_both_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = dump(
+        tmp.path(),
+        "a.safetensors",
+        &["--path", "vlm", "--prompt-ids", "1,2,3"],
+    );
+    let b = dump(
+        tmp.path(),
+        "b.safetensors",
+        &["--path", "vlm", "--prompt-ids", "1,2,4"],
+    );
+    let (code, _, err) = diff(&[&a, &b]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("input-equality gate")
+            && err.contains("[1, 2, 3]")
+            && err.contains("[1, 2, 4]"),
+        "{err}"
+    );
+    let (code, _, err) = diff(&[&a, "Cargo.toml"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("Cargo.toml"), "{err}");
+}
