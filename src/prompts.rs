@@ -287,7 +287,10 @@ pub fn resolve(
         for p in prompts.iter_mut() {
             if p.ids.len() > limits.max_tokens {
                 p.ids.truncate(limits.max_tokens);
-                p.origin.push_str(&format!(", cut to max_position_embeddings = {}", limits.max_tokens));
+                p.origin.push_str(&format!(
+                    ", cut to max_position_embeddings = {}",
+                    limits.max_tokens
+                ));
             }
         }
     }

@@ -17,13 +17,14 @@ fixed step counts (never time-based stopping), safetensors written byte-for-byte
 What it builds
 ==============
 
-Corpus (``make_sample``): four synthetic families, every sample is one line that starts with a header
+Corpus (``make_sample``): five synthetic families, every sample is one line that starts with a header
 that fully determines the rest, and runs on for >= 140 characters (training crops 128):
 
     count 347: 347 348 349 350 ...          count up from s (s < 700)
     walk q 2: q s u w y a c ...             letters from c in steps of k (1..3), wrapping z -> a
     say zorb: zorb zorb zorb ...            repeat a 2..5-letter word
     pair ox: ox1 ox2 ox3 ...                word + counter from 1
+    fizz 58: 58 59 fizzbuzz 61 62 fizz ...  FizzBuzz from s (s < 600)
 
 There is no end-of-text in the corpus: a continuation never stops within max_new_tokens, so the
 generated lengths are deterministic. Held-out parameters (HELD_OUT) never occur as training headers;
@@ -162,12 +163,14 @@ HELD_OUT = {
     "walk": [("q", 1), ("e", 2), ("w", 3)],
     "say": ["zorb", "lum", "kite"],
     "pair": ["ox", "tam", "j"],
+    "fizz": [101, 233, 58],
 }
 # (family, held-out index, prompt length in characters = tokens)
 EVAL_PROMPTS = [
     ("count", 0, 18), ("walk", 0, 16), ("say", 0, 19), ("pair", 0, 17),
     ("count", 1, 27), ("walk", 1, 22), ("say", 1, 14), ("pair", 1, 30),
     ("count", 2, 36), ("walk", 2, 40), ("say", 2, 33), ("pair", 2, 12),
+    ("fizz", 0, 20), ("fizz", 1, 28), ("fizz", 2, 35),
 ]
 
 
@@ -192,12 +195,17 @@ def family_text(family: str, param) -> str:
         while len(head) + len(" ".join(items)) < MIN_CHARS:
             items.append(f"{param}{i}")
             i += 1
+    elif family == "fizz":
+        head, items, i = f"fizz {param}: ", [], param
+        while len(head) + len(" ".join(items)) < MIN_CHARS:
+            items.append("fizzbuzz" if i % 15 == 0 else "fizz" if i % 3 == 0 else "buzz" if i % 5 == 0 else str(i))
+            i += 1
     else:
         raise ValueError(family)
     return head + " ".join(items)
 
 
-FAMILIES = ["count", "walk", "say", "pair"]
+FAMILIES = ["count", "walk", "say", "pair", "fizz"]
 
 
 def random_param(rng: random.Random, family: str):
@@ -208,8 +216,10 @@ def random_param(rng: random.Random, family: str):
             p = (rng.choice(LETTERS), rng.randint(1, 3))
         elif family == "say":
             p = "".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 5)))
-        else:
+        elif family == "pair":
             p = "".join(rng.choice(LETTERS) for _ in range(rng.randint(1, 3)))
+        else:
+            p = rng.randrange(1, 600)
         if p not in HELD_OUT[family]:
             return p
 
@@ -302,8 +312,8 @@ RANDOM_DRAFT_CONFIG = dict(
 )
 
 # training hyper-parameters (fixed step counts: deterministic)
-T_STEPS, T_BATCH, T_LR = 1000, 32, 3e-3
-D_SEQS, D_STEPS, D_BATCH, D_ANCHORS, D_LR = 1024, 1500, 16, 12, 3e-3
+T_STEPS, T_BATCH, T_LR = 1300, 32, 3e-3
+D_SEQS, D_STEPS, D_BATCH, D_ANCHORS, D_LR = 1024, 2500, 16, 12, 3e-3
 MAX_NEW = 64
 DDTREE_BUDGET = 8
 

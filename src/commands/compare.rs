@@ -83,7 +83,8 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
     let mut taps = opts.taps.clone();
     if let (Some(d), true) = (&opts.drafter, taps.is_empty()) {
         let dir = crate::checkpoint::resolve::resolve(&d.source)?.dir;
-        taps = crate::models::dflash::DflashConfig::from_file(&dir.join("config.json"))?.target_layer_ids;
+        taps = crate::models::dflash::DflashConfig::from_file(&dir.join("config.json"))?
+            .target_layer_ids;
     }
     let session = Session::open(&opts.checkpoint, &opts.paths, &opts.prompts, opts.seed)?;
     let n = session.spec.num_layers();
@@ -355,14 +356,19 @@ pub fn prepare_report_dir(dir: &Path, force: bool) -> Result<()> {
     crate::output::ensure_writable_dir(dir)
 }
 
-/// Writes `report.md` and `report.json` into `dir`, atomically; refuses to
-/// overwrite either without `force` ([`Error::Refused`]).
+/// Writes `report.md`, `report.json` and `parity.svg` (the plot `report.md`
+/// links) into `dir`, each atomically; refuses to overwrite any of them
+/// without `force` ([`Error::Refused`]), checked before anything is written.
 pub fn write_report(report: &Report, dir: &std::path::Path, force: bool) -> Result<WrittenReport> {
     let markdown = dir.join("report.md");
     let json = dir.join("report.json");
-    crate::output::check_overwrite(&markdown, force)?;
-    crate::output::check_overwrite(&json, force)?;
+    let svg = dir.join("parity.svg");
+    for f in [&markdown, &json, &svg] {
+        crate::output::check_overwrite(f, force)?;
+    }
+    let svg_text = report::svg::render(report)?;
     crate::output::write_atomic(&json, report::json::render(report)?.as_bytes(), force)?;
+    crate::output::write_atomic(&svg, svg_text.as_bytes(), force)?;
     crate::output::write_atomic(
         &markdown,
         report::markdown::render(report).as_bytes(),

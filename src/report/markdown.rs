@@ -157,7 +157,12 @@ pub fn render_drafter(d: &crate::drafter_eval::DrafterReport) -> String {
     for p in &d.paths {
         md.push_str(&format!(
             "| `{}` | {} | {:.3} | {:.3} | {:.3} | {} |\n",
-            p.name, p.dtype, p.summary.tau_macro, p.summary.tau_pooled, p.ddtree.tau_macro, p.lm_head_from
+            p.name,
+            p.dtype,
+            p.summary.tau_macro,
+            p.summary.tau_pooled,
+            p.ddtree.tau_macro,
+            p.lm_head_from
         ));
     }
     for c in &d.cross {

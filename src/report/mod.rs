@@ -4,12 +4,18 @@
 //! - [`table`] renders for the terminal (comfy-table),
 //! - [`json`] for `--json` and `report.json` (DESIGN §2 contract),
 //! - [`markdown`] for `report.md` (bug tickets),
-//! - [`inventory`] for the inventory table.
+//! - [`svg`] for `parity.svg` (the per-layer plot `report.md` links),
+//! - [`inventory`] for the inventory table,
+//! - [`diff`] for `diff`'s terminal table.
+//!
+//! The JSON shape is documented field by field in `docs/report-schema.md` and
+//! checked against `docs/report.schema.json` by `tests/report_schema.rs`.
 
 pub mod diff;
 pub mod inventory;
 pub mod json;
 pub mod markdown;
+pub mod svg;
 pub mod table;
 
 use std::collections::BTreeMap;
@@ -193,6 +199,7 @@ impl Report {
                 }
             }
         }
+        let loading_differences = out.len();
         if let Some(row) = pair
             .first_divergent
             .and_then(|i| pair.hidden_states.iter().find(|r| r.index == i))
@@ -209,7 +216,7 @@ impl Report {
                 )),
                 _ => {}
             }
-            if out.len() == usize::from(row.local.is_some()) {
+            if loading_differences == 0 {
                 out.insert(
                     0,
                     "no loading difference found (same dtype, lm_head and tensors): a numerical difference".into(),

@@ -240,7 +240,11 @@ pub fn render_drafter(d: &DrafterReport) -> String {
         "lm_head".into(),
     ]);
     for p in &d.paths {
-        let rounds: usize = p.per_prompt.iter().map(|x| x.acceptance_lengths.len()).sum();
+        let rounds: usize = p
+            .per_prompt
+            .iter()
+            .map(|x| x.acceptance_lengths.len())
+            .sum();
         let acc: Vec<String> = p
             .summary
             .per_position_acceptance

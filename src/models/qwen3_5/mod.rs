@@ -394,6 +394,8 @@ pub struct TextModel {
     layers: Vec<DecoderLayer>,
     norm: FinalNorm,
     lm_head: Option<LmHead>,
+    /// Added to every position (0 normally; a stale rope offset when emulating one).
+    position_offset: usize,
 }
 
 /// What one [`TextModel::forward`] call returns.
@@ -426,7 +428,21 @@ impl TextModel {
                 .collect::<Result<_>>()?,
             norm: FinalNorm::load(spec, src, prec)?,
             lm_head: head.map(|h| LmHead::load(h, prec)).transpose()?,
+            position_offset: 0,
         })
+    }
+
+    /// Shifts every position by `k` (emulates a stale rope/position offset,
+    /// e.g. a `rope_deltas` left over from an earlier multimodal call).
+    pub fn with_position_offset(mut self, k: usize) -> Self {
+        self.position_offset = k;
+        self
+    }
+
+    /// Replaces the LM head (e.g. with a randomly initialised one).
+    pub fn with_lm_head(mut self, head: Option<LmHead>) -> Self {
+        self.lm_head = head;
+        self
     }
 
     /// The token embedding (shared with a drafter).
@@ -464,7 +480,7 @@ impl TextModel {
         form: GdnForm,
         want_hidden: bool,
     ) -> Result<StepOutput> {
-        let offset = state.as_ref().map(|s| s.len).unwrap_or(0);
+        let offset = state.as_ref().map(|s| s.len).unwrap_or(0) + self.position_offset;
         let pos = self.spec.positions(offset, ids.len())?;
         let form = if state.is_some() && ids.len() == 1 {
             GdnForm::Recurrent
