@@ -3,7 +3,8 @@
 //! `hidden_states` index once for all paths, compute their statistics and drop
 //! the tensors, so no path's full activation history is kept. Weights are read
 //! one layer at a time from the shared mmap; paths whose layer resolves to the
-//! same checkpoint bytes share one loaded copy.
+//! same checkpoint bytes share one loaded copy, and one forward pass when
+//! their inputs are bitwise equal as well.
 
 use std::sync::Arc;
 
@@ -103,7 +104,42 @@ fn load_shared<T>(
     Ok(out)
 }
 
+/// Groups paths whose `names` resolve to the same bytes and compute in the
+/// same dtype: `group[p]` is the first path with p's identity.
+fn share_groups(paths: &[PathModel], names: &[String]) -> Vec<usize> {
+    let ids: Vec<(Precision, Vec<String>)> = paths
+        .iter()
+        .map(|p| {
+            (
+                p.precision,
+                names.iter().map(|n| p.source.identity(n)).collect(),
+            )
+        })
+        .collect();
+    (0..paths.len())
+        .map(|p| ids.iter().position(|x| *x == ids[p]).unwrap_or(p))
+        .collect()
+}
+
+/// True when two tensors hold the same f32 values, bit for bit.
+fn bitwise_equal(a: &Tensor, b: &Tensor) -> Result<bool> {
+    if a.dims() != b.dims() {
+        return Ok(false);
+    }
+    let (a, b) = (a.flatten_all()?, b.flatten_all()?);
+    let (va, vb) = (a.to_vec1::<f32>()?, b.to_vec1::<f32>()?);
+    Ok(va.iter().zip(&vb).all(|(x, y)| x.to_bits() == y.to_bits()))
+}
+
 /// Runs `prompts` through every path in lock-step, reporting to `obs`.
+///
+/// Streaming: the embeddings are gathered by row from the mapped checkpoint,
+/// one decoder layer's weights are materialised at a time (once for all paths
+/// reading the same bytes in the same dtype) and dropped before the next, and
+/// the LM head is applied in vocabulary chunks. A layer shared by two paths is
+/// run once when its inputs are bitwise equal too (the outputs would be
+/// bitwise equal: every kernel is deterministic), so identical paths cost one
+/// forward pass.
 ///
 /// Errors: a tensor cannot be loaded (missing, unreadable), a token id is out
 /// of range, or an observer fails.
@@ -121,44 +157,94 @@ pub fn run(
         .map(|p| spec.positions(0, p.len()))
         .collect::<Result<_>>()?;
     let none: Vec<Option<Vec<Tensor>>> = vec![None; paths.len()];
+    let np = prompts.len();
+    let msg = |l: usize, k: usize| {
+        if let Some(pb) = progress {
+            pb.set_message(format!("layer {l}/{n}, prompt {}/{np}", k + 1));
+        }
+    };
 
-    let emb = load_shared(paths, &["embed_tokens.weight".to_string()], Embedding::load)?;
-    let mut states: Vec<Vec<Tensor>> = emb
-        .iter()
-        .map(|e| prompts.iter().map(|ids| e.forward(ids)).collect())
-        .collect::<Result<_>>()?;
-    drop(emb);
+    if let Some(pb) = progress {
+        pb.set_message("embeddings");
+    }
+    let groups = share_groups(paths, &["embed_tokens.weight".to_string()]);
+    let mut states: Vec<Vec<Tensor>> = Vec::with_capacity(paths.len());
+    for (p, path) in paths.iter().enumerate() {
+        let g = groups[p];
+        let hs = if g < p {
+            states[g].clone()
+        } else {
+            prompts
+                .iter()
+                .map(|ids| Embedding::gather(path.source, path.precision, ids))
+                .collect::<Result<Vec<_>>>()?
+        };
+        states.push(hs);
+    }
     obs.hidden_states(0, HiddenKind::Embedding, &states, &none)?;
 
     for l in 0..n {
         if let Some(pb) = progress {
-            pb.set_message(format!("layer {l}"));
+            pb.set_message(format!("layer {l}/{n}: loading weights"));
         }
-        let layers = load_shared(paths, &spec.layer_tensor_names(l), |s, p| {
-            DecoderLayer::load(spec, s, l, p)
-        })?;
+        let names = spec.layer_tensor_names(l);
+        let groups = share_groups(paths, &names);
+        let layers = load_shared(paths, &names, |s, p| DecoderLayer::load(spec, s, l, p))?;
+        // Propagated: path p's layer on its own history; reuses the output of
+        // an earlier path with the same layer and the same input.
+        let mut next: Vec<Vec<Tensor>> = Vec::with_capacity(paths.len());
+        for p in 0..paths.len() {
+            let mut out = Vec::with_capacity(np);
+            for (k, (h, ps)) in states[p].iter().zip(&pos).enumerate() {
+                let mut reuse = None;
+                for q in 0..p {
+                    if groups[q] == groups[p] && bitwise_equal(&states[q][k], h)? {
+                        reuse = Some(next[q][k].clone());
+                        break;
+                    }
+                }
+                out.push(match reuse {
+                    Some(t) => t,
+                    None => {
+                        msg(l, k);
+                        layers[p].forward(h, spec, ps, opts.form, None)?
+                    }
+                });
+            }
+            next.push(out);
+        }
+        // Local: path p's layer on path 0's input (= path 0's output when
+        // the layer is shared with path 0).
         let mut local = none.clone();
         if opts.local {
-            for (p, layer) in layers.iter().enumerate().skip(1) {
-                local[p] = Some(
-                    states[0]
-                        .iter()
-                        .zip(&pos)
-                        .map(|(h, ps)| layer.forward(h, spec, ps, opts.form, None))
-                        .collect::<Result<_>>()?,
-                );
+            for p in 1..paths.len() {
+                local[p] = Some(if groups[p] == groups[0] {
+                    next[0].clone()
+                } else {
+                    let mut out = Vec::with_capacity(np);
+                    for (k, (h, ps)) in states[0].iter().zip(&pos).enumerate() {
+                        let mut reuse = None;
+                        for q in 0..paths.len() {
+                            if q != p && groups[q] == groups[p] && bitwise_equal(&states[q][k], h)?
+                            {
+                                // Path q (same layer) was already run on this input.
+                                reuse = Some(next[q][k].clone());
+                                break;
+                            }
+                        }
+                        out.push(match reuse {
+                            Some(t) => t,
+                            None => {
+                                msg(l, k);
+                                layers[p].forward(h, spec, ps, opts.form, None)?
+                            }
+                        });
+                    }
+                    out
+                });
             }
         }
-        states = layers
-            .iter()
-            .zip(&states)
-            .map(|(layer, hs)| {
-                hs.iter()
-                    .zip(&pos)
-                    .map(|(h, ps)| layer.forward(h, spec, ps, opts.form, None))
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<_>>()?;
+        states = next;
         drop(layers);
         if l + 1 < n {
             obs.hidden_states(
@@ -201,22 +287,51 @@ pub fn run(
         }
     }
 
-    let heads = paths
-        .iter()
-        .map(|p| {
-            p.has_lm_head
-                .then(|| LmHead::load(p.source, p.precision))
-                .transpose()
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let logits: Vec<Option<Vec<Tensor>>> = heads
-        .iter()
-        .zip(&states)
-        .map(|(head, hs)| {
-            head.as_ref()
-                .map(|h| hs.iter().map(|x| h.forward(x)).collect::<Result<Vec<_>>>())
-                .transpose()
-        })
-        .collect::<Result<_>>()?;
+    // LM head in vocabulary chunks, each chunk read once for all paths that
+    // share `lm_head.weight` (same bytes, same dtype).
+    if let Some(pb) = progress {
+        pb.set_message("lm_head");
+    }
+    let groups = share_groups(paths, &["lm_head.weight".to_string()]);
+    let mut logits: Vec<Option<Vec<Tensor>>> = vec![None; paths.len()];
+    for (p, path) in paths.iter().enumerate() {
+        if !path.has_lm_head || groups[p] != p {
+            continue;
+        }
+        // Members of this group with a head; inputs deduplicated bitwise.
+        let members: Vec<usize> = (p..paths.len())
+            .filter(|&q| paths[q].has_lm_head && groups[q] == p)
+            .collect();
+        let mut distinct: Vec<usize> = Vec::new();
+        let mut same_as: Vec<usize> = Vec::with_capacity(members.len());
+        for &q in &members {
+            let mut found = None;
+            for (j, &r) in distinct.iter().enumerate() {
+                let mut eq = true;
+                for (a, b) in states[q].iter().zip(&states[r]) {
+                    if !bitwise_equal(a, b)? {
+                        eq = false;
+                        break;
+                    }
+                }
+                if eq {
+                    found = Some(j);
+                    break;
+                }
+            }
+            same_as.push(match found {
+                Some(j) => j,
+                None => {
+                    distinct.push(q);
+                    distinct.len() - 1
+                }
+            });
+        }
+        let inputs: Vec<&[Tensor]> = distinct.iter().map(|&r| states[r].as_slice()).collect();
+        let out = LmHead::forward_streamed(path.source, path.precision, &inputs)?;
+        for (&q, &j) in members.iter().zip(&same_as) {
+            logits[q] = Some(out[j].clone());
+        }
+    }
     obs.logits(&logits)
 }

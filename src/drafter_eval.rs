@@ -293,6 +293,7 @@ pub struct CrossTau {
 
 /// `drafter --json` (DESIGN §2).
 #[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename = "drafter")]
 pub struct DrafterReport {
     pub schema_version: u32,
     /// `pass` or `fail`.

@@ -16,3 +16,4 @@ pub mod output;
 pub mod parity;
 pub mod prompts;
 pub mod report;
+pub mod sysinfo;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use hsparity::commands::{self, compare, diff, drafter, dump, inventory};
+use hsparity::commands::{self, compare, diff, drafter, dump, inventory, triage};
 use hsparity::error::Result;
 use hsparity::models::precision::Precision;
 use hsparity::models::qwen3_5::GdnForm;
@@ -55,6 +55,8 @@ enum Command {
     },
     /// DFlash drafter acceptance length τ (and DDTree-N) on each loading path.
     Drafter(DrafterArgs),
+    /// Rank the usual suspects of a drafter regression by what they cost in τ.
+    Triage(TriageArgs),
     /// Write one loading path's hidden states to safetensors (hsparity.dump.v1, see README).
     Dump(DumpArgs),
 }
@@ -185,6 +187,50 @@ struct DrafterArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct TriageArgs {
+    /// Target checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
+    checkpoint: String,
+    /// DFlash v1 drafter: directory or Hub id.
+    #[arg(long)]
+    drafter: String,
+    #[command(flatten)]
+    prompts: PromptArgs,
+    /// Greedy tokens generated (and replayed) per prompt.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// DDTree node budget.
+    #[arg(long, default_value_t = 8)]
+    ddtree_budget: usize,
+    /// τ seen in the regressed eval: marks the variants consistent with it.
+    #[arg(long)]
+    observed_tau: Option<f64>,
+    /// k of the "positions shifted by +k" variant.
+    #[arg(long, default_value_t = 16)]
+    position_shift: usize,
+    /// Seed for randomly initialised tensors.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Folder for reports (report.md, report.json go to <DIR>/<NAME>/).
+    #[arg(long, default_value = "reports")]
+    report_dir: PathBuf,
+    /// Report name (default: checkpoint name + UTC time stamp).
+    #[arg(long)]
+    name: Option<String>,
+    /// Do not write report files.
+    #[arg(long)]
+    no_report: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Overwrite existing report files.
+    #[arg(long)]
+    force: bool,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -336,6 +382,49 @@ fn run(cli: Cli) -> Result<u8> {
                 );
             } else {
                 print!("{}", report::table::render_drafter(&rep));
+            }
+            Ok(rep.exit_code as u8)
+        }
+        Command::Triage(a) => {
+            let dir = match &a.name {
+                Some(n) => {
+                    compare::validate_report_name(n)?;
+                    a.report_dir.join(n)
+                }
+                None => compare::default_report_dir(&a.report_dir, &a.checkpoint),
+            };
+            if !a.no_report {
+                compare::prepare_report_dir(&dir, a.force)?;
+            }
+            let rep = triage::run(&triage::TriageOptions {
+                checkpoint: a.checkpoint.clone(),
+                drafter: a.drafter.clone(),
+                prompts: a.prompts.options()?,
+                max_new_tokens: a.max_new_tokens,
+                ddtree_budget: a.ddtree_budget,
+                observed_tau: a.observed_tau,
+                position_shift: a.position_shift,
+                seed: a.seed,
+                quiet: a.quiet,
+                command_line: command_line(),
+            })?;
+            let json = serde_json::to_string_pretty(&rep).expect("report serialises") + "\n";
+            if a.json {
+                print!("{json}");
+            } else {
+                print!("{}", report::triage::render(&rep));
+            }
+            if !a.no_report {
+                hsparity::output::write_atomic(&dir.join("report.json"), json.as_bytes(), a.force)?;
+                hsparity::output::write_atomic(
+                    &dir.join("report.md"),
+                    report::triage::markdown(&rep).as_bytes(),
+                    a.force,
+                )?;
+                eprintln!(
+                    "report: {} (and report.json)",
+                    dir.join("report.md").display()
+                );
             }
             Ok(rep.exit_code as u8)
         }

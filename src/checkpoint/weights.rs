@@ -10,9 +10,11 @@ use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
+use rayon::prelude::*;
 
 use crate::checkpoint::headers::{HeaderIndex, TensorHeader};
 use crate::error::{Error, Result};
+use crate::models::precision::Precision;
 
 /// Shared, lazily mapped tensor data of one checkpoint.
 #[derive(Debug)]
@@ -99,33 +101,184 @@ impl Weights {
     /// Tensor `name` as an f32 CPU tensor with its checkpoint shape. BF16, F16,
     /// F32 and F64 are converted exactly as `tensor.float()` would.
     ///
+    /// The conversion runs on every rayon thread, and the tensor's pages are
+    /// released from this process's resident set afterwards (`MADV_DONTNEED`
+    /// on a read-only file mapping: the page cache keeps them, a later read
+    /// faults them back in), so streaming a checkpoint layer by layer keeps
+    /// the peak RSS near one layer's converted weights.
+    ///
     /// Errors: unknown name or a non-float dtype ([`Error::Checkpoint`]), an
     /// unreadable shard ([`Error::Io`]).
     pub fn load_f32(&self, name: &str) -> Result<Tensor> {
         let t = self.header(name)?;
-        let bytes = self.bytes(name)?;
-        let v: Vec<f32> = match t.dtype.as_str() {
-            "F32" => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            "BF16" => bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            "F16" => bytes
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            "F64" => bytes
-                .chunks_exact(8)
-                .map(|c| {
-                    f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32
-                })
-                .collect(),
-            _ => return Err(self.not_float(t)),
-        };
+        let v = self.convert_rows(t, 0, t.shape.first().copied().unwrap_or(1), None)?;
         Ok(Tensor::from_vec(v, t.shape.clone(), &Device::Cpu)?)
+    }
+
+    /// Tensor `name` converted to f32 and rounded to `prec` in the same pass
+    /// (bitwise what `prec.round(&load_f32(name))` gives, one copy instead of three).
+    ///
+    /// Errors: as [`Self::load_f32`].
+    pub fn load_f32_rounded(&self, name: &str, prec: Precision) -> Result<Tensor> {
+        let t = self.header(name)?;
+        let v = self.convert_rows(t, 0, t.shape.first().copied().unwrap_or(1), Some(prec))?;
+        Ok(Tensor::from_vec(v, t.shape.clone(), &Device::Cpu)?)
+    }
+
+    /// Rows `start .. start+len` of the 2-D (or higher) tensor `name`, as f32
+    /// `[len, ..]`, rounded to `prec` (`None`: not rounded). Reads only those
+    /// rows' bytes (the LM head is applied in vocabulary chunks this way).
+    ///
+    /// Errors: as [`Self::load_f32`]; a 0-D tensor or a range past the last row.
+    pub fn load_row_range(
+        &self,
+        name: &str,
+        start: usize,
+        len: usize,
+        prec: Option<Precision>,
+    ) -> Result<Tensor> {
+        let t = self.header(name)?;
+        let rows = *t
+            .shape
+            .first()
+            .ok_or_else(|| Error::Checkpoint(format!("tensor {name}: a scalar has no rows")))?;
+        if start + len > rows {
+            return Err(Error::Checkpoint(format!(
+                "tensor {name}: rows {start}..{} requested, it has {rows}",
+                start + len
+            )));
+        }
+        let v = self.convert_rows(t, start, len, prec)?;
+        let mut shape = t.shape.clone();
+        shape[0] = len;
+        Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
+    }
+
+    /// Rows `ids` of the 2-D tensor `name` (an embedding gather straight from
+    /// the mapped file), as f32 `[ids.len(), cols]` rounded to `prec`
+    /// (`None`: not rounded). Bitwise equal to `index_select` on the fully
+    /// loaded (and rounded) tensor.
+    ///
+    /// Errors: as [`Self::load_f32`]; a tensor that is not 2-D, an id out of range.
+    pub fn load_rows(&self, name: &str, ids: &[u32], prec: Option<Precision>) -> Result<Tensor> {
+        let t = self.header(name)?;
+        let [rows, cols] = t.shape[..] else {
+            return Err(Error::Checkpoint(format!(
+                "tensor {name}: expected 2 dimensions for a row gather, found {:?}",
+                t.shape
+            )));
+        };
+        let mut out = Vec::with_capacity(ids.len() * cols);
+        for &id in ids {
+            if id as usize >= rows {
+                return Err(Error::Input(format!(
+                    "token id {id} is out of range for {name} with {rows} rows"
+                )));
+            }
+            out.extend(self.convert_rows(t, id as usize, 1, prec)?);
+        }
+        Ok(Tensor::from_vec(out, (ids.len(), cols), &Device::Cpu)?)
+    }
+
+    /// NaN and ±Inf counts of tensor `name`, read from the mapped bytes
+    /// without materialising the tensor (pages released as with [`Self::load_f32`]).
+    ///
+    /// Errors: as [`Self::load_f32`].
+    pub fn count_non_finite(&self, name: &str) -> Result<(usize, usize)> {
+        let t = self.header(name)?;
+        let width = dtype_width(t).ok_or_else(|| self.not_float(t))?;
+        let dtype = Stored::of(t).ok_or_else(|| self.not_float(t))?;
+        let bytes = self.bytes(name)?;
+        // 16 MiB pieces: each piece is counted in parallel, then released.
+        let piece = (16 << 20) / width * width;
+        let mut total = (0usize, 0usize);
+        for (k, chunk) in bytes.chunks(piece.max(width)).enumerate() {
+            let (nan, inf) = chunk
+                .par_chunks(width * 4096)
+                .map(|c| {
+                    let mut n = (0usize, 0usize);
+                    for e in c.chunks_exact(width) {
+                        let x = decode(dtype, e);
+                        n.0 += x.is_nan() as usize;
+                        n.1 += x.is_infinite() as usize;
+                    }
+                    n
+                })
+                .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+            total.0 += nan;
+            total.1 += inf;
+            self.release(t, k * piece, chunk.len());
+        }
+        Ok(total)
+    }
+
+    /// Converts rows `start .. start+len` of `t` to f32 (in parallel),
+    /// rounding to `prec`, then releases those pages.
+    fn convert_rows(
+        &self,
+        t: &TensorHeader,
+        start: usize,
+        len: usize,
+        prec: Option<Precision>,
+    ) -> Result<Vec<f32>> {
+        let width = dtype_width(t).ok_or_else(|| self.not_float(t))?;
+        let bytes = self.bytes(&t.name)?;
+        let row_elems: usize = t.shape.iter().skip(1).product();
+        let (b, e) = (start * row_elems * width, (start + len) * row_elems * width);
+        let src = bytes.get(b..e).ok_or_else(|| {
+            Error::Checkpoint(format!(
+                "tensor {}: {} bytes do not hold shape {:?} in {}",
+                t.name,
+                bytes.len(),
+                t.shape,
+                t.dtype
+            ))
+        })?;
+        // A value that is already exact in the compute dtype needs no rounding
+        // (bf16 → f32 → bf16 and f16 → f32 → f16 are the identity).
+        let prec = match (prec, t.dtype.as_str()) {
+            (Some(Precision::Bf16), "BF16") | (Some(Precision::F16), "F16") => None,
+            (Some(Precision::F32), _) => None,
+            (p, _) => p,
+        };
+        let dtype = Stored::of(t).ok_or_else(|| self.not_float(t))?;
+        let v = match dtype {
+            Stored::Bf16 => convert(src, prec, |c: [u8; 2]| {
+                half::bf16::from_le_bytes(c).to_f32()
+            }),
+            Stored::F16 => convert(src, prec, |c: [u8; 2]| half::f16::from_le_bytes(c).to_f32()),
+            Stored::F32 => convert(src, prec, f32::from_le_bytes),
+            Stored::F64 => convert(src, prec, |c: [u8; 8]| f64::from_le_bytes(c) as f32),
+        };
+        self.release(t, b, e - b);
+        Ok(v)
+    }
+
+    /// Drops the pages of bytes `off .. off+len` of tensor `t` from this
+    /// process's resident set (best effort; errors are ignored).
+    fn release(&self, t: &TensorHeader, off: usize, len: usize) {
+        let shard = &self.index.shards[t.shard];
+        let Some(m) = self.maps[t.shard].get() else {
+            return;
+        };
+        let Some(begin) = usize::try_from(shard.data_start + t.data_offsets.0)
+            .ok()
+            .map(|b| b + off)
+        else {
+            return;
+        };
+        const PAGE: usize = 4096;
+        let lo = begin / PAGE * PAGE;
+        let hi = (begin + len).div_ceil(PAGE) * PAGE;
+        let hi = hi.min(m.len());
+        if hi > lo {
+            // SAFETY: the mapping is a read-only view of a file; MADV_DONTNEED
+            // only unmaps the pages, and the next access reads them back from
+            // the page cache or the file with the same contents.
+            let _ = unsafe {
+                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo)
+            };
+        }
     }
 
     /// Tensor `name` in its stored dtype (BF16, F16, F32 or F64) on the CPU,
@@ -148,5 +301,71 @@ impl Weights {
             &t.shape,
             &Device::Cpu,
         )?)
+    }
+}
+
+/// Bytes per element of a floating-point tensor, `None` for other dtypes.
+fn dtype_width(t: &TensorHeader) -> Option<usize> {
+    match t.dtype.as_str() {
+        "BF16" | "F16" => Some(2),
+        "F32" => Some(4),
+        "F64" => Some(8),
+        _ => None,
+    }
+}
+
+/// Floating-point storage dtypes the weights come in.
+#[derive(Debug, Clone, Copy)]
+enum Stored {
+    Bf16,
+    F16,
+    F32,
+    F64,
+}
+
+impl Stored {
+    fn of(t: &TensorHeader) -> Option<Self> {
+        match t.dtype.as_str() {
+            "BF16" => Some(Stored::Bf16),
+            "F16" => Some(Stored::F16),
+            "F32" => Some(Stored::F32),
+            "F64" => Some(Stored::F64),
+            _ => None,
+        }
+    }
+}
+
+/// Decodes `src` (little-endian elements of `N` bytes) to f32 with `dec`,
+/// rounding to `prec`, in parallel pieces of 64 Ki elements; each piece is a
+/// plain loop the compiler can vectorise.
+fn convert<const N: usize>(
+    src: &[u8],
+    prec: Option<Precision>,
+    dec: impl Fn([u8; N]) -> f32 + Sync,
+) -> Vec<f32> {
+    let n = src.len() / N;
+    let mut out = vec![0f32; n];
+    const PIECE: usize = 1 << 16;
+    out.par_chunks_mut(PIECE)
+        .zip(src.par_chunks(PIECE * N))
+        .for_each(|(o, s)| {
+            for (x, c) in o.iter_mut().zip(s.chunks_exact(N)) {
+                *x = dec(c.try_into().expect("chunks_exact(N)"));
+            }
+            if let Some(p) = prec {
+                p.round_slice(o);
+            }
+        });
+    out
+}
+
+/// One little-endian element as f32 (exactly `tensor.float()`).
+#[inline(always)]
+fn decode(dtype: Stored, c: &[u8]) -> f32 {
+    match dtype {
+        Stored::Bf16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f32(),
+        Stored::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f32(),
+        Stored::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+        Stored::F64 => f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32,
     }
 }

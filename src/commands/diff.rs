@@ -14,6 +14,7 @@ use crate::parity::{PairReport, Verdict};
 /// `diff --json`: the `compare` top-level shape (schema_version, verdict,
 /// summary, exit_code, command, pairs, notes) plus the dumps' metadata.
 #[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename = "diff")]
 pub struct DiffReport {
     pub schema_version: u32,
     pub verdict: Verdict,

@@ -57,6 +57,93 @@ fn drafter_precision(cfg_path: &std::path::Path) -> Result<Precision> {
     }
 }
 
+/// Resolves and loads a drafter for `target` (checks mask id and taps against
+/// the target). Returns the drafter and the dtype it computes in.
+///
+/// Errors: unresolvable source, invalid config, taps outside the target,
+/// mask id outside the vocabulary, weights that do not fit.
+pub fn load_drafter(
+    source: &str,
+    target: &crate::checkpoint::config::TextConfig,
+    n_layers: usize,
+) -> Result<(Drafter, Precision)> {
+    let dsrc = resolve::resolve(source)?;
+    let cfg_path = dsrc.dir.join("config.json");
+    let cfg = DflashConfig::from_file(&cfg_path)?;
+    let dprec = drafter_precision(&cfg_path)?;
+    if cfg.mask_token_id as usize >= target.vocab_size {
+        return Err(Error::Config(format!(
+            "{}: mask_token_id {} is outside the target's vocabulary ({} rows)",
+            cfg_path.display(),
+            cfg.mask_token_id,
+            target.vocab_size
+        )));
+    }
+    if let Some(bad) = cfg.target_layer_ids.iter().find(|&&l| l >= n_layers) {
+        return Err(Error::Config(format!(
+            "{}: target_layer_ids contains {bad}, but the target has decoder layers 0..{}",
+            cfg_path.display(),
+            n_layers - 1
+        )));
+    }
+    let weights = DrafterWeights::load_dir(&dsrc.dir)?;
+    Ok((
+        Drafter::load(cfg, &weights, target.hidden_size, dprec)?,
+        dprec,
+    ))
+}
+
+/// Replays DFlash and DDTree-`budget` on every prompt's trajectory with the
+/// features `feats[k]`, drafting through `model`'s embedding and LM head.
+pub fn replay_all(
+    drafter: &Drafter,
+    model: &TextModel,
+    tokens: &[Vec<u32>],
+    prompt_lens: &[usize],
+    feats: &[candle_core::Tensor],
+    max_new: usize,
+    budget: usize,
+) -> Result<(Vec<PromptTau>, Vec<PromptTau>)> {
+    let head = model
+        .lm_head()
+        .ok_or_else(|| Error::Input("drafting needs the target's lm_head".into()))?
+        .weight();
+    let t = DraftTarget {
+        drafter,
+        embed: model.embedding(),
+        lm_head: head,
+    };
+    let mut dfl = Vec::new();
+    let mut tree = Vec::new();
+    for ((toks, &n), f) in tokens.iter().zip(prompt_lens).zip(feats) {
+        dfl.push(drafter_eval::replay_dflash(&t, toks, n, f, max_new)?);
+        tree.push(drafter_eval::replay_ddtree(
+            &t, toks, n, f, max_new, budget,
+        )?);
+    }
+    Ok((dfl, tree))
+}
+
+/// Tap features of `model` over each token sequence (`[T, K·H]` each).
+pub fn features(
+    model: &TextModel,
+    tokens: &[Vec<u32>],
+    taps: &[usize],
+    form: GdnForm,
+) -> Result<Vec<candle_core::Tensor>> {
+    tokens
+        .iter()
+        .map(|toks| {
+            let out = model.forward(toks, None, form, true)?;
+            drafter_eval::tap_features(
+                out.hidden_states.as_deref().expect("requested"),
+                out.last_layer_output.as_ref().expect("requested"),
+                taps,
+            )
+        })
+        .collect()
+}
+
 struct PathRun {
     name: String,
     model: TextModel,
@@ -76,29 +163,8 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
         return Err(Error::Input("--max-new-tokens must be at least 1".into()));
     }
     let session = Session::open(&opts.checkpoint, &opts.paths, &opts.prompts, opts.seed)?;
-    let dsrc = resolve::resolve(&opts.drafter)?;
-    let cfg_path = dsrc.dir.join("config.json");
-    let cfg = DflashConfig::from_file(&cfg_path)?;
-    let dprec = drafter_precision(&cfg_path)?;
     let tc = &session.paths[0].text_config;
-    if cfg.mask_token_id as usize >= tc.vocab_size {
-        return Err(Error::Config(format!(
-            "{}: mask_token_id {} is outside the target's vocabulary ({} rows)",
-            cfg_path.display(),
-            cfg.mask_token_id,
-            tc.vocab_size
-        )));
-    }
-    let n_layers = session.spec.num_layers();
-    if let Some(bad) = cfg.target_layer_ids.iter().find(|&&l| l >= n_layers) {
-        return Err(Error::Config(format!(
-            "{}: target_layer_ids contains {bad}, but the target has decoder layers 0..{}",
-            cfg_path.display(),
-            n_layers - 1
-        )));
-    }
-    let weights = DrafterWeights::load_dir(&dsrc.dir)?;
-    let drafter = Drafter::load(cfg, &weights, tc.hidden_size, dprec)?;
+    let (drafter, dprec) = load_drafter(&opts.drafter, tc, session.spec.num_layers())?;
     let b = drafter.cfg.block_size;
     let forced = match opts.dtype.as_str() {
         "auto" => None,
@@ -143,44 +209,19 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
     }
     pb.finish_and_clear();
 
+    let prompt_lens: Vec<usize> = session.prompts.iter().map(|p| p.ids.len()).collect();
+    let taps = drafter.cfg.target_layer_ids.clone();
     let replay = |feat_run: &PathRun, traj: &PathRun| -> Result<(Vec<PromptTau>, Vec<PromptTau>)> {
-        let head = feat_run
-            .model
-            .lm_head()
-            .expect("every run has a head")
-            .weight();
-        let t = DraftTarget {
-            drafter: &drafter,
-            embed: feat_run.model.embedding(),
-            lm_head: head,
-        };
-        let mut dfl = Vec::new();
-        let mut tree = Vec::new();
-        for (k, toks) in traj.tokens.iter().enumerate() {
-            let n = session.prompts[k].ids.len();
-            let out = feat_run.model.forward(toks, None, GdnForm::Chunked, true)?;
-            let feats = drafter_eval::tap_features(
-                out.hidden_states.as_deref().expect("requested"),
-                out.last_layer_output.as_ref().expect("requested"),
-                &drafter.cfg.target_layer_ids,
-            )?;
-            dfl.push(drafter_eval::replay_dflash(
-                &t,
-                toks,
-                n,
-                &feats,
-                opts.max_new_tokens,
-            )?);
-            tree.push(drafter_eval::replay_ddtree(
-                &t,
-                toks,
-                n,
-                &feats,
-                opts.max_new_tokens,
-                opts.ddtree_budget,
-            )?);
-        }
-        Ok((dfl, tree))
+        let feats = features(&feat_run.model, &traj.tokens, &taps, GdnForm::Chunked)?;
+        replay_all(
+            &drafter,
+            &feat_run.model,
+            &traj.tokens,
+            &prompt_lens,
+            &feats,
+            opts.max_new_tokens,
+            opts.ddtree_budget,
+        )
     };
 
     let mut paths = Vec::new();

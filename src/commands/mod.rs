@@ -6,6 +6,7 @@ pub mod diff;
 pub mod drafter;
 pub mod dump;
 pub mod inventory;
+pub mod triage;
 
 use std::path::Path;
 

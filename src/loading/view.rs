@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::loading::spec::InitRule;
+use crate::models::precision::Precision;
 use crate::models::WeightSource;
 
 /// Where a model parameter's values come from on one loading path.
@@ -104,14 +105,59 @@ impl TensorView {
     }
 
     fn scan_non_finite(&self, key: &str, t: &Tensor) -> Result<()> {
-        let v = t.flatten_all()?.to_vec1::<f32>()?;
-        let nan = v.iter().filter(|x| x.is_nan()).count();
-        let inf = v.iter().filter(|x| x.is_infinite()).count();
+        // Count on the tensor's own storage (no copy), in parallel.
+        let t = t.flatten_all()?;
+        let (storage, layout) = t.storage_and_layout();
+        let (nan, inf) = match (&*storage, layout.contiguous_offsets()) {
+            (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) => {
+                use rayon::prelude::*;
+                v[a..b]
+                    .par_chunks(1 << 16)
+                    .map(|c| {
+                        c.iter().fold((0, 0), |n, x| {
+                            (n.0 + x.is_nan() as usize, n.1 + x.is_infinite() as usize)
+                        })
+                    })
+                    .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+            }
+            _ => {
+                let v = t.to_vec1::<f32>()?;
+                (
+                    v.iter().filter(|x| x.is_nan()).count(),
+                    v.iter().filter(|x| x.is_infinite()).count(),
+                )
+            }
+        };
+        self.record_non_finite(key, nan, inf);
+        Ok(())
+    }
+
+    fn record_non_finite(&self, key: &str, nan: usize, inf: usize) {
         if nan + inf > 0 {
             if let Ok(mut m) = self.non_finite.lock() {
                 m.insert(key.to_string(), NonFinite { nan, inf });
             }
         }
+    }
+
+    /// The checkpoint key behind `name`, `None` for a missing (initialised) tensor.
+    fn key(&self, name: &str) -> Result<Option<&str>> {
+        match self.entries.get(name) {
+            None => Err(Error::Checkpoint(format!(
+                "tensor {name} is not part of this loading path's model"
+            ))),
+            Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
+                Ok(Some(key))
+            }
+            Some(WeightOrigin::Missing { .. }) => Ok(None),
+        }
+    }
+
+    /// Counts NaN/Inf of the whole tensor `key` from the mapped bytes (used when
+    /// only part of it is materialised: embedding rows, LM-head chunks).
+    fn scan_key_bytes(&self, key: &str) -> Result<()> {
+        let (nan, inf) = self.weights.count_non_finite(key)?;
+        self.record_non_finite(key, nan, inf);
         Ok(())
     }
 }
@@ -133,6 +179,75 @@ impl WeightSource for TensorView {
             Some(WeightOrigin::Missing { init, shape }) => {
                 init_tensor(name, *init, shape, self.seed)
             }
+        }
+    }
+
+    fn tensor_in(&self, name: &str, prec: Precision) -> Result<Tensor> {
+        match self.key(name)? {
+            Some(key) => {
+                let t = self.weights.load_f32_rounded(key, prec)?;
+                let stored = self.weights.index().get(key).map(|h| h.dtype.as_str());
+                let exact = matches!(
+                    (prec, stored),
+                    (Precision::F32, _)
+                        | (Precision::Bf16, Some("BF16"))
+                        | (Precision::F16, Some("F16"))
+                );
+                if exact {
+                    // Rounding changed nothing: the tensor holds the stored values.
+                    self.scan_non_finite(key, &t)?;
+                } else {
+                    // Rounding may overflow a finite value; count what is stored.
+                    self.scan_key_bytes(key)?;
+                }
+                Ok(t)
+            }
+            None => prec.round(&self.tensor(name)?),
+        }
+    }
+
+    /// The rows are gathered from the mapped file; the whole table is still
+    /// scanned for NaN/Inf (from its bytes, without materialising it).
+    fn rows(&self, name: &str, ids: &[u32], prec: Precision) -> Result<Tensor> {
+        match self.key(name)? {
+            Some(key) => {
+                self.scan_key_bytes(key)?;
+                self.weights.load_rows(key, ids, Some(prec))
+            }
+            None => {
+                let w = prec.round(&self.tensor(name)?)?;
+                let v = w.dim(0)?;
+                if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
+                    return Err(Error::Input(format!(
+                        "token id {bad} is out of range for {name} with {v} rows"
+                    )));
+                }
+                let idx = Tensor::from_slice(ids, ids.len(), &Device::Cpu)?;
+                Ok(w.index_select(&idx, 0)?)
+            }
+        }
+    }
+
+    /// Reads only the chunk's rows; the first chunk (`start == 0`) scans the
+    /// whole tensor's bytes for NaN/Inf.
+    fn row_range(&self, name: &str, start: usize, len: usize, prec: Precision) -> Result<Tensor> {
+        match self.key(name)? {
+            Some(key) => {
+                if start == 0 {
+                    self.scan_key_bytes(key)?;
+                }
+                self.weights.load_row_range(key, start, len, Some(prec))
+            }
+            None => Ok(prec.round(&self.tensor(name)?)?.narrow(0, start, len)?),
+        }
+    }
+
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        match self.entries.get(name)? {
+            WeightOrigin::Checkpoint { key } | WeightOrigin::Tied { key } => {
+                self.weights.index().get(key).map(|t| t.shape.clone())
+            }
+            WeightOrigin::Missing { shape, .. } => Some(shape.clone()),
         }
     }
 
@@ -158,7 +273,12 @@ impl WeightSource for TensorView {
 /// Values for a missing tensor: constant rules directly; random rules from a
 /// generator seeded by `seed` and the FNV-1a hash of `name` (splitmix64,
 /// Box-Muller for normals).
-fn init_tensor(name: &str, init: InitRule, shape: &[usize], seed: Option<u64>) -> Result<Tensor> {
+pub fn init_tensor(
+    name: &str,
+    init: InitRule,
+    shape: &[usize],
+    seed: Option<u64>,
+) -> Result<Tensor> {
     let n: usize = shape.iter().product();
     let dev = Device::Cpu;
     match init {

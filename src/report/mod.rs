@@ -17,6 +17,7 @@ pub mod json;
 pub mod markdown;
 pub mod svg;
 pub mod table;
+pub mod triage;
 
 use std::collections::BTreeMap;
 
@@ -242,7 +243,10 @@ pub fn hidden_state_label(index: usize, layer_type: &str) -> String {
 /// when `rule` is not an ignore rule.
 pub fn dropped_by_rule<'a>(rule: &str, dropped: &'a [String]) -> Option<Vec<&'a String>> {
     let pat = rule.strip_prefix("ignore ")?;
-    let p = pat.trim_start_matches('^').trim_end_matches(".*").as_bytes();
+    let p = pat
+        .trim_start_matches('^')
+        .trim_end_matches(".*")
+        .as_bytes();
     Some(
         dropped
             .iter()

@@ -33,7 +33,7 @@ pub fn linear(x: &Tensor, w: &Tensor, prec: Precision) -> Result<Tensor> {
 
 /// Loads `name` rounded to the compute dtype (a parameter of a model loaded in `prec`).
 pub fn param(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Tensor> {
-    prec.round(&src.tensor(name)?)
+    src.tensor_in(name, prec)
 }
 
 /// Dimensions a layer needs, copied out of [`TextConfig`].
@@ -177,6 +177,15 @@ impl Embedding {
         Ok(Self {
             weight: param(src, "embed_tokens.weight", prec)?,
         })
+    }
+
+    /// `embed_tokens(ids)` without loading the table: the rows are gathered
+    /// from the source (the mapped checkpoint), rounded to `prec`. Bitwise
+    /// equal to `Embedding::load(src, prec)?.forward(ids)`.
+    ///
+    /// Errors: an id out of range, a tensor that cannot be read.
+    pub fn gather(src: &dyn WeightSource, prec: Precision, ids: &[u32]) -> Result<Tensor> {
+        src.rows("embed_tokens.weight", ids, prec)
     }
 
     /// `ids` (each `< V`) → `[T, H]`. Errors: an id out of range.
@@ -329,6 +338,99 @@ impl LmHead {
     pub fn weight(&self) -> &Tensor {
         &self.weight
     }
+
+    /// Logits without holding the whole head: `lm_head.weight` is read in
+    /// vocabulary chunks of about [`LM_HEAD_CHUNK_BYTES`] (f32), each chunk
+    /// applied to every input before it is dropped. `inputs[c]` are consumer
+    /// `c`'s final-normed states (`[T, H]` each, e.g. one per prompt); the
+    /// result has the same nesting, `[T, V]` each. Every logit is the same
+    /// dot product as in [`Self::forward`] (rounded once to `prec`).
+    ///
+    /// Errors: the head cannot be read, shapes disagree.
+    pub fn forward_streamed(
+        src: &dyn WeightSource,
+        prec: Precision,
+        inputs: &[&[Tensor]],
+    ) -> Result<Vec<Vec<Tensor>>> {
+        let name = "lm_head.weight";
+        let mut parts: Vec<Vec<Vec<Tensor>>> = inputs
+            .iter()
+            .map(|hs| hs.iter().map(|_| Vec::new()).collect())
+            .collect();
+        for_each_vocab_chunk(src, name, prec, |_, w| {
+            for (hs, out) in inputs.iter().zip(parts.iter_mut()) {
+                for (h, o) in hs.iter().zip(out.iter_mut()) {
+                    o.push(linear(h, w, prec)?);
+                }
+            }
+            Ok(())
+        })?;
+        parts
+            .into_iter()
+            .map(|per| {
+                per.into_iter()
+                    .map(|chunks| Ok(Tensor::cat(&chunks, 1)?))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Greedy next tokens for every row of `h` (`[T, H]`) without full
+    /// logits or the whole head: a running argmax over vocabulary chunks
+    /// (the first maximum wins, as `torch.argmax`).
+    ///
+    /// Errors: as [`Self::forward_streamed`].
+    pub fn argmax_streamed(
+        src: &dyn WeightSource,
+        prec: Precision,
+        h: &Tensor,
+    ) -> Result<Vec<u32>> {
+        let t = h.dim(0)?;
+        let mut best = vec![(f32::NEG_INFINITY, 0u32); t];
+        let mut seen = vec![false; t];
+        for_each_vocab_chunk(src, "lm_head.weight", prec, |start, w| {
+            let logits = linear(h, w, prec)?.to_vec2::<f32>()?;
+            for (i, row) in logits.iter().enumerate() {
+                for (j, &x) in row.iter().enumerate() {
+                    // NaN wins like torch.argmax; otherwise strictly greater.
+                    if !seen[i] || x > best[i].0 || (x.is_nan() && !best[i].0.is_nan()) {
+                        best[i] = (x, (start + j) as u32);
+                        seen[i] = true;
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        Ok(best.into_iter().map(|(_, j)| j).collect())
+    }
+}
+
+/// Size of one vocabulary chunk of the LM head, in f32 bytes.
+pub const LM_HEAD_CHUNK_BYTES: usize = 64 << 20;
+
+/// Calls `f(start_row, chunk)` for consecutive row chunks of `name` (rounded
+/// to `prec`); a source that cannot tell the shape gives one chunk.
+fn for_each_vocab_chunk(
+    src: &dyn WeightSource,
+    name: &str,
+    prec: Precision,
+    mut f: impl FnMut(usize, &Tensor) -> Result<()>,
+) -> Result<()> {
+    match src.shape(name) {
+        Some(shape) if shape.len() == 2 && shape[0] > 0 => {
+            let (v, hdim) = (shape[0], shape[1].max(1));
+            let rows = (LM_HEAD_CHUNK_BYTES / 4 / hdim).clamp(1, v);
+            let mut start = 0;
+            while start < v {
+                let n = rows.min(v - start);
+                let w = src.row_range(name, start, n, prec)?;
+                f(start, &w)?;
+                start += n;
+            }
+            Ok(())
+        }
+        _ => f(0, &src.tensor_in(name, prec)?),
+    }
 }
 
 /// Everything `output_hidden_states=True` gives for one prompt, plus the raw
@@ -394,8 +496,10 @@ pub struct TextModel {
     layers: Vec<DecoderLayer>,
     norm: FinalNorm,
     lm_head: Option<LmHead>,
-    /// Added to every position (0 normally; a stale rope offset when emulating one).
-    position_offset: usize,
+    /// Added to the positions of tokens decoded after a prefill (0 normally;
+    /// a stale rope offset when emulating one, e.g. transformers' cached
+    /// `rope_deltas` from an earlier multimodal call added at decode).
+    decode_shift: usize,
 }
 
 /// What one [`TextModel::forward`] call returns.
@@ -428,15 +532,38 @@ impl TextModel {
                 .collect::<Result<_>>()?,
             norm: FinalNorm::load(spec, src, prec)?,
             lm_head: head.map(|h| LmHead::load(h, prec)).transpose()?,
-            position_offset: 0,
+            decode_shift: 0,
         })
     }
 
-    /// Shifts every position by `k` (emulates a stale rope/position offset,
-    /// e.g. a `rope_deltas` left over from an earlier multimodal call).
-    pub fn with_position_offset(mut self, k: usize) -> Self {
-        self.position_offset = k;
+    /// Shifts the positions of every token decoded after the prefill by `k`
+    /// (a stale rope offset). A uniform shift of all positions would change
+    /// nothing: rope attention depends on relative positions only.
+    pub fn with_decode_shift(mut self, k: usize) -> Self {
+        self.decode_shift = k;
         self
+    }
+
+    /// The positions [`Self::forward`] gives `t` tokens after `past` cached
+    /// ones; a full forward over `prompt_len` prompt tokens followed by decoded
+    /// ones uses [`Self::positions_with_prompt`].
+    fn positions(&self, past: usize, t: usize) -> Vec<usize> {
+        let shift = if past > 0 { self.decode_shift } else { 0 };
+        (past..past + t).map(|p| p + shift).collect()
+    }
+
+    /// Positions of a whole sequence whose first `prompt_len` tokens were the
+    /// prefill: the rest carry the decode shift, as they had when generated.
+    pub fn positions_with_prompt(&self, prompt_len: usize, t: usize) -> Vec<usize> {
+        (0..t)
+            .map(|p| {
+                if p >= prompt_len {
+                    p + self.decode_shift
+                } else {
+                    p
+                }
+            })
+            .collect()
     }
 
     /// Replaces the LM head (e.g. with a randomly initialised one).
@@ -476,12 +603,26 @@ impl TextModel {
     pub fn forward(
         &self,
         ids: &[u32],
+        state: Option<&mut DecodeState>,
+        form: GdnForm,
+        want_hidden: bool,
+    ) -> Result<StepOutput> {
+        let past = state.as_ref().map(|s| s.len).unwrap_or(0);
+        let positions = self.positions(past, ids.len());
+        self.forward_at(ids, &positions, state, form, want_hidden)
+    }
+
+    /// As [`Self::forward`] with explicit absolute positions (one per token).
+    pub fn forward_at(
+        &self,
+        ids: &[u32],
+        positions: &[usize],
         mut state: Option<&mut DecodeState>,
         form: GdnForm,
         want_hidden: bool,
     ) -> Result<StepOutput> {
-        let offset = state.as_ref().map(|s| s.len).unwrap_or(0) + self.position_offset;
-        let pos = self.spec.positions(offset, ids.len())?;
+        let (cos, sin) = self.spec.rotary.cos_sin(positions)?;
+        let pos = Positions { cos, sin };
         let form = if state.is_some() && ids.len() == 1 {
             GdnForm::Recurrent
         } else {

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""The transformers reference for the hsparity benchmark: what a user would write
+instead of `hsparity compare` for the causal-lm vs vlm paths.
+
+    python bench/py_parity.py CKPT --ids-file IDS.json [--threads N]
+
+Loads AutoModelForCausalLM and AutoModel (float32, eager attention), forwards
+the same token ids through both with output_hidden_states=True, and compares
+every hidden state (cosine min, max |diff|, relative L2). Prints one line per
+hidden-state index and, last, `peak_rss_bytes=` (VmHWM) and `wall_s=`.
+"""
+
+import argparse
+import json
+import os
+import time
+
+t_start = time.time()
+
+import torch  # noqa: E402
+from transformers import AutoModel, AutoModelForCausalLM  # noqa: E402
+
+
+def vmhwm() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return -1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("ckpt")
+    ap.add_argument("--ids-file", required=True, help="JSON list of lists of token ids")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    prompts = json.load(open(a.ids_file))
+    kw = dict(dtype=torch.float32, attn_implementation="eager")
+    with torch.inference_mode():
+        causal = AutoModelForCausalLM.from_pretrained(a.ckpt, **kw).eval()
+        vlm = AutoModel.from_pretrained(a.ckpt, **kw).eval()
+        rows = {}
+        for ids in prompts:
+            x = torch.tensor([ids])
+            oa = causal(input_ids=x, output_hidden_states=True)
+            ob = vlm(input_ids=x, output_hidden_states=True)
+            for i, (ha, hb) in enumerate(zip(oa.hidden_states, ob.hidden_states)):
+                ha, hb = ha[0].float(), hb[0].float()
+                cos = torch.nn.functional.cosine_similarity(ha, hb, dim=-1).min().item()
+                mad = (ha - hb).abs().max().item()
+                rel = ((ha - hb).norm() / ha.norm().clamp_min(1e-30)).item()
+                r = rows.setdefault(i, [1.0, 0.0, 0.0])
+                rows[i] = [min(r[0], cos), max(r[1], mad), max(r[2], rel)]
+    for i, (cos, mad, rel) in sorted(rows.items()):
+        print(f"hidden_states[{i:>2}]  cos_min {cos:.7f}  max|d| {mad:.3e}  relL2 {rel:.3e}")
+    print(f"peak_rss_bytes={vmhwm()}")
+    print(f"wall_s={time.time() - t_start:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+//! DFlash drafter against the `dflash` 0.1.0 package (fixtures/toy-pair/,
+//! written by tools/train_toy_pair.py): the drafter forward, and τ of the
+//! reference DFlash loop (temperature 0, block 8, 64 new tokens, full target
+//! re-forwards, z-lab GitHub main's end rule) on both loading paths.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use assert_cmd::Command;
+use candle_core::{DType, Device, Tensor};
+use hsparity::checkpoint::Checkpoint;
+use hsparity::commands::drafter::{self, DrafterOptions};
+use hsparity::loading::{self, LoadingPath};
+use hsparity::models::dflash::{DflashConfig, Drafter, DrafterWeights};
+use hsparity::models::precision::Precision;
+use hsparity::models::WeightSource;
+use hsparity::parity::Accumulator;
+use hsparity::prompts::PromptOptions;
+use serde_json::{json, Value};
+
+const PAIR: &str = "fixtures/toy-pair";
+
+fn reference() -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(format!("{PAIR}/golden/reference_tau.json")).unwrap(),
+    )
+    .unwrap()
+}
+
+fn golden() -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(
+        format!("{PAIR}/golden/drafter_forward.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap()
+}
+
+fn close(what: &str, ours: &Tensor, want: &Tensor) {
+    let mut acc = Accumulator::default();
+    acc.add(0, ours, want).unwrap();
+    let m = acc.finish();
+    println!(
+        "{what}: max_abs {:.3e} (scale {:.2}), cos_min {:.9}",
+        m.max_abs, m.max_ref_abs, m.cos_min
+    );
+    assert!(m.cos_min >= 0.99999, "{what}: cos_min {}", m.cos_min);
+    assert!(
+        m.max_abs <= 1e-4 * m.max_ref_abs.max(1.0),
+        "{what}: max_abs {}",
+        m.max_abs
+    );
+}
+
+#[test]
+fn drafter_forward_matches_the_dflash_package() {
+    let g = golden();
+    let ckpt = Checkpoint::open(&format!("{PAIR}/target")).unwrap();
+    let target = loading::resolve(&ckpt, LoadingPath::CausalLm).unwrap();
+    let lm_head = target.view.tensor("lm_head.weight").unwrap();
+    for (prefix, dir) in [
+        ("trained", format!("{PAIR}/drafter")),
+        ("random", format!("{PAIR}/golden/random-drafter")),
+    ] {
+        // The golden runs the package in f32 with weights loaded from the bf16 files.
+        let d = Drafter::load_dir(Path::new(&dir), 64, Precision::F32).unwrap();
+        for case in 0..3 {
+            let k = |n: &str| g[&format!("{prefix}.case{case}.{n}")].clone();
+            let pos = k("position_ids")
+                .to_dtype(DType::I64)
+                .unwrap()
+                .to_vec1::<i64>()
+                .unwrap();
+            let ctx = k("target_hidden");
+            let c = ctx.dim(0).unwrap();
+            let y = d
+                .forward(
+                    &k("noise_embedding"),
+                    &ctx,
+                    pos[0] as usize,
+                    pos[c] as usize,
+                )
+                .unwrap();
+            close(&format!("{prefix} case {case} hidden"), &y, &k("hidden"));
+            let logits = d.logits(&y, &lm_head).unwrap();
+            let b = logits.dim(0).unwrap();
+            close(
+                &format!("{prefix} case {case} logits"),
+                &logits.narrow(0, 1, b - 1).unwrap(),
+                &k("logits").narrow(0, 1, b - 1).unwrap(),
+            );
+        }
+    }
+}
+
+#[test]
+fn replay_reproduces_the_reference_loop_on_both_paths() {
+    let r = reference();
+    let rep = drafter::run(&DrafterOptions {
+        checkpoint: format!("{PAIR}/target"),
+        drafter: format!("{PAIR}/drafter"),
+        paths: vec![LoadingPath::CausalLm, LoadingPath::Vlm],
+        prompts: PromptOptions {
+            file: Some(format!("{PAIR}/prompts.jsonl").into()),
+            ..Default::default()
+        },
+        max_new_tokens: 64,
+        ddtree_budget: 8,
+        max_tau_gap: 0.05,
+        dtype: "auto".into(),
+        seed: 0,
+        quiet: true,
+    })
+    .unwrap();
+    for p in &rep.paths {
+        let want = &r["paths"][p.name.as_str()];
+        let (mut same, mut total) = (0usize, 0usize);
+        for (ours, theirs) in p
+            .per_prompt
+            .iter()
+            .zip(want["per_prompt"].as_array().unwrap())
+        {
+            let traj: Vec<u32> = serde_json::from_value(theirs["trajectory"].clone()).unwrap();
+            assert_eq!(
+                ours.tokens,
+                traj[..ours.tokens.len()],
+                "{}: greedy trajectory",
+                p.name
+            );
+            let lens: Vec<usize> =
+                serde_json::from_value(theirs["acceptance_lengths"].clone()).unwrap();
+            total += lens.len().max(ours.acceptance_lengths.len());
+            same += lens
+                .iter()
+                .zip(&ours.acceptance_lengths)
+                .filter(|(a, b)| a == b)
+                .count();
+        }
+        let tau_ref = want["tau_macro"].as_f64().unwrap();
+        println!(
+            "{}: τ {:.4} vs reference {tau_ref:.4}; identical rounds {same}/{total}",
+            p.name, p.summary.tau_macro
+        );
+        assert!((p.summary.tau_macro - tau_ref).abs() <= 0.01);
+        assert!(
+            same as f64 >= 0.99 * total as f64,
+            "{same}/{total} rounds identical"
+        );
+        assert!(
+            p.summary.tau_macro >= 3.0,
+            "the toy drafter must actually draft"
+        );
+    }
+    let dd = &r["ddtree8"];
+    let ours = &rep.paths[0].ddtree;
+    assert_eq!(ours.budget, 8);
+    assert!(
+        (ours.tau_macro - dd["tau_macro"].as_f64().unwrap()).abs() <= 0.01,
+        "DDTree-8 τ {}",
+        ours.tau_macro
+    );
+    assert_eq!(rep.cross.len(), 1);
+    assert!(
+        (rep.cross[0].tau_macro - rep.paths[0].summary.tau_macro).abs() < 1e-9,
+        "paths agree bitwise here"
+    );
+}
+
+#[test]
+fn configs_that_cannot_be_evaluated_are_refused() {
+    let base = json!({"architectures": ["DFlashDraftModel"], "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "block_size": 8, "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 1}});
+    assert!(DflashConfig::from_value(&base).is_ok());
+    let mut no_taps = base.clone();
+    no_taps["dflash_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("target_layer_ids");
+    let e = DflashConfig::from_value(&no_taps).unwrap_err().to_string();
+    assert!(
+        e.contains("target_layer_ids") && e.contains("sglang#37475"),
+        "{e}"
+    );
+    let mut v2 = base.clone();
+    v2["architectures"] = json!(["DFlash2DraftModel"]);
+    assert!(DflashConfig::from_value(&v2)
+        .unwrap_err()
+        .to_string()
+        .contains("DFlash2"));
+    let mut conv = base.clone();
+    conv["selector_top_k"] = json!(4);
+    assert!(DflashConfig::from_value(&conv)
+        .unwrap_err()
+        .to_string()
+        .contains("DFlash2"));
+    let mut yarn = base.clone();
+    yarn["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
+    assert!(DflashConfig::from_value(&yarn)
+        .unwrap_err()
+        .to_string()
+        .contains("yarn"));
+    // fc in-features must be K·H: a drafter whose fc reads 3 taps but lists 2.
+    let w = DrafterWeights::load_dir(Path::new(&format!("{PAIR}/golden/random-drafter"))).unwrap();
+    let cfg = DflashConfig::from_value(&json!({"architectures": ["DFlashDraftModel"], "hidden_size": 64,
+        "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 24, "block_size": 6, "dflash_config": {"target_layer_ids": [0, 1], "mask_token_id": 1}}))
+    .unwrap();
+    let e = Drafter::load(cfg, &w, 64, Precision::F32)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("fc.weight") && e.contains("len(target_layer_ids)"),
+        "{e}"
+    );
+}
+
+fn hsparity() -> Command {
+    let mut c = Command::cargo_bin("hsparity").unwrap();
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+#[test]
+fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
+    let out = hsparity()
+        .args([
+            "compare",
+            &format!("{PAIR}/target"),
+            "--drafter",
+            &format!("{PAIR}/drafter"),
+        ])
+        .args([
+            "--prompts",
+            &format!("{PAIR}/prompts.jsonl"),
+            "--max-new-tokens",
+            "16",
+            "--no-report",
+            "--json",
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["taps"],
+        json!([1, 2]),
+        "the drafter's target_layer_ids are marked"
+    );
+    assert_eq!(v["drafter"]["drafter"]["block_size"], 8);
+    assert!(v["summary"].as_str().unwrap().contains("drafter τ"));
+
+    // Tie only at the top level and no lm_head.weight: causal-lm gets a random
+    // lm_head, image-text-to-text ties it to the embedding -> τ differs.
+    let tmp = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(PAIR)
+        .join("target");
+    let mut t =
+        candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    t.remove("lm_head.weight");
+    candle_core::safetensors::save(&t, tmp.path().join("model.safetensors")).unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["tie_word_embeddings"] = json!(true);
+    cfg["text_config"]["tie_word_embeddings"] = json!(false);
+    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(
+        src.join("tokenizer.json"),
+        tmp.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let out = hsparity()
+        .args([
+            "drafter",
+            tmp.path().to_str().unwrap(),
+            "--drafter",
+            &format!("{PAIR}/drafter"),
+        ])
+        .args([
+            "--paths",
+            "image-text-to-text,causal-lm",
+            "--prompts",
+            &format!("{PAIR}/prompts.jsonl"),
+            "--json",
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["tau_gap"].as_f64().unwrap() > 0.05);
+    assert_eq!(v["verdict"], "fail");
+}

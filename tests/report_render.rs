@@ -1,0 +1,322 @@
+//! What a ticket reader sees: `report.md` and `parity.svg` as `compare`
+//! writes them, and the committed examples under `reports/examples/`.
+//!
+//! - `parity.svg` is well-formed XML with an `<svg>` root (always), and
+//!   renders in headless Chromium (only when `/usr/bin/chromium` exists; CI
+//!   has none).
+//! - `report.md` starts with the verdict, links the plot, says why and where
+//!   the paths part, and ends with the command.
+//! - The examples are current: each one is regenerated into a temporary
+//!   folder and compared with the committed files after normalising the
+//!   volatile parts (see [`normalise`] and docs/report-schema.md §Examples).
+//!   Regenerate them with `tools/regen_examples.sh`
+//!   (= `HSPARITY_REGEN_EXAMPLES=1 cargo test --release --test report_render`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_hsparity");
+
+/// Where the committed examples live, as it appears on their command lines.
+const EXAMPLES: &str = "reports/examples";
+
+/// The files of one report folder.
+const FILES: [&str; 3] = ["report.md", "report.json", "parity.svg"];
+
+/// Thread count the examples are generated with (`environment.threads`).
+const THREADS: &str = "2";
+
+/// One committed example: its folder name, `compare` arguments (without
+/// `--report-dir/--name/--force`), and the exit code it must end with.
+struct Example {
+    name: &'static str,
+    args: &'static [&'static str],
+    exit: i32,
+}
+
+const EXAMPLE_RUNS: &[Example] = &[
+    Example {
+        name: "compare-pass",
+        args: &[
+            "compare",
+            "fixtures/tiny-qwen3_5",
+            "--taps",
+            "1,4",
+            "--quiet",
+        ],
+        exit: 0,
+    },
+    Example {
+        name: "compare-fp16-vs-bf16",
+        args: &[
+            "compare",
+            "fixtures/divergence/fp16-disk",
+            "--prompts",
+            "fixtures/divergence/fp16-disk/prompts.jsonl",
+            "--taps",
+            "1",
+            "--quiet",
+        ],
+        exit: 1,
+    },
+];
+
+fn run_compare(args: &[&str], report_dir: &Path, name: &str) -> i32 {
+    let out = Command::new(BIN)
+        .current_dir(root())
+        .env("RAYON_NUM_THREADS", THREADS)
+        .args(args)
+        .args([
+            "--report-dir",
+            report_dir.to_str().unwrap(),
+            "--name",
+            name,
+            "--force",
+        ])
+        .output()
+        .expect("runs hsparity");
+    assert!(
+        out.status.code() != Some(2),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.status.code().unwrap_or(-1)
+}
+
+/// The volatile parts of a freshly written report, made canonical:
+/// - the binary's path on the command line (argv[0]) → `hsparity`;
+/// - the temporary report folder on the command line → `reports/examples`.
+///
+/// `environment.threads` is fixed by running with `RAYON_NUM_THREADS=2`.
+/// Numbers are compared with a tolerance by [`same_up_to_rounding`] (gemm
+/// kernels are chosen per CPU, so the last bits of f32 sums may differ).
+fn normalise(text: &str, report_dir: &Path) -> String {
+    text.replace(BIN, "hsparity")
+        .replace(report_dir.to_str().unwrap(), EXAMPLES)
+}
+
+/// Splits into maximal runs of number characters and of everything else.
+fn tokens(s: &str) -> Vec<(bool, &str)> {
+    let is_num = |c: char| c.is_ascii_digit() || c == '.';
+    let mut out: Vec<(bool, &str)> = Vec::new();
+    let mut start = 0;
+    let mut prev: Option<bool> = None;
+    for (i, c) in s.char_indices() {
+        let k = is_num(c);
+        if prev.is_some_and(|p| p != k) {
+            out.push((prev.unwrap(), &s[start..i]));
+            start = i;
+        }
+        prev = Some(k);
+    }
+    if let Some(p) = prev {
+        out.push((p, &s[start..]));
+    }
+    out
+}
+
+/// Equal text, numbers within `rel` relative (plus `abs`) of each other.
+/// Returns the first difference with some context.
+fn same_up_to_rounding(a: &str, b: &str, rel: f64, abs: f64) -> Result<(), String> {
+    let (ta, tb) = (tokens(a), tokens(b));
+    let mut offset = 0;
+    for (k, (x, y)) in ta.iter().zip(&tb).enumerate() {
+        let same = match (x, y) {
+            ((true, x), (true, y)) => match (x.parse::<f64>(), y.parse::<f64>()) {
+                (Ok(p), Ok(q)) => (p - q).abs() <= rel * p.abs().max(q.abs()) + abs,
+                _ => x == y,
+            },
+            (x, y) => x == y,
+        };
+        if !same {
+            let ctx: String = ta[k.saturating_sub(6)..(k + 6).min(ta.len())]
+                .iter()
+                .map(|t| t.1)
+                .collect();
+            return Err(format!(
+                "at byte {offset}: {:?} vs {:?} (committed context: {ctx:?})",
+                x.1, y.1
+            ));
+        }
+        offset += x.1.len();
+    }
+    if ta.len() != tb.len() {
+        return Err(format!(
+            "lengths differ after byte {offset}: {} vs {} tokens",
+            ta.len(),
+            tb.len()
+        ));
+    }
+    Ok(())
+}
+
+fn check_svg(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let doc = roxmltree::Document::parse(&text)
+        .unwrap_or_else(|e| panic!("{}: not well-formed XML: {e}", path.display()));
+    let svg = doc.root_element();
+    assert_eq!(svg.tag_name().name(), "svg", "{}", path.display());
+    assert_eq!(
+        svg.tag_name().namespace(),
+        Some("http://www.w3.org/2000/svg")
+    );
+    let texts: String = doc
+        .descendants()
+        .filter(|n| n.is_text())
+        .filter_map(|n| n.text())
+        .collect();
+    for needle in [
+        "bitwise identical",
+        "1 − cos_min",
+        "rel L2",
+        "full attention",
+    ] {
+        assert!(texts.contains(needle), "{}: no {needle:?}", path.display());
+    }
+    let chromium = Path::new("/usr/bin/chromium");
+    if chromium.exists() {
+        let shots = tempfile::tempdir().unwrap();
+        let png = shots.path().join("parity.png");
+        let out = Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--window-size=960,580",
+                &format!("--screenshot={}", png.display()),
+                &format!("file://{}", path.display()),
+            ])
+            .output()
+            .expect("runs chromium");
+        assert!(
+            out.status.success(),
+            "chromium: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bytes = std::fs::read(&png).expect("chromium wrote a screenshot");
+        assert!(bytes.starts_with(b"\x89PNG"), "screenshot is a PNG");
+        assert!(
+            bytes.len() > 10_000,
+            "screenshot is not blank: {} bytes",
+            bytes.len()
+        );
+    } else {
+        eprintln!("no /usr/bin/chromium: parity.svg checked as XML only");
+    }
+}
+
+#[test]
+fn failing_report_says_where_why_and_links_the_plot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ex = &EXAMPLE_RUNS[1];
+    assert_eq!(run_compare(ex.args, tmp.path(), "r"), ex.exit);
+    let dir = tmp.path().join("r");
+    for f in FILES {
+        assert!(dir.join(f).exists(), "{f} written");
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    let first = md.lines().next().unwrap();
+    assert!(
+        first.starts_with(
+            "FAIL: causal-lm and vlm diverge from hidden_states[0] (embeddings; dtype bf16 vs f16"
+        ),
+        "{first}"
+    );
+    assert!(md.contains("](parity.svg)"), "links the plot");
+    assert!(
+        md.contains("- dtype: causal-lm computes in bf16 (text_config.dtype), vlm in f16 (first weight on disk"),
+        "says why"
+    );
+    assert!(md.contains("← first divergent"), "highlights the row");
+    assert!(md.contains("| ◆ 1 |"), "marks the tap");
+    assert!(
+        md.contains("rule `ignore ^model.visual.*`: drops 21"),
+        "rule lines"
+    );
+    assert!(md.contains("unexpected (dropped, reported): 1: `lm_head.weight`"));
+    assert!(md.trim_end().ends_with("```"), "ends with the command");
+    check_svg(&dir.join("parity.svg"));
+    let svg = std::fs::read_to_string(dir.join("parity.svg")).unwrap();
+    assert!(svg.contains("first divergent: hidden_states[0]"));
+    assert!(svg.contains("tap 1"));
+}
+
+#[test]
+fn passing_report_plots_zeros_on_the_floor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ex = &EXAMPLE_RUNS[0];
+    assert_eq!(run_compare(ex.args, tmp.path(), "r"), ex.exit);
+    let dir = tmp.path().join("r");
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.starts_with("PASS: causal-lm and vlm agree bitwise at all 7 hidden states\n"));
+    assert!(md.contains("bitwise identical throughout"));
+    assert!(!md.contains("Why `"), "nothing to explain");
+    check_svg(&dir.join("parity.svg"));
+    let svg = std::fs::read_to_string(dir.join("parity.svg")).unwrap();
+    assert!(!svg.contains("first divergent: hidden_states"));
+}
+
+#[test]
+fn token_comparison_tolerates_rounding_only() {
+    assert!(same_up_to_rounding("cos 0.99999745 x", "cos 0.99999746 x", 1e-3, 0.0).is_ok());
+    assert!(same_up_to_rounding("cos 0.9 x", "cos 0.8 x", 1e-3, 0.0).is_err());
+    assert!(same_up_to_rounding("pass", "fail", 1e-3, 0.0).is_err());
+    assert!(same_up_to_rounding("a 1", "a 1 b", 1e-3, 0.0).is_err());
+    assert!(same_up_to_rounding("x=\"120\"", "x=\"121\"", 0.0, 1.5).is_ok());
+}
+
+/// The committed examples are what the current code writes. With
+/// `HSPARITY_REGEN_EXAMPLES=1` this rewrites them instead.
+#[test]
+fn examples_are_current() {
+    let regen = std::env::var_os("HSPARITY_REGEN_EXAMPLES").is_some_and(|v| v == "1");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut stale = Vec::new();
+    for ex in EXAMPLE_RUNS {
+        assert_eq!(
+            run_compare(ex.args, tmp.path(), ex.name),
+            ex.exit,
+            "{}: exit code",
+            ex.name
+        );
+        let fresh_dir = tmp.path().join(ex.name);
+        let committed_dir = root().join(EXAMPLES).join(ex.name);
+        if regen {
+            std::fs::create_dir_all(&committed_dir).unwrap();
+        }
+        for f in FILES {
+            let fresh = normalise(
+                &std::fs::read_to_string(fresh_dir.join(f)).unwrap(),
+                tmp.path(),
+            );
+            let committed_path = committed_dir.join(f);
+            if regen {
+                std::fs::write(&committed_path, &fresh).unwrap();
+                continue;
+            }
+            let committed = std::fs::read_to_string(&committed_path).unwrap_or_default();
+            // SVG coordinates are whole pixels: allow one pixel of rounding.
+            let (rel, abs) = if f.ends_with(".svg") {
+                (1e-3, 1.5)
+            } else {
+                (1e-3, 1e-12)
+            };
+            if let Err(e) = same_up_to_rounding(&committed, &fresh, rel, abs) {
+                stale.push(format!("{}/{f}: {e}", ex.name));
+            }
+        }
+        if !regen {
+            check_svg(&committed_dir.join("parity.svg"));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "reports/examples is out of date; regenerate with tools/regen_examples.sh:\n{}",
+        stale.join("\n")
+    );
+}

@@ -1,0 +1,224 @@
+//! Every JSON report the suite's fixtures produce validates against
+//! `docs/report.schema.json` (JSON Schema draft 2020-12, validated with boon):
+//! `compare` on the tiny checkpoint and on every divergence fixture, the files
+//! `compare` writes, `compare --drafter` on the toy pair (when its drafter is
+//! there), `diff` of two dumps, and the committed examples.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn hsparity(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hsparity"))
+        .current_dir(root())
+        .args(args)
+        .output()
+        .expect("runs hsparity");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The schema compiled at `location` (`docs/report.schema.json` or one of its `$defs`).
+struct Validator {
+    schemas: boon::Schemas,
+    top: boon::SchemaIndex,
+    compiler_defs: Vec<(String, boon::SchemaIndex)>,
+}
+
+impl Validator {
+    fn new(defs: &[&str]) -> Self {
+        let path = root().join("docs/report.schema.json");
+        let url = format!("file://{}", path.display());
+        let doc: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("schema is JSON");
+        let mut schemas = boon::Schemas::new();
+        let mut compiler = boon::Compiler::new();
+        compiler.add_resource(&url, doc).unwrap();
+        let top = compiler
+            .compile(&url, &mut schemas)
+            .unwrap_or_else(|e| panic!("schema compiles: {e:#}"));
+        let compiler_defs = defs
+            .iter()
+            .map(|d| {
+                let loc = format!("{url}#/$defs/{d}");
+                let idx = compiler
+                    .compile(&loc, &mut schemas)
+                    .unwrap_or_else(|e| panic!("{loc}: {e:#}"));
+                (d.to_string(), idx)
+            })
+            .collect();
+        Self {
+            schemas,
+            top,
+            compiler_defs,
+        }
+    }
+
+    fn check(&self, what: &str, v: &Value) {
+        if let Err(e) = self.schemas.validate(v, self.top) {
+            panic!("{what} does not validate against docs/report.schema.json:\n{e:#}");
+        }
+    }
+
+    fn check_def(&self, def: &str, what: &str, v: &Value) {
+        let idx = self
+            .compiler_defs
+            .iter()
+            .find(|(d, _)| d == def)
+            .map(|(_, i)| *i)
+            .expect("compiled def");
+        if let Err(e) = self.schemas.validate(v, idx) {
+            panic!("{what} does not validate against $defs/{def}:\n{e:#}");
+        }
+    }
+}
+
+fn json(s: &str, what: &str) -> Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {s}"))
+}
+
+#[test]
+fn compare_reports_validate() {
+    let v = Validator::new(&[]);
+    // The tiny checkpoint, stdout and the written report.json.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    let (code, out, err) = hsparity(&[
+        "compare",
+        "fixtures/tiny-qwen3_5",
+        "--taps",
+        "1,4",
+        "--json",
+        "--quiet",
+        "--report-dir",
+        dir,
+        "--name",
+        "t",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let stdout = json(&out, "compare --json");
+    v.check("compare --json (tiny)", &stdout);
+    assert_eq!(stdout["kind"], "compare");
+    let written = std::fs::read_to_string(tmp.path().join("t/report.json")).unwrap();
+    v.check("report.json (tiny)", &json(&written, "report.json"));
+
+    // Every divergence fixture: passing and failing reports, missing tensors, ties.
+    let mut seen = 0;
+    for e in std::fs::read_dir(root().join("fixtures/divergence")).unwrap() {
+        let d = e.unwrap().path();
+        let name = d.file_name().unwrap().to_string_lossy().into_owned();
+        let ckpt = format!("fixtures/divergence/{name}");
+        let prompts = format!("{ckpt}/prompts.jsonl");
+        let mut args = vec!["compare", &ckpt, "--json", "--no-report", "--quiet"];
+        if Path::new(&root().join(&prompts)).exists() {
+            args.extend(["--prompts", &prompts]);
+        }
+        let (code, out, err) = hsparity(&args);
+        if code == 2 {
+            // A fixture that no two default paths apply to is bad input, not a report.
+            assert!(out.is_empty(), "{name}: {err}");
+            continue;
+        }
+        assert!(code == 0 || code == 1, "{name}: exit {code}: {err}");
+        let r = json(&out, &name);
+        v.check(&format!("compare --json ({name})"), &r);
+        assert_eq!(r["exit_code"].as_i64(), Some(code as i64), "{name}");
+        seen += 1;
+    }
+    assert!(seen >= 4, "divergence fixtures compared: {seen}");
+}
+
+/// A report with NaN metrics: JSON has no NaN, serde_json writes null, which
+/// the schema allows for every float.
+#[test]
+fn nan_metrics_validate_as_null() {
+    let v = Validator::new(&[]);
+    let (_, out, err) = hsparity(&[
+        "compare",
+        "fixtures/tiny-qwen3_5",
+        "--json",
+        "--no-report",
+        "--quiet",
+    ]);
+    let mut r = json(&out, &err);
+    r["pairs"][0]["hidden_states"][1]["cos_min"] = Value::Null;
+    r["pairs"][0]["hidden_states"][1]["rel_l2"] = Value::Null;
+    v.check("report with null metrics", &r);
+    // A renamed member does not validate.
+    let mut bad = r.clone();
+    let m = bad.as_object_mut().unwrap();
+    let verdict = m.remove("verdict").unwrap();
+    m.insert("status".into(), verdict);
+    assert!(v.schemas.validate(&bad, v.top).is_err());
+}
+
+#[test]
+fn compare_with_drafter_validates_when_the_toy_pair_exists() {
+    let drafter = root().join("fixtures/toy-pair/drafter/config.json");
+    let target = root().join("fixtures/toy-pair/target/config.json");
+    if !drafter.exists() || !target.exists() {
+        eprintln!("fixtures/toy-pair has no drafter yet: skipped");
+        return;
+    }
+    let v = Validator::new(&["drafter_report"]);
+    let (code, out, err) = hsparity(&[
+        "compare",
+        "fixtures/toy-pair/target",
+        "--drafter",
+        "fixtures/toy-pair/drafter",
+        "--prompts",
+        "fixtures/toy-pair/prompts.jsonl",
+        "--max-new-tokens",
+        "16",
+        "--json",
+        "--no-report",
+        "--quiet",
+    ]);
+    assert!(code == 0 || code == 1, "exit {code}: {err}");
+    let r = json(&out, &err);
+    v.check("compare --drafter --json (toy pair)", &r);
+    assert!(r["drafter"].is_object());
+    v.check_def("drafter_report", "drafter member", &r["drafter"]);
+}
+
+#[test]
+fn diff_report_validates() {
+    let v = Validator::new(&["diff_report"]);
+    let g = "fixtures/tiny-qwen3_5/golden";
+    let (code, out, err) = hsparity(&[
+        "diff",
+        &format!("{g}/causal-lm.safetensors"),
+        &format!("{g}/vlm.safetensors"),
+        "--json",
+    ]);
+    assert!(code == 0 || code == 1, "exit {code}: {err}");
+    let r = json(&out, &err);
+    v.check("diff --json", &r);
+    v.check_def("diff_report", "diff --json", &r);
+}
+
+#[test]
+fn committed_examples_validate() {
+    let v = Validator::new(&[]);
+    let dir = root().join("reports/examples");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path().join("report.json");
+        if p.exists() {
+            v.check(
+                &p.display().to_string(),
+                &json(&std::fs::read_to_string(&p).unwrap(), "example"),
+            );
+            n += 1;
+        }
+    }
+    assert!(n >= 2, "examples under {}: {n}", dir.display());
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Write a mid-size random Qwen3.5 VLM checkpoint for the performance benchmark.
+
+    /work/venv/bin/python tools/make_mid_checkpoint.py OUT_DIR [--dtype float32|bfloat16]
+
+About 264 M parameters: hidden 1024, 12 decoder layers (9 Gated DeltaNet + 3 gated
+full attention), intermediate 3072, vocab 32000 (untied LM head), a one-block vision
+tower. Random weights from transformers' own initialisation (seeded), saved with
+``save_pretrained`` in 2 GB shards. The output is NOT committed (bench/ writes it
+under target/bench/). Needs transformers 5.23.0 + torch (tools/requirements.txt).
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+LAYER_TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 3
+
+TEXT_CONFIG = dict(
+    vocab_size=32000,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=len(LAYER_TYPES),
+    layer_types=LAYER_TYPES,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=128,
+    linear_num_key_heads=8,
+    linear_num_value_heads=16,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    eos_token_id=0,
+    rope_parameters=dict(
+        rope_type="default",
+        rope_theta=10000000.0,
+        partial_rotary_factor=0.25,
+        mrope_section=[11, 11, 10],
+        mrope_interleaved=True,
+    ),
+)
+VISION_CONFIG = dict(
+    depth=1,
+    hidden_size=64,
+    intermediate_size=128,
+    num_heads=2,
+    patch_size=16,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    out_hidden_size=1024,
+    num_position_embeddings=64,
+)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    t0 = time.time()
+    torch.manual_seed(a.seed)
+    config = Qwen3_5Config(
+        text_config=dict(TEXT_CONFIG), vision_config=dict(VISION_CONFIG), tie_word_embeddings=False
+    )
+    model = Qwen3_5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        # Zero-init norms would make every layer an identity on the norm scale; give
+        # them some spread so parity is tested on non-trivial values.
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") and "visual" not in name:
+                p.normal_(0.0, 0.1)
+    model = model.to(getattr(torch, a.dtype))
+    n = sum(p.numel() for p in model.parameters())
+    text = sum(p.numel() for k, p in model.named_parameters() if "visual" not in k)
+    a.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(a.out), max_shard_size="2GB")
+    print(f"wrote {a.out}: {n / 1e6:.1f} M parameters ({text / 1e6:.1f} M text), {a.dtype}, {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
