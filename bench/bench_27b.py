@@ -40,16 +40,13 @@ def main():
         args += ["--prompt-ids", ",".join(map(str, ids))]
     wall, rss, out, rc = timed([BIN, *args])
     rep = json.loads(out)
-    finite = all(
-        r["metrics"]["max_abs_diff"] == r["metrics"]["max_abs_diff"]
-        for p in rep["pairs"]
-        for r in p["hidden_states"]
-        if r.get("metrics")
-    ) if rep.get("pairs") else None
+    rows = [r for p in rep.get("pairs", []) for r in p["hidden_states"]]
+    nan_inf = sum(r.get("nan_count", 0) + r.get("inf_count", 0) for r in rows)
+    scale = max((r.get("max_ref_abs", 0.0) for r in rows), default=0.0)
     print(f"hsparity compare 27B layout, {a.prompts} x {a.tokens} tokens: exit {rc}, verdict {rep.get('verdict')}")
     print(f"  wall      {wall:.1f} s")
     print(f"  peak RSS  {gib(rss)}  (goal < 8 GiB: {'met' if rss < 8 * 2**30 else 'NOT met'})")
-    print(f"  metrics finite (no NaN): {finite}")
+    print(f"  NaN/Inf in hidden states: {nan_inf} (of {len(rows)} rows); largest |activation| {scale}")
     if not a.keep:
         shutil.rmtree(ckpt)
 

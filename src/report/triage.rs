@@ -4,6 +4,9 @@ use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 use crate::commands::triage::TriageReport;
 
+/// Index of the "seconds" column in [`rows`] / [`header`].
+const SECONDS_COLUMN: usize = 7;
+
 fn rows(r: &TriageReport) -> Vec<Vec<String>> {
     r.variants
         .iter()
@@ -83,7 +86,9 @@ pub fn render(r: &TriageReport) -> String {
     out
 }
 
-/// Markdown rendering (`report.md` of `triage`).
+/// Markdown rendering (`report.md` of `triage`). Timings stay in the JSON and
+/// on the terminal: the Markdown is meant to be stable for tickets.
+/// Timings stay in the JSON and on the terminal, so the Markdown is stable.
 pub fn markdown(r: &TriageReport) -> String {
     let mut md = format!(
         "{}\n\nBaseline: `{}` ({}, {} Gated DeltaNet, taps {:?}): τ {:.3}, DDTree τ {:.3}.\n\n",
@@ -95,16 +100,22 @@ pub fn markdown(r: &TriageReport) -> String {
         r.baseline.tau_macro,
         r.baseline.ddtree_tau_macro
     );
-    let h = header(r);
+    let drop_seconds = |v: Vec<String>| -> Vec<String> {
+        v.into_iter()
+            .enumerate()
+            .filter(|(i, _)| *i != SECONDS_COLUMN)
+            .map(|(_, c)| c)
+            .collect()
+    };
+    let h = drop_seconds(header(r));
     md.push_str(&format!(
         "| {} |\n|{}\n",
         h.join(" | "),
         "---|".repeat(h.len())
     ));
     for row in rows(r) {
-        md.push_str(&format!("| {} |\n", row.join(" | ")));
+        md.push_str(&format!("| {} |\n", drop_seconds(row).join(" | ")));
     }
-    md.push_str(&format!("\nWall time {:.1} s.\n", r.wall_time_s));
     for n in &r.notes {
         md.push_str(&format!("\n- {n}"));
     }
