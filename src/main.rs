@@ -52,6 +52,18 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Folder for reports (report.md, report.json go to <DIR>/<NAME>/).
+        #[arg(long, default_value = "reports")]
+        report_dir: PathBuf,
+        /// Report name (default: "diff" + UTC time stamp).
+        #[arg(long)]
+        name: Option<String>,
+        /// Do not write report files.
+        #[arg(long)]
+        no_report: bool,
+        /// Overwrite existing report files.
+        #[arg(long)]
+        force: bool,
     },
     /// DFlash drafter acceptance length τ (and DDTree-N) on each loading path.
     Drafter(DrafterArgs),
@@ -350,15 +362,36 @@ fn run(cli: Cli) -> Result<u8> {
             b,
             tap_offset,
             json,
+            report_dir,
+            name,
+            no_report,
+            force,
         } => {
+            let dir = match &name {
+                Some(n) => {
+                    compare::validate_report_name(n)?;
+                    report_dir.join(n)
+                }
+                None => compare::default_report_dir(&report_dir, "diff"),
+            };
+            if !no_report {
+                compare::prepare_report_dir(&dir, force)?;
+            }
             let rep = diff::run(&a, &b, tap_offset, &command_line())?;
+            let text = serde_json::to_string_pretty(&rep).expect("report serialises") + "\n";
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&rep).expect("report serialises")
-                );
+                print!("{text}");
             } else {
                 print!("{}", report::diff::render(&rep));
+            }
+            if !no_report {
+                let md = report::diff::markdown(&rep);
+                hsparity::output::write_atomic(&dir.join("report.json"), text.as_bytes(), force)?;
+                hsparity::output::write_atomic(&dir.join("report.md"), md.as_bytes(), force)?;
+                eprintln!(
+                    "report: {} (and report.json)",
+                    dir.join("report.md").display()
+                );
             }
             Ok(rep.exit_code as u8)
         }

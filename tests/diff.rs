@@ -33,7 +33,7 @@ fn diff(args: &[&str]) -> (i32, Value, String) {
     let o = hsparity()
         .arg("diff")
         .args(args)
-        .arg("--json")
+        .args(["--json", "--no-report"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
@@ -136,4 +136,45 @@ fn different_inputs_are_refused_with_both_ids() {
     let (code, _, err) = diff(&[&a, "Cargo.toml"]);
     assert_eq!(code, 2);
     assert!(err.contains("Cargo.toml"), "{err}");
+}
+
+#[test]
+fn diff_writes_the_same_report_formats_as_compare() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = dump(
+        tmp.path(),
+        "a.safetensors",
+        &["--path", "vlm", "--prompt-ids", "1,2,3"],
+    );
+    let reports = tmp.path().join("reports");
+    let args = [
+        "diff",
+        &a,
+        &a,
+        "--report-dir",
+        reports.to_str().unwrap(),
+        "--name",
+        "d",
+    ];
+    let o = hsparity().args(args).output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let md = std::fs::read_to_string(reports.join("d/report.md")).unwrap();
+    assert!(
+        md.starts_with("PASS:") && md.contains("## Reproduce"),
+        "{md}"
+    );
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(reports.join("d/report.json")).unwrap())
+            .unwrap();
+    assert_eq!(v["kind"], "diff");
+    assert_eq!(
+        hsparity().args(args).output().unwrap().status.code(),
+        Some(2),
+        "no overwrite without --force"
+    );
 }

@@ -198,6 +198,7 @@ fn diff_report_validates() {
         &format!("{g}/causal-lm.safetensors"),
         &format!("{g}/vlm.safetensors"),
         "--json",
+        "--no-report",
     ]);
     assert!(code == 0 || code == 1, "exit {code}: {err}");
     let r = json(&out, &err);

@@ -64,3 +64,59 @@ pub fn render(r: &DiffReport) -> String {
     }
     out
 }
+
+/// Markdown rendering (`report.md` of `diff`): verdict sentence, both dumps'
+/// metadata, the per-index table with the dtype-noise column, the command.
+pub fn markdown(r: &DiffReport) -> String {
+    let mut md = format!("{}\n\n## Dumps\n\n| | format | checkpoint | loading path | class | dtype | layers | written by |\n|---|---|---|---|---|---|---|---|\n", r.summary);
+    for (name, m) in ["a", "b"].iter().zip(&r.dumps) {
+        let g = |k: &str| m.get(k).cloned().unwrap_or_else(|| "-".into());
+        md.push_str(&format!(
+            "| {name} | {} | `{}` | `{}` | `{}` | {} | {} | {} |\n",
+            g("format"),
+            g("checkpoint"),
+            g("loading_path"),
+            g("class"),
+            g("dtype"),
+            g("num_layers"),
+            g("tool_version")
+        ));
+    }
+    for p in &r.pairs {
+        md.push_str(&format!(
+            "\n## `{}` vs `{}`\n\n| hs | cos min | cos mean | max abs diff | rel L2 | bitwise | verdict |{}\n|---|---|---|---|---|---|---|{}\n",
+            p.a,
+            p.b,
+            if r.lower_dtype.is_some() { " dtype noise |" } else { "" },
+            if r.lower_dtype.is_some() { "---|" } else { "" }
+        ));
+        for row in &p.hidden_states {
+            let m = &row.metrics;
+            let hl = if p.first_divergent == Some(row.index) {
+                "**"
+            } else {
+                ""
+            };
+            let noise = match r.dtype_noise.iter().find(|n| n.index == row.index) {
+                Some(n) => format!(" {} |", if n.dtype_noise { "yes" } else { "no" }),
+                None if r.lower_dtype.is_some() => " - |".into(),
+                None => String::new(),
+            };
+            md.push_str(&format!(
+                "| {hl}{}{hl} | {} | {} | {} | {} | {} | {hl}{}{hl} |{noise}\n",
+                row.index,
+                cos(m.cos_min),
+                cos(m.cos_mean),
+                max_abs_at(m),
+                sci(m.rel_l2),
+                if m.bitwise { "yes" } else { "no" },
+                row.verdict.as_str()
+            ));
+        }
+    }
+    for n in &r.notes {
+        md.push_str(&format!("\n- {n}"));
+    }
+    md.push_str(&format!("\n\n## Reproduce\n\n```\n{}\n```\n", r.command));
+    md
+}
