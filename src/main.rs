@@ -159,6 +159,12 @@ struct CompareArgs {
     /// Also evaluate this DFlash drafter (directory or Hub id) on every path.
     #[arg(long)]
     drafter: Option<String>,
+    /// Force the prefill-vs-incremental check (by default it runs for models up to 4 GiB of f32 weights).
+    #[arg(long, conflicts_with = "no_incremental")]
+    incremental: bool,
+    /// Skip the prefill-vs-incremental check.
+    #[arg(long)]
+    no_incremental: bool,
     #[command(flatten)]
     drafter_opts: DrafterEvalArgs,
 }
@@ -327,6 +333,13 @@ fn run(cli: Cli) -> Result<u8> {
                 seed: a.seed,
                 quiet: a.quiet,
                 command_line: command_line(),
+                incremental: if a.incremental {
+                    Some(true)
+                } else if a.no_incremental {
+                    Some(false)
+                } else {
+                    None
+                },
                 drafter: a.drafter.clone().map(|source| compare::DrafterSettings {
                     source,
                     max_new_tokens: a.drafter_opts.max_new_tokens,

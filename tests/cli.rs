@@ -104,6 +104,16 @@ fn compare_json_follows_the_contract() {
     assert_eq!(rows[0]["layer_type"], "embedding");
     assert_eq!(rows[3]["layer_type"], "full_attention");
     assert_eq!(rows[6]["layer_type"], "final_norm");
+    // Prefill vs incremental ran on every path (a small model) and passed.
+    let inc = v["incremental"].as_array().unwrap();
+    assert_eq!(inc.len(), 3);
+    assert!(inc
+        .iter()
+        .all(|c| c["verdict"] == "pass" && c["steps"].as_u64().unwrap() >= 1));
+    assert!(
+        v["environment"]["peak_rss_bytes"].as_u64().unwrap() > 0,
+        "peak RSS from the OS"
+    );
     // causal-lm vs image-text-to-text: both have an lm_head, logits compared.
     assert_eq!(pairs[1]["logits"]["bitwise"], true);
 }

@@ -39,6 +39,65 @@ pub struct CompareOptions {
     pub command_line: String,
     /// Also evaluate a DFlash drafter on every path (`--drafter`).
     pub drafter: Option<DrafterSettings>,
+    /// Prefill-vs-incremental check: `None` = automatic (models up to
+    /// [`INCREMENTAL_AUTO_BYTES`] of f32 weights), `Some(b)` = forced on/off.
+    pub incremental: Option<bool>,
+}
+
+/// The prefill-vs-incremental check holds a whole model in memory: by
+/// default it runs when the f32 text weights take at most this many bytes.
+pub const INCREMENTAL_AUTO_BYTES: u64 = 4 << 30;
+
+/// Cached steps of the prefill-vs-incremental check.
+const INCREMENTAL_STEPS: usize = 8;
+
+/// Prefill `ids[..n-s]`, then `s` single cached steps; compare the stepped
+/// rows' final-normed states with the full forward's.
+fn incremental_check(
+    session: &Session,
+    path: &crate::loading::ResolvedPath,
+    prec: Precision,
+) -> Result<Option<crate::report::IncrementalCheck>> {
+    let Some((k, p)) = session
+        .prompts
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.ids.len() >= 2)
+    else {
+        return Ok(None);
+    };
+    let ids = &p.ids;
+    let steps = INCREMENTAL_STEPS.min(ids.len() - 1);
+    let pre = ids.len() - steps;
+    let m = crate::models::qwen3_5::TextModel::load(&session.spec, &path.view, None, prec)?;
+    let full = m.forward(ids, None, GdnForm::Chunked, true)?;
+    let full_last = full
+        .hidden_states
+        .as_ref()
+        .and_then(|h| h.last().cloned())
+        .expect("requested");
+    let mut state = m.new_state();
+    m.forward(&ids[..pre], Some(&mut state), GdnForm::Chunked, false)?;
+    let mut acc = crate::parity::Accumulator::default();
+    for t in pre..ids.len() {
+        let out = m.forward(&ids[t..t + 1], Some(&mut state), GdnForm::Chunked, true)?;
+        let h = out
+            .hidden_states
+            .as_ref()
+            .and_then(|h| h.last().cloned())
+            .expect("requested");
+        acc.add(k, &h, &full_last.narrow(0, t, 1)?)?;
+    }
+    let metrics = acc.finish();
+    let verdict = crate::parity::Tolerance::for_dtype(prec.name()).judge(&metrics);
+    Ok(Some(crate::report::IncrementalCheck {
+        path: path.path.name().into(),
+        prompt: k,
+        prefill_tokens: pre,
+        steps,
+        metrics,
+        verdict,
+    }))
 }
 
 /// Drafter settings of `compare --drafter`.
@@ -178,8 +237,30 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
     pb.finish_and_clear();
     mark_random_init(&mut obs.pairs, &session);
     let mut paths_run = paths_run;
+    // Paths sharing a layer load it once, so merge what any path saw and
+    // give each path the entries for checkpoint keys its own view reads.
+    let seen: std::collections::BTreeMap<String, crate::loading::NonFinite> = session
+        .paths
+        .iter()
+        .flat_map(|p| p.view.non_finite())
+        .collect();
     for (run, p) in paths_run.iter_mut().zip(&session.paths) {
-        run.non_finite_weights = p.view.non_finite();
+        let reads: std::collections::HashSet<&str> = p
+            .view
+            .names()
+            .iter()
+            .filter_map(|n| match p.view.origin(n) {
+                Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
+                    Some(key.as_str())
+                }
+                _ => None,
+            })
+            .collect();
+        run.non_finite_weights = seen
+            .iter()
+            .filter(|(k, _)| reads.contains(k.as_str()))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
         for (name, nf) in &run.non_finite_weights {
             notes.push(format!(
                 "{}: weight {name} holds {} NaN and {} Inf values",
@@ -189,6 +270,36 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
     }
 
     let (mut verdict, mut summary) = report::summarize(&obs.pairs, &paths_run);
+    let f32_bytes = session.paths[0]
+        .inventory
+        .components
+        .get("language_model")
+        .map(|c| c.params * 4)
+        .unwrap_or(0);
+    let run_incremental = opts
+        .incremental
+        .unwrap_or(f32_bytes <= INCREMENTAL_AUTO_BYTES);
+    let mut incremental = Vec::new();
+    if run_incremental {
+        for (p, &prec) in session.paths.iter().zip(&precisions) {
+            if let Some(c) = incremental_check(&session, p, prec)? {
+                if c.verdict != crate::parity::Verdict::Pass {
+                    verdict = crate::parity::Verdict::Fail;
+                    summary = summary.replacen("PASS:", "FAIL:", 1);
+                    summary.push_str(&format!(
+                        "; {}: cached decode departs from the full forward (max abs diff {:.3e})",
+                        c.path, c.metrics.max_abs
+                    ));
+                }
+                incremental.push(c);
+            }
+        }
+    } else {
+        notes.push(format!(
+            "prefill-vs-incremental check skipped: it holds the whole model ({:.1} GiB in f32); pass --incremental to force it",
+            f32_bytes as f64 / (1u64 << 30) as f64
+        ));
+    }
     let drafter = match &opts.drafter {
         Some(d) => {
             let dr = crate::commands::drafter::run(&crate::commands::drafter::DrafterOptions {
@@ -237,6 +348,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
             prompts_sha256: prompts_sha256(&session.prompts),
             device: "cpu".into(),
             threads: candle_core::utils::get_num_threads(),
+            peak_rss_bytes: crate::sysinfo::peak_rss_bytes(),
             gdn_form: match opts.gdn_form {
                 GdnForm::Chunked => "chunked (chunk 64, as transformers prefill)".into(),
                 GdnForm::Recurrent => "recurrent".into(),
@@ -261,6 +373,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
         pairs: obs.pairs,
         notes,
         drafter,
+        incremental,
     })
 }
 

@@ -87,7 +87,7 @@ pub fn render(report: &Report) -> String {
     }
     md.push_str("## Environment\n\n");
     md.push_str(&format!(
-        "| | |\n|---|---|\n| hsparity | {} |\n| checkpoint | `{}`{} |\n| config.json sha256 | `{}` |\n| prompts | {} ({} tokens), sha256 `{}` |\n| device | {} ({} threads) |\n| Gated DeltaNet form | {} |\n| drafter taps | {} |\n\n",
+        "| | |\n|---|---|\n| hsparity | {} |\n| checkpoint | `{}`{} |\n| config.json sha256 | `{}` |\n| prompts | {} ({} tokens), sha256 `{}` |\n| device | {} ({} threads), peak RSS {} |\n| Gated DeltaNet form | {} |\n| drafter taps | {} |\n\n",
         e.hsparity_version,
         e.checkpoint,
         e.revision.as_ref().map(|r| format!(" @ `{r}`")).unwrap_or_default(),
@@ -97,6 +97,9 @@ pub fn render(report: &Report) -> String {
         e.prompts_sha256,
         e.device,
         e.threads,
+        e.peak_rss_bytes
+            .map(|b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64))
+            .unwrap_or_else(|| "unknown".into()),
         e.gdn_form,
         if report.taps.is_empty() {
             "none marked".to_string()
@@ -232,6 +235,20 @@ pub fn render(report: &Report) -> String {
                 pair.logits_verdict
                     .map(|v| format!(" ({})", v.as_str()))
                     .unwrap_or_default()
+            ));
+        }
+    }
+    if !report.incremental.is_empty() {
+        md.push_str("\n## Prefill vs incremental\n\n| path | prefill + steps | max abs diff | cos min | verdict |\n|---|---|---|---|---|\n");
+        for c in &report.incremental {
+            md.push_str(&format!(
+                "| `{}` | {} + {} | {} | {} | {} |\n",
+                c.path,
+                c.prefill_tokens,
+                c.steps,
+                sci(c.metrics.max_abs),
+                cos(c.metrics.cos_min),
+                c.verdict.as_str()
             ));
         }
     }

@@ -50,6 +50,9 @@ pub struct Environment {
     pub device: String,
     /// Worker threads used by the matmuls.
     pub threads: usize,
+    /// Peak resident memory of the run in bytes (VmHWM from the OS, after
+    /// the run; `null` where the OS does not say).
+    pub peak_rss_bytes: Option<u64>,
     /// Gated DeltaNet form (`chunked` = what transformers runs for prefill).
     pub gdn_form: String,
 }
@@ -128,6 +131,28 @@ pub struct Report {
     /// Drafter evaluation (`compare --drafter`), DESIGN §2 `drafter` member.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drafter: Option<crate::drafter_eval::DrafterReport>,
+    /// "Prefill vs incremental": per path, a cached decode against the full
+    /// forward (empty when skipped, see `notes`).
+    pub incremental: Vec<IncrementalCheck>,
+}
+
+/// One path's cached decode (prefill, then single-token steps with the KV
+/// cache and Gated DeltaNet state) against its own full forward, compared on
+/// the final-normed hidden states of the stepped tokens.
+#[derive(Debug, Clone, Serialize)]
+pub struct IncrementalCheck {
+    /// Loading path.
+    pub path: String,
+    /// Prompt index used.
+    pub prompt: usize,
+    /// Tokens in the prefill.
+    pub prefill_tokens: usize,
+    /// Single-token steps after it.
+    pub steps: usize,
+    /// Metrics of the stepped rows (decode vs full forward).
+    pub metrics: crate::parity::Metrics,
+    /// Verdict under the path dtype's tolerance.
+    pub verdict: Verdict,
 }
 
 impl Report {

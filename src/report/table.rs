@@ -206,6 +206,23 @@ pub fn render(report: &Report) -> String {
     for n in &report.notes {
         out.push_str(&format!("note: {n}\n"));
     }
+    if let Some(b) = report.environment.peak_rss_bytes {
+        out.push_str(&format!(
+            "peak RSS {:.2} GiB\n",
+            b as f64 / (1u64 << 30) as f64
+        ));
+    }
+    for c in &report.incremental {
+        out.push_str(&format!(
+            "prefill vs incremental ({}: prefill {} + {} cached steps vs full forward): max abs diff {}, cos min {}, {}\n",
+            c.path,
+            c.prefill_tokens,
+            c.steps,
+            sci(c.metrics.max_abs),
+            cos(c.metrics.cos_min),
+            c.verdict.as_str().to_uppercase()
+        ));
+    }
     if let Some(d) = &report.drafter {
         out.push('\n');
         out.push_str(&render_drafter(d));
