@@ -203,6 +203,7 @@ fn cross_path_bitwise_verdicts_match_transformers() {
                 quiet: true,
                 command_line: String::new(),
                 drafter: None,
+                incremental: None,
             };
             let r = compare::run(&opts).unwrap();
             let p = &r.pairs[0];
