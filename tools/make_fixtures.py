@@ -135,6 +135,25 @@ What it writes
       of MISSING tensors, or the error when ``from_pretrained`` raised. ``cross_path_goldens`` says
       per pair of goldens whether hidden states and logits are bitwise equal (max |diff| too).
 
+``fixtures/tiny-qwen3/`` -- a tiny dense Qwen3 checkpoint (``model_type: qwen3``), built last (own seed QWEN3_SEED):
+    ``Qwen3ForCausalLM(Qwen3Config(**QWEN3_CONFIG))``: vocab 384 (the tiny tokenizer, copied in with its
+    tokenizer_config.json), hidden 32, intermediate 64, 3 layers, 2 heads / 1 kv head, head_dim 24
+    (deliberately != hidden / heads), ``rope_parameters = {rope_type: default, rope_theta: 1e6}``, eps 1e-6,
+    max positions 256, ``tie_word_embeddings: true``, no attention bias, float32, single ``model.safetensors``
+    (35 tensors: save_pretrained omits ``lm_head.weight``, asserted and recorded). Every weight random
+    (``randomise_qwen3``): norms (``w * norm(x)`` form, q_norm / k_norm included) ~ 1 + N(0, 0.1), embedding
+    ~ N(0, 1), linears ~ N(0, 1/fan_in) with o_proj / down_proj damped by 0.5. ``prompts.jsonl``: the
+    divergence prompts (11 and 70 tokens). ``golden/``, loaded like the divergence fixtures (``div_path``:
+    dtype "auto" -> float32, eager, use_cache=False):
+
+    * ``causal-lm.safetensors`` (AutoModelForCausalLM -> Qwen3ForCausalLM, logits included) and
+      ``vlm.safetensors`` (AutoModel -> Qwen3Model, no logits): dump format v1 as above, N = 3;
+      ``hidden_states.3`` is the final-normed output (= norm(last_layer_output), asserted).
+    * ``load_report.json``: the config.json fields as written, whether save_pretrained wrote lm_head, the
+      checkpoint inventory, per Auto class the same facts as the divergence reports (AutoModelForImageTextToText
+      raises ``ValueError: Unrecognized configuration class ... Qwen3Config``: message recorded), whether
+      hidden_states[N] is final-normed, and whether causal-lm and vlm hidden states are bitwise equal (they are).
+
 ``fixtures/qwen3.6-27b/`` -- plain copies of ``config.json`` and ``tensors.json``
     from the shared research data (only if the source exists; the copies are
     committed).
@@ -172,7 +191,10 @@ from transformers import (  # noqa: E402
     Qwen3_5ForCausalLM,
     Qwen3_5ForConditionalGeneration,
     Qwen3_5TextConfig,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
+from transformers.models.qwen3 import modeling_qwen3 as mq3  # noqa: E402
 from transformers.models.qwen3_5 import modeling_qwen3_5 as mq  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -1009,8 +1031,9 @@ def _tensor_stats(t: torch.Tensor) -> str:
 
 
 @torch.no_grad()
-def div_forward(m, prompts_ids: list[list[int]], num_layers: int) -> tuple[dict, list]:
-    layers = [x for x in m.modules() if isinstance(x, mq.Qwen3_5DecoderLayer)]
+def div_forward(m, prompts_ids: list[list[int]], num_layers: int, layer_cls=None) -> tuple[dict, list]:
+    layer_cls = layer_cls or mq.Qwen3_5DecoderLayer
+    layers = [x for x in m.modules() if isinstance(x, layer_cls)]
     assert len(layers) == num_layers, len(layers)
     norm = final_norm(m)
     captured = {}
@@ -1044,7 +1067,8 @@ def div_forward(m, prompts_ids: list[list[int]], num_layers: int) -> tuple[dict,
     return tensors, stats
 
 
-def div_path(ckpt_rel: str, inv: dict, path_name: str, prompts_ids, want_golden: bool) -> dict:
+def div_path(ckpt_rel: str, inv: dict, path_name: str, prompts_ids, want_golden: bool,
+             layer_cls=None, keep_logits: bool | None = None) -> dict:
     _, auto_name, auto_cls = PATH_BY_NAME[path_name]
     entry = {"name": path_name, "auto_class": auto_name}
     setup_determinism()
@@ -1102,7 +1126,7 @@ def div_path(ckpt_rel: str, inv: dict, path_name: str, prompts_ids, want_golden:
         }
     if want_golden:
         N = m.config.get_text_config().num_hidden_layers
-        tensors, stats = div_forward(m, prompts_ids, N)
+        tensors, stats = div_forward(m, prompts_ids, N, layer_cls)
         metadata = {
             "format": "hsparity.dump.v1",
             "checkpoint": ckpt_rel,
@@ -1115,7 +1139,8 @@ def div_path(ckpt_rel: str, inv: dict, path_name: str, prompts_ids, want_golden:
         out_path = Path(ckpt_rel) / "golden" / f"{path_name}.safetensors"
         # Logits are kept only where they are the point (the tied lm_head); elsewhere they
         # would double the fixture size and add nothing the hidden states do not show.
-        keep_logits = ckpt_rel.endswith("tied-top-level") and path_name == "image-text-to-text"
+        if keep_logits is None:
+            keep_logits = ckpt_rel.endswith("tied-top-level") and path_name == "image-text-to-text"
         save_safetensors(out_path, {k: v for k, v in tensors.items()
                                     if keep_logits or not k.endswith(".logits")}, metadata)
         entry["golden"] = str(out_path)
@@ -1275,6 +1300,154 @@ def print_divergence_table(reports: dict):
 
 
 # ------------------------------------------------------------------------------------------------
+# tiny-qwen3: a dense Qwen3 (model_type qwen3) checkpoint, tied embeddings, head_dim != hidden / heads
+# ------------------------------------------------------------------------------------------------
+QWEN3_REL = "fixtures/tiny-qwen3"
+QWEN3_SEED = SEED + 200
+QWEN3_CONFIG = dict(
+    vocab_size=TOKENIZER_VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=2,
+    num_key_value_heads=1,  # GQA, n_rep = 2
+    head_dim=24,  # deliberately != hidden_size / num_attention_heads (16): q_proj is [48, 32], o_proj [32, 48]
+    rms_norm_eps=1e-6,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+    attention_bias=False,
+    eos_token_id=0,
+    rope_parameters=dict(rope_type="default", rope_theta=1e6),
+)
+
+
+@torch.no_grad()
+def randomise_qwen3(model: torch.nn.Module, gen: torch.Generator):
+    """Every parameter random. Qwen3RMSNorm is ``weight * norm(x)`` (init ones): norms ~ 1 + N(0, 0.1)
+    (input/post-attention layernorms, q_norm / k_norm, final norm); embedding ~ N(0, 1); linears
+    ~ N(0, 1 / fan_in), residual writers (o_proj, down_proj) damped by 0.5. A tied lm_head is the
+    embedding parameter (``named_parameters`` lists it once)."""
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.1 + 1.0)
+        elif name.endswith("embed_tokens.weight"):
+            p.copy_(torch.randn(p.shape, generator=gen))
+        elif p.dim() == 2:
+            damp = 0.5 if re.search(r"(o_proj|down_proj)\.weight$", name) else 1.0
+            p.copy_(torch.randn(p.shape, generator=gen) * (damp / p.shape[1] ** 0.5))
+        else:
+            raise AssertionError(f"unexpected parameter {name} {list(p.shape)}")
+
+
+def make_qwen3_fixture(tok_src: Path) -> dict:
+    ckpt_rel = QWEN3_REL
+    ckpt = REPO / ckpt_rel
+    shutil.rmtree(ckpt, ignore_errors=True)
+    (ckpt / "golden").mkdir(parents=True)
+    setup_determinism()
+    gen = torch.Generator().manual_seed(QWEN3_SEED)
+    model = Qwen3ForCausalLM(Qwen3Config(**QWEN3_CONFIG)).eval().float()
+    randomise_qwen3(model, gen)
+    assert model.lm_head.weight is model.model.embed_tokens.weight, "tie_word_embeddings=True must tie"
+    model.save_pretrained(str(ckpt))
+    assert not (ckpt / "model.safetensors.index.json").exists(), "expected a single model.safetensors"
+    saved = checkpoint_inventory(ckpt)["names"]
+    rewrite_checkpoint(ckpt)  # deterministic bytes; no key changes
+    cfg_written = json.loads((ckpt / "config.json").read_text())
+    for fname in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(tok_src / fname, ckpt / fname)
+
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    prompts = [{"text": DIV_PROMPT_SHORT}, {"text": DIV_PROMPT_LONG}]
+    prompts_ids = [encode(tok, p["text"]) for p in prompts]
+    assert 8 <= len(prompts_ids[0]) <= 14 and 65 <= len(prompts_ids[1]) <= 75, [len(x) for x in prompts_ids]
+    with open(ckpt / "prompts.jsonl", "w") as f:
+        for p in prompts:
+            f.write(json.dumps(p, ensure_ascii=False) + "\n")
+
+    inv = checkpoint_inventory(ckpt)
+    report = {
+        "tool_version": f"transformers {transformers.__version__}",
+        "torch_version": torch.__version__.split("+")[0],
+        "fixture": "tiny-qwen3",
+        "checkpoint": ckpt_rel,
+        "built_with": "Qwen3ForCausalLM(Qwen3Config(**QWEN3_CONFIG)).save_pretrained(dir); float32; weights "
+                      "randomised (norms 1 + N(0, 0.1)); safetensors rewritten deterministically, keys unchanged",
+        "save_pretrained_wrote_lm_head": "lm_head.weight" in saved,
+        "load_arguments": "torch.manual_seed(%d); from_pretrained(checkpoint, output_loading_info=True, "
+                          "attn_implementation='eager')  # dtype defaults to 'auto'" % DIV_INIT_SEED,
+        "forward_arguments": "model(input_ids=ids[None], output_hidden_states=True, use_cache=False)",
+        "config_json": {k: cfg_written.get(k, "<absent>") for k in (
+            "architectures", "model_type", "dtype", "tie_word_embeddings", "head_dim", "hidden_size",
+            "num_attention_heads", "num_key_value_heads", "rope_parameters", "rope_theta", "rms_norm_eps",
+            "attention_bias", "use_sliding_window", "sliding_window", "layer_types")},
+        "checkpoint_files": checkpoint_files(ckpt),
+        "checkpoint_tensors": len(inv["names"]),
+        "checkpoint_dtypes": inv["dtypes"],
+        "checkpoint_first_tensor": {"file": inv["first_tensor"][0], "name": inv["first_tensor"][1],
+                                    "dtype": inv["first_tensor"][2]},
+        "checkpoint_tensors_by_prefix": prefix_counts(inv["names"]),
+        "lm_head_in_checkpoint": "lm_head.weight" in inv["names"],
+        "prompt_token_counts": [len(p) for p in prompts_ids],
+        "paths": [],
+    }
+    goldens = ["causal-lm", "vlm"]
+    for path_name, _, _ in PATHS:
+        entry = div_path(ckpt_rel, inv, path_name, prompts_ids, path_name in goldens,
+                         layer_cls=mq3.Qwen3DecoderLayer, keep_logits=True)
+        report["paths"].append(entry)
+    by = {p["name"]: p for p in report["paths"]}
+    tens = {n: by[n].pop("_tensors") for n in goldens}
+    N = QWEN3_CONFIG["num_hidden_layers"]
+    # div_forward asserts hidden_states[N] == norm(last_layer_output) bitwise; recorded here as a fact
+    report["hidden_states_last_is_final_normed"] = {
+        "hidden_states[N] == norm(last_layer_output) (bitwise, asserted)": True,
+        "hidden_states[N] == last_layer_output": {
+            n: all(torch.equal(tens[n][f"p{k}.hidden_states.{N}"], tens[n][f"p{k}.last_layer_output"])
+                   for k in range(len(prompts_ids))) for n in goldens},
+    }
+    shared = sorted(set(tens["causal-lm"]) & set(tens["vlm"]))
+    hs = [k for k in shared if ".hidden_states." in k or k.endswith(".last_layer_output")]
+    report["cross_path_goldens"] = {"causal-lm vs vlm": {
+        "hidden_states_and_last_layer_output": {
+            "bitwise_equal": all(torch.equal(tens["causal-lm"][k], tens["vlm"][k]) for k in hs),
+            "max_abs_diff": float(max((tens["causal-lm"][k] - tens["vlm"][k]).abs().max() for k in hs))},
+        "logits": None,
+    }}
+    write_json(ckpt / "golden" / "load_report.json", report)
+
+    # the facts this fixture pins down (transformers 5.23.0)
+    assert cfg_written["model_type"] == "qwen3" and cfg_written["tie_word_embeddings"] is True
+    assert cfg_written["head_dim"] == 24
+    assert by["causal-lm"]["class"] == "Qwen3ForCausalLM" and by["vlm"]["class"] == "Qwen3Model"
+    assert by["causal-lm"]["dtype"] == "float32" and by["vlm"]["dtype"] == "float32"
+    assert by["causal-lm"]["tied"] is True and by["causal-lm"]["missing_keys"] == []
+    assert by["causal-lm"]["unexpected_keys"] == [] and by["vlm"]["missing_keys"] == []
+    assert by["vlm"]["unexpected_keys"] == ([] if not report["lm_head_in_checkpoint"] else ["lm_head.weight"])
+    assert by["image-text-to-text"]["loaded"] is False
+    assert report["cross_path_goldens"]["causal-lm vs vlm"]["hidden_states_and_last_layer_output"]["bitwise_equal"]
+    for n in goldens:
+        assert Path(by[n]["golden"]).exists()
+    return report
+
+
+def print_qwen3_summary(rep: dict):
+    log("== tiny-qwen3 (fixtures/tiny-qwen3; dtype 'auto', eager)")
+    log("config:", json.dumps(QWEN3_CONFIG))
+    log("save_pretrained wrote lm_head.weight:", rep["save_pretrained_wrote_lm_head"],
+        "| checkpoint tensors:", rep["checkpoint_tensors"], "| prompt tokens:", rep["prompt_token_counts"])
+    for p in rep["paths"]:
+        if not p["loaded"]:
+            log(f"  {p['auto_class']:28s} ERROR {p['error_type']}: {p['error'].splitlines()[0][:100]}")
+            continue
+        log(f"  {p['auto_class']:28s} -> {p['class']:18s} {p['config_class']}({p['model_type']}) dtype={p['dtype']} "
+            f"tensors={p['state_dict_tensors']} numel={p['numel']} missing={p['missing_keys']} "
+            f"unexpected={p['unexpected_keys']} tied={p['tied']} max|h|={p.get('golden_max_abs_h_per_prompt')}")
+    log("  hidden_states[N]:", json.dumps(rep["hidden_states_last_is_final_normed"]))
+    log("  cross-path:", json.dumps(rep["cross_path_goldens"]))
+
+
+# ------------------------------------------------------------------------------------------------
 # Main
 # ------------------------------------------------------------------------------------------------
 def main():
@@ -1365,6 +1538,10 @@ def main():
     # 8. divergence fixtures (micro checkpoints, one per loading-path divergence source)
     div_reports = make_divergence_fixtures(ckpt)
 
+    # 8b. tiny-qwen3: dense Qwen3 checkpoint (tied embeddings, head_dim 24), built last so that it
+    #     cannot disturb the RNG state of anything above
+    qwen3_report = make_qwen3_fixture(ckpt)
+
     # 9. summary
     log("== tiny-qwen3_5")
     log("text_config:", json.dumps(TEXT_CONFIG))
@@ -1382,6 +1559,7 @@ def main():
     log("GDN kernels:", json.dumps(gdn))
     log("model decay stats (long prompt):", json.dumps(decay))
     print_divergence_table(div_reports)
+    print_qwen3_summary(qwen3_report)
     log("files:")
     total = 0
     for f in sorted((REPO / "fixtures").rglob("*")):

@@ -13,13 +13,26 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// Model families hsparity knows how to emulate.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen3_5", "qwen3_5_text"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen3_5", "qwen3_5_text", "qwen3"];
+
+/// The decoder family a config describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    /// Qwen3.5 hybrid (`qwen3_5`, `qwen3_5_text`): Gated DeltaNet + gated
+    /// attention, zero-centred RMSNorm, partial rotary.
+    #[default]
+    Qwen3_5,
+    /// Qwen3 dense (`qwen3`, `transformers/models/qwen3/modeling_qwen3.py`):
+    /// full attention only, ungated, plain RMSNorm `w·x`, full rotary.
+    Qwen3,
+}
 
 /// The whole `config.json`: the raw JSON (for fields hsparity only reports)
 /// plus the parsed text config.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
-    /// Top-level `model_type` (`qwen3_5` or `qwen3_5_text`).
+    /// Top-level `model_type` (`qwen3_5`, `qwen3_5_text` or `qwen3`).
     pub model_type: String,
     /// The parsed text model config: `text_config` for `qwen3_5`, the top level for `qwen3_5_text`.
     pub text: TextConfig,
@@ -109,6 +122,12 @@ pub struct TextConfig {
     pub partial_rotary_factor: Option<f64>,
     #[serde(default)]
     pub model_type: Option<String>,
+    /// Qwen3 `use_sliding_window` (sliding layers are not implemented).
+    #[serde(default)]
+    pub use_sliding_window: Option<bool>,
+    /// Decoder family (from the top-level `model_type`, not a JSON field).
+    #[serde(skip)]
+    pub family: Family,
 }
 
 fn d_vocab() -> usize {
@@ -189,6 +208,28 @@ impl TextConfig {
     }
 
     fn layer_types_at(&self, prefix: &str) -> std::result::Result<Vec<LayerType>, String> {
+        if self.family == Family::Qwen3 {
+            if self.use_sliding_window == Some(true) {
+                return Err(format!(
+                    "{prefix}use_sliding_window = true: sliding-window attention is not implemented for Qwen3 targets"
+                ));
+            }
+            if let Some(v) = &self.layer_types {
+                if v.len() != self.num_hidden_layers {
+                    return Err(format!(
+                        "{prefix}layer_types has {} entries, {prefix}num_hidden_layers is {}",
+                        v.len(),
+                        self.num_hidden_layers
+                    ));
+                }
+                if let Some((i, t)) = v.iter().enumerate().find(|(_, t)| *t != "full_attention") {
+                    return Err(format!(
+                        "{prefix}layer_types[{i}] = {t:?}: hsparity implements full_attention Qwen3 layers only"
+                    ));
+                }
+            }
+            return Ok(vec![LayerType::FullAttention; self.num_hidden_layers]);
+        }
         match &self.layer_types {
             Some(v) => {
                 if v.len() != self.num_hidden_layers {
@@ -241,13 +282,17 @@ impl TextConfig {
     }
 
     /// `partial_rotary_factor`: `rope_parameters` first, then the plain field,
-    /// default 0.25 (`Qwen3_5TextConfig.__post_init__`).
+    /// default 0.25 for Qwen3.5 (`Qwen3_5TextConfig.__post_init__`), 1 for
+    /// Qwen3 (full rotary).
     pub fn partial_rotary_factor(&self) -> f64 {
         self.rope_parameters
             .as_ref()
             .and_then(|p| p.partial_rotary_factor)
             .or(self.partial_rotary_factor)
-            .unwrap_or(0.25)
+            .unwrap_or(match self.family {
+                Family::Qwen3_5 => 0.25,
+                Family::Qwen3 => 1.0,
+            })
     }
 
     /// Rotary dims per head: `int(head_dim * partial_rotary_factor)`.
@@ -465,7 +510,7 @@ impl ModelConfig {
                     )))
                 }
             },
-            "qwen3_5_text" => (&raw, ""),
+            "qwen3_5_text" | "qwen3" => (&raw, ""),
             other => {
                 return Err(err(format!(
                     "unknown model_type {other:?}: hsparity supports {}",
@@ -483,6 +528,11 @@ impl ModelConfig {
                 )))
             }
         };
+        let family = if model_type == "qwen3" {
+            Family::Qwen3
+        } else {
+            Family::Qwen3_5
+        };
         let mut text: TextConfig = serde_path_to_error::deserialize(text_value).map_err(|e| {
             let path = e.path().to_string();
             if path == "." || path.is_empty() {
@@ -496,6 +546,7 @@ impl ModelConfig {
         if text.dtype.is_none() {
             text.dtype = string_field(legacy, &format!("{prefix}torch_dtype")).map_err(err)?;
         }
+        text.family = family;
         text.check(prefix).map_err(err)?;
         let tie_word_embeddings = match obj.get("tie_word_embeddings") {
             None | Some(Value::Null) => None,

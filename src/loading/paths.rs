@@ -55,6 +55,15 @@ impl LoadingPath {
     /// Auto class has no mapping for the config's `model_type`
     /// (`image-text-to-text` on a `qwen3_5_text` config).
     pub fn class_for(self, cfg: &ModelConfig) -> Option<ModelClass> {
+        if cfg.text.family == crate::checkpoint::config::Family::Qwen3 {
+            // MODEL_FOR_CAUSAL_LM_MAPPING qwen3 -> Qwen3ForCausalLM,
+            // MODEL_MAPPING qwen3 -> Qwen3Model, no image-text-to-text entry.
+            return match self {
+                LoadingPath::CausalLm => Some(ModelClass::Qwen3ForCausalLm),
+                LoadingPath::Vlm => Some(ModelClass::Qwen3Model),
+                LoadingPath::ImageTextToText => None,
+            };
+        }
         match (self, cfg.is_vlm()) {
             (LoadingPath::CausalLm, _) => Some(ModelClass::ForCausalLm),
             (LoadingPath::Vlm, true) => Some(ModelClass::Model),
@@ -110,6 +119,10 @@ pub enum ModelClass {
     TextModel,
     /// `Qwen3_5ForConditionalGeneration`: `model.visual.*`, `model.language_model.*`, `lm_head`.
     ForConditionalGeneration,
+    /// `Qwen3ForCausalLM` (dense Qwen3): `model.*` + `lm_head` (tied by `tie_word_embeddings`).
+    Qwen3ForCausalLm,
+    /// `Qwen3Model` (what `AutoModel` returns for `qwen3`): `embed_tokens`, `layers.*`, `norm`.
+    Qwen3Model,
 }
 
 impl ModelClass {
@@ -120,6 +133,8 @@ impl ModelClass {
             ModelClass::Model => "Qwen3_5Model",
             ModelClass::TextModel => "Qwen3_5TextModel",
             ModelClass::ForConditionalGeneration => "Qwen3_5ForConditionalGeneration",
+            ModelClass::Qwen3ForCausalLm => "Qwen3ForCausalLM",
+            ModelClass::Qwen3Model => "Qwen3Model",
         }
     }
 
@@ -127,7 +142,9 @@ impl ModelClass {
     pub fn has_lm_head(self) -> bool {
         matches!(
             self,
-            ModelClass::ForCausalLm | ModelClass::ForConditionalGeneration
+            ModelClass::ForCausalLm
+                | ModelClass::ForConditionalGeneration
+                | ModelClass::Qwen3ForCausalLm
         )
     }
 
@@ -143,7 +160,13 @@ impl ModelClass {
     /// config, swapped in by `auto_factory.py::from_pretrained`, 392-408), so
     /// dtype and tie come from the text config.
     pub fn uses_text_config(self) -> bool {
-        matches!(self, ModelClass::ForCausalLm | ModelClass::TextModel)
+        matches!(
+            self,
+            ModelClass::ForCausalLm
+                | ModelClass::TextModel
+                | ModelClass::Qwen3ForCausalLm
+                | ModelClass::Qwen3Model
+        )
     }
 
     /// True when the class's state-dict keys start with `base_model_prefix`
@@ -155,9 +178,9 @@ impl ModelClass {
     /// Prefix of text-model keys in this class's state dict.
     pub fn text_prefix(self) -> &'static str {
         match self {
-            ModelClass::ForCausalLm => "model.",
+            ModelClass::ForCausalLm | ModelClass::Qwen3ForCausalLm => "model.",
             ModelClass::Model => "language_model.",
-            ModelClass::TextModel => "",
+            ModelClass::TextModel | ModelClass::Qwen3Model => "",
             ModelClass::ForConditionalGeneration => "model.language_model.",
         }
     }
@@ -176,6 +199,8 @@ impl ModelClass {
     pub fn ignore_patterns(self) -> &'static [&'static str] {
         match self {
             ModelClass::ForCausalLm => &["^mtp.*", "^model.visual.*"],
+            // Qwen3PreTrainedModel declares none.
+            ModelClass::Qwen3ForCausalLm | ModelClass::Qwen3Model => &[],
             _ => &["^mtp.*"],
         }
     }

@@ -14,7 +14,7 @@ use std::fmt;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::checkpoint::config::{LayerType, TextConfig};
+use crate::checkpoint::config::{Family, LayerType, TextConfig};
 use crate::error::{Error, Result};
 
 /// The init transformers gives a parameter that is missing from the
@@ -114,6 +114,12 @@ pub fn text_tensors(tc: &TextConfig) -> Result<Vec<ExpectedTensor>> {
     let nv = tc.linear_num_value_heads;
     let conv = 2 * dk + dv;
     let (nh, nkv, hd) = (tc.num_attention_heads, tc.num_key_value_heads, tc.head_dim);
+    // Qwen3.5: q_proj holds [query | gate] per head, RMSNorms are zero-centred
+    // (zeros init). Qwen3: plain q_proj, RMSNorms `w·x` (ones init).
+    let (q_rows, norm_init) = match tc.family {
+        Family::Qwen3_5 => (2 * nh * hd, InitRule::Zeros),
+        Family::Qwen3 => (nh * hd, InitRule::Ones),
+    };
     let mut v = vec![t(
         "embed_tokens.weight".into(),
         vec![tc.vocab_size, h],
@@ -150,29 +156,21 @@ pub fn text_tensors(tc: &TextConfig) -> Result<Vec<ExpectedTensor>> {
                 v.push(t(p("linear_attn.in_proj_a.weight"), vec![nv, h], normal));
             }
             LayerType::FullAttention => {
-                v.push(t(
-                    p("self_attn.q_proj.weight"),
-                    vec![2 * nh * hd, h],
-                    normal,
-                ));
+                v.push(t(p("self_attn.q_proj.weight"), vec![q_rows, h], normal));
                 v.push(t(p("self_attn.k_proj.weight"), vec![nkv * hd, h], normal));
                 v.push(t(p("self_attn.v_proj.weight"), vec![nkv * hd, h], normal));
                 v.push(t(p("self_attn.o_proj.weight"), vec![h, nh * hd], normal));
-                v.push(t(p("self_attn.q_norm.weight"), vec![hd], InitRule::Zeros));
-                v.push(t(p("self_attn.k_norm.weight"), vec![hd], InitRule::Zeros));
+                v.push(t(p("self_attn.q_norm.weight"), vec![hd], norm_init));
+                v.push(t(p("self_attn.k_norm.weight"), vec![hd], norm_init));
             }
         }
         v.push(t(p("mlp.gate_proj.weight"), vec![i_, h], normal));
         v.push(t(p("mlp.up_proj.weight"), vec![i_, h], normal));
         v.push(t(p("mlp.down_proj.weight"), vec![h, i_], normal));
-        v.push(t(p("input_layernorm.weight"), vec![h], InitRule::Zeros));
-        v.push(t(
-            p("post_attention_layernorm.weight"),
-            vec![h],
-            InitRule::Zeros,
-        ));
+        v.push(t(p("input_layernorm.weight"), vec![h], norm_init));
+        v.push(t(p("post_attention_layernorm.weight"), vec![h], norm_init));
     }
-    v.push(t("norm.weight".into(), vec![h], InitRule::Zeros));
+    v.push(t("norm.weight".into(), vec![h], norm_init));
     Ok(v)
 }
 

@@ -3,9 +3,10 @@
 
 use candle_core::{Device, Tensor};
 
-use super::norm::RmsNorm;
+use super::norm::Norm;
 use super::rope::Rotary;
 use super::{linear, param, LayerGeometry, Positions};
+use crate::checkpoint::config::Family;
 use crate::error::Result;
 use crate::models::WeightSource;
 
@@ -36,8 +37,8 @@ pub struct Attention {
     k_proj: Tensor,
     v_proj: Tensor,
     o_proj: Tensor,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
+    q_norm: Norm,
+    k_norm: Norm,
     geo: LayerGeometry,
 }
 
@@ -50,8 +51,8 @@ impl Attention {
             k_proj: param(src, &format!("{prefix}.k_proj.weight"), p)?,
             v_proj: param(src, &format!("{prefix}.v_proj.weight"), p)?,
             o_proj: param(src, &format!("{prefix}.o_proj.weight"), p)?,
-            q_norm: RmsNorm::load(src, &format!("{prefix}.q_norm"), geo.eps, p)?,
-            k_norm: RmsNorm::load(src, &format!("{prefix}.k_norm"), geo.eps, p)?,
+            q_norm: Norm::load(src, &format!("{prefix}.q_norm"), geo.eps, p, geo.family)?,
+            k_norm: Norm::load(src, &format!("{prefix}.k_norm"), geo.eps, p, geo.family)?,
             geo,
         })
     }
@@ -71,9 +72,17 @@ impl Attention {
         let prec = g.prec;
         let t = x.dim(0)?;
         let (nh, nkv, hd) = (g.num_heads, g.num_kv_heads, g.head_dim);
-        let qg = linear(x, &self.q_proj, prec)?.reshape((t, nh, 2 * hd))?;
-        let q = qg.narrow(2, 0, hd)?;
-        let gate = qg.narrow(2, hd, hd)?.reshape((t, nh * hd))?;
+        // Qwen3.5: q_proj rows are [query_h | gate_h] per head; Qwen3: query only.
+        let gated = g.family == Family::Qwen3_5;
+        let (q, gate) = if gated {
+            let qg = linear(x, &self.q_proj, prec)?.reshape((t, nh, 2 * hd))?;
+            (
+                qg.narrow(2, 0, hd)?,
+                Some(qg.narrow(2, hd, hd)?.reshape((t, nh * hd))?),
+            )
+        } else {
+            (linear(x, &self.q_proj, prec)?.reshape((t, nh, hd))?, None)
+        };
         let q = self.q_norm.forward(&q.contiguous()?)?;
         let k = self
             .k_norm
@@ -121,8 +130,13 @@ impl Attention {
         let probs = prec.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
         let out = prec.round(&probs.matmul(&v)?)?; // [1, nh, T, hd]
         let out = out.squeeze(0)?.transpose(0, 1)?.reshape((t, nh * hd))?;
-        let gate = prec.round(&candle_nn::ops::sigmoid(&gate)?)?;
-        let out = prec.round(&(out * gate)?)?;
+        let out = match gate {
+            Some(gate) => {
+                let gate = prec.round(&candle_nn::ops::sigmoid(&gate)?)?;
+                prec.round(&(out * gate)?)?
+            }
+            None => out,
+        };
         linear(&out, &self.o_proj, prec)
     }
 }

@@ -15,14 +15,14 @@ pub mod rope;
 
 use candle_core::{Device, Tensor};
 
-use crate::checkpoint::config::{LayerType, TextConfig};
+use crate::checkpoint::config::{Family, LayerType, TextConfig};
 use crate::error::{Error, Result};
 use crate::models::precision::Precision;
 use crate::models::WeightSource;
 pub use attention::{Attention, KvCache};
 pub use gated_delta_net::{GatedDeltaNet, GdnForm, GdnState};
 use mlp::Mlp;
-use norm::RmsNorm;
+use norm::Norm;
 use rope::Rotary;
 
 /// `x · Wᵀ` for `x`: `[T, in]`, `w`: `[out, in]` → `[T, out]` (nn.Linear, no
@@ -51,6 +51,8 @@ pub struct LayerGeometry {
     pub eps: f64,
     /// Compute dtype emulated by every op of the layer.
     pub prec: Precision,
+    /// Decoder family (gated attention and zero-centred norms for Qwen3.5).
+    pub family: Family,
 }
 
 impl LayerGeometry {
@@ -68,6 +70,7 @@ impl LayerGeometry {
             conv_kernel: cfg.linear_conv_kernel_dim,
             eps: cfg.rms_norm_eps,
             prec,
+            family: cfg.family,
         }
     }
 
@@ -220,9 +223,9 @@ pub enum LayerState {
 pub struct DecoderLayer {
     pub index: usize,
     pub layer_type: LayerType,
-    input_layernorm: RmsNorm,
+    input_layernorm: Norm,
     mixer: Mixer,
-    post_attention_layernorm: RmsNorm,
+    post_attention_layernorm: Norm,
     mlp: Mlp,
     prec: Precision,
 }
@@ -249,13 +252,20 @@ impl DecoderLayer {
         Ok(Self {
             index: i,
             layer_type,
-            input_layernorm: RmsNorm::load(src, &format!("{p}.input_layernorm"), geo.eps, prec)?,
+            input_layernorm: Norm::load(
+                src,
+                &format!("{p}.input_layernorm"),
+                geo.eps,
+                prec,
+                geo.family,
+            )?,
             mixer,
-            post_attention_layernorm: RmsNorm::load(
+            post_attention_layernorm: Norm::load(
                 src,
                 &format!("{p}.post_attention_layernorm"),
                 geo.eps,
                 prec,
+                geo.family,
             )?,
             mlp: Mlp::load(src, &format!("{p}.mlp"), prec)?,
             prec,
@@ -300,12 +310,18 @@ impl DecoderLayer {
 
 /// Final `norm` (zero-centred RMSNorm, line 1283).
 #[derive(Debug, Clone)]
-pub struct FinalNorm(RmsNorm);
+pub struct FinalNorm(Norm);
 
 impl FinalNorm {
     /// Loads `norm.weight`, computing in `prec`.
     pub fn load(spec: &TextModelSpec, src: &dyn WeightSource, prec: Precision) -> Result<Self> {
-        Ok(Self(RmsNorm::load(src, "norm", spec.geo.eps, prec)?))
+        Ok(Self(Norm::load(
+            src,
+            "norm",
+            spec.geo.eps,
+            prec,
+            spec.geo.family,
+        )?))
     }
     /// `[T, H]` → `[T, H]`.
     pub fn forward(&self, h: &Tensor) -> Result<Tensor> {

@@ -104,3 +104,40 @@ impl PlainRmsNorm {
         self.prec.round(&n.broadcast_mul(&self.weight)?)
     }
 }
+
+/// The decoder norm of a family: zero-centred for Qwen3.5, plain for Qwen3.
+#[derive(Debug, Clone)]
+pub enum Norm {
+    /// `Qwen3_5RMSNorm`: `norm(x)·(1+w)`.
+    ZeroCentred(RmsNorm),
+    /// `Qwen3RMSNorm`: `w·norm(x)`.
+    Plain(PlainRmsNorm),
+}
+
+impl Norm {
+    /// Loads `{prefix}.weight` as the norm of `family`.
+    pub fn load(
+        src: &dyn WeightSource,
+        prefix: &str,
+        eps: f64,
+        prec: Precision,
+        family: crate::checkpoint::config::Family,
+    ) -> Result<Self> {
+        Ok(match family {
+            crate::checkpoint::config::Family::Qwen3_5 => {
+                Norm::ZeroCentred(RmsNorm::load(src, prefix, eps, prec)?)
+            }
+            crate::checkpoint::config::Family::Qwen3 => {
+                Norm::Plain(PlainRmsNorm::load(src, prefix, eps, prec)?)
+            }
+        })
+    }
+
+    /// `[.., D]` → `[.., D]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Norm::ZeroCentred(n) => n.forward(x),
+            Norm::Plain(n) => n.forward(x),
+        }
+    }
+}
