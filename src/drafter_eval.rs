@@ -26,6 +26,33 @@ use crate::models::qwen3_5::Embedding;
 pub const END_RULE: &str =
     "z-lab dflash GitHub main: full blocks every round, record a+1, stop when start >= prompt_len + max_new_tokens";
 
+/// The end-of-generation rule of the `dflash` 0.1.0 wheel on PyPI.
+pub const END_RULE_WHEEL: &str = "dflash 0.1.0 wheel (PyPI): verify min(B, max_length - start) tokens, record min(a+1, max_length - start - 1), loop while start + 1 < max_length";
+
+/// Which reference loop's end-of-generation rule to replay (dflash brief §8:
+/// GitHub main and the PyPI wheel, both "0.1.0", differ only there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndRule {
+    /// z-lab GitHub main @44947fb ([`END_RULE`]).
+    #[default]
+    GithubMain,
+    /// The PyPI wheel's `dflash_generate` ([`END_RULE_WHEEL`]): the last
+    /// blocks shrink to the tokens left, and recorded lengths sum to
+    /// `max_new_tokens - 1`.
+    Wheel,
+}
+
+impl EndRule {
+    /// The sentence reports print.
+    pub fn describe(self) -> &'static str {
+        match self {
+            EndRule::GithubMain => END_RULE,
+            EndRule::Wheel => END_RULE_WHEEL,
+        }
+    }
+}
+
 /// What the drafter needs from a target: its embedding and LM head.
 pub struct DraftTarget<'a> {
     /// The drafter.
@@ -67,7 +94,17 @@ pub fn draft_logits(
     feats: &Tensor,
     start: usize,
 ) -> Result<Tensor> {
-    let b = t.drafter.cfg.block_size;
+    draft_logits_block(t, tokens, feats, start, t.drafter.cfg.block_size)
+}
+
+/// As [`draft_logits`] with a block of `b` slots (the wheel shrinks the last blocks).
+pub fn draft_logits_block(
+    t: &DraftTarget,
+    tokens: &[u32],
+    feats: &Tensor,
+    start: usize,
+    b: usize,
+) -> Result<Tensor> {
     let mut block = vec![t.drafter.cfg.mask_token_id; b];
     block[0] = tokens[start];
     let noise = t.embed.forward(&block)?;
@@ -99,10 +136,40 @@ pub fn replay_dflash(
     feats: &Tensor,
     max_new: usize,
 ) -> Result<PromptTau> {
+    replay_dflash_rule(t, tokens, prompt_len, feats, max_new, EndRule::GithubMain)
+}
+
+/// [`replay_dflash`] under a chosen end-of-generation rule.
+pub fn replay_dflash_rule(
+    t: &DraftTarget,
+    tokens: &[u32],
+    prompt_len: usize,
+    feats: &Tensor,
+    max_new: usize,
+    rule: EndRule,
+) -> Result<PromptTau> {
     let b = t.drafter.cfg.block_size;
     check_len(tokens, prompt_len, max_new, b)?;
     let mut start = prompt_len;
     let mut lens = Vec::new();
+    if rule == EndRule::Wheel {
+        let max_length = prompt_len + max_new;
+        while start + 1 < max_length {
+            let vs = b.min(max_length - start);
+            let drafts = draft_logits_block(t, tokens, feats, start, vs)?
+                .argmax(D::Minus1)?
+                .to_vec1::<u32>()?;
+            let a = drafts
+                .iter()
+                .zip(&tokens[start + 1..])
+                .take_while(|(d, x)| d == x)
+                .count();
+            let produced = (a + 1).min(max_length - start - 1);
+            lens.push(produced);
+            start += produced;
+        }
+        return Ok(PromptTau::new(lens));
+    }
     while start < prompt_len + max_new {
         let drafts = draft_logits(t, tokens, feats, start)?
             .argmax(D::Minus1)?

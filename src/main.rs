@@ -180,6 +180,26 @@ struct DrafterEvalArgs {
     /// Exit 1 when τ on two paths differs by more than this.
     #[arg(long, default_value_t = 0.05)]
     max_tau_gap: f64,
+    /// End-of-generation rule replayed: main (z-lab GitHub main) or wheel (the dflash 0.1.0 PyPI wheel).
+    #[arg(long, value_enum, default_value = "main")]
+    end_rule: RuleArg,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RuleArg {
+    /// z-lab GitHub main: full blocks every round, record a+1.
+    Main,
+    /// dflash 0.1.0 wheel: last blocks shrink, recorded lengths sum to max_new_tokens - 1.
+    Wheel,
+}
+
+impl From<RuleArg> for hsparity::drafter_eval::EndRule {
+    fn from(r: RuleArg) -> Self {
+        match r {
+            RuleArg::Main => Self::GithubMain,
+            RuleArg::Wheel => Self::Wheel,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -345,6 +365,7 @@ fn run(cli: Cli) -> Result<u8> {
                     max_new_tokens: a.drafter_opts.max_new_tokens,
                     ddtree_budget: a.drafter_opts.ddtree_budget,
                     max_tau_gap: a.drafter_opts.max_tau_gap,
+                    end_rule: a.drafter_opts.end_rule.into(),
                 }),
             };
             let dir = match &a.name {
@@ -420,6 +441,7 @@ fn run(cli: Cli) -> Result<u8> {
                 dtype: a.dtype.clone(),
                 seed: a.seed,
                 quiet: a.quiet,
+                end_rule: a.eval.end_rule.into(),
             })?;
             if a.json {
                 println!(

@@ -109,6 +109,7 @@ fn replay_reproduces_the_reference_loop_on_both_paths() {
         dtype: "auto".into(),
         seed: 0,
         quiet: true,
+        end_rule: Default::default(),
     })
     .unwrap();
     for p in &rep.paths {

@@ -101,6 +101,35 @@ intermediate 16, 3 taps [0, 1, 2], block_size 6). Keys, case i = 0, 1, 2:
 Cases: 0 = first round of prompt 0 (C = prompt length, positions 0..); 1 = the third round of prompt 11
 (C = start, all rows of positions < start); 2 = a window: only the 12 context rows of positions
 start-12..start-1 (position_ids do not start at 0). ``__metadata__`` describes them.
+
+``--family qwen3`` (``fixtures/toy-pair-qwen3/``)
+===============================================
+
+The same kind of pair on a **dense Qwen3** target, so that z-lab's own loop ``dflash.model.dflash_generate`` (which
+crops the target's KV cache: fine for Qwen3, wrong for Qwen3.5, dflash.md §8) can be the reference:
+
+    .venv/bin/python tools/train_toy_pair.py --family qwen3              # train + evaluate (~8-10 min)
+    .venv/bin/python tools/train_toy_pair.py --family qwen3 --eval-only  # golden/ + prompts from the saved weights
+
+* same corpus, tokenizer (``target/tokenizer.json``, ``tokenizer_config.json``) and ``prompts.jsonl`` as the
+  qwen3_5 pair (asserted byte-equal when ``fixtures/toy-pair/`` is present);
+* ``target/``: ``Qwen3ForCausalLM`` (model_type qwen3), QWEN3_TARGET_CONFIG (untied lm_head), trained Q3_T_STEPS
+  steps with the target recipe above, saved by ``model.to(torch.bfloat16).save_pretrained`` (single
+  ``model.safetensors``, rewritten deterministically) + ``generation_config.json``;
+* ``drafter/``: DRAFT_CONFIG trained by ``train_drafter`` on the Qwen3 target's taps (no random drafter, no
+  drafter_forward golden);
+* ``golden/reference_generate.json``: per prompt, ``dflash.model.dflash_generate(drafter, target, ids[None],
+  max_new_tokens=64, stop_token_ids=None, temperature=0.0, return_stats=True)`` with the target from
+  ``AutoModelForCausalLM.from_pretrained(target, attn_implementation="eager")`` (dtype auto = bf16) and the
+  drafter from ``DFlashDraftModel.from_pretrained(drafter, dtype=torch.bfloat16)``. Keys: ``format``, ``tools``,
+  ``settings`` (incl. ``end_rule``: WHEEL_END_RULE), ``training``, ``prompts`` (family, num_tokens, text,
+  target_continuation, matches_pattern, first_mismatch), ``class``, ``dtype``, ``tau_macro``, ``tau_pooled``,
+  ``rounds``, ``histogram``, ``histogram_fraction``, ``dflash_equals_greedy``,
+  ``generate_equals_full_reforward_greedy``, ``per_prompt`` (prompt, num_tokens, ``output_ids`` = the 64 generated
+  ids, ``greedy_ids`` = the target's greedy continuation by full re-forward, ``acceptance_lengths`` = the
+  package's ``produced`` per round, ``tau``). Asserted: output_ids == greedy_ids == ``generate(do_sample=False)``
+  for every prompt, sum(acceptance_lengths) = 63, tau_macro >= 3, sizes (target < 350 KB, drafter < 150 KB,
+  folder < 550 KB).
 """
 from __future__ import annotations
 
@@ -317,6 +346,29 @@ D_SEQS, D_STEPS, D_BATCH, D_ANCHORS, D_LR = 1024, 2500, 16, 12, 3e-3
 MAX_NEW = 64
 DDTREE_BUDGET = 8
 
+# --family qwen3: a dense Qwen3 target (Qwen3ForCausalLM), same corpus / tokenizer / drafter recipe
+OUT_REL_QWEN3 = "fixtures/toy-pair-qwen3"
+QWEN3_TARGET_CONFIG = dict(
+    vocab_size=len(VOCAB),
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    eos_token_id=0,
+    rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+)
+Q3_T_STEPS = 2000
+WHEEL_END_RULE = ("PyPI dflash 0.1.0 wheel: loop while start + 1 < max_length (max_length = N + max_new_tokens); "
+                  "verify size = min(B, max_length - start) (shortened blocks in the last rounds; no draft forward "
+                  "when it is 1); record produced = min(a + 1, max_length - start - 1) and start += produced; "
+                  "output = out[:min(start + 1, max_length)], so sum(acceptance_lengths) = max_new_tokens - 1; "
+                  "stop_token_ids None")
+
 
 # ------------------------------------------------------------------------------------------------
 # Helpers
@@ -394,6 +446,42 @@ def train_target(target_dir: Path) -> dict:
     rewrite_safetensors(target_dir / "model.safetensors")
     return {"steps": T_STEPS, "batch": T_BATCH, "seq": SEQ, "lr": T_LR, "seconds": round(secs, 1),
             "final_loss_avg50": round(sum(losses[-50:]) / 50, 4), "loss_first": round(losses[0], 4)}
+
+
+def train_target_qwen3(target_dir: Path) -> dict:
+    """--family qwen3: the same recipe as train_target on a dense Qwen3ForCausalLM (Q3_T_STEPS steps)."""
+    from transformers import Qwen3ForCausalLM
+    setup_determinism(SEED)
+    model = Qwen3ForCausalLM(Qwen3Config(**QWEN3_TARGET_CONFIG)).float()
+    model.train()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=T_LR, betas=(0.9, 0.98), weight_decay=0.0)
+    rng = random.Random(SEED)
+    losses = []
+    t = time.time()
+    for step in range(Q3_T_STEPS):
+        x = torch.tensor([ids_of(make_sample(rng)) for _ in range(T_BATCH)])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, Q3_T_STEPS, T_LR)
+        h = model.model(input_ids=x, use_cache=False).last_hidden_state
+        logits = model.lm_head(h[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if step % 100 == 0 or step == Q3_T_STEPS - 1:
+            log(f"target step {step:4d} loss {loss.item():.4f} (avg50 {sum(losses[-50:]) / len(losses[-50:]):.4f})")
+    secs = time.time() - t
+    model.eval()
+    model.to(torch.bfloat16).save_pretrained(str(target_dir))
+    files = sorted(p.name for p in target_dir.glob("*.safetensors"))
+    assert files == ["model.safetensors"], files
+    rewrite_safetensors(target_dir / "model.safetensors")
+    return {"class": "Qwen3ForCausalLM", "steps": Q3_T_STEPS, "batch": T_BATCH, "seq": SEQ, "lr": T_LR,
+            "seconds": round(secs, 1), "final_loss_avg50": round(sum(losses[-50:]) / 50, 4),
+            "loss_first": round(losses[0], 4)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -699,6 +787,50 @@ def decode_ids(ids):
     return "".join(VOCAB[i] for i in ids)
 
 
+def evaluate_generate(root: Path, prompts_ids: list[list[int]]) -> dict:
+    """--family qwen3: z-lab's own loop, dflash.model.dflash_generate (KV caches cropped; fine for a dense
+    Qwen3 target), checked against the target's plain greedy continuation (T = 0 is lossless)."""
+    import dflash.model as dm
+    setup_determinism(SEED + 4)
+    if not torch.cuda.is_available():
+        dm._cuda_time = time.perf_counter  # return_stats timing calls torch.cuda.synchronize(); timings not recorded
+    tdir, ddir = root / "target", root / "drafter"
+    target = AutoModelForCausalLM.from_pretrained(str(tdir), attn_implementation="eager").eval()
+    assert type(target).__name__ == "Qwen3ForCausalLM" and target.dtype == torch.bfloat16, (type(target), target.dtype)
+    draft = DFlashDraftModel.from_pretrained(str(ddir), dtype=torch.bfloat16).eval()
+    assert draft.target_layer_ids == TAPS and draft.block_size == BLOCK and draft.mask_token_id == MASK_ID
+    path = Path_("causal-lm", target, target.lm_head, TAPS)
+    prompts, per = [], []
+    for i, ids in enumerate(prompts_ids):
+        N = len(ids)
+        greedy = greedy_trajectory(path, ids, MAX_NEW)[N:]  # full re-forward per token, no cache
+        with torch.no_grad():
+            gen = target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, N, dtype=torch.long),
+                                  do_sample=False, max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW)[0, N:].tolist()
+        assert gen == greedy, f"prompt {i}: generate (KV cache) departs from the full re-forward greedy"
+        r = dm.dflash_generate(draft, target, torch.tensor(ids)[None], max_new_tokens=MAX_NEW, stop_token_ids=None,
+                               temperature=0.0, return_stats=True)
+        out = r.output_ids[0, N:].tolist()
+        acc = [int(a) for a in r.acceptance_lengths]
+        assert r.num_input_tokens == N and r.num_output_tokens == len(out) == MAX_NEW, (i, len(out))
+        assert sum(acc) == MAX_NEW - 1, (i, acc)
+        assert out == greedy, f"prompt {i}: dflash_generate output departs from the greedy continuation"
+        fam, hi, plen = EVAL_PROMPTS[i]
+        truth = true_continuation(fam, hi, plen)
+        first_bad = next((j for j, (a, b) in enumerate(zip(greedy, truth)) if a != b), None)
+        prompts.append({"family": fam, "num_tokens": N, "text": decode_ids(ids),
+                        "target_continuation": decode_ids(greedy),
+                        "matches_pattern": sum(a == b for a, b in zip(greedy, truth)) / MAX_NEW,
+                        "first_mismatch": first_bad})
+        per.append({"prompt": i, "num_tokens": N, "output_ids": out, "greedy_ids": greedy,
+                    "acceptance_lengths": acc, "tau": round(sum(acc) / len(acc), 4)})
+    log("dflash_generate done")
+    return {"class": type(target).__name__, "dtype": "bfloat16",
+            **summarise([p["acceptance_lengths"] for p in per], BLOCK),
+            "dflash_equals_greedy": True, "generate_equals_full_reforward_greedy": True,
+            "per_prompt": per, "prompts": prompts}
+
+
 # ------------------------------------------------------------------------------------------------
 # 4. drafter forward goldens
 # ------------------------------------------------------------------------------------------------
@@ -774,6 +906,8 @@ def sha_tree(root: Path) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--eval-only", action="store_true", help="reuse target/ and drafter/, redo the rest")
+    ap.add_argument("--family", choices=["qwen3_5", "qwen3"], default="qwen3_5",
+                    help="target family: qwen3_5 -> fixtures/toy-pair/ (default), qwen3 -> fixtures/toy-pair-qwen3/")
     args = ap.parse_args()
     os.chdir(REPO)
     if transformers.__version__ != EXPECTED_TRANSFORMERS:
@@ -782,6 +916,8 @@ def main():
         sys.exit(f"need dflash {EXPECTED_DFLASH}, have {dflash_version()}")
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    if args.family == "qwen3":
+        return main_qwen3(args)
     root = REPO / OUT_REL
     tdir, ddir, gdir = root / "target", root / "drafter", root / "golden"
     train_info = {}
@@ -797,20 +933,7 @@ def main():
     gdir.mkdir(parents=True)
 
     # tokenizer + prompts
-    tok = build_tokenizer()
-    tok.save(str(tdir / "tokenizer.json"), pretty=True)
-    write_json(tdir / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
-                                                 "eos_token": EOT, "add_bos_token": False, "add_eos_token": False})
-    tok = Tokenizer.from_file(str(tdir / "tokenizer.json"))
-    prompts, prompts_ids = [], []
-    for fam, hi, plen in EVAL_PROMPTS:
-        text = family_text(fam, HELD_OUT[fam][hi])[:plen]
-        assert 10 <= plen <= 40
-        prompts.append({"text": text})
-        prompts_ids.append(encode(tok, text))
-    with open(root / "prompts.jsonl", "w") as f:
-        for p in prompts:
-            f.write(json.dumps(p) + "\n")
+    prompts_ids = write_tokenizer_and_prompts(root, tdir)
 
     if not args.eval_only:
         log("training target")
@@ -864,6 +987,99 @@ def main():
     log(f"{total:8d}  total")
     tau = res["paths"]["causal-lm"]["tau_macro"]
     assert tau >= 3.0, f"tau macro {tau} < 3"
+    log(f"sha256 of tree: {hashlib.sha256(json.dumps(sha_tree(root), sort_keys=True).encode()).hexdigest()}")
+
+
+def write_tokenizer_and_prompts(root: Path, tdir: Path) -> list[list[int]]:
+    tok = build_tokenizer()
+    tok.save(str(tdir / "tokenizer.json"), pretty=True)
+    write_json(tdir / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
+                                                 "eos_token": EOT, "add_bos_token": False, "add_eos_token": False})
+    tok = Tokenizer.from_file(str(tdir / "tokenizer.json"))
+    prompts, prompts_ids = [], []
+    for fam, hi, plen in EVAL_PROMPTS:
+        text = family_text(fam, HELD_OUT[fam][hi])[:plen]
+        assert 10 <= plen <= 40
+        prompts.append({"text": text})
+        prompts_ids.append(encode(tok, text))
+    with open(root / "prompts.jsonl", "w") as f:
+        for p in prompts:
+            f.write(json.dumps(p) + "\n")
+    return prompts_ids
+
+
+def main_qwen3(args):
+    """--family qwen3: fixtures/toy-pair-qwen3/ (target/, drafter/, prompts.jsonl, golden/reference_generate.json)."""
+    root = REPO / OUT_REL_QWEN3
+    tdir, ddir, gdir = root / "target", root / "drafter", root / "golden"
+    train_info = {}
+    if not args.eval_only:
+        shutil.rmtree(root, ignore_errors=True)
+        tdir.mkdir(parents=True)
+        ddir.mkdir(parents=True)
+    else:
+        train_info = json.loads((gdir / "reference_generate.json").read_text())["training"]
+        shutil.rmtree(gdir, ignore_errors=True)
+        (root / "prompts.jsonl").unlink(missing_ok=True)
+    gdir.mkdir(parents=True)
+    prompts_ids = write_tokenizer_and_prompts(root, tdir)
+    # same tokenizer and prompts as the qwen3_5 pair (when that fixture is present)
+    for f in ("target/tokenizer.json", "target/tokenizer_config.json", "prompts.jsonl"):
+        other = REPO / OUT_REL / f
+        if other.exists():
+            assert other.read_bytes() == (root / f).read_bytes(), f
+
+    if not args.eval_only:
+        log("training target (qwen3)")
+        train_info["target"] = train_target_qwen3(tdir)
+        log(f"target done: {train_info['target']}")
+        train_info["drafter"] = train_drafter(tdir, ddir)
+        log(f"drafter done: {train_info['drafter']}")
+
+    res = evaluate_generate(root, prompts_ids)
+    prompts_info = res.pop("prompts")
+    ref = {
+        "format": "hsparity toy-pair-qwen3 reference generate v1",
+        "tools": {"transformers": transformers.__version__, "torch": torch.__version__, "dflash": dflash_version()},
+        "settings": {"function": "dflash.model.dflash_generate",
+                     "call": "dflash_generate(drafter, target, input_ids[None], max_new_tokens=64, stop_token_ids=None, "
+                             "temperature=0.0, return_stats=True)",
+                     "block_size": BLOCK, "max_new_tokens": MAX_NEW, "temperature": 0.0, "stop_token_ids": None,
+                     "mask_token_id": MASK_ID, "target_layer_ids": TAPS,
+                     "end_rule": WHEEL_END_RULE,
+                     "target": "AutoModelForCausalLM.from_pretrained(target, attn_implementation=eager), dtype auto (bf16)",
+                     "drafter": "DFlashDraftModel.from_pretrained(drafter, dtype=bfloat16)",
+                     "output_ids": "generated part only: output_ids[0, N:] (prompt excluded)",
+                     "acceptance_lengths": "the package's recorded `produced` per round",
+                     "greedy_ids": "target greedy continuation, full re-forward per token (no cache); "
+                                   "generate(do_sample=False) gives the same ids",
+                     "timing": "dflash.model._cuda_time replaced by time.perf_counter on CPU; timings not recorded"},
+        "training": train_info,
+        "prompts": prompts_info,
+        **res,
+    }
+    (gdir / "reference_generate.json").write_text(dump_compact(ref) + "\n")
+
+    log("=== training ===")
+    for k, v in train_info.items():
+        log(f"{k}: {v}")
+    log("=== tau (dflash_generate, B=8, T=0, 64 new tokens) ===")
+    for p, q in zip(res["per_prompt"], prompts_info):
+        log(f"p{p['prompt']:2d} {q['family']:5s} {p['num_tokens']:2d} tok  pattern {q['matches_pattern']:.2f}  "
+            f"tau {p['tau']:.3f}  {p['acceptance_lengths']}  {q['text']!r}")
+    log(f"tau macro {res['tau_macro']} pooled {res['tau_pooled']} rounds {res['rounds']} "
+        f"histogram {list(res['histogram'].values())}")
+    log("=== files ===")
+    total = 0
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            total += p.stat().st_size
+            log(f"{p.stat().st_size:8d}  {p.relative_to(REPO)}")
+    log(f"{total:8d}  total")
+    assert (tdir / "model.safetensors").stat().st_size < 350_000
+    assert (ddir / "model.safetensors").stat().st_size < 150_000
+    assert total < 550_000, total
+    assert res["tau_macro"] >= 3.0, f"tau macro {res['tau_macro']} < 3"
     log(f"sha256 of tree: {hashlib.sha256(json.dumps(sha_tree(root), sort_keys=True).encode()).hexdigest()}")
 
 

@@ -111,6 +111,8 @@ pub struct DrafterSettings {
     pub ddtree_budget: usize,
     /// Exit 1 when τ differs between paths by more than this.
     pub max_tau_gap: f64,
+    /// End-of-generation rule replayed.
+    pub end_rule: crate::drafter_eval::EndRule,
 }
 
 /// Where a report was written.
@@ -313,6 +315,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
                 dtype: opts.dtype.clone(),
                 seed: opts.seed,
                 quiet: opts.quiet,
+                end_rule: d.end_rule,
             })?;
             let taus: Vec<String> = dr
                 .paths

@@ -6,7 +6,7 @@ use crate::checkpoint::resolve;
 use crate::commands::{progress, Session};
 use crate::drafter_eval::{
     self, CrossTau, DdtreeTau, DraftTarget, DrafterInfo, DrafterReport, PathTau, PromptReplay,
-    PromptTau, END_RULE,
+    PromptTau,
 };
 use crate::error::{Error, Result};
 use crate::loading::LoadingPath;
@@ -39,6 +39,8 @@ pub struct DrafterOptions {
     pub seed: u64,
     /// Hide progress.
     pub quiet: bool,
+    /// End-of-generation rule of the reference loop to replay.
+    pub end_rule: drafter_eval::EndRule,
 }
 
 /// Reads the drafter's dtype from its config (`dtype`/`torch_dtype`), f32 when absent.
@@ -95,15 +97,24 @@ pub fn load_drafter(
 
 /// Replays DFlash and DDTree-`budget` on every prompt's trajectory with the
 /// features `feats[k]`, drafting through `model`'s embedding and LM head.
+/// What a replay walks: new tokens per prompt, DDTree budget, and the
+/// DFlash end-of-generation rule (DDTree always uses GitHub main's).
+#[derive(Debug, Clone, Copy)]
+pub struct Replay {
+    pub max_new: usize,
+    pub budget: usize,
+    pub rule: drafter_eval::EndRule,
+}
+
 pub fn replay_all(
     drafter: &Drafter,
     model: &TextModel,
     tokens: &[Vec<u32>],
     prompt_lens: &[usize],
     feats: &[candle_core::Tensor],
-    max_new: usize,
-    budget: usize,
+    r: Replay,
 ) -> Result<(Vec<PromptTau>, Vec<PromptTau>)> {
+    let (max_new, budget) = (r.max_new, r.budget);
     let head = model
         .lm_head()
         .ok_or_else(|| Error::Input("drafting needs the target's lm_head".into()))?
@@ -116,7 +127,9 @@ pub fn replay_all(
     let mut dfl = Vec::new();
     let mut tree = Vec::new();
     for ((toks, &n), f) in tokens.iter().zip(prompt_lens).zip(feats) {
-        dfl.push(drafter_eval::replay_dflash(&t, toks, n, f, max_new)?);
+        dfl.push(drafter_eval::replay_dflash_rule(
+            &t, toks, n, f, max_new, r.rule,
+        )?);
         tree.push(drafter_eval::replay_ddtree(
             &t, toks, n, f, max_new, budget,
         )?);
@@ -219,8 +232,11 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
             &traj.tokens,
             &prompt_lens,
             &feats,
-            opts.max_new_tokens,
-            opts.ddtree_budget,
+            Replay {
+                max_new: opts.max_new_tokens,
+                budget: opts.ddtree_budget,
+                rule: opts.end_rule,
+            },
         )
     };
 
@@ -312,7 +328,7 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
             num_hidden_layers: drafter.cfg.num_hidden_layers,
             dtype: dprec.name().into(),
         },
-        end_rule: END_RULE.into(),
+        end_rule: opts.end_rule.describe().into(),
         max_new_tokens: opts.max_new_tokens,
         tau_gap,
         max_tau_gap: opts.max_tau_gap,

@@ -14,8 +14,9 @@ use std::time::Instant;
 use candle_core::Tensor;
 use serde::Serialize;
 
-use crate::commands::drafter::{load_drafter, replay_all};
+use crate::commands::drafter::{load_drafter, replay_all, Replay};
 use crate::commands::{progress, Session};
+use crate::drafter_eval::EndRule;
 use crate::drafter_eval::{self, PromptTau};
 use crate::error::{Error, Result};
 use crate::loading::{InitRule, LoadingPath};
@@ -280,8 +281,11 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
         &base_tokens,
         &prompt_lens,
         &base_feats,
-        max_new,
-        opts.ddtree_budget,
+        Replay {
+            max_new,
+            budget: opts.ddtree_budget,
+            rule: EndRule::GithubMain,
+        },
     )?;
     let baseline = Baseline {
         path: "causal-lm".into(),
@@ -326,8 +330,11 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
             &tokens,
             &prompt_lens,
             &own,
-            max_new,
-            opts.ddtree_budget,
+            Replay {
+                max_new,
+                budget: opts.ddtree_budget,
+                rule: EndRule::GithubMain,
+            },
         )?;
         Ok((on_base, d, t))
     };
@@ -373,8 +380,11 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
                             &base_tokens,
                             &prompt_lens,
                             &f,
-                            max_new,
-                            opts.ddtree_budget,
+                            Replay {
+                                max_new,
+                                budget: opts.ddtree_budget,
+                                rule: EndRule::GithubMain,
+                            },
                         )?;
                         let name = match kind {
                             "tap-offset--1" => "tap-offset-1",
