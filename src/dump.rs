@@ -90,6 +90,12 @@ impl Dump {
             let Some(ids) = all.remove(&format!("p{k}.input_ids")) else {
                 break;
             };
+            if ids.dtype().is_float() {
+                return Err(bad(format!(
+                    "p{k}.input_ids has dtype {:?}: token ids must be integers (I64)",
+                    ids.dtype()
+                )));
+            }
             let input_ids = ids.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?;
             let t = input_ids.len();
             let mut hidden_states = Vec::new();
@@ -125,6 +131,17 @@ impl Dump {
             return Err(bad(
                 "no p0.input_ids: not an hsparity dump (DESIGN §3 format)".into(),
             ));
+        }
+        let n0 = prompts[0].hidden_states.len();
+        if let Some((k, p)) = prompts
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.hidden_states.len() != n0)
+        {
+            return Err(bad(format!(
+                "p{k} has {} hidden states but p0 has {n0}: every prompt of a dump must come from the same model",
+                p.hidden_states.len()
+            )));
         }
         if let Some(stray) = all.keys().find(|n| n.contains("hidden_states.")) {
             return Err(bad(format!(

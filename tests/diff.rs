@@ -178,3 +178,64 @@ fn diff_writes_the_same_report_formats_as_compare() {
         "no overwrite without --force"
     );
 }
+
+/// Rewrites dump `src` into `dst` after `edit` on its tensors and metadata.
+fn rewrite_dump(
+    src: &str,
+    dst: &std::path::Path,
+    edit: impl FnOnce(
+        &mut std::collections::HashMap<String, candle_core::Tensor>,
+        &mut std::collections::HashMap<String, String>,
+    ),
+) {
+    let bytes = std::fs::read(src).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let mut m: std::collections::HashMap<String, String> =
+        meta.metadata().clone().unwrap_or_default();
+    let mut t = candle_core::safetensors::load_buffer(&bytes, &candle_core::Device::Cpu).unwrap();
+    edit(&mut t, &mut m);
+    let views = t.iter().map(|(k, v)| (k.as_str(), v));
+    std::fs::write(dst, safetensors::serialize(views, Some(m)).unwrap()).unwrap();
+}
+
+#[test]
+fn malformed_or_mismatched_dumps_are_refused_and_dtype_names_normalised() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ids = [
+        "--path",
+        "causal-lm",
+        "--prompts",
+        "fixtures/tiny-qwen3_5/prompts.jsonl",
+    ];
+    let a = dump(tmp.path(), "a.safetensors", &ids);
+    // A prompt missing its last hidden state: refused when read.
+    let short = tmp.path().join("short.safetensors");
+    rewrite_dump(&a, &short, |t, _| {
+        t.remove("p1.hidden_states.6");
+    });
+    let (code, _, err) = diff(&[&a, short.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("p1 has 6 hidden states but p0 has 7"), "{err}");
+    // Different depths at offset 0: refused.
+    let shallow = tmp.path().join("shallow.safetensors");
+    rewrite_dump(&a, &shallow, |t, _| {
+        t.remove("p0.hidden_states.6");
+        t.remove("p1.hidden_states.6");
+    });
+    let (code, _, err) = diff(&[&a, shallow.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("different depths"), "{err}");
+    // The dtype may be spelled the torch way: same verdict as "bf16".
+    let bf16 = dump(
+        tmp.path(),
+        "b.safetensors",
+        &[&ids[..], &["--dtype", "bf16"]].concat(),
+    );
+    let torchy = tmp.path().join("torchy.safetensors");
+    rewrite_dump(&bf16, &torchy, |_, m| {
+        m.insert("dtype".into(), "torch.bfloat16".into());
+    });
+    let (code, v, err) = diff(&[&a, torchy.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["lower_dtype"], "bf16");
+}

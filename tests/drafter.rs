@@ -304,3 +304,137 @@ fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
     assert!(v["tau_gap"].as_f64().unwrap() > 0.05);
     assert_eq!(v["verdict"], "fail");
 }
+
+#[test]
+fn runs_past_the_model_or_with_broken_drafter_configs_are_refused() {
+    let bad = |args: &[&str], needle: &str| {
+        let out = hsparity().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(needle) && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    };
+    let t = format!("{PAIR}/target");
+    let d = format!("{PAIR}/drafter");
+    // 3 prompt tokens + 510 new + block 8 > 512 positions; and a wrapping sum.
+    bad(
+        &[
+            "drafter",
+            &t,
+            "--drafter",
+            &d,
+            "--prompt-ids",
+            "3,4,5",
+            "--max-new-tokens",
+            "510",
+            "-q",
+        ],
+        "max_position_embeddings = 512",
+    );
+    bad(
+        &[
+            "drafter",
+            &t,
+            "--drafter",
+            &d,
+            "--prompt-ids",
+            "3,4,5",
+            "--max-new-tokens",
+            "18446744073709551615",
+            "-q",
+        ],
+        "max_position_embeddings",
+    );
+    bad(
+        &[
+            "triage",
+            &t,
+            "--drafter",
+            &d,
+            "--prompt-ids",
+            "3,4,5",
+            "--max-new-tokens",
+            "0",
+            "--no-report",
+            "-q",
+        ],
+        "--max-new-tokens",
+    );
+    bad(
+        &[
+            "triage",
+            &t,
+            "--drafter",
+            &d,
+            "--prompt-ids",
+            "3,4,5",
+            "--position-shift",
+            "1000",
+            "--no-report",
+            "-q",
+        ],
+        "position shift 1000",
+    );
+    bad(
+        &[
+            "drafter",
+            &t,
+            "--drafter",
+            &d,
+            "--prompt-ids",
+            "3,4,5",
+            "--max-tau-gap",
+            "NaN",
+            "-q",
+        ],
+        "--max-tau-gap",
+    );
+    // Drafter configs: a zero sliding window, an unknown dtype.
+    for (field, value, needle) in [
+        ("sliding_window", json!(0), "sliding_window = 0"),
+        ("dtype", json!("bogus"), "dtype \"bogus\""),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut cfg: Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{d}/config.json")).unwrap())
+                .unwrap();
+        cfg[field] = value;
+        if field == "sliding_window" {
+            cfg["layer_types"] = json!(["sliding_attention", "full_attention"]);
+        }
+        std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+        std::fs::copy(
+            format!("{d}/model.safetensors"),
+            tmp.path().join("model.safetensors"),
+        )
+        .unwrap();
+        bad(
+            &[
+                "drafter",
+                &t,
+                "--drafter",
+                tmp.path().to_str().unwrap(),
+                "--prompt-ids",
+                "3,4,5",
+                "-q",
+            ],
+            needle,
+        );
+        // compare --drafter refuses it before running the parity capture.
+        bad(
+            &[
+                "compare",
+                &t,
+                "--drafter",
+                tmp.path().to_str().unwrap(),
+                "--prompt-ids",
+                "3,4,5",
+                "--no-report",
+                "-q",
+            ],
+            needle,
+        );
+    }
+}

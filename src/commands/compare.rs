@@ -142,13 +142,24 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
     };
     // The drafter's taps are marked unless --taps says otherwise.
     let mut taps = opts.taps.clone();
-    if let (Some(d), true) = (&opts.drafter, taps.is_empty()) {
-        let dir = crate::checkpoint::resolve::resolve(&d.source)?.dir;
-        taps = crate::models::dflash::DflashConfig::from_file(&dir.join("config.json"))?
-            .target_layer_ids;
-    }
     let session = Session::open(&opts.checkpoint, &opts.paths, &opts.prompts, opts.seed)?;
     let n = session.spec.num_layers();
+    if let Some(d) = &opts.drafter {
+        // Validate the drafter (config, taps, mask id, weights, positions)
+        // before the capture rather than after it.
+        let tc = &session.paths[0].text_config;
+        let (drafter, _) = crate::commands::drafter::load_drafter(&d.source, tc, n)?;
+        crate::commands::drafter::check_positions(
+            &session.prompts,
+            d.max_new_tokens,
+            drafter.cfg.block_size,
+            0,
+            tc.max_position_embeddings,
+        )?;
+        if taps.is_empty() {
+            taps = drafter.cfg.target_layer_ids.clone();
+        }
+    }
     if let Some(bad) = taps.iter().find(|&&t| t >= n) {
         return Err(Error::Input(format!(
             "--taps {bad}: the model has decoder layers 0..{} ({TAP_CONVENTION})",

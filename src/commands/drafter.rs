@@ -49,13 +49,17 @@ fn drafter_precision(cfg_path: &std::path::Path) -> Result<Precision> {
         &std::fs::read_to_string(cfg_path).map_err(|e| Error::io(cfg_path, e))?,
     )
     .map_err(|e| Error::Config(format!("{}: {e}", cfg_path.display())))?;
-    match v
-        .get("dtype")
-        .or_else(|| v.get("torch_dtype"))
-        .and_then(|d| d.as_str())
-    {
-        Some(d) => Precision::parse(d),
-        None => Ok(Precision::F32),
+    match v.get("dtype").or_else(|| v.get("torch_dtype")) {
+        None | Some(serde_json::Value::Null) => Ok(Precision::F32),
+        Some(d) => d
+            .as_str()
+            .and_then(|s| Precision::parse(s).ok())
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "{}: dtype {d}: expected \"float32\", \"bfloat16\" or \"float16\"",
+                    cfg_path.display()
+                ))
+            }),
     }
 }
 
@@ -93,6 +97,40 @@ pub fn load_drafter(
         Drafter::load(cfg, &weights, target.hidden_size, dprec)?,
         dprec,
     ))
+}
+
+/// Checks that every prompt plus `max_new` generated tokens plus one block
+/// (plus `extra` positions, e.g. a triage position shift) stays within
+/// `max_position_embeddings`, and that `max_new ≥ 1`.
+///
+/// Errors ([`Error::Input`]): naming the prompt, the sum and the limit.
+pub fn check_positions(
+    prompts: &[crate::prompts::Prompt],
+    max_new: usize,
+    block: usize,
+    extra: usize,
+    max_pos: usize,
+) -> Result<()> {
+    if max_new == 0 {
+        return Err(Error::Input("--max-new-tokens must be at least 1".into()));
+    }
+    for (k, p) in prompts.iter().enumerate() {
+        let need = p
+            .ids
+            .len()
+            .checked_add(max_new)
+            .and_then(|x| x.checked_add(block))
+            .and_then(|x| x.checked_add(extra));
+        if need.is_none_or(|n| n > max_pos) {
+            return Err(Error::Input(format!(
+                "prompt {k} ({}): {} prompt tokens + --max-new-tokens {max_new} + block {block}{} exceed the target's max_position_embeddings = {max_pos}",
+                p.origin,
+                p.ids.len(),
+                if extra > 0 { format!(" + position shift {extra}") } else { String::new() }
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Replays DFlash and DDTree-`budget` on every prompt's trajectory with the
@@ -172,13 +210,23 @@ struct PathRun {
 /// loaded; a tap outside the target; a `mask_token_id` outside the target's
 /// vocabulary; no loading path with an `lm_head` to draft through.
 pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
-    if opts.max_new_tokens == 0 {
-        return Err(Error::Input("--max-new-tokens must be at least 1".into()));
+    if !(opts.max_tau_gap.is_finite() && opts.max_tau_gap >= 0.0) {
+        return Err(Error::Input(format!(
+            "--max-tau-gap {}: expected a non-negative number",
+            opts.max_tau_gap
+        )));
     }
     let session = Session::open(&opts.checkpoint, &opts.paths, &opts.prompts, opts.seed)?;
     let tc = &session.paths[0].text_config;
     let (drafter, dprec) = load_drafter(&opts.drafter, tc, session.spec.num_layers())?;
     let b = drafter.cfg.block_size;
+    check_positions(
+        &session.prompts,
+        opts.max_new_tokens,
+        b,
+        0,
+        tc.max_position_embeddings,
+    )?;
     let forced = match opts.dtype.as_str() {
         "auto" => None,
         d => Some(Precision::parse(d)?),

@@ -21,7 +21,7 @@ use crate::drafter_eval::{self, PromptTau};
 use crate::error::{Error, Result};
 use crate::loading::{InitRule, LoadingPath};
 use crate::models::precision::Precision;
-use crate::models::qwen3_5::{FinalNorm, GdnForm, LmHead, TextModel};
+use crate::models::qwen3_5::{GdnForm, LmHead, TextModel};
 use crate::models::WeightSource;
 use crate::parity::{Accumulator, Tolerance, Verdict};
 use crate::prompts::PromptOptions;
@@ -106,47 +106,32 @@ enum Taps {
 }
 
 /// Features for `taps` under `mode` from one forward's outputs.
-fn select(
-    hs: &[Tensor],
-    last: &Tensor,
-    taps: &[usize],
-    mode: Taps,
-    norm: &FinalNorm,
-) -> Result<Tensor> {
+fn select(hs: &[Tensor], last: &Tensor, taps: &[usize], mode: Taps) -> Result<Tensor> {
     match mode {
         Taps::Offset(0) => drafter_eval::tap_features(hs, last, taps),
         Taps::Offset(k) => {
-            let n = hs.len() as i64 - 1;
-            let shifted: Vec<usize> = taps
+            // What a harness reading `hidden_states[L+1+k]` literally gets:
+            // index N is transformers' final-normed entry.
+            let parts = taps
                 .iter()
                 .map(|&l| {
-                    let t = l as i64 + k;
-                    if t < -1 || t >= n {
+                    let i = l as i64 + 1 + k;
+                    if i < 0 || i >= hs.len() as i64 {
                         Err(Error::Input(format!(
                             "tap {l}{k:+} falls outside the model"
                         )))
                     } else {
-                        Ok(t)
+                        Ok(&hs[i as usize])
                     }
                 })
-                .collect::<Result<Vec<_>>>()?
-                .into_iter()
-                .map(|t| t.max(-1))
-                .map(|t| (t + 1) as usize) // hidden_states index
-                .collect();
-            let parts: Vec<&Tensor> = shifted
-                .iter()
-                .map(|&i| if i + 1 == hs.len() { last } else { &hs[i] })
-                .collect();
+                .collect::<Result<Vec<_>>>()?;
             Ok(Tensor::cat(&parts, candle_core::D::Minus1)?)
         }
         Taps::NormedLast => {
-            let f = drafter_eval::tap_features(hs, last, taps)?;
-            let h = hs[0].dim(1)?;
-            let k = taps.len();
-            let head = f.narrow(1, 0, (k - 1) * h)?;
-            let tail = norm.forward(&f.narrow(1, (k - 1) * h, h)?)?;
-            Ok(Tensor::cat(&[&head, &tail], 1)?)
+            // Only a tap on the last layer can be read after the final norm
+            // (transformers' hidden_states[N]); the caller checks that.
+            let parts: Vec<&Tensor> = taps.iter().map(|&l| &hs[l + 1]).collect();
+            Ok(Tensor::cat(&parts, candle_core::D::Minus1)?)
         }
     }
 }
@@ -195,6 +180,13 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
     let tc = &base_path.text_config;
     let (drafter, _) = load_drafter(&opts.drafter, tc, session.spec.num_layers())?;
     let b = drafter.cfg.block_size;
+    crate::commands::drafter::check_positions(
+        &session.prompts,
+        opts.max_new_tokens,
+        b,
+        opts.position_shift,
+        tc.max_position_embeddings,
+    )?;
     let taps = drafter.cfg.target_layer_ids.clone();
     let h = tc.hidden_size;
     let base_prec = base_path.dtype.precision();
@@ -219,11 +211,22 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
         "tap-offset--1",
         "tap offset −1 (hidden_states[L] instead of [L+1])".into(),
     ));
-    plan.push(("tap-offset-+1", "tap offset +1 (hidden_states[L+2])".into()));
     plan.push((
-        "normed-last-tap",
-        "last tap taken after the final norm".into(),
+        "tap-offset-+1",
+        "tap offset +1 (hidden_states[L+2]; final-normed when L+2 = N)".into(),
     ));
+    let n_layers = session.spec.num_layers();
+    if taps.iter().max() == Some(&(n_layers - 1)) {
+        plan.push((
+            "normed-last-tap",
+            "tap on the last layer read from hidden_states[N], i.e. after the final norm".into(),
+        ));
+    } else {
+        notes.push(format!(
+            "normed-last-tap not run: no tap is on the last layer ({}), and only hidden_states[N] is final-normed",
+            n_layers - 1
+        ));
+    }
     plan.push((
         "positions-+1",
         "decode positions shifted by +1 (off-by-one position ids after the prefill)".into(),
@@ -259,7 +262,6 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
         .iter()
         .map(|t| base.forward(t, None, GdnForm::Chunked, true))
         .collect::<Result<_>>()?;
-    let norm = FinalNorm::load(&session.spec, &base_path.view, base_prec)?;
     let feats_of = |mode: Taps| -> Result<Vec<Tensor>> {
         base_outs
             .iter()
@@ -269,7 +271,6 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
                     o.last_layer_output.as_ref().expect("requested"),
                     &taps,
                     mode,
-                    &norm,
                 )
             })
             .collect()
@@ -357,7 +358,7 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
                 Some(("vlm".into(), f, d, t))
             }
             "dtype" => {
-                let p = Precision::parse(description.trim_start_matches("dtype "))?;
+                let p = Precision::parse(description.split(' ').nth(1).unwrap_or_default())?;
                 let m = TextModel::load(&session.spec, &base_path.view, Some(&base_path.view), p)?;
                 let (f, d, t) = own_model(&m, GdnForm::Chunked)?;
                 Some((format!("dtype-{}", p.name()), f, d, t))
@@ -490,13 +491,18 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
     variants.sort_by(|a, b| b.delta_tau.abs().total_cmp(&a.delta_tau.abs()));
     let top: Vec<String> = variants
         .iter()
+        .filter(|v| v.delta_tau < 0.0)
         .take(3)
         .map(|v| format!("{} (Δτ {:+.2})", v.name, v.delta_tau))
         .collect();
     let mut summary = format!(
-        "baseline causal-lm τ {:.2}; costliest suspects: {}",
+        "baseline causal-lm τ {:.2}; {}",
         baseline.tau_macro,
-        top.join(", ")
+        if top.is_empty() {
+            "no suspect lowers τ".to_string()
+        } else {
+            format!("costliest suspects: {}", top.join(", "))
+        }
     );
     if let Some(o) = opts.observed_tau {
         let ok: Vec<&str> = variants

@@ -203,6 +203,16 @@ impl DflashConfig {
             Some(_) => Some(usize_of("sliding_window")?),
             None => None,
         };
+        if sliding_window == Some(0) {
+            return Err(bad(
+                "sliding_window = 0: a window must hold at least one position".into(),
+            ));
+        }
+        if head_dim % 2 != 0 {
+            return Err(bad(format!(
+                "head_dim = {head_dim}: rotary embedding needs an even head_dim"
+            )));
+        }
         if layer_types.contains(&DraftLayerType::SlidingAttention) && sliding_window.is_none() {
             return Err(bad("sliding_attention layers but no sliding_window".into()));
         }

@@ -92,16 +92,20 @@ pub fn compare_dumps(
             )));
         }
     }
-    let da = a
-        .metadata
-        .get("dtype")
-        .cloned()
-        .unwrap_or_else(|| "f32".into());
-    let db = b
-        .metadata
-        .get("dtype")
-        .cloned()
-        .unwrap_or_else(|| "f32".into());
+    let dtype_of = |d: &Dump, name: &str| -> Result<String> {
+        match d.metadata.get("dtype") {
+            None => Ok("f32".into()),
+            Some(s) => crate::models::precision::Precision::parse(s.trim_start_matches("torch."))
+                .map(|p| p.name().to_string())
+                .map_err(|_| {
+                    Error::Input(format!(
+                        "{name}: __metadata__ dtype {s:?} is not f32, bf16 or f16 (or their torch names)"
+                    ))
+                }),
+        }
+    };
+    let da = dtype_of(a, a_name)?;
+    let db = dtype_of(b, b_name)?;
     let lower = (da != db).then(|| {
         if rank(&da) < rank(&db) {
             da.clone()
@@ -116,6 +120,12 @@ pub fn compare_dumps(
     }
     let na = a.prompts[0].hidden_states.len();
     let nb = b.prompts[0].hidden_states.len();
+    if na != nb && tap_offset == 0 {
+        return Err(Error::Input(format!(
+            "{a_name} has {na} hidden states, {b_name} has {nb}: dumps of models with different depths \
+             cannot be aligned index by index (use --tap-offset to shift one against the other)"
+        )));
+    }
     let mut dtype_noise = Vec::new();
     let n_layers = na.saturating_sub(1);
     for i in 0..na {
@@ -127,7 +137,11 @@ pub fn compare_dumps(
         let (mut acc, mut acc_cast) = (Accumulator::default(), Accumulator::default());
         for (k, (p, q)) in a.prompts.iter().zip(&b.prompts).enumerate() {
             let (x, y) = (&p.hidden_states[i], &q.hidden_states[j]);
-            acc.add(k, x, y)?;
+            acc.add(k, x, y).map_err(|e| {
+                Error::Input(format!(
+                    "{a_name} p{k}.hidden_states.{i} vs {b_name} p{k}.hidden_states.{j}: {e}"
+                ))
+            })?;
             if let Some(l) = &lower {
                 acc_cast.add(k, &cast(x, l)?, &cast(y, l)?)?;
             }

@@ -390,35 +390,6 @@ impl LmHead {
             })
             .collect()
     }
-
-    /// Greedy next tokens for every row of `h` (`[T, H]`) without full
-    /// logits or the whole head: a running argmax over vocabulary chunks
-    /// (the first maximum wins, as `torch.argmax`).
-    ///
-    /// Errors: as [`Self::forward_streamed`].
-    pub fn argmax_streamed(
-        src: &dyn WeightSource,
-        prec: Precision,
-        h: &Tensor,
-    ) -> Result<Vec<u32>> {
-        let t = h.dim(0)?;
-        let mut best = vec![(f32::NEG_INFINITY, 0u32); t];
-        let mut seen = vec![false; t];
-        for_each_vocab_chunk(src, "lm_head.weight", prec, |start, w| {
-            let logits = linear(h, w, prec)?.to_vec2::<f32>()?;
-            for (i, row) in logits.iter().enumerate() {
-                for (j, &x) in row.iter().enumerate() {
-                    // NaN wins like torch.argmax; otherwise strictly greater.
-                    if !seen[i] || x > best[i].0 || (x.is_nan() && !best[i].0.is_nan()) {
-                        best[i] = (x, (start + j) as u32);
-                        seen[i] = true;
-                    }
-                }
-            }
-            Ok(())
-        })?;
-        Ok(best.into_iter().map(|(_, j)| j).collect())
-    }
 }
 
 /// Size of one vocabulary chunk of the LM head, in f32 bytes.
@@ -447,50 +418,6 @@ fn for_each_vocab_chunk(
         }
         _ => f(0, &src.tensor_in(name, prec)?),
     }
-}
-
-/// Everything `output_hidden_states=True` gives for one prompt, plus the raw
-/// last-layer output and the logits.
-#[derive(Debug, Clone)]
-pub struct ForwardOutput {
-    /// `N+1` entries of `[T, H]`; the last is final-normed (transformers' convention).
-    pub hidden_states: Vec<Tensor>,
-    /// `[T, H]`, output of decoder layer N−1 before the final norm.
-    pub last_layer_output: Tensor,
-    /// `[T, V]` when `with_logits`.
-    pub logits: Option<Tensor>,
-}
-
-/// Whole-model forward over one prompt, loading every layer (convenient for
-/// tests and single-path runs; the capture streams instead).
-pub fn forward(
-    spec: &TextModelSpec,
-    src: &dyn WeightSource,
-    ids: &[u32],
-    form: GdnForm,
-    with_logits: bool,
-    prec: Precision,
-) -> Result<ForwardOutput> {
-    let pos = spec.positions(0, ids.len())?;
-    let mut h = Embedding::load(src, prec)?.forward(ids)?;
-    let mut hs = vec![h.clone()];
-    for i in 0..spec.num_layers() {
-        h = DecoderLayer::load(spec, src, i, prec)?.forward(&h, spec, &pos, form, None)?;
-        hs.push(h.clone());
-    }
-    let last = hs.pop().expect("at least the embeddings");
-    let normed = FinalNorm::load(spec, src, prec)?.forward(&last)?;
-    let logits = if with_logits {
-        Some(LmHead::load(src, prec)?.forward(&normed)?)
-    } else {
-        None
-    };
-    hs.push(normed);
-    Ok(ForwardOutput {
-        hidden_states: hs,
-        last_layer_output: last,
-        logits,
-    })
 }
 
 /// Per-layer decode state of a whole model plus the number of tokens it holds
