@@ -438,3 +438,66 @@ fn runs_past_the_model_or_with_broken_drafter_configs_are_refused() {
         );
     }
 }
+
+/// z-lab's own loop: `dflash.model.dflash_generate` (the 0.1.0 wheel, KV cache
+/// cropped — fine for a Qwen3 dense target) on fixtures/toy-pair-qwen3.
+/// hsparity replays it with the wheel's end rule.
+#[test]
+fn replay_reproduces_z_labs_dflash_generate_on_a_qwen3_target() {
+    const Q: &str = "fixtures/toy-pair-qwen3";
+    let r: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{Q}/golden/reference_generate.json")).unwrap(),
+    )
+    .unwrap();
+    let rep = drafter::run(&DrafterOptions {
+        checkpoint: format!("{Q}/target"),
+        drafter: format!("{Q}/drafter"),
+        paths: vec![LoadingPath::CausalLm, LoadingPath::Vlm],
+        prompts: PromptOptions {
+            file: Some(format!("{Q}/prompts.jsonl").into()),
+            ..Default::default()
+        },
+        max_new_tokens: 64,
+        ddtree_budget: 8,
+        max_tau_gap: 0.05,
+        dtype: "auto".into(),
+        seed: 0,
+        quiet: true,
+        end_rule: hsparity::drafter_eval::EndRule::Wheel,
+    })
+    .unwrap();
+    assert!(rep.end_rule.contains("wheel"));
+    let p = &rep.paths[0];
+    assert_eq!(p.name, "causal-lm");
+    let (mut same, mut total) = (0usize, 0usize);
+    for (ours, theirs) in p.per_prompt.iter().zip(r["per_prompt"].as_array().unwrap()) {
+        let out: Vec<u32> = serde_json::from_value(theirs["output_ids"].clone()).unwrap();
+        assert_eq!(
+            ours.tokens, out,
+            "the committed tokens are the target's greedy continuation"
+        );
+        let lens: Vec<usize> =
+            serde_json::from_value(theirs["acceptance_lengths"].clone()).unwrap();
+        assert_eq!(
+            ours.acceptance_lengths.iter().sum::<usize>(),
+            63,
+            "wheel rule: lengths sum to max_new - 1"
+        );
+        total += lens.len().max(ours.acceptance_lengths.len());
+        same += lens
+            .iter()
+            .zip(&ours.acceptance_lengths)
+            .filter(|(a, b)| a == b)
+            .count();
+    }
+    let want = r["tau_macro"].as_f64().unwrap();
+    println!(
+        "qwen3 pair: τ {:.4} vs dflash_generate {want:.4}; identical rounds {same}/{total}",
+        p.summary.tau_macro
+    );
+    assert!((p.summary.tau_macro - want).abs() <= 0.01);
+    assert!(same as f64 >= 0.99 * total as f64, "{same}/{total}");
+    assert!(p.summary.tau_macro >= 3.0);
+    // Qwen3Model (AutoModel) has no lm_head; its taps equal causal-lm's.
+    assert!((rep.paths[1].summary.tau_macro - p.summary.tau_macro).abs() < 1e-12);
+}
