@@ -52,18 +52,8 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
-        /// Folder for reports (report.md, report.json go to <DIR>/<NAME>/).
-        #[arg(long, default_value = "reports")]
-        report_dir: PathBuf,
-        /// Report name (default: "diff" + UTC time stamp).
-        #[arg(long)]
-        name: Option<String>,
-        /// Do not write report files.
-        #[arg(long)]
-        no_report: bool,
-        /// Overwrite existing report files.
-        #[arg(long)]
-        force: bool,
+        #[command(flatten)]
+        report: ReportArgs,
     },
     /// DFlash drafter acceptance length τ (and DDTree-N) on each loading path.
     Drafter(DrafterArgs),
@@ -71,6 +61,54 @@ enum Command {
     Triage(TriageArgs),
     /// Write one loading path's hidden states to safetensors (hsparity.dump.v1, see README).
     Dump(DumpArgs),
+}
+
+/// Where `compare`, `diff` and `triage` write report.md / report.json.
+#[derive(Args)]
+struct ReportArgs {
+    /// Folder for reports (files go to <DIR>/<NAME>/).
+    #[arg(long, default_value = "reports")]
+    report_dir: PathBuf,
+    /// Report name (default: checkpoint name + UTC time stamp).
+    #[arg(long)]
+    name: Option<String>,
+    /// Do not write report files.
+    #[arg(long)]
+    no_report: bool,
+    /// Overwrite existing report files.
+    #[arg(long)]
+    force: bool,
+}
+
+impl ReportArgs {
+    /// The report folder, checked before the run (no overwrite without
+    /// --force, writable), or `None` with --no-report. `base` names the
+    /// default folder.
+    fn prepare(&self, base: &str) -> Result<Option<PathBuf>> {
+        if self.no_report {
+            return Ok(None);
+        }
+        let dir = match &self.name {
+            Some(n) => {
+                compare::validate_report_name(n)?;
+                self.report_dir.join(n)
+            }
+            None => compare::default_report_dir(&self.report_dir, base),
+        };
+        compare::prepare_report_dir(&dir, self.force)?;
+        Ok(Some(dir))
+    }
+
+    /// Writes `report.json` and `report.md` atomically into `dir`.
+    fn write(&self, dir: &std::path::Path, json: &str, md: &str) -> Result<()> {
+        hsparity::output::write_atomic(&dir.join("report.json"), json.as_bytes(), self.force)?;
+        hsparity::output::write_atomic(&dir.join("report.md"), md.as_bytes(), self.force)?;
+        eprintln!(
+            "report: {} (and report.json)",
+            dir.join("report.md").display()
+        );
+        Ok(())
+    }
 }
 
 #[derive(Args)]
@@ -138,21 +176,11 @@ struct CompareArgs {
     /// Seed for tensors a path would initialise randomly (MISSING).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Folder for reports (report.md, report.json go to <DIR>/<NAME>/).
-    #[arg(long, default_value = "reports")]
-    report_dir: PathBuf,
-    /// Report name (default: checkpoint name + UTC time stamp).
-    #[arg(long)]
-    name: Option<String>,
-    /// Do not write report files.
-    #[arg(long)]
-    no_report: bool,
+    #[command(flatten)]
+    report: ReportArgs,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
-    /// Overwrite existing report files.
-    #[arg(long)]
-    force: bool,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -254,21 +282,11 @@ struct TriageArgs {
     /// Seed for randomly initialised tensors.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Folder for reports (report.md, report.json go to <DIR>/<NAME>/).
-    #[arg(long, default_value = "reports")]
-    report_dir: PathBuf,
-    /// Report name (default: checkpoint name + UTC time stamp).
-    #[arg(long)]
-    name: Option<String>,
-    /// Do not write report files.
-    #[arg(long)]
-    no_report: bool,
+    #[command(flatten)]
+    report: ReportArgs,
     /// Print JSON.
     #[arg(long)]
     json: bool,
-    /// Overwrite existing report files.
-    #[arg(long)]
-    force: bool,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -368,25 +386,16 @@ fn run(cli: Cli) -> Result<u8> {
                     end_rule: a.drafter_opts.end_rule.into(),
                 }),
             };
-            let dir = match &a.name {
-                Some(n) => {
-                    compare::validate_report_name(n)?;
-                    a.report_dir.join(n)
-                }
-                None => compare::default_report_dir(&a.report_dir, &a.checkpoint),
-            };
-            if !a.no_report {
-                // Refuse or fail before the (possibly long) run, not after.
-                compare::prepare_report_dir(&dir, a.force)?;
-            }
+            // Refuse or fail before the (possibly long) run, not after.
+            let dir = a.report.prepare(&a.checkpoint)?;
             let rep = compare::run(&opts)?;
             if a.json {
                 print!("{}", report::json::render(&rep)?);
             } else {
                 print!("{}", report::table::render(&rep));
             }
-            if !a.no_report {
-                let w = compare::write_report(&rep, &dir, a.force)?;
+            if let Some(dir) = &dir {
+                let w = compare::write_report(&rep, dir, a.report.force)?;
                 eprintln!("report: {} (and report.json)", w.markdown.display());
             }
             Ok(rep.exit_code as u8)
@@ -396,21 +405,9 @@ fn run(cli: Cli) -> Result<u8> {
             b,
             tap_offset,
             json,
-            report_dir,
-            name,
-            no_report,
-            force,
+            report,
         } => {
-            let dir = match &name {
-                Some(n) => {
-                    compare::validate_report_name(n)?;
-                    report_dir.join(n)
-                }
-                None => compare::default_report_dir(&report_dir, "diff"),
-            };
-            if !no_report {
-                compare::prepare_report_dir(&dir, force)?;
-            }
+            let dir = report.prepare("diff")?;
             let rep = diff::run(&a, &b, tap_offset, &command_line())?;
             let text = serde_json::to_string_pretty(&rep).expect("report serialises") + "\n";
             if json {
@@ -418,14 +415,8 @@ fn run(cli: Cli) -> Result<u8> {
             } else {
                 print!("{}", report::diff::render(&rep));
             }
-            if !no_report {
-                let md = report::diff::markdown(&rep);
-                hsparity::output::write_atomic(&dir.join("report.json"), text.as_bytes(), force)?;
-                hsparity::output::write_atomic(&dir.join("report.md"), md.as_bytes(), force)?;
-                eprintln!(
-                    "report: {} (and report.json)",
-                    dir.join("report.md").display()
-                );
+            if let Some(dir) = dir {
+                report.write(&dir, &text, &report::diff::markdown(&rep))?;
             }
             Ok(rep.exit_code as u8)
         }
@@ -454,16 +445,7 @@ fn run(cli: Cli) -> Result<u8> {
             Ok(rep.exit_code as u8)
         }
         Command::Triage(a) => {
-            let dir = match &a.name {
-                Some(n) => {
-                    compare::validate_report_name(n)?;
-                    a.report_dir.join(n)
-                }
-                None => compare::default_report_dir(&a.report_dir, &a.checkpoint),
-            };
-            if !a.no_report {
-                compare::prepare_report_dir(&dir, a.force)?;
-            }
+            let dir = a.report.prepare(&a.checkpoint)?;
             let rep = triage::run(&triage::TriageOptions {
                 checkpoint: a.checkpoint.clone(),
                 drafter: a.drafter.clone(),
@@ -482,17 +464,9 @@ fn run(cli: Cli) -> Result<u8> {
             } else {
                 print!("{}", report::triage::render(&rep));
             }
-            if !a.no_report {
-                hsparity::output::write_atomic(&dir.join("report.json"), json.as_bytes(), a.force)?;
-                hsparity::output::write_atomic(
-                    &dir.join("report.md"),
-                    report::triage::markdown(&rep).as_bytes(),
-                    a.force,
-                )?;
-                eprintln!(
-                    "report: {} (and report.json)",
-                    dir.join("report.md").display()
-                );
+            if let Some(dir) = dir {
+                a.report
+                    .write(&dir, &json, &report::triage::markdown(&rep))?;
             }
             Ok(rep.exit_code as u8)
         }
