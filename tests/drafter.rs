@@ -27,6 +27,27 @@ fn reference() -> Value {
     .unwrap()
 }
 
+/// The replay settings of the reference runs: both paths, the pair's prompts,
+/// 64 new tokens, DDTree-8.
+fn options(dir: &str, end_rule: hsparity::drafter_eval::EndRule) -> DrafterOptions {
+    DrafterOptions {
+        checkpoint: format!("{dir}/target"),
+        drafter: format!("{dir}/drafter"),
+        paths: vec![LoadingPath::CausalLm, LoadingPath::Vlm],
+        prompts: PromptOptions {
+            file: Some(format!("{dir}/prompts.jsonl").into()),
+            ..Default::default()
+        },
+        max_new_tokens: 64,
+        ddtree_budget: 8,
+        max_tau_gap: 0.05,
+        dtype: "auto".into(),
+        seed: 0,
+        quiet: true,
+        end_rule,
+    }
+}
+
 fn golden() -> HashMap<String, Tensor> {
     candle_core::safetensors::load(
         format!("{PAIR}/golden/drafter_forward.safetensors"),
@@ -95,23 +116,7 @@ fn drafter_forward_matches_the_dflash_package() {
 #[test]
 fn replay_reproduces_the_reference_loop_on_both_paths() {
     let r = reference();
-    let rep = drafter::run(&DrafterOptions {
-        checkpoint: format!("{PAIR}/target"),
-        drafter: format!("{PAIR}/drafter"),
-        paths: vec![LoadingPath::CausalLm, LoadingPath::Vlm],
-        prompts: PromptOptions {
-            file: Some(format!("{PAIR}/prompts.jsonl").into()),
-            ..Default::default()
-        },
-        max_new_tokens: 64,
-        ddtree_budget: 8,
-        max_tau_gap: 0.05,
-        dtype: "auto".into(),
-        seed: 0,
-        quiet: true,
-        end_rule: Default::default(),
-    })
-    .unwrap();
+    let rep = drafter::run(&options(PAIR, Default::default())).unwrap();
     for p in &rep.paths {
         let want = &r["paths"][p.name.as_str()];
         let (mut same, mut total) = (0usize, 0usize);
@@ -449,23 +454,7 @@ fn replay_reproduces_z_labs_dflash_generate_on_a_qwen3_target() {
         &std::fs::read_to_string(format!("{Q}/golden/reference_generate.json")).unwrap(),
     )
     .unwrap();
-    let rep = drafter::run(&DrafterOptions {
-        checkpoint: format!("{Q}/target"),
-        drafter: format!("{Q}/drafter"),
-        paths: vec![LoadingPath::CausalLm, LoadingPath::Vlm],
-        prompts: PromptOptions {
-            file: Some(format!("{Q}/prompts.jsonl").into()),
-            ..Default::default()
-        },
-        max_new_tokens: 64,
-        ddtree_budget: 8,
-        max_tau_gap: 0.05,
-        dtype: "auto".into(),
-        seed: 0,
-        quiet: true,
-        end_rule: hsparity::drafter_eval::EndRule::Wheel,
-    })
-    .unwrap();
+    let rep = drafter::run(&options(Q, hsparity::drafter_eval::EndRule::Wheel)).unwrap();
     assert!(rep.end_rule.contains("wheel"));
     let p = &rep.paths[0];
     assert_eq!(p.name, "causal-lm");
