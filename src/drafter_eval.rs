@@ -139,6 +139,35 @@ pub fn replay_dflash(
     replay_dflash_rule(t, tokens, prompt_len, feats, max_new, EndRule::GithubMain)
 }
 
+/// Walks the anchors of one trajectory under `rule`: `round(start, block)`
+/// returns the round's accepted drafts plus one (`a + 1`) for a block of
+/// `block` slots at anchor `start`; the walk records what each round commits
+/// and advances by it.
+fn walk(
+    prompt_len: usize,
+    max_new: usize,
+    b: usize,
+    rule: EndRule,
+    mut round: impl FnMut(usize, usize) -> Result<usize>,
+) -> Result<PromptTau> {
+    let max_length = prompt_len + max_new;
+    let mut start = prompt_len;
+    let mut lens = Vec::new();
+    loop {
+        let committed = match rule {
+            EndRule::GithubMain if start < max_length => round(start, b)?,
+            EndRule::Wheel if start + 1 < max_length => {
+                let a1 = round(start, b.min(max_length - start))?;
+                a1.min(max_length - start - 1)
+            }
+            _ => break,
+        };
+        lens.push(committed);
+        start += committed;
+    }
+    Ok(PromptTau::new(lens))
+}
+
 /// [`replay_dflash`] under a chosen end-of-generation rule.
 pub fn replay_dflash_rule(
     t: &DraftTarget,
@@ -150,28 +179,8 @@ pub fn replay_dflash_rule(
 ) -> Result<PromptTau> {
     let b = t.drafter.cfg.block_size;
     check_len(tokens, prompt_len, max_new, b)?;
-    let mut start = prompt_len;
-    let mut lens = Vec::new();
-    if rule == EndRule::Wheel {
-        let max_length = prompt_len + max_new;
-        while start + 1 < max_length {
-            let vs = b.min(max_length - start);
-            let drafts = draft_logits_block(t, tokens, feats, start, vs)?
-                .argmax(D::Minus1)?
-                .to_vec1::<u32>()?;
-            let a = drafts
-                .iter()
-                .zip(&tokens[start + 1..])
-                .take_while(|(d, x)| d == x)
-                .count();
-            let produced = (a + 1).min(max_length - start - 1);
-            lens.push(produced);
-            start += produced;
-        }
-        return Ok(PromptTau::new(lens));
-    }
-    while start < prompt_len + max_new {
-        let drafts = draft_logits(t, tokens, feats, start)?
+    walk(prompt_len, max_new, b, rule, |start, block| {
+        let drafts = draft_logits_block(t, tokens, feats, start, block)?
             .argmax(D::Minus1)?
             .to_vec1::<u32>()?;
         let a = drafts
@@ -179,10 +188,8 @@ pub fn replay_dflash_rule(
             .zip(&tokens[start + 1..])
             .take_while(|(d, x)| d == x)
             .count();
-        lens.push(a + 1);
-        start += a + 1;
-    }
-    Ok(PromptTau::new(lens))
+        Ok(a + 1)
+    })
 }
 
 #[derive(PartialEq)]
@@ -287,19 +294,15 @@ pub fn replay_ddtree(
 ) -> Result<PromptTau> {
     let b = t.drafter.cfg.block_size;
     check_len(tokens, prompt_len, max_new, b)?;
-    let mut start = prompt_len;
-    let mut lens = Vec::new();
-    while start < prompt_len + max_new {
+    walk(prompt_len, max_new, b, EndRule::GithubMain, |start, _| {
         let tree = build_tree(&draft_logits(t, tokens, feats, start)?, budget)?;
         let (mut cur, mut depth) = (0usize, 0usize);
         while let Some(&child) = tree[cur].get(&tokens[start + depth + 1]) {
             cur = child;
             depth += 1;
         }
-        lens.push(depth + 1);
-        start += depth + 1;
-    }
-    Ok(PromptTau::new(lens))
+        Ok(depth + 1)
+    })
 }
 
 /// The drafter as loaded.
