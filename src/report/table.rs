@@ -206,12 +206,6 @@ pub fn render(report: &Report) -> String {
     for n in &report.notes {
         out.push_str(&format!("note: {n}\n"));
     }
-    if let Some(b) = report.environment.peak_rss_bytes {
-        out.push_str(&format!(
-            "peak RSS {:.2} GiB\n",
-            b as f64 / (1u64 << 30) as f64
-        ));
-    }
     for c in &report.incremental {
         out.push_str(&format!(
             "prefill vs incremental ({}: prefill {} + {} cached steps vs full forward): max abs diff {}, cos min {}, {}\n",
@@ -226,6 +220,12 @@ pub fn render(report: &Report) -> String {
     if let Some(d) = &report.drafter {
         out.push('\n');
         out.push_str(&render_drafter(d));
+    }
+    if let Some(b) = report.environment.peak_rss_bytes {
+        out.push_str(&format!(
+            "peak RSS {:.2} GiB\n",
+            b as f64 / (1u64 << 30) as f64
+        ));
     }
     out
 }
