@@ -235,7 +235,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
         .map(|m| (m.name.clone(), m.precision.name().to_string()))
         .collect();
     let mut obs = PairObserver::new(&names);
-    let pb = progress(n as u64, opts.quiet);
+    let pb = progress(n as u64, "layers", opts.quiet);
     capture::run(
         &session.spec,
         &models,

@@ -234,7 +234,7 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
     let head_path = session.paths.iter().find(|p| p.view.has_lm_head());
     let mut notes = Vec::new();
     let total = (session.paths.len() * session.prompts.len()) as u64;
-    let pb = progress(total, opts.quiet);
+    let pb = progress(total, "prompts", opts.quiet);
     let mut runs = Vec::new();
     for p in &session.paths {
         let (head, lm_head_from): (&dyn WeightSource, String) = if p.view.has_lm_head() {

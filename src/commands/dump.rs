@@ -101,7 +101,7 @@ pub fn run(
         "tool_version".into(),
         format!("hsparity {}", env!("CARGO_PKG_VERSION")),
     );
-    let pb = progress(session.spec.num_layers() as u64, quiet);
+    let pb = progress(session.spec.num_layers() as u64, "layers", quiet);
     capture::run(
         &session.spec,
         &[PathModel {

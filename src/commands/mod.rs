@@ -20,7 +20,7 @@ use crate::models::qwen3_5::TextModelSpec;
 use crate::prompts::{self, Prompt, PromptLimits, PromptOptions};
 
 /// A checkpoint opened with its loading paths resolved and prompts tokenised:
-/// what `compare` and `dump` share.
+/// what `compare`, `dump`, `drafter` and `triage` share.
 pub struct Session {
     /// The checkpoint (headers read, weights mapped lazily).
     pub ckpt: Checkpoint,
@@ -91,7 +91,7 @@ pub fn parse_paths(s: &str) -> Result<Vec<LoadingPath>> {
 
 /// A progress bar over `len` steps on stderr, hidden when `quiet` or when
 /// stderr is not a terminal (indicatif's own check).
-pub fn progress(len: u64, quiet: bool) -> ProgressBar {
+pub fn progress(len: u64, unit: &str, quiet: bool) -> ProgressBar {
     let pb = ProgressBar::with_draw_target(
         Some(len),
         if quiet {
@@ -100,9 +100,9 @@ pub fn progress(len: u64, quiet: bool) -> ProgressBar {
             ProgressDrawTarget::stderr()
         },
     );
-    if let Ok(style) = ProgressStyle::with_template(
-        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} layers {msg}",
-    ) {
+    let template =
+        format!("{{spinner}} [{{elapsed_precise}}] {{bar:30}} {{pos}}/{{len}} {unit} {{msg}}");
+    if let Ok(style) = ProgressStyle::with_template(&template) {
         pb.set_style(style);
     }
     pb

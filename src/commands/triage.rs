@@ -200,7 +200,12 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
     let mut plan: Vec<(&str, String)> = vec![("vlm", "loading path vlm (AutoModel: its own dtype and tie resolution; lm_head borrowed from causal-lm)".into())];
     for p in [Precision::F32, Precision::Bf16, Precision::F16] {
         if p != base_prec {
-            plan.push(("dtype", format!("dtype {}", p.name())));
+            let kind = match p {
+                Precision::F32 => "dtype-f32",
+                Precision::Bf16 => "dtype-bf16",
+                Precision::F16 => "dtype-f16",
+            };
+            plan.push((kind, format!("dtype {}", p.name())));
         }
     }
     plan.push((
@@ -242,7 +247,7 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
         "missing",
         "MISSING tensors initialised as transformers would".into(),
     ));
-    let pb = progress(plan.len() as u64 + 1, opts.quiet);
+    let pb = progress(plan.len() as u64 + 1, "runs", opts.quiet);
     pb.set_message("baseline");
 
     // Baseline: trajectory, hidden states, τ.
@@ -357,8 +362,8 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
                 let (f, d, t) = own_model(&m, GdnForm::Chunked)?;
                 Some(("vlm".into(), f, d, t))
             }
-            "dtype" => {
-                let p = Precision::parse(description.split(' ').nth(1).unwrap_or_default())?;
+            k if k.starts_with("dtype-") => {
+                let p = Precision::parse(&k["dtype-".len()..])?;
                 let m = TextModel::load(&session.spec, &base_path.view, Some(&base_path.view), p)?;
                 let (f, d, t) = own_model(&m, GdnForm::Chunked)?;
                 Some((format!("dtype-{}", p.name()), f, d, t))
