@@ -533,6 +533,39 @@ impl ModelConfig {
         } else {
             Family::Qwen3_5
         };
+        // Qwen3Config's defaults differ from Qwen3_5TextConfig's (the serde
+        // defaults): fill absent fields the way configuration_qwen3.py does.
+        let qwen3_filled;
+        let text_value = if family == Family::Qwen3 {
+            let mut v = text_value.clone();
+            if let Some(o) = v.as_object_mut() {
+                let heads = o
+                    .get("num_attention_heads")
+                    .cloned()
+                    .filter(|x| !x.is_null());
+                for (k, d) in [
+                    ("vocab_size", serde_json::json!(151936)),
+                    ("hidden_size", serde_json::json!(4096)),
+                    ("intermediate_size", serde_json::json!(22016)),
+                    ("num_hidden_layers", serde_json::json!(32)),
+                    ("num_attention_heads", serde_json::json!(32)),
+                    (
+                        "num_key_value_heads",
+                        heads.unwrap_or(serde_json::json!(32)),
+                    ),
+                    ("head_dim", serde_json::json!(128)),
+                    ("max_position_embeddings", serde_json::json!(32768)),
+                ] {
+                    if o.get(k).is_none_or(Value::is_null) {
+                        o.insert(k.to_string(), d);
+                    }
+                }
+            }
+            qwen3_filled = v;
+            &qwen3_filled
+        } else {
+            text_value
+        };
         let mut text: TextConfig = serde_path_to_error::deserialize(text_value).map_err(|e| {
             let path = e.path().to_string();
             if path == "." || path.is_empty() {
@@ -595,6 +628,28 @@ fn string_field(v: Option<&Value>, field: &str) -> std::result::Result<Option<St
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn qwen3_fields_default_as_qwen3config_does() {
+        // configuration_qwen3.py (5.23.0): head_dim 128, kv heads = heads when
+        // absent, full rotary, every layer full attention.
+        let c = ModelConfig::from_value(
+            json!({"model_type": "qwen3", "num_attention_heads": 8, "num_hidden_layers": 3}),
+        )
+        .unwrap();
+        let t = &c.text;
+        assert_eq!(t.family, Family::Qwen3);
+        assert_eq!(
+            (t.num_key_value_heads, t.head_dim, t.vocab_size),
+            (8, 128, 151936)
+        );
+        assert_eq!(t.rotary_dim(), 128);
+        assert_eq!(t.layer_types().unwrap(), vec![LayerType::FullAttention; 3]);
+        let e = ModelConfig::from_value(json!({"model_type": "qwen3", "use_sliding_window": true}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("use_sliding_window"), "{e}");
+    }
 
     /// A minimal valid VLM config (sizes of the tiny fixture).
     fn vlm() -> Value {
