@@ -32,6 +32,11 @@ pub struct DumpPrompt {
     pub logits: Option<Tensor>,
 }
 
+/// `t` as f32 on the host (captures may live on a GPU).
+fn host_f32(t: &Tensor) -> Result<Tensor> {
+    Ok(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
+}
+
 /// A whole dump: metadata plus prompts in order.
 #[derive(Debug, Clone, Default)]
 pub struct Dump {
@@ -49,13 +54,13 @@ impl Dump {
             let ids = Tensor::from_slice(&p.input_ids, p.input_ids.len(), &Device::Cpu)?;
             tensors.push((format!("p{k}.input_ids"), ids));
             for (i, h) in p.hidden_states.iter().enumerate() {
-                tensors.push((format!("p{k}.hidden_states.{i}"), h.to_dtype(DType::F32)?));
+                tensors.push((format!("p{k}.hidden_states.{i}"), host_f32(h)?));
             }
             if let Some(t) = &p.last_layer_output {
-                tensors.push((format!("p{k}.last_layer_output"), t.to_dtype(DType::F32)?));
+                tensors.push((format!("p{k}.last_layer_output"), host_f32(t)?));
             }
             if let Some(t) = &p.logits {
-                tensors.push((format!("p{k}.logits"), t.to_dtype(DType::F32)?));
+                tensors.push((format!("p{k}.logits"), host_f32(t)?));
             }
         }
         let meta: HashMap<String, String> = self.metadata.clone().into_iter().collect();

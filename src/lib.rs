@@ -7,6 +7,7 @@
 pub mod capture;
 pub mod checkpoint;
 pub mod commands;
+pub mod device;
 pub mod drafter_eval;
 pub mod dump;
 pub mod error;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use hsparity::commands::{self, compare, diff, drafter, dump, inventory, triage};
+use hsparity::device::DeviceSpec;
 use hsparity::error::Result;
 use hsparity::models::precision::Precision;
 use hsparity::models::qwen3_5::GdnForm;
@@ -181,6 +182,9 @@ struct CompareArgs {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Compute device: cpu, or cuda / cuda:N (build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -253,6 +257,9 @@ struct DrafterArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Compute device: cpu, or cuda / cuda:N (build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -287,6 +294,9 @@ struct TriageArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Compute device: cpu, or cuda / cuda:N (build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -319,6 +329,9 @@ struct DumpArgs {
     /// Overwrite an existing output file.
     #[arg(long)]
     force: bool,
+    /// Compute device: cpu, or cuda / cuda:N (build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -370,6 +383,7 @@ fn run(cli: Cli) -> Result<u8> {
                 gdn_form: a.gdn_form.into(),
                 seed: a.seed,
                 quiet: a.quiet,
+                device: a.device,
                 command_line: command_line(),
                 incremental: if a.incremental {
                     Some(true)
@@ -432,6 +446,7 @@ fn run(cli: Cli) -> Result<u8> {
                 dtype: a.dtype.clone(),
                 seed: a.seed,
                 quiet: a.quiet,
+                device: a.device,
                 end_rule: a.eval.end_rule.into(),
             })?;
             if a.json {
@@ -456,6 +471,7 @@ fn run(cli: Cli) -> Result<u8> {
                 position_shift: a.position_shift,
                 seed: a.seed,
                 quiet: a.quiet,
+                device: a.device,
                 command_line: command_line(),
             })?;
             let json = serde_json::to_string_pretty(&rep).expect("report serialises") + "\n";
@@ -481,6 +497,7 @@ fn run(cli: Cli) -> Result<u8> {
                     d => Some(Precision::parse(d)?),
                 },
                 quiet: a.quiet,
+                device: a.device,
             };
             let d = dump::run_to_file(
                 &a.checkpoint,

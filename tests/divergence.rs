@@ -125,6 +125,7 @@ fn hidden_states_match_goldens_in_the_dtype_transformers_picked() {
             let opts = DumpOptions {
                 logits: true,
                 quiet: true,
+                device: Default::default(),
                 ..Default::default()
             };
             let prompts = PromptOptions {
@@ -201,6 +202,7 @@ fn cross_path_bitwise_verdicts_match_transformers() {
                 gdn_form: Default::default(),
                 seed: 0,
                 quiet: true,
+                device: Default::default(),
                 command_line: String::new(),
                 drafter: None,
                 incremental: None,

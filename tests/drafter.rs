@@ -44,6 +44,7 @@ fn options(dir: &str, end_rule: hsparity::drafter_eval::EndRule) -> DrafterOptio
         dtype: "auto".into(),
         seed: 0,
         quiet: true,
+        device: Default::default(),
         end_rule,
     }
 }

@@ -64,6 +64,7 @@ fn hidden_states_and_tied_logits_match_transformers() {
             &DumpOptions {
                 logits: true,
                 quiet: true,
+                device: Default::default(),
                 ..Default::default()
             },
         )

@@ -29,6 +29,7 @@ fn run() -> TriageReport {
         position_shift: 16,
         seed: 0,
         quiet: true,
+        device: Default::default(),
         command_line: String::new(),
     })
     .unwrap()

@@ -35,6 +35,8 @@ pub struct CompareOptions {
     pub seed: u64,
     /// Hide progress.
     pub quiet: bool,
+    /// Compute device (`--device`).
+    pub device: crate::device::DeviceSpec,
     /// The command line, for the report's "reproduce" section.
     pub command_line: String,
     /// Also evaluate a DFlash drafter on every path (`--drafter`).
@@ -142,13 +144,21 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
     };
     // The drafter's taps are marked unless --taps says otherwise.
     let mut taps = opts.taps.clone();
-    let session = Session::open(&opts.checkpoint, &opts.paths, &opts.prompts, opts.seed)?;
+    let session = Session::open(
+        &opts.checkpoint,
+        &opts.paths,
+        &opts.prompts,
+        opts.seed,
+        opts.device,
+    )?;
     let n = session.spec.num_layers();
     if let Some(d) = &opts.drafter {
         // Validate the drafter (config, taps, mask id, weights, positions)
         // before the capture rather than after it.
         let tc = &session.paths[0].text_config;
-        let (drafter, _) = crate::commands::drafter::load_drafter(&d.source, tc, n)?;
+        // On the host: this copy is only validated, then dropped.
+        let (drafter, _) =
+            crate::commands::drafter::load_drafter(&d.source, tc, n, &candle_core::Device::Cpu)?;
         crate::commands::drafter::check_positions(
             &session.prompts,
             d.max_new_tokens,
@@ -327,6 +337,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
                 seed: opts.seed,
                 quiet: opts.quiet,
                 end_rule: d.end_rule,
+                device: opts.device,
             })?;
             let taus: Vec<String> = dr
                 .paths
@@ -360,7 +371,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
             revision: src.commit.clone().or_else(|| src.revision.clone()),
             config_sha256: file_sha256(&session.ckpt.config_path)?,
             prompts_sha256: prompts_sha256(&session.prompts),
-            device: "cpu".into(),
+            device: opts.device.to_string(),
             threads: candle_core::utils::get_num_threads(),
             peak_rss_bytes: crate::sysinfo::peak_rss_bytes(),
             gdn_form: match opts.gdn_form {

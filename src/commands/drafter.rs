@@ -39,6 +39,8 @@ pub struct DrafterOptions {
     pub seed: u64,
     /// Hide progress.
     pub quiet: bool,
+    /// Compute device (`--device`).
+    pub device: crate::device::DeviceSpec,
     /// End-of-generation rule of the reference loop to replay.
     pub end_rule: drafter_eval::EndRule,
 }
@@ -72,6 +74,7 @@ pub fn load_drafter(
     source: &str,
     target: &crate::checkpoint::config::TextConfig,
     n_layers: usize,
+    device: &candle_core::Device,
 ) -> Result<(Drafter, Precision)> {
     let dsrc = resolve::resolve(source)?;
     let cfg_path = dsrc.dir.join("config.json");
@@ -92,7 +95,7 @@ pub fn load_drafter(
             n_layers - 1
         )));
     }
-    let weights = DrafterWeights::load_dir(&dsrc.dir)?;
+    let weights = DrafterWeights::load_dir(&dsrc.dir)?.to_device(device)?;
     Ok((
         Drafter::load(cfg, &weights, target.hidden_size, dprec)?,
         dprec,
@@ -216,9 +219,20 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
             opts.max_tau_gap
         )));
     }
-    let session = Session::open(&opts.checkpoint, &opts.paths, &opts.prompts, opts.seed)?;
+    let session = Session::open(
+        &opts.checkpoint,
+        &opts.paths,
+        &opts.prompts,
+        opts.seed,
+        opts.device,
+    )?;
     let tc = &session.paths[0].text_config;
-    let (drafter, dprec) = load_drafter(&opts.drafter, tc, session.spec.num_layers())?;
+    let (drafter, dprec) = load_drafter(
+        &opts.drafter,
+        tc,
+        session.spec.num_layers(),
+        &session.spec.device,
+    )?;
     let b = drafter.cfg.block_size;
     check_positions(
         &session.prompts,

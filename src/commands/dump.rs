@@ -26,6 +26,8 @@ pub struct DumpOptions {
     pub dtype: Option<Precision>,
     /// Hide progress.
     pub quiet: bool,
+    /// Compute device (`--device`).
+    pub device: crate::device::DeviceSpec,
 }
 
 /// Collects every tensor of path 0 into a [`Dump`].
@@ -72,7 +74,7 @@ pub fn run(
     prompts: &PromptOptions,
     opts: &DumpOptions,
 ) -> Result<Dump> {
-    let session = Session::open(checkpoint, &[path], prompts, opts.seed)?;
+    let session = Session::open(checkpoint, &[path], prompts, opts.seed, opts.device)?;
     let p = &session.paths[0];
     let precision = opts.dtype.unwrap_or(p.dtype.precision());
     let (logits, form, quiet) = (opts.logits, opts.form, opts.quiet);

@@ -14,6 +14,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Checkpoint;
+use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 use crate::loading::{self, LoadingPath, ResolvedPath};
 use crate::models::qwen3_5::TextModelSpec;
@@ -30,33 +31,37 @@ pub struct Session {
     pub spec: TextModelSpec,
     /// Prompts as run.
     pub prompts: Vec<Prompt>,
+    /// The device every path computes on (`--device`).
+    pub device: DeviceSpec,
 }
 
 impl Session {
     /// Opens `checkpoint`, resolves `paths` (seeding missing-tensor init with
-    /// `seed`) and the prompt set.
+    /// `seed`) and the prompt set, computing on `device`.
     ///
-    /// Errors: anything [`Checkpoint::open`], [`loading::resolve`] or
-    /// [`prompts::resolve`] return.
+    /// Errors: anything [`Checkpoint::open`], [`loading::resolve`],
+    /// [`prompts::resolve`] or [`DeviceSpec::open`] return.
     pub fn open(
         checkpoint: &str,
         paths: &[LoadingPath],
         prompt_opts: &PromptOptions,
         seed: u64,
+        device: DeviceSpec,
     ) -> Result<Self> {
+        let dev = device.open()?;
         let ckpt = Checkpoint::open(checkpoint)?;
         let paths = paths
             .iter()
             .map(|&p| {
                 let mut r = loading::resolve(&ckpt, p)?;
-                r.view = r.view.with_seed(seed);
+                r.view = r.view.with_seed(seed).with_device(dev.clone());
                 Ok(r)
             })
             .collect::<Result<Vec<_>>>()?;
         let first = paths
             .first()
             .ok_or_else(|| Error::Input("no loading path given".into()))?;
-        let spec = TextModelSpec::new(&first.text_config)?;
+        let spec = TextModelSpec::new(&first.text_config)?.with_device(dev);
         let limits = PromptLimits {
             vocab_size: first.text_config.vocab_size,
             max_tokens: first.text_config.max_position_embeddings,
@@ -67,6 +72,7 @@ impl Session {
             paths,
             spec,
             prompts,
+            device,
         })
     }
 

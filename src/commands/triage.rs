@@ -40,6 +40,8 @@ pub struct TriageOptions {
     pub position_shift: usize,
     pub seed: u64,
     pub quiet: bool,
+    /// Compute device (`--device`).
+    pub device: crate::device::DeviceSpec,
     pub command_line: String,
 }
 
@@ -175,10 +177,16 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
         &[LoadingPath::CausalLm],
         &opts.prompts,
         opts.seed,
+        opts.device,
     )?;
     let base_path = &session.paths[0];
     let tc = &base_path.text_config;
-    let (drafter, _) = load_drafter(&opts.drafter, tc, session.spec.num_layers())?;
+    let (drafter, _) = load_drafter(
+        &opts.drafter,
+        tc,
+        session.spec.num_layers(),
+        &session.spec.device,
+    )?;
     let b = drafter.cfg.block_size;
     crate::commands::drafter::check_positions(
         &session.prompts,

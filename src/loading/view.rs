@@ -35,6 +35,8 @@ pub struct TensorView {
     names: Vec<String>,
     entries: HashMap<String, WeightOrigin>,
     seed: Option<u64>,
+    /// Where returned tensors are placed (read and converted on the host first).
+    device: Device,
     /// Non-finite checkpoint tensors met while loading (shared by clones).
     non_finite: Arc<Mutex<BTreeMap<String, NonFinite>>>,
 }
@@ -48,6 +50,7 @@ impl TensorView {
             names,
             entries: entries.into_iter().collect(),
             seed: None,
+            device: Device::Cpu,
             non_finite: Arc::default(),
         }
     }
@@ -58,6 +61,18 @@ impl TensorView {
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self
+    }
+
+    /// Places every tensor this view returns on `device` (weights are still
+    /// read, converted and scanned on the host, one tensor at a time).
+    pub fn with_device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// The device returned tensors live on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// The seed for missing tensors, if set.
@@ -140,6 +155,15 @@ impl TensorView {
         }
     }
 
+    /// Moves a host tensor to the view's device (free on the CPU).
+    fn place(&self, t: Tensor) -> Result<Tensor> {
+        Ok(if self.device.is_cpu() {
+            t
+        } else {
+            t.to_device(&self.device)?
+        })
+    }
+
     /// The checkpoint key behind `name`, `None` for a missing (initialised) tensor.
     fn key(&self, name: &str) -> Result<Option<&str>> {
         match self.entries.get(name) {
@@ -174,10 +198,10 @@ impl WeightSource for TensorView {
             Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
                 let t = self.weights.load_f32(key)?;
                 self.scan_non_finite(key, &t)?;
-                Ok(t)
+                self.place(t)
             }
             Some(WeightOrigin::Missing { init, shape }) => {
-                init_tensor(name, *init, shape, self.seed)
+                self.place(init_tensor(name, *init, shape, self.seed)?)
             }
         }
     }
@@ -200,7 +224,7 @@ impl WeightSource for TensorView {
                     // Rounding may overflow a finite value; count what is stored.
                     self.scan_key_bytes(key)?;
                 }
-                Ok(t)
+                self.place(t)
             }
             None => prec.round(&self.tensor(name)?),
         }
@@ -212,7 +236,7 @@ impl WeightSource for TensorView {
         match self.key(name)? {
             Some(key) => {
                 self.scan_key_bytes(key)?;
-                self.weights.load_rows(key, ids, Some(prec))
+                self.place(self.weights.load_rows(key, ids, Some(prec))?)
             }
             None => {
                 let w = prec.round(&self.tensor(name)?)?;
@@ -222,7 +246,7 @@ impl WeightSource for TensorView {
                         "token id {bad} is out of range for {name} with {v} rows"
                     )));
                 }
-                let idx = Tensor::from_slice(ids, ids.len(), &Device::Cpu)?;
+                let idx = Tensor::from_slice(ids, ids.len(), w.device())?;
                 Ok(w.index_select(&idx, 0)?)
             }
         }
@@ -236,7 +260,7 @@ impl WeightSource for TensorView {
                 if start == 0 {
                     self.scan_key_bytes(key)?;
                 }
-                self.weights.load_row_range(key, start, len, Some(prec))
+                self.place(self.weights.load_row_range(key, start, len, Some(prec))?)
             }
             None => Ok(prec.round(&self.tensor(name)?)?.narrow(0, start, len)?),
         }

@@ -281,6 +281,24 @@ impl DrafterWeights {
         Ok(Self { tensors, files })
     }
 
+    /// The same weights moved to `device` (a no-op on the CPU).
+    ///
+    /// Errors: the device cannot hold them (out of memory, driver error).
+    pub fn to_device(self, device: &Device) -> Result<Self> {
+        if device.is_cpu() {
+            return Ok(self);
+        }
+        let tensors = self
+            .tensors
+            .into_iter()
+            .map(|(k, t)| Ok((k, t.to_device(device)?)))
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            tensors,
+            files: self.files,
+        })
+    }
+
     /// Names present.
     pub fn names(&self) -> impl Iterator<Item = &String> {
         self.tensors.keys()
@@ -448,7 +466,7 @@ impl Drafter {
         let positions: Vec<usize> = (ctx_start..ctx_start + c)
             .chain(block_start..block_start + b)
             .collect();
-        let (cos, sin) = self.rotary.cos_sin(&positions)?;
+        let (cos, sin) = self.rotary.cos_sin(&positions, ctx.device())?;
         let (cos_q, sin_q) = (cos.narrow(0, c, b)?, sin.narrow(0, c, b)?);
         let mut x = noise.clone();
         for layer in &self.layers {
@@ -479,7 +497,7 @@ impl Drafter {
             let scale = (hd as f64).powf(-0.5);
             let mut scores = p.round(&(p.round(&q.matmul(&k.t()?.contiguous()?)?)? * scale)?)?;
             if layer.layer_type == DraftLayerType::SlidingAttention {
-                scores = scores.broadcast_add(&self.sliding_mask(b, c)?)?;
+                scores = scores.broadcast_add(&self.sliding_mask(b, c, ctx.device())?)?;
             }
             let probs = p.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
             let a = p.round(&probs.matmul(&v)?)?;
@@ -496,7 +514,7 @@ impl Drafter {
 
     /// The wheel's `_attention_mask(is_causal=True, sliding_window=W)` over
     /// `[C + B]` keys for `B` block queries (query i sits at key index C + i).
-    fn sliding_mask(&self, b: usize, c: usize) -> Result<Tensor> {
+    fn sliding_mask(&self, b: usize, c: usize, device: &Device) -> Result<Tensor> {
         let w = self.cfg.sliding_window.unwrap_or(usize::MAX);
         let s = c + b;
         let mut m = vec![0f32; b * s];
@@ -508,7 +526,7 @@ impl Drafter {
                 }
             }
         }
-        Ok(Tensor::from_vec(m, (b, s), &Device::Cpu)?)
+        Ok(Tensor::from_vec(m, (b, s), device)?)
     }
 
     /// Draft logits from final-normed outputs with the target's `lm_head`

@@ -16,7 +16,8 @@ use crate::models::precision::Precision;
 /// path's renames: `embed_tokens.weight`, `layers.{i}.…`, `norm.weight`, and
 /// `lm_head.weight`.
 pub trait WeightSource {
-    /// The tensor `name` as an f32 CPU tensor with the checkpoint's shape.
+    /// The tensor `name` as an f32 tensor with the checkpoint's shape, on the
+    /// source's device (the CPU unless the source was built for another).
     ///
     /// Errors: the name is unknown to this source, the shard cannot be read, or
     /// the stored dtype cannot be converted.
@@ -47,7 +48,7 @@ pub trait WeightSource {
                 "token id {bad} is out of range for {name} with {v} rows"
             )));
         }
-        let idx = Tensor::from_slice(ids, ids.len(), &candle_core::Device::Cpu)?;
+        let idx = Tensor::from_slice(ids, ids.len(), w.device())?;
         Ok(w.index_select(&idx, 0)?)
     }
 

@@ -126,7 +126,7 @@ impl Attention {
         let scale = (hd as f64).powf(-0.5);
         let scores = prec.round(&q.matmul(&k.t()?.contiguous()?)?)?;
         let scores = prec.round(&(scores * scale)?)?;
-        let scores = scores.broadcast_add(&causal_mask(t, past)?)?;
+        let scores = scores.broadcast_add(&causal_mask(t, past, x.device())?)?;
         let probs = prec.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
         let out = prec.round(&probs.matmul(&v)?)?; // [1, nh, T, hd]
         let out = out.squeeze(0)?.transpose(0, 1)?.reshape((t, nh * hd))?;
@@ -142,7 +142,7 @@ impl Attention {
 }
 
 /// Additive causal mask `[T, past+T]`: 0 where key position ≤ query position, −∞ elsewhere.
-fn causal_mask(t: usize, past: usize) -> Result<Tensor> {
+fn causal_mask(t: usize, past: usize, device: &Device) -> Result<Tensor> {
     let s = past + t;
     let mut m = vec![0f32; t * s];
     for i in 0..t {
@@ -150,5 +150,5 @@ fn causal_mask(t: usize, past: usize) -> Result<Tensor> {
             m[i * s + j] = f32::NEG_INFINITY;
         }
     }
-    Ok(Tensor::from_vec(m, (t, s), &Device::Cpu)?)
+    Ok(Tensor::from_vec(m, (t, s), device)?)
 }

@@ -5,7 +5,7 @@
 //! single-token decode). The kernels are plain Rust loops over f32 buffers:
 //! 20-30x faster on CPU than per-token tensor ops (shared research, candle.md §2).
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use rayon::prelude::*;
 
 use super::norm::RmsNormGated;
@@ -462,7 +462,7 @@ impl GatedDeltaNet {
         // The kernel runs in f32 and casts its output back to the input dtype.
         self.geo.prec.round_slice(&mut o);
         let (t, nv, dv) = (inp.t, inp.heads, inp.dv);
-        let o = Tensor::from_vec(o, (t, nv, dv), &Device::Cpu)?;
+        let o = Tensor::from_vec(o, (t, nv, dv), x.device())?;
         let y = self.norm.forward(&o, &z)?.reshape((t, nv * dv))?;
         linear(&y, &self.out_proj, self.geo.prec)
     }

@@ -98,10 +98,13 @@ pub struct TextModelSpec {
     pub rotary: Rotary,
     pub vocab_size: usize,
     pub max_position_embeddings: usize,
+    /// Where activations live (weights arrive there through the
+    /// [`WeightSource`]); host-side tables such as rope are copied to it.
+    pub device: Device,
 }
 
 impl TextModelSpec {
-    /// Errors: invalid `layer_types` (see [`TextConfig::layer_types`]).
+    /// On the CPU. Errors: invalid `layer_types` (see [`TextConfig::layer_types`]).
     pub fn new(cfg: &TextConfig) -> Result<Self> {
         Ok(Self {
             geo: LayerGeometry::new(cfg, Precision::F32),
@@ -109,7 +112,14 @@ impl TextModelSpec {
             rotary: Rotary::new(cfg.rope_theta(), cfg.rotary_dim()),
             vocab_size: cfg.vocab_size,
             max_position_embeddings: cfg.max_position_embeddings,
+            device: Device::Cpu,
         })
+    }
+
+    /// The same spec computing on `device`.
+    pub fn with_device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
     }
 
     /// Number of decoder layers N (`hidden_states` has N+1 entries).
@@ -120,7 +130,7 @@ impl TextModelSpec {
     /// Rope tables for positions `offset .. offset+T`.
     pub fn positions(&self, offset: usize, t: usize) -> Result<Positions> {
         let pos: Vec<usize> = (offset..offset + t).collect();
-        let (cos, sin) = self.rotary.cos_sin(&pos)?;
+        let (cos, sin) = self.rotary.cos_sin(&pos, &self.device)?;
         Ok(Positions { cos, sin })
     }
 
@@ -199,7 +209,7 @@ impl Embedding {
                 "token id {bad} is out of range for embed_tokens with {v} rows"
             )));
         }
-        let idx = Tensor::from_slice(ids, ids.len(), &Device::Cpu)?;
+        let idx = Tensor::from_slice(ids, ids.len(), self.weight.device())?;
         Ok(self.weight.index_select(&idx, 0)?)
     }
 }
@@ -564,7 +574,7 @@ impl TextModel {
         form: GdnForm,
         want_hidden: bool,
     ) -> Result<StepOutput> {
-        let (cos, sin) = self.spec.rotary.cos_sin(positions)?;
+        let (cos, sin) = self.spec.rotary.cos_sin(positions, &self.spec.device)?;
         let pos = Positions { cos, sin };
         let form = if state.is_some() && ids.len() == 1 {
             GdnForm::Recurrent

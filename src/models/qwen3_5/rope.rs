@@ -37,8 +37,8 @@ impl Rotary {
     }
 
     /// `(cos, sin)`, each `[T, rd]` f32 (`emb = cat(freqs, freqs)`), for
-    /// absolute positions `positions`.
-    pub fn cos_sin(&self, positions: &[usize]) -> Result<(Tensor, Tensor)> {
+    /// absolute positions `positions`, on `device` (computed on the host).
+    pub fn cos_sin(&self, positions: &[usize], device: &Device) -> Result<(Tensor, Tensor)> {
         let rd = self.rotary_dim;
         let mut cos = Vec::with_capacity(positions.len() * rd);
         let mut sin = Vec::with_capacity(positions.len() * rd);
@@ -53,8 +53,8 @@ impl Rotary {
         }
         let shape = (positions.len(), rd);
         Ok((
-            Tensor::from_vec(cos, shape, &Device::Cpu)?,
-            Tensor::from_vec(sin, shape, &Device::Cpu)?,
+            Tensor::from_vec(cos, shape, device)?,
+            Tensor::from_vec(sin, shape, device)?,
         ))
     }
 
