@@ -9,13 +9,13 @@
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use indicatif::ProgressBar;
 
 use crate::checkpoint::config::LayerType;
 use crate::error::Result;
 use crate::models::precision::Precision;
 use crate::models::qwen3_5::{DecoderLayer, Embedding, FinalNorm, GdnForm, LmHead, TextModelSpec};
 use crate::models::WeightSource;
+use crate::progress::RunProgress;
 
 /// What a `hidden_states` entry is (the `layer_type` of the report).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +121,24 @@ fn share_groups(paths: &[PathModel], names: &[String]) -> Vec<usize> {
         .collect()
 }
 
+/// f32 bytes of `names` as loaded once per group of [`share_groups`].
+fn group_bytes(paths: &[PathModel], names: &[String]) -> u64 {
+    let groups = share_groups(paths, names);
+    let per_path = |p: &PathModel| -> u64 {
+        names
+            .iter()
+            .filter_map(|n| p.source.shape(n))
+            .map(|s| s.iter().product::<usize>() as u64 * 4)
+            .sum()
+    };
+    paths
+        .iter()
+        .enumerate()
+        .filter(|&(p, _)| groups[p] == p)
+        .map(|(_, path)| per_path(path))
+        .sum()
+}
+
 /// True when two tensors hold the same f32 values, bit for bit.
 fn bitwise_equal(a: &Tensor, b: &Tensor) -> Result<bool> {
     if a.dims() != b.dims() {
@@ -149,7 +167,7 @@ pub fn run(
     prompts: &[Vec<u32>],
     opts: CaptureOptions,
     obs: &mut dyn Observer,
-    progress: Option<&ProgressBar>,
+    progress: Option<&RunProgress>,
 ) -> Result<()> {
     let n = spec.num_layers();
     let pos: Vec<_> = prompts
@@ -158,14 +176,38 @@ pub fn run(
         .collect::<Result<_>>()?;
     let none: Vec<Option<Vec<Tensor>>> = vec![None; paths.len()];
     let np = prompts.len();
-    let msg = |l: usize, k: usize| {
-        if let Some(pb) = progress {
-            pb.set_message(format!("layer {l}/{n}, prompt {}/{np}", k + 1));
+    // Prompt k of path p (`local`: p's layer on path 0's input) is about to run.
+    let at_prompt = |p: usize, k: usize, local: bool| {
+        if let Some(pr) = progress {
+            pr.prompts.set_position(k as u64);
+            pr.prompts.set_message(format!(
+                "{}{}",
+                paths[p].name,
+                if local { " (local)" } else { "" }
+            ));
         }
     };
-
-    if let Some(pb) = progress {
-        pb.set_message("embeddings");
+    if let Some(pr) = progress {
+        let layer_names = (0..n).map(|l| spec.layer_tensor_names(l));
+        let total: u64 = layer_names
+            .map(|names| group_bytes(paths, &names))
+            .sum::<u64>()
+            + group_bytes(paths, &["norm.weight".to_string()])
+            + group_bytes(
+                &paths
+                    .iter()
+                    .filter(|p| p.has_lm_head)
+                    .map(|p| PathModel {
+                        name: p.name.clone(),
+                        source: p.source,
+                        has_lm_head: true,
+                        precision: p.precision,
+                    })
+                    .collect::<Vec<_>>(),
+                &["lm_head.weight".to_string()],
+            );
+        pr.loading.set_length(total);
+        pr.layers.set_message("embeddings");
     }
     let groups = share_groups(paths, &["embed_tokens.weight".to_string()]);
     let mut states: Vec<Vec<Tensor>> = Vec::with_capacity(paths.len());
@@ -184,12 +226,18 @@ pub fn run(
     obs.hidden_states(0, HiddenKind::Embedding, &states, &none)?;
 
     for l in 0..n {
-        if let Some(pb) = progress {
-            pb.set_message(format!("layer {l}/{n}: loading weights"));
-        }
         let names = spec.layer_tensor_names(l);
+        if let Some(pr) = progress {
+            pr.layers
+                .set_message(format!("layer {l} ({})", spec.layer_types[l].as_str()));
+            pr.loading.set_message(format!("layer {l}"));
+            pr.prompts.set_position(0);
+        }
         let groups = share_groups(paths, &names);
         let layers = load_shared(paths, &names, |s, p| DecoderLayer::load(spec, s, l, p))?;
+        if let Some(pr) = progress {
+            pr.loading.inc(group_bytes(paths, &names));
+        }
         // Propagated: path p's layer on its own history; reuses the output of
         // an earlier path with the same layer and the same input.
         let mut next: Vec<Vec<Tensor>> = Vec::with_capacity(paths.len());
@@ -206,7 +254,7 @@ pub fn run(
                 out.push(match reuse {
                     Some(t) => t,
                     None => {
-                        msg(l, k);
+                        at_prompt(p, k, false);
                         layers[p].forward(h, spec, ps, opts.form, None)?
                     }
                 });
@@ -235,7 +283,7 @@ pub fn run(
                         out.push(match reuse {
                             Some(t) => t,
                             None => {
-                                msg(l, k);
+                                at_prompt(p, k, true);
                                 layers[p].forward(h, spec, ps, opts.form, None)?
                             }
                         });
@@ -258,6 +306,10 @@ pub fn run(
             let norms = load_shared(paths, &["norm.weight".to_string()], |s, p| {
                 FinalNorm::load(spec, s, p)
             })?;
+            if let Some(pr) = progress {
+                pr.loading
+                    .inc(group_bytes(paths, &["norm.weight".to_string()]));
+            }
             let local_normed: Vec<Option<Vec<Tensor>>> = local
                 .iter()
                 .zip(&norms)
@@ -282,15 +334,17 @@ pub fn run(
                 .collect::<Result<_>>()?;
             obs.hidden_states(n, HiddenKind::FinalNorm, &states, &local_normed)?;
         }
-        if let Some(pb) = progress {
-            pb.inc(1);
+        if let Some(pr) = progress {
+            pr.prompts.set_position(np as u64);
+            pr.layers.inc(1);
         }
     }
 
     // LM head in vocabulary chunks, each chunk read once for all paths that
     // share `lm_head.weight` (same bytes, same dtype).
-    if let Some(pb) = progress {
-        pb.set_message("lm_head");
+    if let Some(pr) = progress {
+        pr.layers.set_message("lm_head");
+        pr.loading.set_message("lm_head (vocabulary chunks)");
     }
     let groups = share_groups(paths, &["lm_head.weight".to_string()]);
     let mut logits: Vec<Option<Vec<Tensor>>> = vec![None; paths.len()];
@@ -329,6 +383,10 @@ pub fn run(
         }
         let inputs: Vec<&[Tensor]> = distinct.iter().map(|&r| states[r].as_slice()).collect();
         let out = LmHead::forward_streamed(path.source, path.precision, &inputs)?;
+        if let Some(pr) = progress {
+            pr.loading
+                .inc(group_bytes(&paths[p..=p], &["lm_head.weight".to_string()]));
+        }
         for (&q, &j) in members.iter().zip(&same_as) {
             logits[q] = Some(out[j].clone());
         }

@@ -104,7 +104,9 @@ mod tests {
         }
         assert_eq!(DeviceSpec::Cuda(3).to_string(), "cuda:3");
         assert_eq!(DeviceSpec::Cpu.to_string(), "cpu");
-        for bad in ["", "gpu", "cuda:", "cuda:-1", "cuda:x", "cuda:+1", "CPU", "metal"] {
+        for bad in [
+            "", "gpu", "cuda:", "cuda:-1", "cuda:x", "cuda:+1", "CPU", "metal",
+        ] {
             let e = bad.parse::<DeviceSpec>().unwrap_err().to_string();
             assert!(e.contains("expected cpu, cuda or cuda:N"), "{bad}: {e}");
         }

@@ -15,6 +15,7 @@ pub mod loading;
 pub mod models;
 pub mod output;
 pub mod parity;
+pub mod progress;
 pub mod prompts;
 pub mod report;
 pub mod sysinfo;

@@ -119,6 +119,70 @@ fn compare_json_follows_the_contract() {
 }
 
 #[test]
+fn device_option_is_recorded_and_cuda_is_refused_cleanly_without_it() {
+    let out = hsparity()
+        .args([
+            "compare",
+            CKPT,
+            "--quiet",
+            "--no-report",
+            "--json",
+            "--device",
+            "cpu",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["environment"]["device"], "cpu");
+
+    for verb in [
+        vec!["compare", CKPT, "--no-report"],
+        vec![
+            "dump",
+            CKPT,
+            "--path",
+            "vlm",
+            "--out",
+            "/nonexistent/d.safetensors",
+        ],
+        vec![
+            "drafter",
+            "fixtures/toy-pair/target",
+            "--drafter",
+            "fixtures/toy-pair/drafter",
+        ],
+        vec![
+            "triage",
+            "fixtures/toy-pair/target",
+            "--drafter",
+            "fixtures/toy-pair/drafter",
+            "--no-report",
+        ],
+    ] {
+        assert_bad_input(
+            &[verb.clone(), vec!["--device", "tpu"]].concat(),
+            "expected cpu, cuda or cuda:N",
+        );
+        let args = [verb, vec!["--device", "cuda:7", "--quiet"]].concat();
+        let out = hsparity().args(&args).output().unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        if cfg!(feature = "cuda") {
+            // A CUDA build: no device 7 here.
+            assert!(
+                err.contains("--device cuda:7: cannot open the GPU"),
+                "{err}"
+            );
+        } else {
+            assert!(err.contains("built without CUDA support"), "{err}");
+            assert!(err.contains("--features cuda"), "{err}");
+        }
+    }
+}
+
+#[test]
 fn inventory_json_reports_each_path() {
     let out = hsparity()
         .args(["inventory", CKPT, "--json"])

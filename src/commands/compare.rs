@@ -4,13 +4,14 @@
 use std::path::{Path, PathBuf};
 
 use crate::capture::{self, CaptureOptions, PathModel};
-use crate::commands::{file_sha256, progress, prompts_sha256, utc_stamp, Session};
+use crate::commands::{file_sha256, prompts_sha256, utc_stamp, Session};
 use crate::error::{Error, Result};
 use crate::loading::{self, LoadingPath, WeightOrigin};
 use crate::models::precision::Precision;
 use crate::models::qwen3_5::GdnForm;
 use crate::models::WeightSource;
 use crate::parity::PairObserver;
+use crate::progress::RunProgress;
 use crate::prompts::{preview, PromptOptions};
 use crate::report::{
     self, Environment, PathRun, PromptInfo, Report, SCHEMA_VERSION, TAP_CONVENTION,
@@ -245,7 +246,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
         .map(|m| (m.name.clone(), m.precision.name().to_string()))
         .collect();
     let mut obs = PairObserver::new(&names);
-    let pb = progress(n as u64, "layers", opts.quiet);
+    let pb = RunProgress::new(n, session.prompts.len(), opts.quiet);
     capture::run(
         &session.spec,
         &models,
@@ -257,7 +258,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
         &mut obs,
         Some(&pb),
     )?;
-    pb.finish_and_clear();
+    pb.finish();
     mark_random_init(&mut obs.pairs, &session);
     let mut paths_run = paths_run;
     // Paths sharing a layer load it once, so merge what any path saw and

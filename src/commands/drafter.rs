@@ -3,7 +3,7 @@
 //! and cross runs (path B's features against path A's trajectory).
 
 use crate::checkpoint::resolve;
-use crate::commands::{progress, Session};
+use crate::commands::Session;
 use crate::drafter_eval::{
     self, CrossTau, DdtreeTau, DraftTarget, DrafterInfo, DrafterReport, PathTau, PromptReplay,
     PromptTau,
@@ -14,6 +14,7 @@ use crate::models::dflash::{DflashConfig, Drafter, DrafterWeights};
 use crate::models::precision::Precision;
 use crate::models::qwen3_5::{GdnForm, TextModel};
 use crate::models::WeightSource;
+use crate::progress;
 use crate::prompts::PromptOptions;
 
 /// Options of a drafter evaluation.
@@ -248,7 +249,10 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
     let head_path = session.paths.iter().find(|p| p.view.has_lm_head());
     let mut notes = Vec::new();
     let total = (session.paths.len() * session.prompts.len()) as u64;
-    let pb = progress(total, "prompts", opts.quiet);
+    let bars = progress::Bars::new(opts.quiet);
+    let pb = bars.count(total, "prompts generated");
+    let replays = (2 * session.paths.len()).saturating_sub(1) as u64;
+    let rb = bars.count(replays, "replays");
     let mut runs = Vec::new();
     for p in &session.paths {
         let (head, lm_head_from): (&dyn WeightSource, String) = if p.view.has_lm_head() {
@@ -266,6 +270,7 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
             (&hp.view, format!("{} (borrowed)", hp.path.name()))
         };
         let dtype = forced.unwrap_or(p.dtype.precision());
+        pb.set_message(format!("{}: loading weights", p.path.name()));
         let model = TextModel::load(&session.spec, &p.view, Some(head), dtype)?;
         let mut tokens = Vec::new();
         for pr in &session.prompts {
@@ -282,11 +287,16 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
             tokens,
         });
     }
-    pb.finish_and_clear();
+    pb.finish();
 
     let prompt_lens: Vec<usize> = session.prompts.iter().map(|p| p.ids.len()).collect();
     let taps = drafter.cfg.target_layer_ids.clone();
     let replay = |feat_run: &PathRun, traj: &PathRun| -> Result<(Vec<PromptTau>, Vec<PromptTau>)> {
+        rb.set_message(if std::ptr::eq(feat_run, traj) {
+            feat_run.name.clone()
+        } else {
+            format!("{} features on {}'s tokens", feat_run.name, traj.name)
+        });
         let feats = features(&feat_run.model, &traj.tokens, &taps, GdnForm::Chunked)?;
         replay_all(
             &drafter,
@@ -300,6 +310,7 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
                 rule: opts.end_rule,
             },
         )
+        .inspect(|_| rb.inc(1))
     };
 
     let mut paths = Vec::new();
@@ -342,6 +353,8 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
             ddtree_tau_macro: drafter_eval::summarize(&tree, b).tau_macro,
         });
     }
+    rb.finish();
+    bars.clear();
     let tau0 = paths[0].summary.tau_macro;
     let tau_gap = paths
         .iter()

@@ -5,12 +5,13 @@ use std::path::Path;
 use candle_core::Tensor;
 
 use crate::capture::{self, CaptureOptions, HiddenKind, Observer, PathModel};
-use crate::commands::{progress, Session};
+use crate::commands::Session;
 use crate::dump::{Dump, DumpPrompt, FORMAT};
 use crate::error::Result;
 use crate::loading::LoadingPath;
 use crate::models::precision::Precision;
 use crate::models::qwen3_5::GdnForm;
+use crate::progress::RunProgress;
 use crate::prompts::PromptOptions;
 
 /// Settings of a dump run.
@@ -103,7 +104,7 @@ pub fn run(
         "tool_version".into(),
         format!("hsparity {}", env!("CARGO_PKG_VERSION")),
     );
-    let pb = progress(session.spec.num_layers() as u64, "layers", quiet);
+    let pb = RunProgress::new(session.spec.num_layers(), session.prompts.len(), quiet);
     capture::run(
         &session.spec,
         &[PathModel {
@@ -117,7 +118,7 @@ pub fn run(
         &mut obs,
         Some(&pb),
     )?;
-    pb.finish_and_clear();
+    pb.finish();
     Ok(obs.dump)
 }
 

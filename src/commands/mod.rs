@@ -10,7 +10,6 @@ pub mod triage;
 
 use std::path::Path;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Checkpoint;
@@ -93,25 +92,6 @@ pub fn parse_paths(s: &str) -> Result<Vec<LoadingPath>> {
         out.push(p);
     }
     Ok(out)
-}
-
-/// A progress bar over `len` steps on stderr, hidden when `quiet` or when
-/// stderr is not a terminal (indicatif's own check).
-pub fn progress(len: u64, unit: &str, quiet: bool) -> ProgressBar {
-    let pb = ProgressBar::with_draw_target(
-        Some(len),
-        if quiet {
-            ProgressDrawTarget::hidden()
-        } else {
-            ProgressDrawTarget::stderr()
-        },
-    );
-    let template =
-        format!("{{spinner}} [{{elapsed_precise}}] {{bar:30}} {{pos}}/{{len}} {unit} {{msg}}");
-    if let Ok(style) = ProgressStyle::with_template(&template) {
-        pb.set_style(style);
-    }
-    pb
 }
 
 /// First 16 hex chars of the sha256 of `bytes`.

@@ -15,7 +15,7 @@ use candle_core::Tensor;
 use serde::Serialize;
 
 use crate::commands::drafter::{load_drafter, replay_all, Replay};
-use crate::commands::{progress, Session};
+use crate::commands::Session;
 use crate::drafter_eval::EndRule;
 use crate::drafter_eval::{self, PromptTau};
 use crate::error::{Error, Result};
@@ -24,6 +24,7 @@ use crate::models::precision::Precision;
 use crate::models::qwen3_5::{GdnForm, LmHead, TextModel};
 use crate::models::WeightSource;
 use crate::parity::{Accumulator, Tolerance, Verdict};
+use crate::progress;
 use crate::prompts::PromptOptions;
 
 /// Options of `triage`.
@@ -255,7 +256,7 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
         "missing",
         "MISSING tensors initialised as transformers would".into(),
     ));
-    let pb = progress(plan.len() as u64 + 1, "runs", opts.quiet);
+    let pb = progress::single(plan.len() as u64 + 1, "runs", opts.quiet);
     pb.set_message("baseline");
 
     // Baseline: trajectory, hidden states, τ.
