@@ -283,7 +283,9 @@ pub fn build_tree(logits: &Tensor, budget: usize) -> Result<Vec<HashMap<u32, usi
 
 /// DDTree-`budget` replay: per round, the tree from the draft logits; accept
 /// the longest root path equal to the trajectory; record its length (root
-/// included, so the same scale as DFlash's `a + 1`).
+/// included, so the same scale as DFlash's `a + 1`). The anchors are walked
+/// under the same end rule as DFlash (`rule`): under the wheel's rule the
+/// last blocks shrink, so the tree is at most `block - 1` deep there.
 pub fn replay_ddtree(
     t: &DraftTarget,
     tokens: &[u32],
@@ -291,11 +293,13 @@ pub fn replay_ddtree(
     feats: &Tensor,
     max_new: usize,
     budget: usize,
+    rule: EndRule,
 ) -> Result<PromptTau> {
     let b = t.drafter.cfg.block_size;
     check_len(tokens, prompt_len, max_new, b)?;
-    walk(prompt_len, max_new, b, EndRule::GithubMain, |start, _| {
-        let tree = build_tree(&draft_logits(t, tokens, feats, start)?, budget)?;
+    walk(prompt_len, max_new, b, rule, |start, block| {
+        let logits = draft_logits_block(t, tokens, feats, start, block)?;
+        let tree = build_tree(&logits, budget)?;
         let (mut cur, mut depth) = (0usize, 0usize);
         while let Some(&child) = tree[cur].get(&tokens[start + depth + 1]) {
             cur = child;

@@ -491,3 +491,51 @@ fn replay_reproduces_z_labs_dflash_generate_on_a_qwen3_target() {
     // Qwen3Model (AutoModel) has no lm_head; its taps equal causal-lm's.
     assert!((rep.paths[1].summary.tau_macro - p.summary.tau_macro).abs() < 1e-12);
 }
+
+/// Short generations under the wheel's rule (checked against `dflash_generate`
+/// for N = 2, 3, 7, 8, 9, 15, 17: identical rounds): DFlash and DDTree walk the
+/// same shrinking last blocks, so both record lengths summing to N − 1, and
+/// N = 1, for which the wheel runs no round, is refused.
+#[test]
+fn wheel_rule_short_generations_shrink_both_dflash_and_ddtree() {
+    use hsparity::drafter_eval::EndRule;
+    const Q: &str = "fixtures/toy-pair-qwen3";
+    for n in [2usize, 3, 9] {
+        let mut o = options(Q, EndRule::Wheel);
+        o.max_new_tokens = n;
+        o.paths = vec![LoadingPath::CausalLm];
+        let rep = drafter::run(&o).unwrap();
+        let p = &rep.paths[0];
+        for (k, (d, t)) in p.per_prompt.iter().zip(&p.ddtree.per_prompt).enumerate() {
+            let (sd, st) = (
+                d.acceptance_lengths.iter().sum::<usize>(),
+                t.acceptance_lengths.iter().sum::<usize>(),
+            );
+            assert_eq!(
+                sd,
+                n - 1,
+                "N={n} prompt {k}: DFlash {:?}",
+                d.acceptance_lengths
+            );
+            assert_eq!(
+                st,
+                n - 1,
+                "N={n} prompt {k}: DDTree {:?}",
+                t.acceptance_lengths
+            );
+            assert!(t.acceptance_lengths.iter().all(|&a| a <= 8));
+        }
+        if n == 2 {
+            // One round committing one token per prompt: τ is exactly 1.
+            assert_eq!(p.summary.tau_macro, 1.0);
+            assert_eq!(p.ddtree.tau_macro, 1.0);
+        }
+    }
+    let mut o = options(Q, EndRule::Wheel);
+    o.max_new_tokens = 1;
+    let e = drafter::run(&o).unwrap_err().to_string();
+    assert!(e.contains("use at least 2"), "{e}");
+    // GitHub main's rule records full blocks: N = 1 is a valid run there.
+    o.end_rule = EndRule::GithubMain;
+    assert!(drafter::run(&o).unwrap().paths[0].summary.tau_macro >= 1.0);
+}

@@ -167,6 +167,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
             0,
             tc.max_position_embeddings,
         )?;
+        crate::commands::drafter::check_end_rule(d.max_new_tokens, d.end_rule)?;
         if taps.is_empty() {
             taps = drafter.cfg.target_layer_ids.clone();
         }

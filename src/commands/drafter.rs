@@ -5,8 +5,8 @@
 use crate::checkpoint::resolve;
 use crate::commands::Session;
 use crate::drafter_eval::{
-    self, CrossTau, DdtreeTau, DraftTarget, DrafterInfo, DrafterReport, PathTau, PromptReplay,
-    PromptTau,
+    self, CrossTau, DdtreeTau, DraftTarget, DrafterInfo, DrafterReport, EndRule, PathTau,
+    PromptReplay, PromptTau,
 };
 use crate::error::{Error, Result};
 use crate::loading::LoadingPath;
@@ -103,6 +103,22 @@ pub fn load_drafter(
     ))
 }
 
+/// Refuses a `max_new` for which `rule` records no round: the wheel's loop
+/// (`while start + 1 < prompt_len + max_new_tokens`) never runs for
+/// `max_new_tokens = 1`, so τ would be undefined.
+///
+/// Errors ([`Error::Input`]): `max_new < 2` under [`EndRule::Wheel`].
+pub fn check_end_rule(max_new: usize, rule: EndRule) -> Result<()> {
+    if rule == EndRule::Wheel && max_new < 2 {
+        return Err(Error::Input(format!(
+            "--max-new-tokens {max_new} with --end-rule wheel: the wheel's loop runs no round \
+             (it stops once start + 1 >= prompt_len + max_new_tokens), so τ is undefined; \
+             use at least 2"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks that every prompt plus `max_new` generated tokens plus one block
 /// (plus `extra` positions, e.g. a triage position shift) stays within
 /// `max_position_embeddings`, and that `max_new ≥ 1`.
@@ -173,7 +189,7 @@ pub fn replay_all(
             &t, toks, n, f, max_new, r.rule,
         )?);
         tree.push(drafter_eval::replay_ddtree(
-            &t, toks, n, f, max_new, budget,
+            &t, toks, n, f, max_new, budget, r.rule,
         )?);
     }
     Ok((dfl, tree))
@@ -242,6 +258,7 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
         0,
         tc.max_position_embeddings,
     )?;
+    check_end_rule(opts.max_new_tokens, opts.end_rule)?;
     let forced = match opts.dtype.as_str() {
         "auto" => None,
         d => Some(Precision::parse(d)?),
