@@ -32,11 +32,7 @@ impl FromStr for DeviceSpec {
     ///
     /// Errors ([`Error::Input`]): anything else.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || {
-            Error::Input(format!(
-                "--device {s:?}: expected cpu, cuda or cuda:N (N a device ordinal)"
-            ))
-        };
+        let bad = || Error::Input("expected cpu, cuda or cuda:N (N a device ordinal)".into());
         match s {
             "cpu" => Ok(DeviceSpec::Cpu),
             "cuda" => Ok(DeviceSpec::Cuda(0)),

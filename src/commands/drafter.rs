@@ -156,7 +156,7 @@ pub fn check_positions(
 /// Replays DFlash and DDTree-`budget` on every prompt's trajectory with the
 /// features `feats[k]`, drafting through `model`'s embedding and LM head.
 /// What a replay walks: new tokens per prompt, DDTree budget, and the
-/// DFlash end-of-generation rule (DDTree always uses GitHub main's).
+/// end-of-generation rule (DFlash and DDTree walk the anchors under it).
 #[derive(Debug, Clone, Copy)]
 pub struct Replay {
     pub max_new: usize,

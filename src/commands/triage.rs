@@ -361,7 +361,10 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
         let outcome: Option<Outcome> = match kind {
             "vlm" => {
                 let vp = crate::loading::resolve(&session.ckpt, LoadingPath::Vlm)?;
-                let view = vp.view.with_seed(opts.seed);
+                let view = vp
+                    .view
+                    .with_seed(opts.seed)
+                    .with_device(session.spec.device.clone());
                 let m = TextModel::load(
                     &session.spec,
                     &view,
@@ -437,7 +440,10 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
                     .find(|r| r.inventory.missing > 0);
                 match missing_path {
                     Some(r) => {
-                        let view = r.view.with_seed(opts.seed);
+                        let view = r
+                            .view
+                            .with_seed(opts.seed)
+                            .with_device(session.spec.device.clone());
                         let head: &dyn WeightSource = if view.has_lm_head() {
                             &view
                         } else {
@@ -460,7 +466,8 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
                             },
                             &shape,
                             Some(opts.seed),
-                        )?;
+                        )?
+                        .to_device(&session.spec.device)?;
                         let src = SingleTensor(w);
                         let head = LmHead::load(&src, base_prec)?;
                         let m = TextModel::load(&session.spec, &base_path.view, None, base_prec)?
