@@ -16,6 +16,7 @@ use crate::prompts::{preview, PromptOptions};
 use crate::report::{
     self, Environment, PathRun, PromptInfo, Report, SCHEMA_VERSION, TAP_CONVENTION,
 };
+use candle_core::Tensor;
 
 /// Options of `compare`.
 #[derive(Debug, Clone)]
@@ -64,26 +65,26 @@ const INCREMENTAL_STEPS: usize = 8;
 /// layer's weights are loaded once, run on the full sequence, the prefill
 /// and every step, then dropped — one layer resident at a time, as in
 /// [`crate::capture::run`].
+///
+/// `full_last`: the full forward's final-normed states `[T, H]` when the
+/// capture already computed them (chunked form, same path and dtype);
+/// `None` computes them here.
 fn incremental_check(
     session: &Session,
     path: &crate::loading::ResolvedPath,
     prec: Precision,
+    full_last: Option<&Tensor>,
 ) -> Result<Option<crate::report::IncrementalCheck>> {
     use crate::models::qwen3_5::{DecoderLayer, Embedding, FinalNorm};
-    let Some((k, p)) = session
-        .prompts
-        .iter()
-        .enumerate()
-        .find(|(_, p)| p.ids.len() >= 2)
-    else {
+    let Some(k) = incremental_prompt(session) else {
         return Ok(None);
     };
     let (spec, src) = (&session.spec, &path.view as &dyn WeightSource);
-    let ids = &p.ids;
+    let ids = &session.prompts[k].ids;
     let steps = INCREMENTAL_STEPS.min(ids.len() - 1);
     let pre = ids.len() - steps;
     let emb = Embedding::gather(src, prec, ids)?;
-    let mut full = emb.clone();
+    let mut full = full_last.is_none().then(|| emb.clone());
     let mut prefill = emb.narrow(0, 0, pre)?;
     let mut stepped: Vec<candle_core::Tensor> = (pre..ids.len())
         .map(|t| emb.narrow(0, t, 1))
@@ -95,7 +96,9 @@ fn incremental_check(
         .collect::<Result<_>>()?;
     for l in 0..spec.num_layers() {
         let layer = DecoderLayer::load(spec, src, l, prec)?;
-        full = layer.forward(&full, spec, &pos_full, GdnForm::Chunked, None)?;
+        if let Some(f) = full.as_mut() {
+            *f = layer.forward(f, spec, &pos_full, GdnForm::Chunked, None)?;
+        }
         let mut state = layer.new_state(spec);
         prefill = layer.forward(&prefill, spec, &pos_pre, GdnForm::Chunked, Some(&mut state))?;
         for (h, pos) in stepped.iter_mut().zip(&pos_step) {
@@ -103,7 +106,11 @@ fn incremental_check(
         }
     }
     let norm = FinalNorm::load(spec, src, prec)?;
-    let full_last = norm.forward(&full)?;
+    let full_last = match (full_last, &full) {
+        (Some(t), _) => t.clone(),
+        (None, Some(f)) => norm.forward(f)?,
+        (None, None) => return Ok(None), // not reached: computed above when not given
+    };
     let mut acc = crate::parity::Accumulator::default();
     for (j, h) in stepped.iter().enumerate() {
         acc.add(k, &norm.forward(h)?, &full_last.narrow(0, pre + j, 1)?)?;
@@ -118,6 +125,44 @@ fn incremental_check(
         metrics,
         verdict,
     }))
+}
+
+/// Passes the capture on to the parity observer and keeps, per path, the
+/// final-normed `hidden_states[N]` of prompt `prompt` (the full forward the
+/// prefill-vs-incremental check compares against, computed once).
+struct KeepFinal<'a> {
+    inner: &'a mut PairObserver,
+    prompt: Option<usize>,
+    rows: Vec<Option<Tensor>>,
+}
+
+impl capture::Observer for KeepFinal<'_> {
+    fn hidden_states(
+        &mut self,
+        index: usize,
+        kind: capture::HiddenKind,
+        states: &[Vec<Tensor>],
+        local: &[Option<Vec<Tensor>>],
+    ) -> Result<()> {
+        if let (capture::HiddenKind::FinalNorm, Some(k)) = (kind, self.prompt) {
+            self.rows = states.iter().map(|s| s.get(k).cloned()).collect();
+        }
+        self.inner.hidden_states(index, kind, states, local)
+    }
+
+    fn last_layer_output(&mut self, states: &[Vec<Tensor>]) -> Result<()> {
+        self.inner.last_layer_output(states)
+    }
+
+    fn logits(&mut self, logits: &[Option<Vec<Tensor>>]) -> Result<()> {
+        self.inner.logits(logits)
+    }
+}
+
+/// The prompt the prefill-vs-incremental check runs on: the first with at
+/// least two tokens.
+fn incremental_prompt(session: &Session) -> Option<usize> {
+    session.prompts.iter().position(|p| p.ids.len() >= 2)
 }
 
 /// Drafter settings of `compare --drafter`.
@@ -265,6 +310,12 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
         .collect();
     let mut obs = PairObserver::new(&names);
     let pb = RunProgress::new(n, session.prompts.len(), opts.quiet);
+    // The check's full forward is the capture's own when both use the chunked form.
+    let mut keep = KeepFinal {
+        inner: &mut obs,
+        prompt: incremental_prompt(&session).filter(|_| opts.gdn_form == GdnForm::Chunked),
+        rows: Vec::new(),
+    };
     capture::run(
         &session.spec,
         &models,
@@ -273,9 +324,10 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
             form: opts.gdn_form,
             local: true,
         },
-        &mut obs,
+        &mut keep,
         Some(&pb),
     )?;
+    let full_rows = std::mem::take(&mut keep.rows);
     pb.finish();
     mark_random_init(&mut obs.pairs, &session);
     let mut paths_run = paths_run;
@@ -330,7 +382,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
             .flat_map(|l| session.spec.layer_tensor_names(l))
             .chain(["embed_tokens.weight".to_string(), "norm.weight".to_string()])
             .collect();
-        for (p, &prec) in session.paths.iter().zip(&precisions) {
+        for (i, (p, &prec)) in session.paths.iter().zip(&precisions).enumerate() {
             let key = (
                 prec,
                 names.iter().map(|x| p.view.identity(x)).collect::<Vec<_>>(),
@@ -340,7 +392,10 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
                     path: p.path.name().into(),
                     ..c.clone()
                 }),
-                None => incremental_check(&session, p, prec)?,
+                None => {
+                    let full = full_rows.get(i).and_then(Option::as_ref);
+                    incremental_check(&session, p, prec, full)?
+                }
             };
             if let Some(c) = &check {
                 done.push((key, c.clone()));
