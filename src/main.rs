@@ -191,7 +191,7 @@ struct CompareArgs {
     /// Also evaluate this DFlash drafter (directory or Hub id) on every path.
     #[arg(long)]
     drafter: Option<String>,
-    /// Force the prefill-vs-incremental check (by default it runs for models up to 4 GiB of f32 weights).
+    /// Force the prefill-vs-incremental check (by default it runs for models up to 4 GiB of f32 weights; it reads every layer a second time).
     #[arg(long, conflicts_with = "no_incremental")]
     incremental: bool,
     /// Skip the prefill-vs-incremental check.
