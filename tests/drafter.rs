@@ -309,6 +309,20 @@ fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["tau_gap"].as_f64().unwrap() > 0.05);
     assert_eq!(v["verdict"], "fail");
+    // Different lm_heads: nothing is shared, and the cross run (causal-lm's
+    // features and random lm_head on image-text-to-text's trajectory) is
+    // computed on that trajectory, not copied from causal-lm's own run.
+    assert!(!v["notes"].to_string().contains("reads the same weights"));
+    let cross = v["cross"].as_array().unwrap();
+    assert_eq!(cross.len(), 1);
+    assert_eq!(cross[0]["features"], "causal-lm");
+    assert_eq!(cross[0]["trajectory"], "image-text-to-text");
+    let own = v["paths"][1]["tau_macro"].as_f64().unwrap();
+    assert!(
+        (cross[0]["tau_macro"].as_f64().unwrap() - own).abs() > 1e-6,
+        "{} vs own {own}",
+        cross[0]
+    );
 }
 
 #[test]
@@ -488,8 +502,16 @@ fn replay_reproduces_z_labs_dflash_generate_on_a_qwen3_target() {
     assert!((p.summary.tau_macro - want).abs() <= 0.01);
     assert!(same as f64 >= 0.99 * total as f64, "{same}/{total}");
     assert!(p.summary.tau_macro >= 3.0);
-    // Qwen3Model (AutoModel) has no lm_head; its taps equal causal-lm's.
+    // Qwen3Model (AutoModel) has no lm_head; its taps equal causal-lm's, and
+    // with the same bytes, dtype and (borrowed) lm_head its run is shared.
     assert!((rep.paths[1].summary.tau_macro - p.summary.tau_macro).abs() < 1e-12);
+    assert!(
+        rep.notes
+            .iter()
+            .any(|n| n.starts_with("vlm reads the same weights as causal-lm")),
+        "{:?}",
+        rep.notes
+    );
 }
 
 /// Short generations under the wheel's rule (checked against `dflash_generate`
