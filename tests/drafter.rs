@@ -514,38 +514,48 @@ fn replay_reproduces_z_labs_dflash_generate_on_a_qwen3_target() {
     );
 }
 
-/// Short generations under the wheel's rule (checked against `dflash_generate`
-/// for N = 2, 3, 7, 8, 9, 15, 17: identical rounds): DFlash and DDTree walk the
-/// same shrinking last blocks, so both record lengths summing to N − 1, and
-/// N = 1, for which the wheel runs no round, is refused.
+/// Short generations under the wheel's rule, against z-lab's `dflash_generate`
+/// (`golden/reference_generate_short.json`, N = 2, 3, 7, 9, 17): every round
+/// and token identical; DDTree walks the same shrinking last blocks, so both
+/// record lengths summing to N − 1; N = 1, for which the wheel runs no round,
+/// is refused.
 #[test]
-fn wheel_rule_short_generations_shrink_both_dflash_and_ddtree() {
+fn wheel_rule_short_generations_match_dflash_generate() {
     use hsparity::drafter_eval::EndRule;
     const Q: &str = "fixtures/toy-pair-qwen3";
-    for n in [2usize, 3, 9] {
+    let r: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{Q}/golden/reference_generate_short.json")).unwrap(),
+    )
+    .unwrap();
+    let runs = r["runs"].as_object().unwrap();
+    assert_eq!(runs.len(), 5);
+    for (n, want) in runs {
+        let n: usize = n.parse().unwrap();
         let mut o = options(Q, EndRule::Wheel);
         o.max_new_tokens = n;
         o.paths = vec![LoadingPath::CausalLm];
         let rep = drafter::run(&o).unwrap();
         let p = &rep.paths[0];
-        for (k, (d, t)) in p.per_prompt.iter().zip(&p.ddtree.per_prompt).enumerate() {
-            let (sd, st) = (
-                d.acceptance_lengths.iter().sum::<usize>(),
-                t.acceptance_lengths.iter().sum::<usize>(),
-            );
-            assert_eq!(
-                sd,
-                n - 1,
-                "N={n} prompt {k}: DFlash {:?}",
-                d.acceptance_lengths
-            );
+        let want = want.as_array().unwrap();
+        assert_eq!(p.per_prompt.len(), want.len());
+        for (k, ((d, t), w)) in p
+            .per_prompt
+            .iter()
+            .zip(&p.ddtree.per_prompt)
+            .zip(want)
+            .enumerate()
+        {
+            let lens: Vec<usize> = serde_json::from_value(w["acceptance_lengths"].clone()).unwrap();
+            let out: Vec<u32> = serde_json::from_value(w["output_ids"].clone()).unwrap();
+            assert_eq!(d.acceptance_lengths, lens, "N={n} prompt {k}");
+            assert_eq!(d.tokens, out, "N={n} prompt {k}");
+            let st: usize = t.acceptance_lengths.iter().sum();
             assert_eq!(
                 st,
                 n - 1,
                 "N={n} prompt {k}: DDTree {:?}",
                 t.acceptance_lengths
             );
-            assert!(t.acceptance_lengths.iter().all(|&a| a <= 8));
         }
         if n == 2 {
             // One round committing one token per prompt: τ is exactly 1.

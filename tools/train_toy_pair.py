@@ -127,7 +127,10 @@ crops the target's KV cache: fine for Qwen3, wrong for Qwen3.5, dflash.md §8) c
   ``rounds``, ``histogram``, ``histogram_fraction``, ``dflash_equals_greedy``,
   ``generate_equals_full_reforward_greedy``, ``per_prompt`` (prompt, num_tokens, ``output_ids`` = the 64 generated
   ids, ``greedy_ids`` = the target's greedy continuation by full re-forward, ``acceptance_lengths`` = the
-  package's ``produced`` per round, ``tau``). Asserted: output_ids == greedy_ids == ``generate(do_sample=False)``
+  package's ``produced`` per round, ``tau``);
+* ``golden/reference_generate_short.json``: the same call for the short generations SHORT_NEW (where the wheel's
+  last blocks shrink), per max_new_tokens per prompt ``output_ids`` and ``acceptance_lengths`` (asserted: lengths
+  sum to N - 1, output equals the first N greedy ids). Asserted for the 64-token run: output_ids == greedy_ids == ``generate(do_sample=False)``
   for every prompt, sum(acceptance_lengths) = 63, tau_macro >= 3, sizes (target < 350 KB, drafter < 150 KB,
   folder < 550 KB).
 """
@@ -787,6 +790,43 @@ def decode_ids(ids):
     return "".join(VOCAB[i] for i in ids)
 
 
+SHORT_NEW = [2, 3, 7, 9, 17]
+
+
+def evaluate_generate_short(root: Path, prompts_ids: list[list[int]], greedy: list[list[int]]) -> dict:
+    """--family qwen3: dflash_generate for the short generations SHORT_NEW, where the wheel's end rule shrinks
+    the last blocks (hsparity's `--end-rule wheel` must reproduce every round)."""
+    import dflash.model as dm
+    setup_determinism(SEED + 5)
+    if not torch.cuda.is_available():
+        dm._cuda_time = time.perf_counter
+    target = AutoModelForCausalLM.from_pretrained(str(root / "target"), attn_implementation="eager").eval()
+    draft = DFlashDraftModel.from_pretrained(str(root / "drafter"), dtype=torch.bfloat16).eval()
+    runs = {}
+    for n_new in SHORT_NEW:
+        per = []
+        for i, ids in enumerate(prompts_ids):
+            r = dm.dflash_generate(draft, target, torch.tensor(ids)[None], max_new_tokens=n_new,
+                                   stop_token_ids=None, temperature=0.0, return_stats=True)
+            out = r.output_ids[0, len(ids):].tolist()
+            acc = [int(a) for a in r.acceptance_lengths]
+            assert sum(acc) == n_new - 1, (n_new, i, acc)
+            assert out == greedy[i][:n_new], (n_new, i)
+            per.append({"prompt": i, "output_ids": out, "acceptance_lengths": acc})
+        runs[str(n_new)] = per
+    log(f"dflash_generate short runs done: {SHORT_NEW}")
+    return {
+        "format": "hsparity toy-pair-qwen3 reference generate short v1",
+        "tools": {"transformers": transformers.__version__, "torch": torch.__version__, "dflash": dflash_version()},
+        "settings": {"function": "dflash.model.dflash_generate",
+                     "call": "dflash_generate(drafter, target, input_ids[None], max_new_tokens=N, stop_token_ids=None, "
+                             "temperature=0.0, return_stats=True)",
+                     "max_new_tokens": SHORT_NEW, "end_rule": WHEEL_END_RULE,
+                     "output_ids": "generated part only (prompt excluded)"},
+        "runs": runs,
+    }
+
+
 def evaluate_generate(root: Path, prompts_ids: list[list[int]]) -> dict:
     """--family qwen3: z-lab's own loop, dflash.model.dflash_generate (KV caches cropped; fine for a dense
     Qwen3 target), checked against the target's plain greedy continuation (T = 0 is lossless)."""
@@ -1059,6 +1099,8 @@ def main_qwen3(args):
         **res,
     }
     (gdir / "reference_generate.json").write_text(dump_compact(ref) + "\n")
+    short = evaluate_generate_short(root, prompts_ids, [p["greedy_ids"] for p in res["per_prompt"]])
+    (gdir / "reference_generate_short.json").write_text(dump_compact(short) + "\n")
 
     log("=== training ===")
     for k, v in train_info.items():
