@@ -378,15 +378,8 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
         // Paths reading the same bytes in the same dtype give the same check
         // (every kernel is deterministic): run it once for them, as the capture does.
         let mut done: Vec<((Precision, Vec<String>), crate::report::IncrementalCheck)> = Vec::new();
-        let names: Vec<String> = (0..n)
-            .flat_map(|l| session.spec.layer_tensor_names(l))
-            .chain(["embed_tokens.weight".to_string(), "norm.weight".to_string()])
-            .collect();
         for (i, (p, &prec)) in session.paths.iter().zip(&precisions).enumerate() {
-            let key = (
-                prec,
-                names.iter().map(|x| p.view.identity(x)).collect::<Vec<_>>(),
-            );
+            let key = crate::commands::weights_key(&session.spec, &p.view, None, prec);
             let check = match done.iter().find(|(k, _)| *k == key) {
                 Some((_, c)) => Some(crate::report::IncrementalCheck {
                     path: p.path.name().into(),

@@ -303,10 +303,6 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
     // (cross), drop. A path reading the same bytes in the same dtype with the
     // same lm_head as an earlier one reuses that one's results (every kernel
     // is deterministic).
-    let names: Vec<String> = (0..session.spec.num_layers())
-        .flat_map(|l| session.spec.layer_tensor_names(l))
-        .chain(["embed_tokens.weight".to_string(), "norm.weight".to_string()])
-        .collect();
     let mut runs: Vec<PathRun> = Vec::new();
     let mut keys: Vec<(Precision, Vec<String>)> = Vec::new();
     for (i, p) in session.paths.iter().enumerate() {
@@ -325,9 +321,7 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
             (&hp.view, format!("{} (borrowed)", hp.path.name()))
         };
         let dtype = forced.unwrap_or(p.dtype.precision());
-        let mut ids: Vec<String> = names.iter().map(|n| p.view.identity(n)).collect();
-        ids.push(head.identity("lm_head.weight"));
-        let key = (dtype, ids);
+        let key = crate::commands::weights_key(&session.spec, &p.view, Some(head), dtype);
         let same_as = keys.iter().position(|k| *k == key);
         keys.push(key);
         let run = match same_as {

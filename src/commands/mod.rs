@@ -16,7 +16,9 @@ use crate::checkpoint::Checkpoint;
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 use crate::loading::{self, LoadingPath, ResolvedPath};
+use crate::models::precision::Precision;
 use crate::models::qwen3_5::TextModelSpec;
+use crate::models::WeightSource;
 use crate::prompts::{self, Prompt, PromptLimits, PromptOptions};
 
 /// A checkpoint opened with its loading paths resolved and prompts tokenised:
@@ -79,6 +81,27 @@ impl Session {
     pub fn prompt_ids(&self) -> Vec<Vec<u32>> {
         self.prompts.iter().map(|p| p.ids.clone()).collect()
     }
+}
+
+/// What a loading path computes with, as a comparable key: its dtype and the
+/// identity ([`WeightSource::identity`]) of every text-model tensor, plus
+/// `lm_head.weight` from `head` when given. Two paths with equal keys give
+/// bitwise-equal results (every kernel is deterministic), so one run serves both.
+pub fn weights_key(
+    spec: &TextModelSpec,
+    src: &dyn WeightSource,
+    head: Option<&dyn WeightSource>,
+    prec: Precision,
+) -> (Precision, Vec<String>) {
+    let mut ids: Vec<String> = (0..spec.num_layers())
+        .flat_map(|l| spec.layer_tensor_names(l))
+        .chain(["embed_tokens.weight".to_string(), "norm.weight".to_string()])
+        .map(|n| src.identity(&n))
+        .collect();
+    if let Some(h) = head {
+        ids.push(h.identity("lm_head.weight"));
+    }
+    (prec, ids)
 }
 
 /// Parses `causal-lm,vlm`. Errors: unknown or repeated path name.

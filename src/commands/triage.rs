@@ -365,12 +365,16 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
                     .view
                     .with_seed(opts.seed)
                     .with_device(session.spec.device.clone());
-                let m = TextModel::load(
-                    &session.spec,
-                    &view,
-                    Some(&base_path.view),
-                    vp.dtype.precision(),
-                )?;
+                let prec = vp.dtype.precision();
+                let key = |v: &dyn WeightSource, p| {
+                    crate::commands::weights_key(&session.spec, v, Some(&base_path.view), p)
+                };
+                // Same bytes and dtype as the baseline: share its tensors.
+                let m = if key(&view, prec) == key(&base_path.view, base_prec) {
+                    base.clone()
+                } else {
+                    TextModel::load(&session.spec, &view, Some(&base_path.view), prec)?
+                };
                 let (f, d, t) = own_model(&m, GdnForm::Chunked)?;
                 Some(("vlm".into(), f, d, t))
             }
@@ -423,13 +427,7 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
                 } else {
                     opts.position_shift
                 };
-                let m = TextModel::load(
-                    &session.spec,
-                    &base_path.view,
-                    Some(&base_path.view),
-                    base_prec,
-                )?
-                .with_decode_shift(k);
+                let m = base.clone().with_decode_shift(k);
                 let (f, d, t) = own_model(&m, GdnForm::Chunked)?;
                 Some((format!("positions+{k}"), f, d, t))
             }
@@ -470,8 +468,7 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
                         .to_device(&session.spec.device)?;
                         let src = SingleTensor(w);
                         let head = LmHead::load(&src, base_prec)?;
-                        let m = TextModel::load(&session.spec, &base_path.view, None, base_prec)?
-                            .with_lm_head(Some(head));
+                        let m = base.clone().with_lm_head(Some(head));
                         notes.push(
                             "no path reports MISSING tensors on this checkpoint; the missing variant emulates a random lm_head (normal(0, initializer_range)), what causal-lm gets when tie_word_embeddings is set only at the top level and lm_head.weight is absent".into(),
                         );

@@ -441,7 +441,10 @@ pub struct DecodeState {
 }
 
 /// A whole text model resident in memory (for generation, where every step
-/// runs every layer). Built from one loading path's weights.
+/// runs every layer). Built from one loading path's weights. Cloning shares
+/// the weight tensors (candle tensors are reference-counted), so a variant
+/// (another lm_head, a decode shift) costs no second copy of the model.
+#[derive(Clone)]
 pub struct TextModel {
     /// Geometry.
     pub spec: TextModelSpec,
