@@ -3,7 +3,7 @@
 (bench/py_parity.py), same machine, same prompts (token ids), f32, eager
 attention, same thread count; both measured end to end under /usr/bin/time -v.
 
-    python3 bench/parity_bench.py [tiny|mid|all] [--python /work/venv/bin/python] [--repeat 3]
+    python3 bench/parity_bench.py [tiny|mid|all] [--python .venv/bin/python] [--repeat 3]
 
 tiny: fixtures/tiny-qwen3_5. mid: a random ~264 M-parameter Qwen3.5 checkpoint
 written by tools/make_mid_checkpoint.py into target/bench/mid-qwen3_5 (once).
@@ -51,7 +51,8 @@ def run_case(name, py, repeat):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("case", nargs="?", default="all", choices=["tiny", "mid", "all"])
-    ap.add_argument("--python", default="/work/venv/bin/python")
+    ap.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"),
+                    help="Python with tools/requirements.txt installed (default: the repo's .venv)")
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a mid-size random Qwen3.5 VLM checkpoint for the performance benchmark.
 
-    /work/venv/bin/python tools/make_mid_checkpoint.py OUT_DIR [--dtype float32|bfloat16]
+    .venv/bin/python tools/make_mid_checkpoint.py OUT_DIR [--dtype float32|bfloat16]
 
 About 264 M parameters: hidden 1024, 12 decoder layers (9 Gated DeltaNet + 3 gated
 full attention), intermediate 3072, vocab 32000 (untied LM head), a one-block vision
