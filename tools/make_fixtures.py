@@ -582,12 +582,6 @@ def load_report(ckpt: Path) -> dict:
     return report
 
 
-def find_last_decoder_layer(model):
-    layers = [m for m in model.modules() if isinstance(m, mq.Qwen3_5DecoderLayer)]
-    assert len(layers) == TEXT_CONFIG["num_hidden_layers"], len(layers)
-    return layers[-1]
-
-
 def final_norm(model):
     for name, mod in model.named_modules():
         if re.fullmatch(r"(model\.)?(language_model\.)?norm", name):
@@ -600,37 +594,8 @@ def golden(path_name: str, auto_cls, prompts_ids: list[list[int]], out_path: Pat
     setup_determinism()
     m, _, _ = load(auto_cls, CKPT_REL, dtype=torch.float32, attn_implementation="eager")
     assert all(p.dtype == torch.float32 for p in m.parameters())
-    last = find_last_decoder_layer(m)
-    norm = final_norm(m)
     N = TEXT_CONFIG["num_hidden_layers"]
-    captured = {}
-
-    def hook(_mod, _args, out):
-        captured["last"] = out[0] if isinstance(out, (tuple, list)) else out
-
-    handle = last.register_forward_hook(hook)
-    tensors: dict[str, torch.Tensor] = {}
-    stats = []
-    try:
-        for k, ids in enumerate(prompts_ids):
-            input_ids = torch.tensor(ids, dtype=torch.int64)
-            captured.clear()
-            out = m(input_ids=input_ids[None], output_hidden_states=True, use_cache=False)
-            hs = out.hidden_states
-            assert len(hs) == N + 1, len(hs)
-            raw = captured["last"]
-            assert torch.equal(hs[N], norm(raw)), "hidden_states[N] must be the final-normed last layer output"
-            tensors[f"p{k}.input_ids"] = input_ids.contiguous()
-            for i, h in enumerate(hs):
-                h = h[0].float().contiguous()
-                assert torch.isfinite(h).all()
-                tensors[f"p{k}.hidden_states.{i}"] = h
-            tensors[f"p{k}.last_layer_output"] = raw[0].float().contiguous()
-            if getattr(out, "logits", None) is not None:
-                tensors[f"p{k}.logits"] = out.logits[0].float().contiguous()
-            stats.append([float(h[0].abs().max()) for h in hs] + [float(raw.abs().max())])
-    finally:
-        handle.remove()
+    tensors, stats = forward_dump(m, prompts_ids, N)
     metadata = {
         "format": "hsparity.dump.v1",
         "checkpoint": CKPT_REL,
@@ -1031,7 +996,9 @@ def _tensor_stats(t: torch.Tensor) -> str:
 
 
 @torch.no_grad()
-def div_forward(m, prompts_ids: list[list[int]], num_layers: int, layer_cls=None) -> tuple[dict, list]:
+def forward_dump(m, prompts_ids: list[list[int]], num_layers: int, layer_cls=None) -> tuple[dict, list]:
+    """Forward of every prompt with output_hidden_states and a hook on the last decoder layer: the dump tensors
+    (DESIGN §3 names) and, per prompt, max |x| of each hidden state then of the raw last-layer output."""
     layer_cls = layer_cls or mq.Qwen3_5DecoderLayer
     layers = [x for x in m.modules() if isinstance(x, layer_cls)]
     assert len(layers) == num_layers, len(layers)
@@ -1061,7 +1028,7 @@ def div_forward(m, prompts_ids: list[list[int]], num_layers: int, layer_cls=None
             tensors[f"p{k}.last_layer_output"] = raw[0].float().contiguous()
             if getattr(out, "logits", None) is not None:
                 tensors[f"p{k}.logits"] = out.logits[0].float().contiguous()
-            stats.append(max(float(h.abs().max()) for h in hs[:-1] + (raw,)))
+            stats.append([float(h.abs().max()) for h in hs] + [float(raw.abs().max())])
     finally:
         handle.remove()
     return tensors, stats
@@ -1126,7 +1093,7 @@ def div_path(ckpt_rel: str, inv: dict, path_name: str, prompts_ids, want_golden:
         }
     if want_golden:
         N = m.config.get_text_config().num_hidden_layers
-        tensors, stats = div_forward(m, prompts_ids, N, layer_cls)
+        tensors, stats = forward_dump(m, prompts_ids, N, layer_cls)
         metadata = {
             "format": "hsparity.dump.v1",
             "checkpoint": ckpt_rel,
@@ -1145,7 +1112,8 @@ def div_path(ckpt_rel: str, inv: dict, path_name: str, prompts_ids, want_golden:
                                     if keep_logits or not k.endswith(".logits")}, metadata)
         entry["golden"] = str(out_path)
         entry["golden_dtype"] = DTYPE_SHORT[pdtype]
-        entry["golden_max_abs_h_per_prompt"] = [round(x, 4) for x in stats]
+        # max over the pre-norm states: hidden_states[0..N-1] and the raw last-layer output
+        entry["golden_max_abs_h_per_prompt"] = [round(max(r[:-2] + r[-1:]), 4) for r in stats]
         if missing:
             affected = ["p*.logits"] if missing == ["lm_head.weight"] else ["everything downstream of a missing key"]
             entry["golden_keys_from_random_init"] = affected
@@ -1399,7 +1367,7 @@ def make_qwen3_fixture(tok_src: Path) -> dict:
     by = {p["name"]: p for p in report["paths"]}
     tens = {n: by[n].pop("_tensors") for n in goldens}
     N = QWEN3_CONFIG["num_hidden_layers"]
-    # div_forward asserts hidden_states[N] == norm(last_layer_output) bitwise; recorded here as a fact
+    # forward_dump asserts hidden_states[N] == norm(last_layer_output) bitwise; recorded here as a fact
     report["hidden_states_last_is_final_normed"] = {
         "hidden_states[N] == norm(last_layer_output) (bitwise, asserted)": True,
         "hidden_states[N] == last_layer_output": {
