@@ -86,19 +86,11 @@ impl PromptTau {
     }
 }
 
-/// `[start+1 .. start+B)` draft logits `[B-1, V]` at anchor `start` of `tokens`,
-/// with context rows `feats[0..start)` (`feats`: `[T, K·H]`).
+/// `[start+1 .. start+b)` draft logits `[b-1, V]` at anchor `start` of
+/// `tokens` for a block of `b` slots (the drafter's `block_size`, or fewer
+/// where the wheel's rule shrinks the last blocks), with context rows
+/// `feats[0..start)` (`feats`: `[T, K·H]`).
 pub fn draft_logits(
-    t: &DraftTarget,
-    tokens: &[u32],
-    feats: &Tensor,
-    start: usize,
-) -> Result<Tensor> {
-    draft_logits_block(t, tokens, feats, start, t.drafter.cfg.block_size)
-}
-
-/// As [`draft_logits`] with a block of `b` slots (the wheel shrinks the last blocks).
-pub fn draft_logits_block(
     t: &DraftTarget,
     tokens: &[u32],
     feats: &Tensor,
@@ -124,19 +116,6 @@ fn check_len(tokens: &[u32], prompt_len: usize, max_new: usize, b: usize) -> Res
         )));
     }
     Ok(())
-}
-
-/// DFlash replay over one trajectory. `tokens`: prompt + greedy continuation
-/// (at least `prompt_len + max_new + B` tokens); `feats`: `[≥ that, K·H]` tap
-/// features of those tokens.
-pub fn replay_dflash(
-    t: &DraftTarget,
-    tokens: &[u32],
-    prompt_len: usize,
-    feats: &Tensor,
-    max_new: usize,
-) -> Result<PromptTau> {
-    replay_dflash_rule(t, tokens, prompt_len, feats, max_new, EndRule::GithubMain)
 }
 
 /// Walks the anchors of one trajectory under `rule`: `round(start, block)`
@@ -168,8 +147,10 @@ fn walk(
     Ok(PromptTau::new(lens))
 }
 
-/// [`replay_dflash`] under a chosen end-of-generation rule.
-pub fn replay_dflash_rule(
+/// DFlash replay over one trajectory under the end-of-generation `rule`.
+/// `tokens`: prompt + greedy continuation (at least `prompt_len + max_new +
+/// B` tokens); `feats`: `[≥ that, K·H]` tap features of those tokens.
+pub fn replay_dflash(
     t: &DraftTarget,
     tokens: &[u32],
     prompt_len: usize,
@@ -180,7 +161,7 @@ pub fn replay_dflash_rule(
     let b = t.drafter.cfg.block_size;
     check_len(tokens, prompt_len, max_new, b)?;
     walk(prompt_len, max_new, b, rule, |start, block| {
-        let drafts = draft_logits_block(t, tokens, feats, start, block)?
+        let drafts = draft_logits(t, tokens, feats, start, block)?
             .argmax(D::Minus1)?
             .to_vec1::<u32>()?;
         let a = drafts
@@ -298,7 +279,7 @@ pub fn replay_ddtree(
     let b = t.drafter.cfg.block_size;
     check_len(tokens, prompt_len, max_new, b)?;
     walk(prompt_len, max_new, b, rule, |start, block| {
-        let logits = draft_logits_block(t, tokens, feats, start, block)?;
+        let logits = draft_logits(t, tokens, feats, start, block)?;
         let tree = build_tree(&logits, budget)?;
         let (mut cur, mut depth) = (0usize, 0usize);
         while let Some(&child) = tree[cur].get(&tokens[start + depth + 1]) {

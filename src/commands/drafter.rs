@@ -185,7 +185,7 @@ pub fn replay_all(
     let mut dfl = Vec::new();
     let mut tree = Vec::new();
     for ((toks, &n), f) in tokens.iter().zip(prompt_lens).zip(feats) {
-        dfl.push(drafter_eval::replay_dflash_rule(
+        dfl.push(drafter_eval::replay_dflash(
             &t, toks, n, f, max_new, r.rule,
         )?);
         tree.push(drafter_eval::replay_ddtree(
