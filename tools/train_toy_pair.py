@@ -416,22 +416,19 @@ def rewrite_safetensors(path: Path, dtype=None):
 # ------------------------------------------------------------------------------------------------
 # 1. target
 # ------------------------------------------------------------------------------------------------
-def train_target(target_dir: Path) -> dict:
-    setup_determinism(SEED)
-    cfg = Qwen3_5Config(text_config=dict(TEXT_CONFIG), vision_config=dict(VISION_CONFIG), tie_word_embeddings=False)
-    model = Qwen3_5ForConditionalGeneration(cfg).float()
-    model.train()
-    lm = model.model.language_model
-    params = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
+def train_lm(model, body, params, steps: int, log_every: int, target_dir: Path) -> dict:
+    """The target recipe: next-token cross entropy on corpus samples through ``body`` (the decoder) and
+    ``model.lm_head``, AdamW with the warm-up/cosine schedule, grad clip 1.0; then saved bf16 in one
+    ``model.safetensors`` (rewritten deterministically). Returns the training facts."""
     opt = torch.optim.AdamW(params, lr=T_LR, betas=(0.9, 0.98), weight_decay=0.0)
     rng = random.Random(SEED)
     losses = []
     t = time.time()
-    for step in range(T_STEPS):
+    for step in range(steps):
         x = torch.tensor([ids_of(make_sample(rng)) for _ in range(T_BATCH)])
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, T_STEPS, T_LR)
-        h = lm(input_ids=x, use_cache=False).last_hidden_state
+            g["lr"] = lr_at(step, steps, T_LR)
+        h = body(input_ids=x, use_cache=False).last_hidden_state
         logits = model.lm_head(h[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -439,7 +436,7 @@ def train_target(target_dir: Path) -> dict:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(loss.item())
-        if step % 50 == 0 or step == T_STEPS - 1:
+        if step % log_every == 0 or step == steps - 1:
             log(f"target step {step:4d} loss {loss.item():.4f} (avg50 {sum(losses[-50:]) / len(losses[-50:]):.4f})")
     secs = time.time() - t
     model.eval()
@@ -447,8 +444,17 @@ def train_target(target_dir: Path) -> dict:
     files = sorted(p.name for p in target_dir.glob("*.safetensors"))
     assert files == ["model.safetensors"], files
     rewrite_safetensors(target_dir / "model.safetensors")
-    return {"steps": T_STEPS, "batch": T_BATCH, "seq": SEQ, "lr": T_LR, "seconds": round(secs, 1),
+    return {"steps": steps, "batch": T_BATCH, "seq": SEQ, "lr": T_LR, "seconds": round(secs, 1),
             "final_loss_avg50": round(sum(losses[-50:]) / 50, 4), "loss_first": round(losses[0], 4)}
+
+
+def train_target(target_dir: Path) -> dict:
+    setup_determinism(SEED)
+    cfg = Qwen3_5Config(text_config=dict(TEXT_CONFIG), vision_config=dict(VISION_CONFIG), tie_word_embeddings=False)
+    model = Qwen3_5ForConditionalGeneration(cfg).float()
+    model.train()
+    params = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
+    return train_lm(model, model.model.language_model, params, T_STEPS, 50, target_dir)
 
 
 def train_target_qwen3(target_dir: Path) -> dict:
@@ -457,34 +463,8 @@ def train_target_qwen3(target_dir: Path) -> dict:
     setup_determinism(SEED)
     model = Qwen3ForCausalLM(Qwen3Config(**QWEN3_TARGET_CONFIG)).float()
     model.train()
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=T_LR, betas=(0.9, 0.98), weight_decay=0.0)
-    rng = random.Random(SEED)
-    losses = []
-    t = time.time()
-    for step in range(Q3_T_STEPS):
-        x = torch.tensor([ids_of(make_sample(rng)) for _ in range(T_BATCH)])
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, Q3_T_STEPS, T_LR)
-        h = model.model(input_ids=x, use_cache=False).last_hidden_state
-        logits = model.lm_head(h[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(loss.item())
-        if step % 100 == 0 or step == Q3_T_STEPS - 1:
-            log(f"target step {step:4d} loss {loss.item():.4f} (avg50 {sum(losses[-50:]) / len(losses[-50:]):.4f})")
-    secs = time.time() - t
-    model.eval()
-    model.to(torch.bfloat16).save_pretrained(str(target_dir))
-    files = sorted(p.name for p in target_dir.glob("*.safetensors"))
-    assert files == ["model.safetensors"], files
-    rewrite_safetensors(target_dir / "model.safetensors")
-    return {"class": "Qwen3ForCausalLM", "steps": Q3_T_STEPS, "batch": T_BATCH, "seq": SEQ, "lr": T_LR,
-            "seconds": round(secs, 1), "final_loss_avg50": round(sum(losses[-50:]) / 50, 4),
-            "loss_first": round(losses[0], 4)}
+    return {"class": "Qwen3ForCausalLM",
+            **train_lm(model, model.model, list(model.parameters()), Q3_T_STEPS, 100, target_dir)}
 
 
 # ------------------------------------------------------------------------------------------------
