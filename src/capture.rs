@@ -81,25 +81,20 @@ pub trait Observer {
     fn logits(&mut self, logits: &[Option<Vec<Tensor>>]) -> Result<()>;
 }
 
-/// Loads one piece per path, sharing it between paths whose tensors have the
-/// same identity and that compute in the same dtype.
+/// Loads one piece per path, sharing it between paths of the same group of
+/// [`share_groups`] (same bytes, same dtype).
 fn load_shared<T>(
     paths: &[PathModel],
-    names: &[String],
+    groups: &[usize],
     load: impl Fn(&dyn WeightSource, Precision) -> Result<T>,
 ) -> Result<Vec<Arc<T>>> {
     let mut out: Vec<Arc<T>> = Vec::with_capacity(paths.len());
-    let mut ids: Vec<(Precision, Vec<String>)> = Vec::with_capacity(paths.len());
-    for p in paths {
-        let id = (
-            p.precision,
-            names.iter().map(|n| p.source.identity(n)).collect(),
-        );
-        match ids.iter().position(|x| *x == id) {
-            Some(j) => out.push(out[j].clone()),
-            None => out.push(Arc::new(load(p.source, p.precision)?)),
-        }
-        ids.push(id);
+    for (p, path) in paths.iter().enumerate() {
+        let piece = match groups[p] {
+            g if g < p => out[g].clone(),
+            _ => Arc::new(load(path.source, path.precision)?),
+        };
+        out.push(piece);
     }
     Ok(out)
 }
@@ -121,26 +116,31 @@ fn share_groups(paths: &[PathModel], names: &[String]) -> Vec<usize> {
         .collect()
 }
 
-/// f32 bytes of `names` as loaded once per group of [`share_groups`].
-fn group_bytes(paths: &[PathModel], names: &[String]) -> u64 {
-    let groups = share_groups(paths, names);
-    let per_path = |p: &PathModel| -> u64 {
-        names
-            .iter()
-            .filter_map(|n| p.source.shape(n))
-            .map(|s| s.iter().product::<usize>() as u64 * 4)
-            .sum()
-    };
+/// f32 bytes of `names` on one path.
+fn tensor_bytes(path: &PathModel, names: &[String]) -> u64 {
+    names
+        .iter()
+        .filter_map(|n| path.source.shape(n))
+        .map(|s| s.iter().product::<usize>() as u64 * 4)
+        .sum()
+}
+
+/// f32 bytes of `names` as loaded once per group (`groups`: [`share_groups`]).
+fn group_bytes(paths: &[PathModel], names: &[String], groups: &[usize]) -> u64 {
     paths
         .iter()
         .enumerate()
         .filter(|&(p, _)| groups[p] == p)
-        .map(|(_, path)| per_path(path))
+        .map(|(_, path)| tensor_bytes(path, names))
         .sum()
 }
 
-/// True when two tensors hold the same f32 values, bit for bit.
+/// True when two tensors hold the same f32 values, bit for bit (at once when
+/// they are the same tensor, as a shared path's state is).
 fn bitwise_equal(a: &Tensor, b: &Tensor) -> Result<bool> {
+    if a.id() == b.id() {
+        return Ok(true);
+    }
     if a.dims() != b.dims() {
         return Ok(false);
     }
@@ -187,25 +187,24 @@ pub fn run(
             ));
         }
     };
+    let norm_names = ["norm.weight".to_string()];
+    let head_names = ["lm_head.weight".to_string()];
+    let head_groups = share_groups(paths, &head_names);
+    // Paths whose lm_head is read (each shared copy once).
+    let head_leaders: Vec<usize> = (0..paths.len())
+        .filter(|&p| paths[p].has_lm_head && head_groups[p] == p)
+        .collect();
     if let Some(pr) = progress {
-        let layer_names = (0..n).map(|l| spec.layer_tensor_names(l));
-        let total: u64 = layer_names
-            .map(|names| group_bytes(paths, &names))
-            .sum::<u64>()
-            + group_bytes(paths, &["norm.weight".to_string()])
-            + group_bytes(
-                &paths
-                    .iter()
-                    .filter(|p| p.has_lm_head)
-                    .map(|p| PathModel {
-                        name: p.name.clone(),
-                        source: p.source,
-                        has_lm_head: true,
-                        precision: p.precision,
-                    })
-                    .collect::<Vec<_>>(),
-                &["lm_head.weight".to_string()],
-            );
+        let layers: u64 = (0..n)
+            .map(|l| spec.layer_tensor_names(l))
+            .map(|names| group_bytes(paths, &names, &share_groups(paths, &names)))
+            .sum();
+        let total = layers
+            + group_bytes(paths, &norm_names, &share_groups(paths, &norm_names))
+            + head_leaders
+                .iter()
+                .map(|&p| tensor_bytes(&paths[p], &head_names))
+                .sum::<u64>();
         pr.loading.set_length(total);
         pr.layers.set_message("embeddings");
     }
@@ -234,9 +233,9 @@ pub fn run(
             pr.prompts.set_position(0);
         }
         let groups = share_groups(paths, &names);
-        let layers = load_shared(paths, &names, |s, p| DecoderLayer::load(spec, s, l, p))?;
+        let layers = load_shared(paths, &groups, |s, p| DecoderLayer::load(spec, s, l, p))?;
         if let Some(pr) = progress {
-            pr.loading.inc(group_bytes(paths, &names));
+            pr.loading.inc(group_bytes(paths, &names, &groups));
         }
         // Propagated: path p's layer on its own history; reuses the output of
         // an earlier path with the same layer and the same input.
@@ -303,12 +302,11 @@ pub fn run(
             )?;
         } else {
             obs.last_layer_output(&states)?;
-            let norms = load_shared(paths, &["norm.weight".to_string()], |s, p| {
-                FinalNorm::load(spec, s, p)
-            })?;
+            let norm_groups = share_groups(paths, &norm_names);
+            let norms = load_shared(paths, &norm_groups, |s, p| FinalNorm::load(spec, s, p))?;
             if let Some(pr) = progress {
                 pr.loading
-                    .inc(group_bytes(paths, &["norm.weight".to_string()]));
+                    .inc(group_bytes(paths, &norm_names, &norm_groups));
             }
             let local_normed: Vec<Option<Vec<Tensor>>> = local
                 .iter()
@@ -346,15 +344,12 @@ pub fn run(
         pr.layers.set_message("lm_head");
         pr.loading.set_message("lm_head (vocabulary chunks)");
     }
-    let groups = share_groups(paths, &["lm_head.weight".to_string()]);
     let mut logits: Vec<Option<Vec<Tensor>>> = vec![None; paths.len()];
-    for (p, path) in paths.iter().enumerate() {
-        if !path.has_lm_head || groups[p] != p {
-            continue;
-        }
+    for &p in &head_leaders {
+        let path = &paths[p];
         // Members of this group with a head; inputs deduplicated bitwise.
         let members: Vec<usize> = (p..paths.len())
-            .filter(|&q| paths[q].has_lm_head && groups[q] == p)
+            .filter(|&q| paths[q].has_lm_head && head_groups[q] == p)
             .collect();
         let mut distinct: Vec<usize> = Vec::new();
         let mut same_as: Vec<usize> = Vec::with_capacity(members.len());
@@ -384,8 +379,7 @@ pub fn run(
         let inputs: Vec<&[Tensor]> = distinct.iter().map(|&r| states[r].as_slice()).collect();
         let out = LmHead::forward_streamed(path.source, path.precision, &inputs)?;
         if let Some(pr) = progress {
-            pr.loading
-                .inc(group_bytes(&paths[p..=p], &["lm_head.weight".to_string()]));
+            pr.loading.inc(tensor_bytes(path, &head_names));
         }
         for (&q, &j) in members.iter().zip(&same_as) {
             logits[q] = Some(out[j].clone());

@@ -108,28 +108,52 @@ struct JsonlPrompt {
     input_ids: Option<Vec<i64>>,
 }
 
-fn tokenize(tokenizer: Option<&Path>, text: &str, origin: &str) -> Result<Vec<u32>> {
-    let path = tokenizer.ok_or_else(|| {
-        Error::Input(format!(
-            "{origin}: text prompt {:?} needs tokenizer.json in the checkpoint; use --prompt-ids instead",
-            preview(text)
-        ))
-    })?;
-    let tok = tokenizers::Tokenizer::from_file(path).map_err(|e| {
-        Error::Input(format!(
-            "{}: cannot load tokenizer: {}",
-            path.display(),
-            one_line(&e.to_string())
-        ))
-    })?;
-    let enc = tok.encode(text, false).map_err(|e| {
-        Error::Input(format!(
-            "{origin}: tokenising {:?}: {}",
-            preview(text),
-            one_line(&e.to_string())
-        ))
-    })?;
-    Ok(enc.get_ids().to_vec())
+/// The checkpoint's `tokenizer.json`, parsed on the first text prompt and
+/// reused for the others.
+struct Tokenizer<'a> {
+    path: Option<&'a Path>,
+    loaded: std::cell::OnceCell<tokenizers::Tokenizer>,
+}
+
+impl<'a> Tokenizer<'a> {
+    fn new(path: Option<&'a Path>) -> Self {
+        Tokenizer {
+            path,
+            loaded: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// Token ids of `text` (no special tokens added). Errors: no tokenizer
+    /// (naming `origin`), an unloadable tokenizer, an encoding failure.
+    fn encode(&self, text: &str, origin: &str) -> Result<Vec<u32>> {
+        let path = self.path.ok_or_else(|| {
+            Error::Input(format!(
+                "{origin}: text prompt {:?} needs tokenizer.json in the checkpoint; use --prompt-ids instead",
+                preview(text)
+            ))
+        })?;
+        let tok = match self.loaded.get() {
+            Some(t) => t,
+            None => {
+                let t = tokenizers::Tokenizer::from_file(path).map_err(|e| {
+                    Error::Input(format!(
+                        "{}: cannot load tokenizer: {}",
+                        path.display(),
+                        one_line(&e.to_string())
+                    ))
+                })?;
+                self.loaded.get_or_init(|| t)
+            }
+        };
+        let enc = tok.encode(text, false).map_err(|e| {
+            Error::Input(format!(
+                "{origin}: tokenising {:?}: {}",
+                preview(text),
+                one_line(&e.to_string())
+            ))
+        })?;
+        Ok(enc.get_ids().to_vec())
+    }
 }
 
 /// `s` with line breaks folded to spaces, so an error stays on one line.
@@ -146,7 +170,7 @@ pub fn preview(text: &str) -> String {
     s
 }
 
-fn read_jsonl(path: &Path, tokenizer: Option<&Path>) -> Result<Vec<Prompt>> {
+fn read_jsonl(path: &Path, tokenizer: &Tokenizer) -> Result<Vec<Prompt>> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let body = String::from_utf8(bytes).map_err(|e| {
         Error::Input(format!(
@@ -193,7 +217,7 @@ fn read_jsonl(path: &Path, tokenizer: Option<&Path>) -> Result<Vec<Prompt>> {
         })?;
         match (p.text, p.input_ids) {
             (Some(t), None) => out.push(Prompt {
-                ids: tokenize(tokenizer, &t, &at)?,
+                ids: tokenizer.encode(&t, &at)?,
                 source: PromptSource::Text(t),
                 origin: at,
             }),
@@ -240,11 +264,12 @@ pub fn resolve(
     tokenizer: Option<&Path>,
     limits: PromptLimits,
 ) -> Result<Vec<Prompt>> {
+    let tok = Tokenizer::new(tokenizer);
     let mut prompts = Vec::new();
     for (i, t) in opts.texts.iter().enumerate() {
         let origin = format!("--prompt #{}", i + 1);
         prompts.push(Prompt {
-            ids: tokenize(tokenizer, t, &origin)?,
+            ids: tok.encode(t, &origin)?,
             source: PromptSource::Text(t.clone()),
             origin,
         });
@@ -257,7 +282,7 @@ pub fn resolve(
         });
     }
     if let Some(f) = &opts.file {
-        prompts.extend(read_jsonl(f, tokenizer)?);
+        prompts.extend(read_jsonl(f, &tok)?);
     }
     if prompts.is_empty() {
         prompts = match tokenizer {
@@ -267,7 +292,7 @@ pub fn resolve(
                 .map(|(i, t)| {
                     let origin = format!("built-in prompt #{}", i + 1);
                     Ok(Prompt {
-                        ids: tokenize(tokenizer, t, &origin)?,
+                        ids: tok.encode(t, &origin)?,
                         source: PromptSource::Builtin(Some(t.to_string())),
                         origin,
                     })

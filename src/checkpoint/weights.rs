@@ -98,8 +98,10 @@ impl Weights {
         ))
     }
 
-    /// Tensor `name` as an f32 CPU tensor with its checkpoint shape. BF16, F16,
-    /// F32 and F64 are converted exactly as `tensor.float()` would.
+    /// Tensor `name` as an f32 CPU tensor with its checkpoint shape, rounded
+    /// to `prec` in the same pass. BF16, F16, F32 and F64 are converted exactly
+    /// as `tensor.float()` would, so `Precision::F32` gives the stored values
+    /// and `prec` gives bitwise `prec.round` of them (one copy instead of three).
     ///
     /// The conversion runs on every rayon thread, and the tensor's pages are
     /// released from this process's resident set afterwards (`MADV_DONTNEED`
@@ -109,16 +111,6 @@ impl Weights {
     ///
     /// Errors: unknown name or a non-float dtype ([`Error::Checkpoint`]), an
     /// unreadable shard ([`Error::Io`]).
-    pub fn load_f32(&self, name: &str) -> Result<Tensor> {
-        let t = self.header(name)?;
-        let v = self.convert_rows(t, 0, t.shape.first().copied().unwrap_or(1), None)?;
-        Ok(Tensor::from_vec(v, t.shape.clone(), &Device::Cpu)?)
-    }
-
-    /// Tensor `name` converted to f32 and rounded to `prec` in the same pass
-    /// (bitwise what `prec.round(&load_f32(name))` gives, one copy instead of three).
-    ///
-    /// Errors: as [`Self::load_f32`].
     pub fn load_f32_rounded(&self, name: &str, prec: Precision) -> Result<Tensor> {
         let t = self.header(name)?;
         let v = self.convert_rows(t, 0, t.shape.first().copied().unwrap_or(1), Some(prec))?;
@@ -129,7 +121,7 @@ impl Weights {
     /// `[len, ..]`, rounded to `prec` (`None`: not rounded). Reads only those
     /// rows' bytes (the LM head is applied in vocabulary chunks this way).
     ///
-    /// Errors: as [`Self::load_f32`]; a 0-D tensor or a range past the last row.
+    /// Errors: as [`Self::load_f32_rounded`]; a 0-D tensor or a range past the last row.
     pub fn load_row_range(
         &self,
         name: &str,
@@ -159,7 +151,7 @@ impl Weights {
     /// (`None`: not rounded). Bitwise equal to `index_select` on the fully
     /// loaded (and rounded) tensor.
     ///
-    /// Errors: as [`Self::load_f32`]; a tensor that is not 2-D, an id out of range.
+    /// Errors: as [`Self::load_f32_rounded`]; a tensor that is not 2-D, an id out of range.
     pub fn load_rows(&self, name: &str, ids: &[u32], prec: Option<Precision>) -> Result<Tensor> {
         let t = self.header(name)?;
         let [rows, cols] = t.shape[..] else {
@@ -181,9 +173,9 @@ impl Weights {
     }
 
     /// NaN and ±Inf counts of tensor `name`, read from the mapped bytes
-    /// without materialising the tensor (pages released as with [`Self::load_f32`]).
+    /// without materialising the tensor (pages released as with [`Self::load_f32_rounded`]).
     ///
-    /// Errors: as [`Self::load_f32`].
+    /// Errors: as [`Self::load_f32_rounded`].
     pub fn count_non_finite(&self, name: &str) -> Result<(usize, usize)> {
         let t = self.header(name)?;
         let width = dtype_width(t).ok_or_else(|| self.not_float(t))?;
@@ -284,7 +276,7 @@ impl Weights {
     /// Tensor `name` in its stored dtype (BF16, F16, F32 or F64) on the CPU,
     /// for callers that reproduce a low-precision path without an f32 round trip.
     ///
-    /// Errors: as [`Self::load_f32`].
+    /// Errors: as [`Self::load_f32_rounded`].
     pub fn load_native(&self, name: &str) -> Result<Tensor> {
         let t = self.header(name)?;
         let dtype = match t.dtype.as_str() {

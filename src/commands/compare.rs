@@ -215,25 +215,25 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
         opts.device,
     )?;
     let n = session.spec.num_layers();
-    if let Some(d) = &opts.drafter {
-        // Validate the drafter (config, taps, mask id, weights, positions)
-        // before the capture rather than after it.
-        let tc = &session.paths[0].text_config;
-        // On the host: this copy is only validated, then dropped.
-        let (drafter, _) =
-            crate::commands::drafter::load_drafter(&d.source, tc, n, &candle_core::Device::Cpu)?;
-        crate::commands::drafter::check_positions(
-            &session.prompts,
-            d.max_new_tokens,
-            drafter.cfg.block_size,
-            0,
-            tc.max_position_embeddings,
-        )?;
-        crate::commands::drafter::check_end_rule(d.max_new_tokens, d.end_rule)?;
-        if taps.is_empty() {
-            taps = drafter.cfg.target_layer_ids.clone();
+    // The drafter is loaded and checked (config, taps, mask id, weights,
+    // positions) before the capture, and evaluated after it on this session.
+    let drafter = match &opts.drafter {
+        Some(d) => {
+            crate::commands::drafter::check_tau_gap(d.max_tau_gap)?;
+            let (drafter, dprec) = crate::commands::drafter::load_checked(
+                &session,
+                &d.source,
+                d.max_new_tokens,
+                0,
+                d.end_rule,
+            )?;
+            if taps.is_empty() {
+                taps = drafter.cfg.target_layer_ids.clone();
+            }
+            Some((d, drafter, dprec))
         }
-    }
+        None => None,
+    };
     if let Some(bad) = taps.iter().find(|&&t| t >= n) {
         return Err(Error::Input(format!(
             "--taps {bad}: the model has decoder layers 0..{} ({TAP_CONVENTION})",
@@ -411,9 +411,9 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
             f32_bytes as f64 / (1u64 << 30) as f64
         ));
     }
-    let drafter = match &opts.drafter {
-        Some(d) => {
-            let dr = crate::commands::drafter::run(&crate::commands::drafter::DrafterOptions {
+    let drafter = match drafter {
+        Some((d, drafter, dprec)) => {
+            let dopts = crate::commands::drafter::DrafterOptions {
                 checkpoint: opts.checkpoint.clone(),
                 drafter: d.source.clone(),
                 paths: opts.paths.clone(),
@@ -426,7 +426,8 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
                 quiet: opts.quiet,
                 end_rule: d.end_rule,
                 device: opts.device,
-            })?;
+            };
+            let dr = crate::commands::drafter::run_in(&session, &drafter, dprec, &dopts)?;
             let taus: Vec<String> = dr
                 .paths
                 .iter()

@@ -231,18 +231,53 @@ struct PathRun {
     cross: Option<Replayed>,
 }
 
+/// Refuses a τ gap that is negative or not a number.
+///
+/// Errors ([`Error::Input`]): naming `--max-tau-gap`.
+pub fn check_tau_gap(gap: f64) -> Result<()> {
+    if gap.is_finite() && gap >= 0.0 {
+        Ok(())
+    } else {
+        Err(Error::Input(format!(
+            "--max-tau-gap {gap}: expected a non-negative number"
+        )))
+    }
+}
+
+/// Loads `source` for the session's target on its device and checks it
+/// against the run: taps and mask id ([`load_drafter`]), positions for
+/// `max_new` tokens plus `extra` ([`check_positions`]) and the end rule
+/// ([`check_end_rule`]). What `drafter`, `compare --drafter` and `triage`
+/// share, done before any long computation.
+///
+/// Errors: as those three.
+pub fn load_checked(
+    session: &Session,
+    source: &str,
+    max_new: usize,
+    extra: usize,
+    rule: EndRule,
+) -> Result<(Drafter, Precision)> {
+    let tc = &session.paths[0].text_config;
+    let (drafter, dprec) =
+        load_drafter(source, tc, session.spec.num_layers(), &session.spec.device)?;
+    check_positions(
+        &session.prompts,
+        max_new,
+        drafter.cfg.block_size,
+        extra,
+        tc.max_position_embeddings,
+    )?;
+    check_end_rule(max_new, rule)?;
+    Ok((drafter, dprec))
+}
+
 /// Runs the drafter evaluation.
 ///
-/// Errors: as [`Session::open`]; a drafter that cannot be resolved or
-/// loaded; a tap outside the target; a `mask_token_id` outside the target's
-/// vocabulary; no loading path with an `lm_head` to draft through.
+/// Errors: as [`Session::open`] and [`load_checked`]; a bad `--max-tau-gap`;
+/// no loading path with an `lm_head` to draft through.
 pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
-    if !(opts.max_tau_gap.is_finite() && opts.max_tau_gap >= 0.0) {
-        return Err(Error::Input(format!(
-            "--max-tau-gap {}: expected a non-negative number",
-            opts.max_tau_gap
-        )));
-    }
+    check_tau_gap(opts.max_tau_gap)?;
     let session = Session::open(
         &opts.checkpoint,
         &opts.paths,
@@ -250,22 +285,29 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
         opts.seed,
         opts.device,
     )?;
-    let tc = &session.paths[0].text_config;
-    let (drafter, dprec) = load_drafter(
+    let (drafter, dprec) = load_checked(
+        &session,
         &opts.drafter,
-        tc,
-        session.spec.num_layers(),
-        &session.spec.device,
-    )?;
-    let b = drafter.cfg.block_size;
-    check_positions(
-        &session.prompts,
         opts.max_new_tokens,
-        b,
         0,
-        tc.max_position_embeddings,
+        opts.end_rule,
     )?;
-    check_end_rule(opts.max_new_tokens, opts.end_rule)?;
+    run_in(&session, &drafter, dprec, opts)
+}
+
+/// The evaluation on an open session with a loaded, checked drafter (the
+/// session's paths, prompts and device are used; `opts.checkpoint`,
+/// `opts.paths`, `opts.prompts`, `opts.seed` and `opts.device` are not read
+/// again).
+///
+/// Errors: no loading path with an `lm_head`; a tensor failure.
+pub fn run_in(
+    session: &Session,
+    drafter: &Drafter,
+    dprec: Precision,
+    opts: &DrafterOptions,
+) -> Result<DrafterReport> {
+    let b = drafter.cfg.block_size;
     let forced = match opts.dtype.as_str() {
         "auto" => None,
         d => Some(Precision::parse(d)?),

@@ -14,7 +14,7 @@ use std::time::Instant;
 use candle_core::Tensor;
 use serde::Serialize;
 
-use crate::commands::drafter::{load_drafter, replay_all, Replay};
+use crate::commands::drafter::{replay_all, Replay};
 use crate::commands::Session;
 use crate::drafter_eval::EndRule;
 use crate::drafter_eval::{self, PromptTau};
@@ -182,20 +182,14 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
     )?;
     let base_path = &session.paths[0];
     let tc = &base_path.text_config;
-    let (drafter, _) = load_drafter(
+    let (drafter, _) = crate::commands::drafter::load_checked(
+        &session,
         &opts.drafter,
-        tc,
-        session.spec.num_layers(),
-        &session.spec.device,
+        opts.max_new_tokens,
+        opts.position_shift,
+        EndRule::GithubMain,
     )?;
     let b = drafter.cfg.block_size;
-    crate::commands::drafter::check_positions(
-        &session.prompts,
-        opts.max_new_tokens,
-        b,
-        opts.position_shift,
-        tc.max_position_embeddings,
-    )?;
     let taps = drafter.cfg.target_layer_ids.clone();
     let h = tc.hidden_size;
     let base_prec = base_path.dtype.precision();

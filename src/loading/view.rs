@@ -37,7 +37,8 @@ pub struct TensorView {
     seed: Option<u64>,
     /// Where returned tensors are placed (read and converted on the host first).
     device: Device,
-    /// Non-finite checkpoint tensors met while loading (shared by clones).
+    /// NaN/Inf counts of every checkpoint tensor scanned so far, by key (shared
+    /// by clones): each key is scanned once, however often it is read.
     non_finite: Arc<Mutex<BTreeMap<String, NonFinite>>>,
 }
 
@@ -68,11 +69,6 @@ impl TensorView {
     pub fn with_device(mut self, device: Device) -> Self {
         self.device = device;
         self
-    }
-
-    /// The device returned tensors live on.
-    pub fn device(&self) -> &Device {
-        &self.device
     }
 
     /// The seed for missing tensors, if set.
@@ -115,11 +111,27 @@ impl TensorView {
     pub fn non_finite(&self) -> BTreeMap<String, NonFinite> {
         self.non_finite
             .lock()
-            .map(|m| m.clone())
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, n)| n.nan + n.inf > 0)
+                    .map(|(k, n)| (k.clone(), *n))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
+    /// True when `key` was already scanned (by either scan).
+    fn scanned(&self, key: &str) -> bool {
+        self.non_finite
+            .lock()
+            .map(|m| m.contains_key(key))
+            .unwrap_or(false)
+    }
+
     fn scan_non_finite(&self, key: &str, t: &Tensor) -> Result<()> {
+        if self.scanned(key) {
+            return Ok(());
+        }
         // Count on the tensor's own storage (no copy), in parallel.
         let t = t.flatten_all()?;
         let (storage, layout) = t.storage_and_layout();
@@ -148,10 +160,8 @@ impl TensorView {
     }
 
     fn record_non_finite(&self, key: &str, nan: usize, inf: usize) {
-        if nan + inf > 0 {
-            if let Ok(mut m) = self.non_finite.lock() {
-                m.insert(key.to_string(), NonFinite { nan, inf });
-            }
+        if let Ok(mut m) = self.non_finite.lock() {
+            m.insert(key.to_string(), NonFinite { nan, inf });
         }
     }
 
@@ -180,6 +190,9 @@ impl TensorView {
     /// Counts NaN/Inf of the whole tensor `key` from the mapped bytes (used when
     /// only part of it is materialised: embedding rows, LM-head chunks).
     fn scan_key_bytes(&self, key: &str) -> Result<()> {
+        if self.scanned(key) {
+            return Ok(());
+        }
         let (nan, inf) = self.weights.count_non_finite(key)?;
         self.record_non_finite(key, nan, inf);
         Ok(())
@@ -192,17 +205,11 @@ impl WeightSource for TensorView {
     /// I/O ([`Error::Io`]).
     fn tensor(&self, name: &str) -> Result<Tensor> {
         match self.entries.get(name) {
-            None => Err(Error::Checkpoint(format!(
-                "tensor {name} is not part of this loading path's model"
-            ))),
-            Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
-                let t = self.weights.load_f32(key)?;
-                self.scan_non_finite(key, &t)?;
-                self.place(t)
-            }
             Some(WeightOrigin::Missing { init, shape }) => {
                 self.place(init_tensor(name, *init, shape, self.seed)?)
             }
+            // The stored values: f32 rounding is the identity.
+            _ => self.tensor_in(name, Precision::F32),
         }
     }
 
@@ -238,17 +245,7 @@ impl WeightSource for TensorView {
                 self.scan_key_bytes(key)?;
                 self.place(self.weights.load_rows(key, ids, Some(prec))?)
             }
-            None => {
-                let w = prec.round(&self.tensor(name)?)?;
-                let v = w.dim(0)?;
-                if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
-                    return Err(Error::Input(format!(
-                        "token id {bad} is out of range for {name} with {v} rows"
-                    )));
-                }
-                let idx = Tensor::from_slice(ids, ids.len(), w.device())?;
-                Ok(w.index_select(&idx, 0)?)
-            }
+            None => crate::models::select_rows(&prec.round(&self.tensor(name)?)?, name, ids),
         }
     }
 

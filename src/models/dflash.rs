@@ -298,11 +298,6 @@ impl DrafterWeights {
             files: self.files,
         })
     }
-
-    /// Names present.
-    pub fn names(&self) -> impl Iterator<Item = &String> {
-        self.tensors.keys()
-    }
 }
 
 impl WeightSource for DrafterWeights {

@@ -41,15 +41,7 @@ pub trait WeightSource {
     ///
     /// Errors: as [`Self::tensor`]; an id out of range ([`crate::error::Error::Input`]).
     fn rows(&self, name: &str, ids: &[u32], prec: Precision) -> Result<Tensor> {
-        let w = self.tensor_in(name, prec)?;
-        let v = w.dim(0)?;
-        if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
-            return Err(crate::error::Error::Input(format!(
-                "token id {bad} is out of range for {name} with {v} rows"
-            )));
-        }
-        let idx = Tensor::from_slice(ids, ids.len(), w.device())?;
-        Ok(w.index_select(&idx, 0)?)
+        select_rows(&self.tensor_in(name, prec)?, name, ids)
     }
 
     /// Rows `start .. start+len` of `name`, rounded to `prec` (a vocabulary
@@ -63,4 +55,19 @@ pub trait WeightSource {
         let _ = name;
         None
     }
+}
+
+/// Rows `ids` of the loaded 2-D tensor `w` (named `name` in errors), on `w`'s
+/// device: an embedding lookup.
+///
+/// Errors: an id out of range ([`crate::error::Error::Input`]).
+pub fn select_rows(w: &Tensor, name: &str, ids: &[u32]) -> Result<Tensor> {
+    let v = w.dim(0)?;
+    if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
+        return Err(crate::error::Error::Input(format!(
+            "token id {bad} is out of range for {name} with {v} rows"
+        )));
+    }
+    let idx = Tensor::from_slice(ids, ids.len(), w.device())?;
+    Ok(w.index_select(&idx, 0)?)
 }

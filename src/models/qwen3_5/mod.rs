@@ -96,8 +96,6 @@ pub struct TextModelSpec {
     pub geo: LayerGeometry,
     pub layer_types: Vec<LayerType>,
     pub rotary: Rotary,
-    pub vocab_size: usize,
-    pub max_position_embeddings: usize,
     /// Where activations live (weights arrive there through the
     /// [`WeightSource`]); host-side tables such as rope are copied to it.
     pub device: Device,
@@ -110,8 +108,6 @@ impl TextModelSpec {
             geo: LayerGeometry::new(cfg, Precision::F32),
             layer_types: cfg.layer_types()?,
             rotary: Rotary::new(cfg.rope_theta(), cfg.rotary_dim()),
-            vocab_size: cfg.vocab_size,
-            max_position_embeddings: cfg.max_position_embeddings,
             device: Device::Cpu,
         })
     }
@@ -203,14 +199,7 @@ impl Embedding {
 
     /// `ids` (each `< V`) → `[T, H]`. Errors: an id out of range.
     pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
-        let v = self.weight.dim(0)?;
-        if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
-            return Err(Error::Input(format!(
-                "token id {bad} is out of range for embed_tokens with {v} rows"
-            )));
-        }
-        let idx = Tensor::from_slice(ids, ids.len(), self.weight.device())?;
-        Ok(self.weight.index_select(&idx, 0)?)
+        crate::models::select_rows(&self.weight, "embed_tokens.weight", ids)
     }
 }
 
@@ -231,8 +220,6 @@ pub enum LayerState {
 /// `Qwen3_5DecoderLayer` (lines 867-907): pre-norm mixer and SwiGLU MLP, two residuals.
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
-    pub index: usize,
-    pub layer_type: LayerType,
     input_layernorm: Norm,
     mixer: Mixer,
     post_attention_layernorm: Norm,
@@ -250,8 +237,7 @@ impl DecoderLayer {
     ) -> Result<Self> {
         let p = format!("layers.{i}");
         let geo = LayerGeometry { prec, ..spec.geo };
-        let layer_type = spec.layer_types[i];
-        let mixer = match layer_type {
+        let mixer = match spec.layer_types[i] {
             LayerType::LinearAttention => {
                 Mixer::Linear(GatedDeltaNet::load(src, &format!("{p}.linear_attn"), geo)?)
             }
@@ -260,8 +246,6 @@ impl DecoderLayer {
             }
         };
         Ok(Self {
-            index: i,
-            layer_type,
             input_layernorm: Norm::load(
                 src,
                 &format!("{p}.input_layernorm"),
