@@ -326,7 +326,7 @@ pub fn run_in(
         rb.set_message(what);
         let feats = features(model, tokens, &taps, GdnForm::Chunked)?;
         replay_all(
-            &drafter,
+            drafter,
             model,
             tokens,
             &prompt_lens,
