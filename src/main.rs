@@ -64,6 +64,9 @@ enum Command {
     Dump(DumpArgs),
 }
 
+/// What `diff` and `triage` write into their report folder.
+const REPORT_MD_JSON: [&str; 2] = ["report.md", "report.json"];
+
 /// Where `compare`, `diff` and `triage` write report.md / report.json.
 #[derive(Args)]
 struct ReportArgs {
@@ -82,10 +85,10 @@ struct ReportArgs {
 }
 
 impl ReportArgs {
-    /// The report folder, checked before the run (no overwrite without
-    /// --force, writable), or `None` with --no-report. `base` names the
-    /// default folder.
-    fn prepare(&self, base: &str) -> Result<Option<PathBuf>> {
+    /// The report folder, checked before the run (none of `files` overwritten
+    /// without --force, writable), or `None` with --no-report. `base` names
+    /// the default folder.
+    fn prepare(&self, base: &str, files: &[&str]) -> Result<Option<PathBuf>> {
         if self.no_report {
             return Ok(None);
         }
@@ -96,7 +99,7 @@ impl ReportArgs {
             }
             None => compare::default_report_dir(&self.report_dir, base),
         };
-        compare::prepare_report_dir(&dir, self.force)?;
+        compare::prepare_report_dir(&dir, files, self.force)?;
         Ok(Some(dir))
     }
 
@@ -401,7 +404,7 @@ fn run(cli: Cli) -> Result<u8> {
                 }),
             };
             // Refuse or fail before the (possibly long) run, not after.
-            let dir = a.report.prepare(&a.checkpoint)?;
+            let dir = a.report.prepare(&a.checkpoint, &compare::REPORT_FILES)?;
             let rep = compare::run(&opts)?;
             if a.json {
                 print!("{}", report::json::render(&rep)?);
@@ -421,7 +424,7 @@ fn run(cli: Cli) -> Result<u8> {
             json,
             report,
         } => {
-            let dir = report.prepare("diff")?;
+            let dir = report.prepare("diff", &REPORT_MD_JSON)?;
             let rep = diff::run(&a, &b, tap_offset, &command_line())?;
             let text = serde_json::to_string_pretty(&rep).expect("report serialises") + "\n";
             if json {
@@ -460,7 +463,7 @@ fn run(cli: Cli) -> Result<u8> {
             Ok(rep.exit_code as u8)
         }
         Command::Triage(a) => {
-            let dir = a.report.prepare(&a.checkpoint)?;
+            let dir = a.report.prepare(&a.checkpoint, &REPORT_MD_JSON)?;
             let rep = triage::run(&triage::TriageOptions {
                 checkpoint: a.checkpoint.clone(),
                 drafter: a.drafter.clone(),
@@ -492,10 +495,7 @@ fn run(cli: Cli) -> Result<u8> {
                 logits: !a.no_logits,
                 form: a.gdn_form.into(),
                 seed: a.seed,
-                dtype: match a.dtype.as_str() {
-                    "auto" => None,
-                    d => Some(Precision::parse(d)?),
-                },
+                dtype: Precision::parse_or_auto(&a.dtype)?,
                 quiet: a.quiet,
                 device: a.device,
             };

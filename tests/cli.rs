@@ -62,6 +62,24 @@ fn compare_passes_and_writes_reports_atomically_without_overwriting() {
     assert!(stderr(&again).contains("--force"), "{}", stderr(&again));
     let forced = hsparity().args(args).arg("--force").output().unwrap();
     assert_eq!(forced.status.code(), Some(0), "{}", stderr(&forced));
+    // The folder holds exactly the three report files (no temporary left).
+    let mut files: Vec<String> = std::fs::read_dir(tmp.path().join("t"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["parity.svg", "report.json", "report.md"]);
+    // parity.svg alone is protected too, and refused before the run: nothing is written.
+    std::fs::remove_file(tmp.path().join("t/report.md")).unwrap();
+    std::fs::remove_file(tmp.path().join("t/report.json")).unwrap();
+    let svg_only = hsparity().args(args).output().unwrap();
+    assert_eq!(svg_only.status.code(), Some(2));
+    assert!(
+        stderr(&svg_only).contains("parity.svg"),
+        "{}",
+        stderr(&svg_only)
+    );
+    assert!(!tmp.path().join("t/report.md").exists());
 }
 
 #[test]

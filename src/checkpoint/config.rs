@@ -303,14 +303,8 @@ impl TextConfig {
     /// Checks the invariants the forward relies on: every size at least 1,
     /// divisibility of heads, an even rotary dim, a positive `rms_norm_eps`,
     /// `hidden_act = silu`, default rope, valid `layer_types`, and weight
-    /// sizes that fit in memory arithmetic. Errors ([`Error::Config`]) name
-    /// the field as `text_config.<field>`.
-    pub fn validate(&self) -> Result<()> {
-        self.check("text_config.").map_err(Error::Config)
-    }
-
-    /// [`Self::validate`] with field names prefixed by `prefix`
-    /// (`"text_config."` for a VLM config, `""` for a text-only one).
+    /// sizes that fit in memory arithmetic. Messages name the field with
+    /// `prefix` (`"text_config."` for a VLM config, `""` for a text-only one).
     fn check(&self, prefix: &str) -> std::result::Result<(), String> {
         let sizes = [
             ("vocab_size", self.vocab_size),

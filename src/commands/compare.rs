@@ -201,10 +201,7 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
             opts.paths.len()
         )));
     }
-    let forced = match opts.dtype.as_str() {
-        "auto" => None,
-        other => Some(Precision::parse(other)?),
-    };
+    let forced = Precision::parse_or_auto(&opts.dtype)?;
     // The drafter's taps are marked unless --taps says otherwise.
     let mut taps = opts.taps.clone();
     let session = Session::open(
@@ -575,11 +572,16 @@ pub fn default_report_dir(report_dir: &Path, checkpoint: &str) -> PathBuf {
     dir
 }
 
-/// Pre-flight for a report folder: refuses existing report files without
-/// `force`, creates the folder and checks it is writable — before the run.
-pub fn prepare_report_dir(dir: &Path, force: bool) -> Result<()> {
-    crate::output::check_overwrite(&dir.join("report.md"), force)?;
-    crate::output::check_overwrite(&dir.join("report.json"), force)?;
+/// The files `compare` writes into its report folder.
+pub const REPORT_FILES: [&str; 3] = ["report.md", "report.json", "parity.svg"];
+
+/// Pre-flight for a report folder: refuses any of `files` that exists
+/// without `force`, creates the folder and checks it is writable — before
+/// the run.
+pub fn prepare_report_dir(dir: &Path, files: &[&str], force: bool) -> Result<()> {
+    for f in files {
+        crate::output::check_overwrite(&dir.join(f), force)?;
+    }
     crate::output::ensure_writable_dir(dir)
 }
 
@@ -587,9 +589,7 @@ pub fn prepare_report_dir(dir: &Path, force: bool) -> Result<()> {
 /// links) into `dir`, each atomically; refuses to overwrite any of them
 /// without `force` ([`Error::Refused`]), checked before anything is written.
 pub fn write_report(report: &Report, dir: &std::path::Path, force: bool) -> Result<WrittenReport> {
-    let markdown = dir.join("report.md");
-    let json = dir.join("report.json");
-    let svg = dir.join("parity.svg");
+    let [markdown, json, svg] = REPORT_FILES.map(|f| dir.join(f));
     for f in [&markdown, &json, &svg] {
         crate::output::check_overwrite(f, force)?;
     }

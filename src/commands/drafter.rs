@@ -308,10 +308,7 @@ pub fn run_in(
     opts: &DrafterOptions,
 ) -> Result<DrafterReport> {
     let b = drafter.cfg.block_size;
-    let forced = match opts.dtype.as_str() {
-        "auto" => None,
-        d => Some(Precision::parse(d)?),
-    };
+    let forced = Precision::parse_or_auto(&opts.dtype)?;
     let head_path = session.paths.iter().find(|p| p.view.has_lm_head());
     let mut notes = Vec::new();
     let total = (session.paths.len() * session.prompts.len()) as u64;

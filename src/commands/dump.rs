@@ -31,10 +31,10 @@ pub struct DumpOptions {
     pub device: crate::device::DeviceSpec,
 }
 
-/// Collects every tensor of path 0 into a [`Dump`].
+/// Collects every tensor of path 0 into a [`Dump`] (the capture emits logits
+/// only when they were asked for).
 struct Collect {
     dump: Dump,
-    logits: bool,
 }
 
 impl Observer for Collect {
@@ -57,7 +57,7 @@ impl Observer for Collect {
         Ok(())
     }
     fn logits(&mut self, logits: &[Option<Vec<Tensor>>]) -> Result<()> {
-        if let (true, Some(l)) = (self.logits, &logits[0]) {
+        if let Some(l) = &logits[0] {
             for (p, x) in self.dump.prompts.iter_mut().zip(l) {
                 p.logits = Some(x.clone());
             }
@@ -81,7 +81,6 @@ pub fn run(
     let (logits, form, quiet) = (opts.logits, opts.form, opts.quiet);
     let mut obs = Collect {
         dump: Dump::default(),
-        logits,
     };
     obs.dump.prompts = session
         .prompts

@@ -146,7 +146,7 @@ struct Rename {
 
 /// Regex `^pat` where `pat` is a literal with `.` wildcards and an optional
 /// trailing `.*` (the only shapes `_keys_to_ignore_on_load_unexpected` uses here).
-fn ignore_matches(pattern: &str, key: &str) -> bool {
+pub fn ignore_matches(pattern: &str, key: &str) -> bool {
     let p = pattern.trim_start_matches('^').trim_end_matches(".*");
     let (pb, kb) = (p.as_bytes(), key.as_bytes());
     kb.len() >= pb.len() && pb.iter().zip(kb).all(|(a, b)| *a == b'.' || a == b)

@@ -148,14 +148,6 @@ impl ModelClass {
         )
     }
 
-    /// True when the class has a vision tower.
-    pub fn has_vision(self) -> bool {
-        matches!(
-            self,
-            ModelClass::Model | ModelClass::ForConditionalGeneration
-        )
-    }
-
     /// True when the class sees only the text config (`text_config` of a VLM
     /// config, swapped in by `auto_factory.py::from_pretrained`, 392-408), so
     /// dtype and tie come from the text config.
@@ -243,15 +235,6 @@ impl ModelDtype {
         match self {
             ModelDtype::F32 => 4,
             ModelDtype::Bf16 | ModelDtype::F16 => 2,
-        }
-    }
-
-    /// The candle dtype.
-    pub fn to_candle(self) -> candle_core::DType {
-        match self {
-            ModelDtype::F32 => candle_core::DType::F32,
-            ModelDtype::Bf16 => candle_core::DType::BF16,
-            ModelDtype::F16 => candle_core::DType::F16,
         }
     }
 

@@ -48,6 +48,16 @@ impl Precision {
         }
     }
 
+    /// `--dtype`: `None` for `auto` (each path's own dtype), else [`Self::parse`].
+    ///
+    /// Errors: as [`Self::parse`].
+    pub fn parse_or_auto(s: &str) -> Result<Option<Self>> {
+        match s {
+            "auto" => Ok(None),
+            d => Self::parse(d).map(Some),
+        }
+    }
+
     /// Rounds every element of `t` (f32) to this dtype, keeping f32 storage.
     pub fn round(self, t: &Tensor) -> Result<Tensor> {
         Ok(match self {

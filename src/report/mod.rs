@@ -268,17 +268,10 @@ pub fn hidden_state_label(index: usize, layer_type: &str) -> String {
 /// when `rule` is not an ignore rule.
 pub fn dropped_by_rule<'a>(rule: &str, dropped: &'a [String]) -> Option<Vec<&'a String>> {
     let pat = rule.strip_prefix("ignore ")?;
-    let p = pat
-        .trim_start_matches('^')
-        .trim_end_matches(".*")
-        .as_bytes();
     Some(
         dropped
             .iter()
-            .filter(|k| {
-                let k = k.as_bytes();
-                k.len() >= p.len() && p.iter().zip(k).all(|(a, b)| *a == b'.' || a == b)
-            })
+            .filter(|k| crate::loading::inventory::ignore_matches(pat, k))
             .collect(),
     )
 }
