@@ -64,6 +64,20 @@ enum Command {
     Dump(DumpArgs),
 }
 
+/// How the verbs that run the model run it.
+#[derive(Args)]
+struct RunArgs {
+    /// Seed for tensors a loading path would initialise randomly (MISSING).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Compute device: cpu, or cuda / cuda:N (build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
 /// What `diff` and `triage` write into their report folder.
 const REPORT_MD_JSON: [&str; 2] = ["report.md", "report.json"];
 
@@ -177,20 +191,11 @@ struct CompareArgs {
     /// Gated DeltaNet form.
     #[arg(long, value_enum, default_value = "chunked")]
     gdn_form: Form,
-    /// Seed for tensors a path would initialise randomly (MISSING).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
     #[command(flatten)]
     report: ReportArgs,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
-    /// Compute device: cpu, or cuda / cuda:N (build with --features cuda).
-    #[arg(long, default_value = "cpu")]
-    device: DeviceSpec,
-    /// No progress bar.
-    #[arg(long, short)]
-    quiet: bool,
     /// Also evaluate this DFlash drafter (directory or Hub id) on every path.
     #[arg(long)]
     drafter: Option<String>,
@@ -202,6 +207,8 @@ struct CompareArgs {
     no_incremental: bool,
     #[command(flatten)]
     drafter_opts: DrafterEvalArgs,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(Args)]
@@ -254,18 +261,11 @@ struct DrafterArgs {
     /// Target compute dtype: auto (what each loading path would pick), f32, bf16 or f16.
     #[arg(long, default_value = "auto")]
     dtype: String,
-    /// Seed for tensors a path would initialise randomly (MISSING).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
     /// Print JSON.
     #[arg(long)]
     json: bool,
-    /// Compute device: cpu, or cuda / cuda:N (build with --features cuda).
-    #[arg(long, default_value = "cpu")]
-    device: DeviceSpec,
-    /// No progress bar.
-    #[arg(long, short)]
-    quiet: bool,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(Args)]
@@ -289,20 +289,13 @@ struct TriageArgs {
     /// k of the "positions shifted by +k" variant.
     #[arg(long, default_value_t = 16)]
     position_shift: usize,
-    /// Seed for randomly initialised tensors.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
     #[command(flatten)]
     report: ReportArgs,
     /// Print JSON.
     #[arg(long)]
     json: bool,
-    /// Compute device: cpu, or cuda / cuda:N (build with --features cuda).
-    #[arg(long, default_value = "cpu")]
-    device: DeviceSpec,
-    /// No progress bar.
-    #[arg(long, short)]
-    quiet: bool,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(Args)]
@@ -326,18 +319,11 @@ struct DumpArgs {
     /// Gated DeltaNet form.
     #[arg(long, value_enum, default_value = "chunked")]
     gdn_form: Form,
-    /// Seed for tensors the path would initialise randomly (MISSING).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
     /// Overwrite an existing output file.
     #[arg(long)]
     force: bool,
-    /// Compute device: cpu, or cuda / cuda:N (build with --features cuda).
-    #[arg(long, default_value = "cpu")]
-    device: DeviceSpec,
-    /// No progress bar.
-    #[arg(long, short)]
-    quiet: bool,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 fn command_line() -> String {
@@ -384,9 +370,9 @@ fn run(cli: Cli) -> Result<u8> {
                 dtype: a.dtype.clone(),
                 taps: a.taps.clone(),
                 gdn_form: a.gdn_form.into(),
-                seed: a.seed,
-                quiet: a.quiet,
-                device: a.device,
+                seed: a.run.seed,
+                quiet: a.run.quiet,
+                device: a.run.device,
                 command_line: command_line(),
                 incremental: if a.incremental {
                     Some(true)
@@ -447,9 +433,9 @@ fn run(cli: Cli) -> Result<u8> {
                 ddtree_budget: a.eval.ddtree_budget,
                 max_tau_gap: a.eval.max_tau_gap,
                 dtype: a.dtype.clone(),
-                seed: a.seed,
-                quiet: a.quiet,
-                device: a.device,
+                seed: a.run.seed,
+                quiet: a.run.quiet,
+                device: a.run.device,
                 end_rule: a.eval.end_rule.into(),
             })?;
             if a.json {
@@ -472,9 +458,9 @@ fn run(cli: Cli) -> Result<u8> {
                 ddtree_budget: a.ddtree_budget,
                 observed_tau: a.observed_tau,
                 position_shift: a.position_shift,
-                seed: a.seed,
-                quiet: a.quiet,
-                device: a.device,
+                seed: a.run.seed,
+                quiet: a.run.quiet,
+                device: a.run.device,
                 command_line: command_line(),
             })?;
             let json = serde_json::to_string_pretty(&rep).expect("report serialises") + "\n";
@@ -494,10 +480,10 @@ fn run(cli: Cli) -> Result<u8> {
             let opts = dump::DumpOptions {
                 logits: !a.no_logits,
                 form: a.gdn_form.into(),
-                seed: a.seed,
+                seed: a.run.seed,
                 dtype: Precision::parse_or_auto(&a.dtype)?,
-                quiet: a.quiet,
-                device: a.device,
+                quiet: a.run.quiet,
+                device: a.run.device,
             };
             let d = dump::run_to_file(
                 &a.checkpoint,

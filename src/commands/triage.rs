@@ -348,6 +348,22 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
         Ok((on_base, d, t))
     };
 
+    // A variant model: the baseline's tensors when it reads the same bytes in
+    // the same dtype with the same lm_head (no second copy), else loaded.
+    let base_key = crate::commands::weights_key(
+        &session.spec,
+        &base_path.view,
+        Some(&base_path.view),
+        base_prec,
+    );
+    let variant_model =
+        |view: &dyn WeightSource, head: &dyn WeightSource, prec: Precision| -> Result<TextModel> {
+            if crate::commands::weights_key(&session.spec, view, Some(head), prec) == base_key {
+                Ok(base.clone())
+            } else {
+                TextModel::load(&session.spec, view, Some(head), prec)
+            }
+        };
     let mut variants = Vec::new();
     for (kind, description) in plan {
         pb.set_message(description.clone());
@@ -359,22 +375,13 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
                     .view
                     .with_seed(opts.seed)
                     .with_device(session.spec.device.clone());
-                let prec = vp.dtype.precision();
-                let key = |v: &dyn WeightSource, p| {
-                    crate::commands::weights_key(&session.spec, v, Some(&base_path.view), p)
-                };
-                // Same bytes and dtype as the baseline: share its tensors.
-                let m = if key(&view, prec) == key(&base_path.view, base_prec) {
-                    base.clone()
-                } else {
-                    TextModel::load(&session.spec, &view, Some(&base_path.view), prec)?
-                };
+                let m = variant_model(&view, &base_path.view, vp.dtype.precision())?;
                 let (f, d, t) = own_model(&m, GdnForm::Chunked)?;
                 Some(("vlm".into(), f, d, t))
             }
             k if k.starts_with("dtype-") => {
                 let p = Precision::parse(&k["dtype-".len()..])?;
-                let m = TextModel::load(&session.spec, &base_path.view, Some(&base_path.view), p)?;
+                let m = variant_model(&base_path.view, &base_path.view, p)?;
                 let (f, d, t) = own_model(&m, GdnForm::Chunked)?;
                 Some((format!("dtype-{}", p.name()), f, d, t))
             }
@@ -441,8 +448,7 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
                         } else {
                             &base_path.view
                         };
-                        let m =
-                            TextModel::load(&session.spec, &view, Some(head), r.dtype.precision())?;
+                        let m = variant_model(&view, head, r.dtype.precision())?;
                         let (f, d, t) = own_model(&m, GdnForm::Chunked)?;
                         Some((format!("missing-{}", r.path.name()), f, d, t))
                     }
