@@ -4,10 +4,8 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use assert_cmd::Command;
-use candle_core::{Device, Tensor};
 use serde_json::Value;
 
 const CKPT: &str = "fixtures/tiny-qwen3_5";
@@ -338,24 +336,10 @@ fn truncated_shard_exits_2_naming_the_file() {
 }
 
 /// Rewrites the fixture as one shard after `edit`.
-fn rewrite_fixture(dst: &Path, edit: impl FnOnce(&mut HashMap<String, Tensor>)) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(CKPT);
-    let mut all: HashMap<String, Tensor> = HashMap::new();
-    for i in 1..=3 {
-        let f = src.join(format!("model-0000{i}-of-00003.safetensors"));
-        all.extend(candle_core::safetensors::load(&f, &Device::Cpu).unwrap());
-    }
-    edit(&mut all);
-    candle_core::safetensors::save(&all, dst.join("model.safetensors")).unwrap();
-    for f in ["config.json", "tokenizer.json"] {
-        std::fs::copy(src.join(f), dst.join(f)).unwrap();
-    }
-}
-
 #[test]
 fn missing_tensor_is_initialised_reported_and_exits_1() {
     let tmp = tempfile::tempdir().unwrap();
-    rewrite_fixture(tmp.path(), |all| {
+    common::rewrite_tiny_fixture(tmp.path(), |all| {
         assert!(all
             .remove("model.language_model.layers.1.mlp.up_proj.weight")
             .is_some());
@@ -396,16 +380,7 @@ fn missing_tensor_is_initialised_reported_and_exits_1() {
 fn nan_weights_are_reported_per_tensor_and_exit_1() {
     let tmp = tempfile::tempdir().unwrap();
     let key = "model.language_model.layers.2.self_attn.k_proj.weight";
-    rewrite_fixture(tmp.path(), |all| {
-        let t = &all[key];
-        let mut v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        v[0] = f32::NAN;
-        v[1] = f32::INFINITY;
-        all.insert(
-            key.into(),
-            Tensor::from_vec(v, t.dims(), &Device::Cpu).unwrap(),
-        );
-    });
+    common::tiny_fixture_with_non_finite(tmp.path(), key);
     let dir = tmp.path().to_str().unwrap();
     let out = hsparity()
         .args(["compare", dir, "--quiet", "--no-report", "--json"])

@@ -71,8 +71,10 @@ fn hidden_states_and_tied_logits_match_transformers() {
         .unwrap();
         assert_eq!(ours.metadata["class"], gold.metadata["class"]);
         let mut worst = 0f64;
+        assert_eq!(ours.prompts.len(), gold.prompts.len(), "{path}: prompts");
         for (o, g) in ours.prompts.iter().zip(&gold.prompts) {
             assert_eq!(o.input_ids, g.input_ids);
+            assert_eq!(o.hidden_states.len(), g.hidden_states.len(), "{path}");
             let mut pairs: Vec<(&candle_core::Tensor, &candle_core::Tensor)> =
                 o.hidden_states.iter().zip(&g.hidden_states).collect();
             pairs.push((

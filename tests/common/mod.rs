@@ -148,3 +148,34 @@ pub fn fake_hub_cache(cache: &Path, repo_id: &str) -> PathBuf {
     }
     repo
 }
+
+/// Copies `fixtures/tiny-qwen3_5` into `dst` as one `model.safetensors` after
+/// `edit` changed its tensors (config and tokenizer copied as they are).
+pub fn rewrite_tiny_fixture(
+    dst: &Path,
+    edit: impl FnOnce(&mut std::collections::HashMap<String, candle_core::Tensor>),
+) {
+    let src = repo_root().join("fixtures/tiny-qwen3_5");
+    let mut all = std::collections::HashMap::new();
+    for i in 1..=3 {
+        let f = src.join(format!("model-0000{i}-of-00003.safetensors"));
+        all.extend(candle_core::safetensors::load(&f, &candle_core::Device::Cpu).unwrap());
+    }
+    edit(&mut all);
+    candle_core::safetensors::save(&all, dst.join("model.safetensors")).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+}
+
+/// [`rewrite_tiny_fixture`] with NaN and +Inf as the first two values of `key`.
+pub fn tiny_fixture_with_non_finite(dst: &Path, key: &str) {
+    rewrite_tiny_fixture(dst, |all| {
+        let t = &all[key];
+        let mut v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v[0] = f32::NAN;
+        v[1] = f32::INFINITY;
+        let t = candle_core::Tensor::from_vec(v, t.dims(), &candle_core::Device::Cpu).unwrap();
+        all.insert(key.into(), t);
+    });
+}
