@@ -18,7 +18,9 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::models::precision::Precision;
+use crate::models::qwen3_5::attention::repeat_kv;
 use crate::models::qwen3_5::linear;
+use crate::models::qwen3_5::mlp::Mlp;
 use crate::models::qwen3_5::norm::PlainRmsNorm;
 use crate::models::qwen3_5::rope::Rotary;
 use crate::models::WeightSource;
@@ -339,9 +341,7 @@ struct DraftLayer {
     q_norm: PlainRmsNorm,
     k_norm: PlainRmsNorm,
     post_attention_layernorm: PlainRmsNorm,
-    gate_proj: Tensor,
-    up_proj: Tensor,
-    down_proj: Tensor,
+    mlp: Mlp,
     layer_type: DraftLayerType,
 }
 
@@ -415,9 +415,12 @@ impl Drafter {
                     eps,
                     prec,
                 )?,
-                gate_proj: w("mlp.gate_proj.weight", &[inter, h])?,
-                up_proj: w("mlp.up_proj.weight", &[inter, h])?,
-                down_proj: w("mlp.down_proj.weight", &[h, inter])?,
+                mlp: Mlp::new(
+                    w("mlp.gate_proj.weight", &[inter, h])?,
+                    w("mlp.up_proj.weight", &[inter, h])?,
+                    w("mlp.down_proj.weight", &[h, inter])?,
+                    prec,
+                ),
                 layer_type: cfg.layer_types[i],
             });
         }
@@ -463,6 +466,17 @@ impl Drafter {
             .collect();
         let (cos, sin) = self.rotary.cos_sin(&positions, ctx.device())?;
         let (cos_q, sin_q) = (cos.narrow(0, c, b)?, sin.narrow(0, c, b)?);
+        let scale = (hd as f64).powf(-0.5);
+        // One sliding-window mask per forward, shared by the sliding layers.
+        let sliding = if self
+            .layers
+            .iter()
+            .any(|l| l.layer_type == DraftLayerType::SlidingAttention)
+        {
+            Some(self.sliding_mask(b, c, ctx.device())?)
+        } else {
+            None
+        };
         let mut x = noise.clone();
         for layer in &self.layers {
             let h = layer.input_layernorm.forward(&x)?;
@@ -479,29 +493,17 @@ impl Drafter {
             let v = v.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
             let q = self.rotary.apply(&q, &cos_q, &sin_q, p)?;
             let k = self.rotary.apply(&k, &cos, &sin, p)?;
-            let n_rep = nh / nkv;
-            let rep = |t: &Tensor| -> Result<Tensor> {
-                if n_rep == 1 {
-                    return Ok(t.clone());
-                }
-                Ok(t.unsqueeze(2)?
-                    .broadcast_as((1, nkv, n_rep, c + b, hd))?
-                    .reshape((1, nh, c + b, hd))?)
-            };
-            let (k, v) = (rep(&k)?, rep(&v)?);
-            let scale = (hd as f64).powf(-0.5);
+            let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
             let mut scores = p.round(&(p.round(&q.matmul(&k.t()?.contiguous()?)?)? * scale)?)?;
-            if layer.layer_type == DraftLayerType::SlidingAttention {
-                scores = scores.broadcast_add(&self.sliding_mask(b, c, ctx.device())?)?;
+            if let (DraftLayerType::SlidingAttention, Some(mask)) = (layer.layer_type, &sliding) {
+                scores = scores.broadcast_add(mask)?;
             }
             let probs = p.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
             let a = p.round(&probs.matmul(&v)?)?;
             let a = a.squeeze(0)?.transpose(0, 1)?.reshape((b, nh * hd))?;
             x = p.round(&(x + linear(&a, &layer.o_proj, p)?)?)?;
             let h2 = layer.post_attention_layernorm.forward(&x)?;
-            let g = p.round(&linear(&h2, &layer.gate_proj, p)?.silu()?)?;
-            let u = linear(&h2, &layer.up_proj, p)?;
-            let m = linear(&p.round(&(g * u)?)?, &layer.down_proj, p)?;
+            let m = layer.mlp.forward(&h2)?;
             x = p.round(&(x + m)?)?;
         }
         self.norm.forward(&x)

@@ -108,19 +108,7 @@ impl Attention {
             }
             None => 0,
         };
-        let s = past + t;
-        // repeat_kv: kv head j serves q heads j·n_rep .. (j+1)·n_rep-1.
-        let n_rep = nh / nkv;
-        let (k, v) = if n_rep == 1 {
-            (k, v)
-        } else {
-            let rep = |x: &Tensor| -> Result<Tensor> {
-                Ok(x.unsqueeze(2)?
-                    .broadcast_as((1, nkv, n_rep, s, hd))?
-                    .reshape((1, nh, s, hd))?)
-            };
-            (rep(&k)?, rep(&v)?)
-        };
+        let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
         // eager_attention_forward: (q·kᵀ)·scale and the mask in the model
         // dtype, softmax in f32 cast back, probs·v in the model dtype.
         let scale = (hd as f64).powf(-0.5);
@@ -139,6 +127,18 @@ impl Attention {
         };
         linear(&out, &self.o_proj, prec)
     }
+}
+
+/// `repeat_kv` (`modeling_qwen3_5.py`): `[1, nkv, S, hd]` → `[1, nkv·n_rep, S, hd]`,
+/// kv head j serving q heads j·n_rep .. (j+1)·n_rep−1.
+pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
+    if n_rep == 1 {
+        return Ok(x.clone());
+    }
+    let (one, nkv, s, hd) = x.dims4()?;
+    Ok(x.unsqueeze(2)?
+        .broadcast_as((one, nkv, n_rep, s, hd))?
+        .reshape((one, nkv * n_rep, s, hd))?)
 }
 
 /// Additive causal mask `[T, past+T]`: 0 where key position ≤ query position, −∞ elsewhere.

@@ -27,6 +27,17 @@ impl Mlp {
         })
     }
 
+    /// From loaded (already shape-checked) `gate_proj`, `up_proj`, `down_proj`
+    /// weights in `prec` (the DFlash drafter's layers).
+    pub fn new(gate_proj: Tensor, up_proj: Tensor, down_proj: Tensor, prec: Precision) -> Self {
+        Self {
+            gate_proj,
+            up_proj,
+            down_proj,
+            prec,
+        }
+    }
+
     /// `[T, H]` → `[T, H]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let p = self.prec;
