@@ -237,7 +237,10 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
             n - 1
         )));
     }
-    let inventory = loading::inventory(&session.ckpt, &opts.paths)?;
+    let inventory = loading::inventory::inventory_of(
+        &session.ckpt,
+        session.paths.iter().map(|p| p.inventory.clone()).collect(),
+    );
 
     let mut notes = Vec::new();
     let precisions: Vec<Precision> = session
@@ -393,7 +396,6 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
             if let Some(c) = check {
                 if c.verdict != crate::parity::Verdict::Pass {
                     verdict = crate::parity::Verdict::Fail;
-                    summary = summary.replacen("PASS:", "FAIL:", 1);
                     summary.push_str(&format!(
                         "; {}: cached decode departs from the full forward (max abs diff {:.3e})",
                         c.path, c.metrics.max_abs
@@ -433,13 +435,13 @@ pub fn run(opts: &CompareOptions) -> Result<Report> {
             summary.push_str(&format!("; drafter τ {}", taus.join(" → ")));
             if dr.verdict != crate::parity::Verdict::Pass {
                 verdict = crate::parity::Verdict::Fail;
-                summary = summary.replacen("PASS:", "FAIL:", 1);
                 summary.push_str(&format!(" (gap {:.3} > {})", dr.tau_gap, dr.max_tau_gap));
             }
             Some(dr)
         }
         None => None,
     };
+    let summary = report::tagged(verdict, &summary);
     let exit_code = if verdict == crate::parity::Verdict::Pass {
         0
     } else {

@@ -522,11 +522,17 @@ pub fn inventory(ckpt: &Checkpoint, paths: &[LoadingPath]) -> Result<Inventory> 
         .into_iter()
         .map(|p| resolve(ckpt, p).map(|r| r.inventory))
         .collect::<Result<Vec<_>>>()?;
+    Ok(inventory_of(ckpt, paths))
+}
+
+/// The checkpoint-level [`Inventory`] around path inventories already
+/// resolved (e.g. by a [`crate::commands::Session`]).
+pub fn inventory_of(ckpt: &Checkpoint, paths: Vec<PathInventory>) -> Inventory {
     let mut checkpoint_dtypes = BTreeMap::new();
     for t in &ckpt.headers.tensors {
         *checkpoint_dtypes.entry(t.dtype.clone()).or_insert(0) += 1;
     }
-    Ok(Inventory {
+    Inventory {
         schema_version: SCHEMA_VERSION,
         checkpoint: ckpt.source.display.clone(),
         source: ckpt.source.clone(),
@@ -548,7 +554,7 @@ pub fn inventory(ckpt: &Checkpoint, paths: &[LoadingPath]) -> Result<Inventory> 
                 )
             })
             .collect(),
-    })
+    }
 }
 
 #[cfg(test)]

@@ -276,8 +276,9 @@ pub fn dropped_by_rule<'a>(rule: &str, dropped: &'a [String]) -> Option<Vec<&'a 
     )
 }
 
-/// The verdict sentence: `PASS: causal-lm and vlm agree bitwise at all 7 hidden states`
-/// or `FAIL: …`.
+/// The verdict and the body of its sentence (`causal-lm and vlm agree bitwise
+/// at all 7 hidden states`, …); [`tagged`] puts `PASS:` / `FAIL:` before it
+/// once every check of the run has added its part.
 pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
     let missing: Vec<String> = paths
         .iter()
@@ -355,10 +356,15 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
             ));
         }
     }
+    (verdict, parts.join("; "))
+}
+
+/// The summary line: `PASS: …` or `FAIL: …` before `body`.
+pub fn tagged(verdict: Verdict, body: &str) -> String {
     let tag = if verdict == Verdict::Pass {
         "PASS"
     } else {
         "FAIL"
     };
-    (verdict, format!("{tag}: {}", parts.join("; ")))
+    format!("{tag}: {body}")
 }
