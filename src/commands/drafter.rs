@@ -195,17 +195,22 @@ pub fn replay_all(
     Ok((dfl, tree))
 }
 
-/// Tap features of `model` over each token sequence (`[T, K·H]` each).
+/// Tap features of `model` over each token sequence (`[T, K·H]` each), the
+/// first `prompt_lens[k]` tokens of sequence k being its prompt (decoded
+/// tokens keep their decode positions, shifted when the model has a decode shift).
 pub fn features(
     model: &TextModel,
     tokens: &[Vec<u32>],
+    prompt_lens: &[usize],
     taps: &[usize],
     form: GdnForm,
 ) -> Result<Vec<candle_core::Tensor>> {
     tokens
         .iter()
-        .map(|toks| {
-            let out = model.forward(toks, None, form, true)?;
+        .zip(prompt_lens)
+        .map(|(toks, &n)| {
+            let pos = model.positions_with_prompt(n, toks.len());
+            let out = model.forward_at(toks, &pos, None, form, true)?;
             drafter_eval::tap_features(
                 out.hidden_states.as_deref().expect("requested"),
                 out.last_layer_output.as_ref().expect("requested"),
@@ -321,7 +326,7 @@ pub fn run_in(
     // Features of `model` on `tokens`, replayed through `model`'s embedding and lm_head.
     let replay = |model: &TextModel, tokens: &[Vec<u32>], what: String| -> Result<Replayed> {
         rb.set_message(what);
-        let feats = features(model, tokens, &taps, GdnForm::Chunked)?;
+        let feats = features(model, tokens, &prompt_lens, &taps, GdnForm::Chunked)?;
         replay_all(
             drafter,
             model,

@@ -310,18 +310,7 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
     // Tap features of `m` over sequences whose first `prompt_lens[k]` tokens
     // are the prompt (decoded tokens keep their decode positions).
     let feats_on = |m: &TextModel, seqs: &[Vec<u32>], form: GdnForm| -> Result<Vec<Tensor>> {
-        seqs.iter()
-            .zip(&prompt_lens)
-            .map(|(toks, &n)| {
-                let pos = m.positions_with_prompt(n, toks.len());
-                let out = m.forward_at(toks, &pos, None, form, true)?;
-                drafter_eval::tap_features(
-                    out.hidden_states.as_deref().expect("requested"),
-                    out.last_layer_output.as_ref().expect("requested"),
-                    &taps,
-                )
-            })
-            .collect()
+        crate::commands::drafter::features(m, seqs, &prompt_lens, &taps, form)
     };
     // A variant that runs its own target model: divergence on the baseline
     // trajectory, τ on its own trajectory.
