@@ -226,13 +226,8 @@ impl Weights {
                 t.dtype
             ))
         })?;
-        // A value that is already exact in the compute dtype needs no rounding
-        // (bf16 → f32 → bf16 and f16 → f32 → f16 are the identity).
-        let prec = match (prec, t.dtype.as_str()) {
-            (Some(Precision::Bf16), "BF16") | (Some(Precision::F16), "F16") => None,
-            (Some(Precision::F32), _) => None,
-            (p, _) => p,
-        };
+        // A value that is already exact in the compute dtype needs no rounding.
+        let prec = prec.filter(|p| !p.is_exact_for(&t.dtype));
         let dtype = Stored::of(t).ok_or_else(|| self.not_float(t))?;
         let v = match dtype {
             Stored::Bf16 => convert(src, prec, |c: [u8; 2]| {

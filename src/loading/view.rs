@@ -217,13 +217,11 @@ impl WeightSource for TensorView {
         match self.key(name)? {
             Some(key) => {
                 let t = self.weights.load_f32_rounded(key, prec)?;
-                let stored = self.weights.index().get(key).map(|h| h.dtype.as_str());
-                let exact = matches!(
-                    (prec, stored),
-                    (Precision::F32, _)
-                        | (Precision::Bf16, Some("BF16"))
-                        | (Precision::F16, Some("F16"))
-                );
+                let exact = self
+                    .weights
+                    .index()
+                    .get(key)
+                    .is_some_and(|h| prec.is_exact_for(&h.dtype));
                 if exact {
                     // Rounding changed nothing: the tensor holds the stored values.
                     self.scan_non_finite(key, &t)?;

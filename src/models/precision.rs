@@ -58,6 +58,16 @@ impl Precision {
         }
     }
 
+    /// True when rounding to this dtype changes no value stored as `stored`
+    /// (a safetensors dtype: `"BF16"`, `"F16"`, …): f32 keeps everything, and
+    /// bf16 → f32 → bf16 and f16 → f32 → f16 are the identity.
+    pub fn is_exact_for(self, stored: &str) -> bool {
+        matches!(
+            (self, stored),
+            (Precision::F32, _) | (Precision::Bf16, "BF16") | (Precision::F16, "F16")
+        )
+    }
+
     /// Rounds every element of `t` (f32) to this dtype, keeping f32 storage.
     pub fn round(self, t: &Tensor) -> Result<Tensor> {
         Ok(match self {
