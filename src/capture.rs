@@ -1,5 +1,5 @@
 //! Lock-step capture: every loading path runs layer `l` on every prompt before
-//! any path runs layer `l+1` (DESIGN §1.4). Observers see each
+//! any path runs layer `l+1` (`docs/architecture.md`, "lock-step capture"). Observers see each
 //! `hidden_states` index once for all paths, compute their statistics and drop
 //! the tensors, so no path's full activation history is kept. Weights are read
 //! one layer at a time from the shared mmap; paths whose layer resolves to the
@@ -12,30 +12,54 @@ use candle_core::Tensor;
 
 use crate::checkpoint::config::LayerType;
 use crate::error::Result;
-use crate::models::precision::Precision;
-use crate::models::qwen3_5::{DecoderLayer, Embedding, FinalNorm, GdnForm, LmHead, TextModelSpec};
-use crate::models::WeightSource;
+use crate::loading::WeightSource;
+use crate::models::{
+    DecoderLayer, Embedding, FinalNorm, GdnForm, LmHead, Positions, TextModelSpec,
+};
+use crate::precision::Precision;
 use crate::progress::RunProgress;
 
-/// What a `hidden_states` entry is (the `layer_type` of the report).
+/// What a `hidden_states` entry is (the `layer_type` of the report;
+/// serialised as [`HiddenKind::as_str`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HiddenKind {
     /// `hidden_states[0]`: token embeddings.
     Embedding,
     /// `hidden_states[l+1]`, output of decoder layer `l` (l < N−1).
     Layer(LayerType),
+    /// The output of a decoder layer whose mixer is not known (a dump
+    /// records no layer types).
+    DecoderLayer,
     /// `hidden_states[N]`: final-normed output of the last layer.
     FinalNorm,
 }
 
 impl HiddenKind {
-    /// `"embedding"`, `"linear_attention"`, `"full_attention"`, `"final_norm"`.
+    /// `"embedding"`, `"linear_attention"`, `"full_attention"`,
+    /// `"decoder_layer"`, `"final_norm"`.
     pub fn as_str(self) -> &'static str {
         match self {
             HiddenKind::Embedding => "embedding",
             HiddenKind::Layer(t) => t.as_str(),
+            HiddenKind::DecoderLayer => "decoder_layer",
             HiddenKind::FinalNorm => "final_norm",
         }
+    }
+
+    /// The kind of index `i` of an N-layer model whose layer types are not
+    /// known (a dump).
+    pub fn of_index(i: usize, n: usize) -> Self {
+        match i {
+            0 => HiddenKind::Embedding,
+            i if i == n => HiddenKind::FinalNorm,
+            _ => HiddenKind::DecoderLayer,
+        }
+    }
+}
+
+impl serde::Serialize for HiddenKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -149,13 +173,237 @@ fn bitwise_equal(a: &Tensor, b: &Tensor) -> Result<bool> {
     Ok(va.iter().zip(&vb).all(|(x, y)| x.to_bits() == y.to_bits()))
 }
 
+/// The first of `candidates` whose inputs are bitwise equal to `input`
+/// (all tensors pairwise): a forward already run that can be reused, since
+/// the same layer on the same input gives the same output.
+fn same_input<'a>(
+    candidates: impl IntoIterator<Item = (usize, &'a [Tensor])>,
+    input: &[Tensor],
+) -> Result<Option<usize>> {
+    for (q, other) in candidates {
+        if other.len() != input.len() {
+            continue;
+        }
+        let mut eq = true;
+        for (a, b) in other.iter().zip(input) {
+            if !bitwise_equal(a, b)? {
+                eq = false;
+                break;
+            }
+        }
+        if eq {
+            return Ok(Some(q));
+        }
+    }
+    Ok(None)
+}
+
+/// Per path, per prompt: `states[p][k]`.
+type PerPath = Vec<Vec<Tensor>>;
+
+/// Per path (`None` for path 0), per prompt: a layer fed path 0's input.
+type LocalPerPath = Vec<Option<Vec<Tensor>>>;
+
+/// Everything one capture shares across its steps.
+struct Run<'a> {
+    spec: &'a TextModelSpec,
+    paths: &'a [PathModel<'a>],
+    pos: Vec<Positions>,
+    form: GdnForm,
+    progress: &'a RunProgress,
+}
+
+impl Run<'_> {
+    /// Prompt k of path p (`local`: p's layer on path 0's input) is about to run.
+    fn at_prompt(&self, p: usize, k: usize, local: bool) {
+        self.progress.prompts.set_position(k as u64);
+        self.progress.prompts.set_message(format!(
+            "{}{}",
+            self.paths[p].name,
+            if local { " (local)" } else { "" }
+        ));
+    }
+
+    /// `hidden_states[0]` of every path; paths sharing the embedding share the rows.
+    fn embed(&self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<Tensor>>> {
+        let groups = share_groups(self.paths, &["embed_tokens.weight".to_string()]);
+        let mut states: Vec<Vec<Tensor>> = Vec::with_capacity(self.paths.len());
+        for (p, path) in self.paths.iter().enumerate() {
+            let hs = match groups[p] {
+                g if g < p => states[g].clone(),
+                _ => prompts
+                    .iter()
+                    .map(|ids| Embedding::gather(path.source, path.precision, ids))
+                    .collect::<Result<Vec<_>>>()?,
+            };
+            states.push(hs);
+        }
+        Ok(states)
+    }
+
+    /// Path p's layer over `inputs` (one per prompt), reusing the outputs of
+    /// an earlier run of the same layer (`done`: `(path, its inputs, its
+    /// outputs)`) on bitwise-equal inputs.
+    fn forward(
+        &self,
+        layer: &DecoderLayer,
+        p: usize,
+        inputs: &[Tensor],
+        done: &[(usize, &[Tensor], &[Tensor])],
+        local: bool,
+    ) -> Result<Vec<Tensor>> {
+        let mut out = Vec::with_capacity(inputs.len());
+        for (k, (h, ps)) in inputs.iter().zip(&self.pos).enumerate() {
+            let earlier = done
+                .iter()
+                .enumerate()
+                .map(|(j, (_, i, _))| (j, std::slice::from_ref(&i[k])));
+            out.push(match same_input(earlier, std::slice::from_ref(h))? {
+                Some(j) => done[j].2[k].clone(),
+                None => {
+                    self.at_prompt(p, k, local);
+                    layer.forward(h, self.spec, ps, self.form, None)?
+                }
+            });
+        }
+        Ok(out)
+    }
+
+    /// Runs decoder layer `l` on every path: the propagated outputs (each
+    /// path on its own history) and, with `local`, every path's layer on
+    /// path 0's input (`None` for path 0).
+    fn layer(
+        &self,
+        l: usize,
+        states: &[Vec<Tensor>],
+        local: bool,
+    ) -> Result<(PerPath, LocalPerPath)> {
+        let names = self.spec.layer_tensor_names(l);
+        let groups = share_groups(self.paths, &names);
+        let layers = load_shared(self.paths, &groups, |s, p| {
+            DecoderLayer::load(self.spec, s, l, p)
+        })?;
+        self.progress
+            .loading
+            .inc(group_bytes(self.paths, &names, &groups));
+        let mut next: Vec<Vec<Tensor>> = Vec::with_capacity(self.paths.len());
+        for p in 0..self.paths.len() {
+            let done: Vec<(usize, &[Tensor], &[Tensor])> = (0..p)
+                .filter(|&q| groups[q] == groups[p])
+                .map(|q| (q, states[q].as_slice(), next[q].as_slice()))
+                .collect();
+            let out = self.forward(&layers[p], p, &states[p], &done, false)?;
+            next.push(out);
+        }
+        let mut locals = vec![None; self.paths.len()];
+        if local {
+            for p in 1..self.paths.len() {
+                // Path p's layer on path 0's input: path 0's output when the
+                // layer is shared with path 0, else reuse any path q with the
+                // same layer already run on that input.
+                locals[p] = Some(if groups[p] == groups[0] {
+                    next[0].clone()
+                } else {
+                    let done: Vec<(usize, &[Tensor], &[Tensor])> = (0..self.paths.len())
+                        .filter(|&q| q != p && groups[q] == groups[p])
+                        .map(|q| (q, states[q].as_slice(), next[q].as_slice()))
+                        .collect();
+                    self.forward(&layers[p], p, &states[0], &done, true)?
+                });
+            }
+        }
+        Ok((next, locals))
+    }
+
+    /// The final norm over the last layer's outputs (propagated and local).
+    fn final_norm(
+        &self,
+        states: &[Vec<Tensor>],
+        local: &[Option<Vec<Tensor>>],
+    ) -> Result<(PerPath, LocalPerPath)> {
+        let names = ["norm.weight".to_string()];
+        let groups = share_groups(self.paths, &names);
+        let norms = load_shared(self.paths, &groups, |s, p| FinalNorm::load(self.spec, s, p))?;
+        self.progress
+            .loading
+            .inc(group_bytes(self.paths, &names, &groups));
+        let apply = |norm: &FinalNorm, hs: &[Tensor]| -> Result<Vec<Tensor>> {
+            hs.iter().map(|h| norm.forward(h)).collect()
+        };
+        let local = local
+            .iter()
+            .zip(&norms)
+            .map(|(lo, norm)| lo.as_ref().map(|v| apply(norm, v)).transpose())
+            .collect::<Result<_>>()?;
+        let states = norms
+            .iter()
+            .zip(states)
+            .map(|(norm, hs)| apply(norm, hs))
+            .collect::<Result<_>>()?;
+        Ok((states, local))
+    }
+
+    /// Logits of every path with an LM head: `lm_head.weight` in vocabulary
+    /// chunks, each chunk read once for all paths sharing it (same bytes,
+    /// same dtype), and run once per bitwise-distinct input.
+    fn logits(&self, states: &[Vec<Tensor>]) -> Result<Vec<Option<Vec<Tensor>>>> {
+        let names = ["lm_head.weight".to_string()];
+        let groups = share_groups(self.paths, &names);
+        let paths = self.paths;
+        let mut logits: Vec<Option<Vec<Tensor>>> = vec![None; paths.len()];
+        for p in (0..paths.len()).filter(|&p| paths[p].has_lm_head && groups[p] == p) {
+            let members: Vec<usize> = (p..paths.len())
+                .filter(|&q| paths[q].has_lm_head && groups[q] == p)
+                .collect();
+            let mut distinct: Vec<usize> = Vec::new();
+            let mut same_as: Vec<usize> = Vec::with_capacity(members.len());
+            for &q in &members {
+                let seen = distinct
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &r)| (j, states[r].as_slice()));
+                same_as.push(match same_input(seen, &states[q])? {
+                    Some(j) => j,
+                    None => {
+                        distinct.push(q);
+                        distinct.len() - 1
+                    }
+                });
+            }
+            let inputs: Vec<&[Tensor]> = distinct.iter().map(|&r| states[r].as_slice()).collect();
+            let out = LmHead::forward_streamed(paths[p].source, paths[p].precision, &inputs)?;
+            self.progress.loading.inc(tensor_bytes(&paths[p], &names));
+            for (&q, &j) in members.iter().zip(&same_as) {
+                logits[q] = Some(out[j].clone());
+            }
+        }
+        Ok(logits)
+    }
+
+    /// f32 bytes the capture will materialise (each shared copy once).
+    fn total_bytes(&self) -> u64 {
+        let paths = self.paths;
+        let shared = |names: &[String]| group_bytes(paths, names, &share_groups(paths, names));
+        let head = ["lm_head.weight".to_string()];
+        let head_groups = share_groups(paths, &head);
+        (0..self.spec.num_layers())
+            .map(|l| shared(&self.spec.layer_tensor_names(l)))
+            .sum::<u64>()
+            + shared(&["norm.weight".to_string()])
+            + (0..paths.len())
+                .filter(|&p| paths[p].has_lm_head && head_groups[p] == p)
+                .map(|p| tensor_bytes(&paths[p], &head))
+                .sum::<u64>()
+    }
+}
+
 /// Runs `prompts` through every path in lock-step, reporting to `obs`.
 ///
 /// Streaming: the embeddings are gathered by row from the mapped checkpoint,
 /// one decoder layer's weights are materialised at a time (once for all paths
 /// reading the same bytes in the same dtype) and dropped before the next, and
 /// the LM head is applied in vocabulary chunks. A layer shared by two paths is
-/// run once when its inputs are bitwise equal too (the outputs would be
+/// run once when its inputs are bitwise equal as well (the outputs would be
 /// bitwise equal: every kernel is deterministic), so identical paths cost one
 /// forward pass.
 ///
@@ -167,223 +415,45 @@ pub fn run(
     prompts: &[Vec<u32>],
     opts: CaptureOptions,
     obs: &mut dyn Observer,
-    progress: Option<&RunProgress>,
+    progress: &RunProgress,
 ) -> Result<()> {
     let n = spec.num_layers();
-    let pos: Vec<_> = prompts
-        .iter()
-        .map(|p| spec.positions(0, p.len()))
-        .collect::<Result<_>>()?;
-    let none: Vec<Option<Vec<Tensor>>> = vec![None; paths.len()];
-    let np = prompts.len();
-    // Prompt k of path p (`local`: p's layer on path 0's input) is about to run.
-    let at_prompt = |p: usize, k: usize, local: bool| {
-        if let Some(pr) = progress {
-            pr.prompts.set_position(k as u64);
-            pr.prompts.set_message(format!(
-                "{}{}",
-                paths[p].name,
-                if local { " (local)" } else { "" }
-            ));
-        }
+    let run = Run {
+        spec,
+        paths,
+        pos: prompts
+            .iter()
+            .map(|p| spec.positions(0, p.len()))
+            .collect::<Result<_>>()?,
+        form: opts.form,
+        progress,
     };
-    let norm_names = ["norm.weight".to_string()];
-    let head_names = ["lm_head.weight".to_string()];
-    let head_groups = share_groups(paths, &head_names);
-    // Paths whose lm_head is read (each shared copy once).
-    let head_leaders: Vec<usize> = (0..paths.len())
-        .filter(|&p| paths[p].has_lm_head && head_groups[p] == p)
-        .collect();
-    if let Some(pr) = progress {
-        let layers: u64 = (0..n)
-            .map(|l| spec.layer_tensor_names(l))
-            .map(|names| group_bytes(paths, &names, &share_groups(paths, &names)))
-            .sum();
-        let total = layers
-            + group_bytes(paths, &norm_names, &share_groups(paths, &norm_names))
-            + head_leaders
-                .iter()
-                .map(|&p| tensor_bytes(&paths[p], &head_names))
-                .sum::<u64>();
-        pr.loading.set_length(total);
-        pr.layers.set_message("embeddings");
-    }
-    let groups = share_groups(paths, &["embed_tokens.weight".to_string()]);
-    let mut states: Vec<Vec<Tensor>> = Vec::with_capacity(paths.len());
-    for (p, path) in paths.iter().enumerate() {
-        let g = groups[p];
-        let hs = if g < p {
-            states[g].clone()
-        } else {
-            prompts
-                .iter()
-                .map(|ids| Embedding::gather(path.source, path.precision, ids))
-                .collect::<Result<Vec<_>>>()?
-        };
-        states.push(hs);
-    }
+    progress.loading.set_length(run.total_bytes());
+    progress.layers.set_message("embeddings");
+    let none: Vec<Option<Vec<Tensor>>> = vec![None; paths.len()];
+    let mut states = run.embed(prompts)?;
     obs.hidden_states(0, HiddenKind::Embedding, &states, &none)?;
-
     for l in 0..n {
-        let names = spec.layer_tensor_names(l);
-        if let Some(pr) = progress {
-            pr.layers
-                .set_message(format!("layer {l} ({})", spec.layer_types[l].as_str()));
-            pr.loading.set_message(format!("layer {l}"));
-            pr.prompts.set_position(0);
-        }
-        let groups = share_groups(paths, &names);
-        let layers = load_shared(paths, &groups, |s, p| DecoderLayer::load(spec, s, l, p))?;
-        if let Some(pr) = progress {
-            pr.loading.inc(group_bytes(paths, &names, &groups));
-        }
-        // Propagated: path p's layer on its own history; reuses the output of
-        // an earlier path with the same layer and the same input.
-        let mut next: Vec<Vec<Tensor>> = Vec::with_capacity(paths.len());
-        for p in 0..paths.len() {
-            let mut out = Vec::with_capacity(np);
-            for (k, (h, ps)) in states[p].iter().zip(&pos).enumerate() {
-                let mut reuse = None;
-                for q in 0..p {
-                    if groups[q] == groups[p] && bitwise_equal(&states[q][k], h)? {
-                        reuse = Some(next[q][k].clone());
-                        break;
-                    }
-                }
-                out.push(match reuse {
-                    Some(t) => t,
-                    None => {
-                        at_prompt(p, k, false);
-                        layers[p].forward(h, spec, ps, opts.form, None)?
-                    }
-                });
-            }
-            next.push(out);
-        }
-        // Local: path p's layer on path 0's input (= path 0's output when
-        // the layer is shared with path 0).
-        let mut local = none.clone();
-        if opts.local {
-            for p in 1..paths.len() {
-                local[p] = Some(if groups[p] == groups[0] {
-                    next[0].clone()
-                } else {
-                    let mut out = Vec::with_capacity(np);
-                    for (k, (h, ps)) in states[0].iter().zip(&pos).enumerate() {
-                        let mut reuse = None;
-                        for q in 0..paths.len() {
-                            if q != p && groups[q] == groups[p] && bitwise_equal(&states[q][k], h)?
-                            {
-                                // Path q (same layer) was already run on this input.
-                                reuse = Some(next[q][k].clone());
-                                break;
-                            }
-                        }
-                        out.push(match reuse {
-                            Some(t) => t,
-                            None => {
-                                at_prompt(p, k, true);
-                                layers[p].forward(h, spec, ps, opts.form, None)?
-                            }
-                        });
-                    }
-                    out
-                });
-            }
-        }
+        progress
+            .layers
+            .set_message(format!("layer {l} ({})", spec.layer_types[l].as_str()));
+        progress.loading.set_message(format!("layer {l}"));
+        progress.prompts.set_position(0);
+        let (next, local) = run.layer(l, &states, opts.local)?;
         states = next;
-        drop(layers);
         if l + 1 < n {
-            obs.hidden_states(
-                l + 1,
-                HiddenKind::Layer(spec.layer_types[l]),
-                &states,
-                &local,
-            )?;
+            let kind = HiddenKind::Layer(spec.layer_types[l]);
+            obs.hidden_states(l + 1, kind, &states, &local)?;
         } else {
             obs.last_layer_output(&states)?;
-            let norm_groups = share_groups(paths, &norm_names);
-            let norms = load_shared(paths, &norm_groups, |s, p| FinalNorm::load(spec, s, p))?;
-            if let Some(pr) = progress {
-                pr.loading
-                    .inc(group_bytes(paths, &norm_names, &norm_groups));
-            }
-            let local_normed: Vec<Option<Vec<Tensor>>> = local
-                .iter()
-                .zip(&norms)
-                .map(|(lo, norm)| {
-                    lo.as_ref()
-                        .map(|v| {
-                            v.iter()
-                                .map(|h| norm.forward(h))
-                                .collect::<Result<Vec<_>>>()
-                        })
-                        .transpose()
-                })
-                .collect::<Result<_>>()?;
-            states = norms
-                .iter()
-                .zip(&states)
-                .map(|(norm, hs)| {
-                    hs.iter()
-                        .map(|h| norm.forward(h))
-                        .collect::<Result<Vec<_>>>()
-                })
-                .collect::<Result<_>>()?;
-            obs.hidden_states(n, HiddenKind::FinalNorm, &states, &local_normed)?;
+            let (normed, local) = run.final_norm(&states, &local)?;
+            states = normed;
+            obs.hidden_states(n, HiddenKind::FinalNorm, &states, &local)?;
         }
-        if let Some(pr) = progress {
-            pr.prompts.set_position(np as u64);
-            pr.layers.inc(1);
-        }
+        progress.prompts.set_position(prompts.len() as u64);
+        progress.layers.inc(1);
     }
-
-    // LM head in vocabulary chunks, each chunk read once for all paths that
-    // share `lm_head.weight` (same bytes, same dtype).
-    if let Some(pr) = progress {
-        pr.layers.set_message("lm_head");
-        pr.loading.set_message("lm_head (vocabulary chunks)");
-    }
-    let mut logits: Vec<Option<Vec<Tensor>>> = vec![None; paths.len()];
-    for &p in &head_leaders {
-        let path = &paths[p];
-        // Members of this group with a head; inputs deduplicated bitwise.
-        let members: Vec<usize> = (p..paths.len())
-            .filter(|&q| paths[q].has_lm_head && head_groups[q] == p)
-            .collect();
-        let mut distinct: Vec<usize> = Vec::new();
-        let mut same_as: Vec<usize> = Vec::with_capacity(members.len());
-        for &q in &members {
-            let mut found = None;
-            for (j, &r) in distinct.iter().enumerate() {
-                let mut eq = true;
-                for (a, b) in states[q].iter().zip(&states[r]) {
-                    if !bitwise_equal(a, b)? {
-                        eq = false;
-                        break;
-                    }
-                }
-                if eq {
-                    found = Some(j);
-                    break;
-                }
-            }
-            same_as.push(match found {
-                Some(j) => j,
-                None => {
-                    distinct.push(q);
-                    distinct.len() - 1
-                }
-            });
-        }
-        let inputs: Vec<&[Tensor]> = distinct.iter().map(|&r| states[r].as_slice()).collect();
-        let out = LmHead::forward_streamed(path.source, path.precision, &inputs)?;
-        if let Some(pr) = progress {
-            pr.loading.inc(tensor_bytes(path, &head_names));
-        }
-        for (&q, &j) in members.iter().zip(&same_as) {
-            logits[q] = Some(out[j].clone());
-        }
-    }
-    obs.logits(&logits)
+    progress.layers.set_message("lm_head");
+    progress.loading.set_message("lm_head (vocabulary chunks)");
+    obs.logits(&run.logits(&states)?)
 }

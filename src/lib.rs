@@ -6,16 +6,20 @@
 
 pub mod capture;
 pub mod checkpoint;
+pub mod cli;
 pub mod commands;
 pub mod device;
-pub mod drafter_eval;
+pub mod drafter;
 pub mod dump;
 pub mod error;
 pub mod loading;
 pub mod models;
 pub mod output;
 pub mod parity;
+pub mod precision;
 pub mod progress;
 pub mod prompts;
 pub mod report;
+pub mod session;
 pub mod sysinfo;
+pub mod triage;

@@ -6,19 +6,16 @@
 //! file (or field, or flag) and the problem, never panic, print nothing on
 //! stdout and write no report. NaN/Inf weights are a finding (exit 1).
 
+mod common;
+
+use common::hsparity;
+
 #[path = "common/bad_inputs.rs"]
 mod corpus;
 
 use std::path::Path;
 
-use assert_cmd::Command;
 use corpus::{Case, Expect};
-
-fn hsparity() -> Command {
-    let mut c = Command::cargo_bin("hsparity").unwrap();
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
-}
 
 fn run(name: &str, generate: fn(&Path) -> Case) {
     let tmp = tempfile::tempdir().unwrap();

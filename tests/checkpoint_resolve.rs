@@ -27,7 +27,7 @@ fn hub_id_default_revision() {
     assert_eq!(inv.checkpoint_tensors, 129);
     // Data through the symlinked snapshot.
     let r = loading::resolve(&ckpt, loading::LoadingPath::CausalLm).unwrap();
-    use hsparity::models::WeightSource;
+    use hsparity::loading::WeightSource;
     assert_eq!(r.view.tensor("norm.weight").unwrap().dims(), &[64]);
 }
 

@@ -3,18 +3,13 @@
 
 mod common;
 
+use common::hsparity;
+
 use std::collections::HashMap;
 
-use assert_cmd::Command;
 use serde_json::Value;
 
 const CKPT: &str = "fixtures/tiny-qwen3_5";
-
-fn hsparity() -> Command {
-    let mut c = Command::cargo_bin("hsparity").unwrap();
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
-}
 
 fn stdout(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -272,7 +267,7 @@ fn bad_input_exits_2_with_a_clear_message() {
     );
     assert_bad_input(
         &["compare", CKPT, "--no-report", "--paths", "causal-lm,bogus"],
-        "unknown loading path",
+        "invalid value 'bogus' for '--paths",
     );
     assert_bad_input(
         &["compare", CKPT, "--no-report", "--paths", "vlm"],

@@ -1,16 +1,13 @@
 //! `hsparity diff`: dumps captured anywhere compared with the same metrics and
 //! verdicts as `compare`; the input-equality gate; dtype noise; tap offsets.
 
-use assert_cmd::Command;
+mod common;
+
+use common::hsparity;
+
 use serde_json::Value;
 
 const CKPT: &str = "fixtures/tiny-qwen3_5";
-
-fn hsparity() -> Command {
-    let mut c = Command::cargo_bin("hsparity").unwrap();
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
-}
 
 fn dump(dir: &std::path::Path, name: &str, args: &[&str]) -> String {
     let out = dir.join(name);

@@ -4,16 +4,17 @@
 //! category, tie, missing/unexpected names, and hidden states computed in the
 //! dtype transformers picked; between paths the same bitwise verdict.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use common::{assert_close, same_len, F32_HYBRID, HALF};
 use hsparity::checkpoint::Checkpoint;
 use hsparity::commands::compare::{self, CompareOptions};
 use hsparity::commands::dump::{self, DumpOptions};
 use hsparity::dump::Dump;
 use hsparity::loading::{self, LoadingPath};
-use hsparity::parity::Accumulator;
-use hsparity::prompts::PromptOptions;
 use serde_json::Value;
 
 const FIXTURES: &[&str] = &[
@@ -125,14 +126,10 @@ fn hidden_states_match_goldens_in_the_dtype_transformers_picked() {
             let opts = DumpOptions {
                 logits: true,
                 quiet: true,
-                device: Default::default(),
                 ..Default::default()
             };
-            let prompts = PromptOptions {
-                file: Some(format!("{}/prompts.jsonl", dir(f)).into()),
-                ..Default::default()
-            };
-            let ours = dump::run(&dir(f), name.parse().unwrap(), &prompts, &opts).unwrap();
+            let target = common::target(&dir(f), Some(&format!("{}/prompts.jsonl", dir(f))));
+            let ours = dump::run(&target, name.parse().unwrap(), &opts).unwrap();
             let dtype = &gold.metadata["dtype"];
             assert_eq!(&ours.metadata["dtype"], dtype, "{f}/{name}: computed dtype");
             let random_head = p["missing_keys"]
@@ -141,17 +138,17 @@ fn hidden_states_match_goldens_in_the_dtype_transformers_picked() {
                 .iter()
                 .any(|k| k == "lm_head.weight");
             let mut worst_cos = 1f64;
-            assert_eq!(
-                ours.prompts.len(),
-                gold.prompts.len(),
-                "{f}/{name}: prompts"
+            same_len(
+                &format!("{f}/{name}: prompts"),
+                &ours.prompts,
+                &gold.prompts,
             );
             for (k, (o, g)) in ours.prompts.iter().zip(&gold.prompts).enumerate() {
                 assert_eq!(o.input_ids, g.input_ids);
-                assert_eq!(
-                    o.hidden_states.len(),
-                    g.hidden_states.len(),
-                    "{f}/{name} p{k}"
+                same_len(
+                    &format!("{f}/{name} p{k}"),
+                    &o.hidden_states,
+                    &g.hidden_states,
                 );
                 // Goldens keep logits only where the fixture budget allows; where
                 // they do, ours must be there to be compared.
@@ -169,30 +166,10 @@ fn hidden_states_match_goldens_in_the_dtype_transformers_picked() {
                 if let (Some(a), Some(b), false) = (&o.logits, &g.logits, random_head) {
                     pairs.push(("logits".into(), a, b));
                 }
+                let tol = if dtype == "f32" { &F32_HYBRID } else { &HALF };
                 for (what, a, b) in pairs {
-                    let mut acc = Accumulator::default();
-                    acc.add(0, a, b).unwrap();
-                    let m = acc.finish();
+                    let m = assert_close(&format!("{f}/{name} p{k} {what}"), a, b, tol);
                     worst_cos = worst_cos.min(m.cos_min);
-                    if dtype == "f32" {
-                        assert!(
-                            m.cos_min >= 0.99999,
-                            "{f}/{name} p{k} {what}: cos {}",
-                            m.cos_min
-                        );
-                        assert!(
-                            m.max_abs <= 1e-3 * m.max_ref_abs.max(1.0),
-                            "{f}/{name} p{k} {what}"
-                        );
-                    } else {
-                        // 0.9999: computing in the other half dtype (fp16-disk's
-                        // bf16 vs f16 goldens are 0.9994 apart) must fail.
-                        assert!(
-                            m.cos_min >= 0.9999,
-                            "{f}/{name} p{k} {what}: cos {}",
-                            m.cos_min
-                        );
-                    }
                 }
             }
             println!("{f}/{name} ({dtype}): worst cos {worst_cos:.7}");
@@ -209,18 +186,12 @@ fn cross_path_bitwise_verdicts_match_transformers() {
         for (pair, facts) in rep["cross_path_goldens"].as_object().unwrap() {
             let (a, b) = pair.split_once(" vs ").unwrap();
             let opts = CompareOptions {
-                checkpoint: dir(f),
+                target: common::target(&dir(f), Some(&format!("{}/prompts.jsonl", dir(f)))),
                 paths: vec![a.parse().unwrap(), b.parse().unwrap()],
-                prompts: PromptOptions {
-                    file: Some(format!("{}/prompts.jsonl", dir(f)).into()),
-                    ..Default::default()
-                },
-                dtype: "auto".into(),
+                dtype: None,
                 taps: vec![],
                 gdn_form: Default::default(),
-                seed: 0,
                 quiet: true,
-                device: Default::default(),
                 command_line: String::new(),
                 drafter: None,
                 incremental: None,

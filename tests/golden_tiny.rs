@@ -3,22 +3,22 @@
 //! tools/make_fixtures.py: output_hidden_states=True, eager attention,
 //! use_cache=False, fp32, every weight randomised, norms included).
 
+mod common;
+
 use std::path::Path;
 
+use common::{assert_close, relative_max_abs, same_len, F32_HYBRID};
 use hsparity::commands::dump::{self, DumpOptions};
 use hsparity::dump::Dump;
 use hsparity::loading::LoadingPath;
-use hsparity::models::qwen3_5::GdnForm;
+use hsparity::models::GdnForm;
 use hsparity::parity::Accumulator;
-use hsparity::prompts::PromptOptions;
+use hsparity::session::Target;
 
 const CKPT: &str = "fixtures/tiny-qwen3_5";
 
-fn prompts() -> PromptOptions {
-    PromptOptions {
-        file: Some(format!("{CKPT}/prompts.jsonl").into()),
-        ..Default::default()
-    }
+fn target() -> Target {
+    common::target(CKPT, Some(&format!("{CKPT}/prompts.jsonl")))
 }
 
 fn opts(form: GdnForm, logits: bool) -> DumpOptions {
@@ -26,40 +26,33 @@ fn opts(form: GdnForm, logits: bool) -> DumpOptions {
         logits,
         form,
         quiet: true,
-        device: Default::default(),
         ..Default::default()
     }
+}
+
+fn run(path: LoadingPath, form: GdnForm, logits: bool) -> Dump {
+    dump::run(&target(), path, &opts(form, logits)).unwrap()
 }
 
 fn golden(path: &str) -> Dump {
     Dump::read(Path::new(&format!("{CKPT}/golden/{path}.safetensors"))).expect("golden dump")
 }
 
-/// Per-token cosine ≥ 0.99999 and max abs ≤ 1e-3 · max(1, max|golden|): the
-/// issue's tolerance; f32 round-off is ~1e-6 relative (printed).
-fn assert_close(what: &str, ours: &candle_core::Tensor, want: &candle_core::Tensor) -> f64 {
-    let mut acc = Accumulator::default();
-    acc.add(0, ours, want).unwrap();
-    let m = acc.finish();
-    let scale = m.max_ref_abs.max(1.0);
-    assert!(m.cos_min >= 0.99999, "{what}: cos_min {}", m.cos_min);
-    assert!(
-        m.max_abs <= 1e-3 * scale,
-        "{what}: max_abs {} (scale {scale})",
-        m.max_abs
-    );
-    m.max_abs / scale
+/// [`F32_HYBRID`]: per-token cosine ≥ 0.99999 and max abs ≤ 1e-3 ·
+/// max(1, max|golden|); returns the relative max abs (printed).
+fn close(what: &str, ours: &candle_core::Tensor, want: &candle_core::Tensor) -> f64 {
+    relative_max_abs(&assert_close(what, ours, want, &F32_HYBRID))
 }
 
 /// `logits_from`: the golden holding this path's reference logits (the
 /// image-text-to-text golden omits them: transformers' are bitwise equal to
 /// causal-lm's, asserted by the generator), `None` for a path without lm_head.
 fn check_path(path: LoadingPath, gold_name: &str, logits_from: Option<&str>) {
-    let ours = dump::run(CKPT, path, &prompts(), &opts(GdnForm::Chunked, true)).unwrap();
+    let ours = run(path, GdnForm::Chunked, true);
     let gold = golden(gold_name);
     let logits_gold = logits_from.map(golden);
     let with_logits = logits_from.is_some();
-    assert_eq!(ours.prompts.len(), gold.prompts.len());
+    same_len("prompts", &ours.prompts, &gold.prompts);
     let mut worst = 0f64;
     for (k, (o, g)) in ours.prompts.iter().zip(&gold.prompts).enumerate() {
         let want_logits = logits_gold
@@ -75,20 +68,16 @@ fn check_path(path: LoadingPath, gold_name: &str, logits_from: Option<&str>) {
             "p{k}: hidden_states count"
         );
         for (i, (a, b)) in o.hidden_states.iter().zip(&g.hidden_states).enumerate() {
-            worst = worst.max(assert_close(
-                &format!("{gold_name} p{k} hidden_states[{i}]"),
-                a,
-                b,
-            ));
+            worst = worst.max(close(&format!("{gold_name} p{k} hidden_states[{i}]"), a, b));
         }
-        worst = worst.max(assert_close(
+        worst = worst.max(close(
             &format!("{gold_name} p{k} last_layer_output"),
             o.last_layer_output.as_ref().unwrap(),
             g.last_layer_output.as_ref().unwrap(),
         ));
         match (with_logits, &o.logits, want_logits) {
             (true, Some(a), Some(b)) => {
-                worst = worst.max(assert_close(&format!("{gold_name} p{k} logits"), a, b));
+                worst = worst.max(close(&format!("{gold_name} p{k} logits"), a, b));
             }
             (false, None, None) => {}
             other => panic!(
@@ -121,22 +110,12 @@ fn image_text_to_text_matches_transformers() {
 
 #[test]
 fn chunked_and_recurrent_forms_agree_within_1e3_relative() {
-    let c = dump::run(
-        CKPT,
-        LoadingPath::CausalLm,
-        &prompts(),
-        &opts(GdnForm::Chunked, false),
-    )
-    .unwrap();
-    let r = dump::run(
-        CKPT,
-        LoadingPath::CausalLm,
-        &prompts(),
-        &opts(GdnForm::Recurrent, false),
-    )
-    .unwrap();
+    let c = run(LoadingPath::CausalLm, GdnForm::Chunked, false);
+    let r = run(LoadingPath::CausalLm, GdnForm::Recurrent, false);
     let mut worst = 0f64;
+    same_len("prompts", &c.prompts, &r.prompts);
     for (a, b) in c.prompts.iter().zip(&r.prompts) {
+        same_len("hidden states", &a.hidden_states, &b.hidden_states);
         for (x, y) in a.hidden_states.iter().zip(&b.hidden_states) {
             let mut acc = Accumulator::default();
             acc.add(0, x, y).unwrap();
@@ -148,17 +127,26 @@ fn chunked_and_recurrent_forms_agree_within_1e3_relative() {
     println!("chunked vs recurrent: worst max_abs / max(1, max|h|) = {worst:.3e}");
 }
 
+/// The reference fact the tool must reproduce: with text-only prompts the
+/// paths agree bitwise in transformers 5.23.0 — and in hsparity.
 #[test]
-fn golden_paths_are_bitwise_identical_in_transformers_too() {
-    // The reference fact the tool must reproduce: with text-only prompts the
-    // paths agree bitwise in transformers 5.23.0.
-    let a = golden("causal-lm");
-    let b = golden("vlm");
-    for (p, q) in a.prompts.iter().zip(&b.prompts) {
-        for (x, y) in p.hidden_states.iter().zip(&q.hidden_states) {
-            let mut acc = Accumulator::default();
-            acc.add(0, x, y).unwrap();
-            assert!(acc.finish().bitwise);
+fn paths_are_bitwise_identical_in_transformers_and_in_hsparity() {
+    let bitwise = |what: &str, a: &Dump, b: &Dump| {
+        same_len(what, &a.prompts, &b.prompts);
+        for (k, (p, q)) in a.prompts.iter().zip(&b.prompts).enumerate() {
+            same_len(what, &p.hidden_states, &q.hidden_states);
+            for (i, (x, y)) in p.hidden_states.iter().zip(&q.hidden_states).enumerate() {
+                let mut acc = Accumulator::default();
+                acc.add(0, x, y).unwrap();
+                assert!(acc.finish().bitwise, "{what}: p{k} hidden_states[{i}]");
+            }
         }
-    }
+    };
+    bitwise("transformers", &golden("causal-lm"), &golden("vlm"));
+    let ours = |p| run(p, GdnForm::Chunked, false);
+    bitwise(
+        "hsparity",
+        &ours(LoadingPath::CausalLm),
+        &ours(LoadingPath::Vlm),
+    );
 }

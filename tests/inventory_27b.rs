@@ -8,8 +8,9 @@ mod common;
 use std::time::Instant;
 
 use hsparity::checkpoint::Checkpoint;
-use hsparity::loading::{self, LoadingPath, ModelDtype};
-use hsparity::models::WeightSource;
+use hsparity::loading::WeightSource;
+use hsparity::loading::{self, LoadingPath};
+use hsparity::precision::Precision;
 
 #[test]
 fn inventory_27b_layout_matches_transformers_counts() {
@@ -51,7 +52,7 @@ fn inventory_27b_layout_matches_transformers_counts() {
         (851, 851, 348, 0, 0)
     );
     assert_eq!(c.params, 26_895_998_464);
-    assert_eq!(c.dtype, ModelDtype::Bf16);
+    assert_eq!(c.dtype, Precision::Bf16);
     assert_eq!(c.dtype_reason, "text_config.dtype");
     assert!(!c.tied_lm_head);
     assert_eq!(
@@ -95,7 +96,7 @@ fn inventory_27b_layout_matches_transformers_counts() {
     );
     assert_eq!(v.unexpected_names, ["lm_head.weight"]);
     assert_eq!(v.params, 26_085_330_160);
-    assert_eq!(v.dtype, ModelDtype::Bf16);
+    assert_eq!(v.dtype, Precision::Bf16);
     assert_eq!(
         v.dtype_reason,
         "first weight on disk (model-00001-of-00015.safetensors: model.visual.patch_embed.proj.weight)"
@@ -116,7 +117,7 @@ fn inventory_27b_layout_matches_transformers_counts() {
         (1184, 1184, 15, 0, 0)
     );
     assert_eq!(i.params, 27_356_728_560);
-    assert_eq!(i.dtype, ModelDtype::Bf16);
+    assert_eq!(i.dtype, Precision::Bf16);
     assert!(i.dtype_reason.starts_with("first weight on disk"));
     assert_eq!(i.rules, ["ignore ^mtp.*"]);
 

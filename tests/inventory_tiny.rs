@@ -9,8 +9,9 @@ use std::collections::HashMap;
 
 use hsparity::checkpoint::Checkpoint;
 use hsparity::error::Error;
-use hsparity::loading::{self, LoadingPath, ModelDtype, WeightOrigin};
-use hsparity::models::WeightSource;
+use hsparity::loading::WeightSource;
+use hsparity::loading::{self, LoadingPath, WeightOrigin};
+use hsparity::precision::Precision;
 use serde_json::Value;
 
 fn golden() -> Value {
@@ -67,7 +68,7 @@ fn tiny_inventory_matches_transformers_load_report() {
             p.name
         );
         assert_eq!(gp["dtype"], "float32");
-        assert_eq!(p.dtype, ModelDtype::F32);
+        assert_eq!(p.dtype, Precision::F32);
         assert_eq!(p.tensors, p.consumed + p.missing);
     }
     // causal-lm: config.json has a top-level dtype but text_config has none:
@@ -229,7 +230,7 @@ fn text_only_save_loads_on_causal_lm_and_vlm() {
         (81, 81, 0)
     );
     assert_eq!(c.inventory.unexpected, 0);
-    assert_eq!(c.inventory.dtype, ModelDtype::Bf16);
+    assert_eq!(c.inventory.dtype, Precision::Bf16);
     assert_eq!(c.inventory.dtype_reason, "config.dtype");
     let v = loading::resolve(&ckpt, LoadingPath::Vlm).unwrap();
     assert_eq!(v.inventory.class, "Qwen3_5TextModel");
@@ -266,7 +267,7 @@ fn legacy_double_model_prefix_is_renamed() {
             "{p}: {:?}",
             r.inventory.rules
         );
-        assert_eq!(r.inventory.dtype, ModelDtype::F16, "{p}");
+        assert_eq!(r.inventory.dtype, Precision::F16, "{p}");
     }
 }
 

@@ -3,14 +3,15 @@
 //! weights incl. norms, head_dim 24 ≠ hidden/heads, rope_theta 1e6, tied
 //! embeddings with no `lm_head.weight` on disk).
 
+mod common;
+
 use std::path::Path;
 
+use common::{assert_close, relative_max_abs, same_len, F32_KERNEL};
 use hsparity::checkpoint::Checkpoint;
 use hsparity::commands::dump::{self, DumpOptions};
 use hsparity::dump::Dump;
 use hsparity::loading::{self, LoadingPath};
-use hsparity::parity::Accumulator;
-use hsparity::prompts::PromptOptions;
 use serde_json::Value;
 
 const CKPT: &str = "fixtures/tiny-qwen3";
@@ -55,26 +56,21 @@ fn hidden_states_and_tied_logits_match_transformers() {
     for path in ["causal-lm", "vlm"] {
         let gold = Dump::read(Path::new(&format!("{CKPT}/golden/{path}.safetensors"))).unwrap();
         let ours = dump::run(
-            CKPT,
+            &common::target(CKPT, Some(&format!("{CKPT}/prompts.jsonl"))),
             path.parse().unwrap(),
-            &PromptOptions {
-                file: Some(format!("{CKPT}/prompts.jsonl").into()),
-                ..Default::default()
-            },
             &DumpOptions {
                 logits: true,
                 quiet: true,
-                device: Default::default(),
                 ..Default::default()
             },
         )
         .unwrap();
         assert_eq!(ours.metadata["class"], gold.metadata["class"]);
         let mut worst = 0f64;
-        assert_eq!(ours.prompts.len(), gold.prompts.len(), "{path}: prompts");
+        same_len(path, &ours.prompts, &gold.prompts);
         for (o, g) in ours.prompts.iter().zip(&gold.prompts) {
             assert_eq!(o.input_ids, g.input_ids);
-            assert_eq!(o.hidden_states.len(), g.hidden_states.len(), "{path}");
+            same_len(path, &o.hidden_states, &g.hidden_states);
             let mut pairs: Vec<(&candle_core::Tensor, &candle_core::Tensor)> =
                 o.hidden_states.iter().zip(&g.hidden_states).collect();
             pairs.push((
@@ -90,13 +86,8 @@ fn hidden_states_and_tied_logits_match_transformers() {
                 "{path}: logits presence"
             );
             for (a, b) in pairs {
-                let mut acc = Accumulator::default();
-                acc.add(0, a, b).unwrap();
-                let m = acc.finish();
-                assert!(m.cos_min >= 0.99999, "{path}: cos {}", m.cos_min);
-                let rel = m.max_abs / m.max_ref_abs.max(1.0);
-                assert!(rel <= 1e-5, "{path}: {rel}");
-                worst = worst.max(rel);
+                let m = assert_close(path, a, b, &F32_KERNEL);
+                worst = worst.max(relative_max_abs(&m));
             }
         }
         println!("qwen3 {path}: worst max_abs / max(1, max|golden|) = {worst:.3e}");

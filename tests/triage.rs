@@ -2,8 +2,14 @@
 //! cost, reproducibly, and the ranking is the sensible one (misread taps and
 //! a random lm_head cost far more than the delta-rule form).
 
-use hsparity::commands::triage::{self, TriageOptions, TriageReport};
-use hsparity::prompts::PromptOptions;
+mod common;
+
+use common::same_len;
+use hsparity::commands::triage::{self, TriageOptions};
+use hsparity::drafter::eval::EndRule;
+use hsparity::drafter::Replay;
+use hsparity::report::TriageReport;
+use hsparity::triage::TriageSettings;
 
 fn run() -> TriageReport {
     let tmp = tempfile::tempdir().unwrap();
@@ -17,19 +23,19 @@ fn run() -> TriageReport {
     let f = tmp.path().join("p.jsonl");
     std::fs::write(&f, lines.join("\n")).unwrap();
     triage::run(&TriageOptions {
-        checkpoint: "fixtures/toy-pair/target".into(),
-        drafter: "fixtures/toy-pair/drafter".into(),
-        prompts: PromptOptions {
-            file: Some(f),
-            ..Default::default()
+        target: common::target("fixtures/toy-pair/target", f.to_str()),
+        settings: TriageSettings {
+            drafter: "fixtures/toy-pair/drafter".into(),
+            replay: Replay {
+                max_new: 32,
+                budget: 8,
+                rule: EndRule::GithubMain,
+            },
+            observed_tau: Some(1.2),
+            position_shift: 16,
+            seed: 0,
+            quiet: true,
         },
-        max_new_tokens: 32,
-        ddtree_budget: 8,
-        observed_tau: Some(1.2),
-        position_shift: 16,
-        seed: 0,
-        quiet: true,
-        device: Default::default(),
         command_line: String::new(),
     })
     .unwrap()
@@ -81,6 +87,7 @@ fn ranking_is_sensible_and_reproducible() {
         .any(|v| v.name.starts_with("tap-offset") || v.name.starts_with("missing")));
     // Same inputs, same numbers.
     let again = run();
+    same_len("variants", &r.variants, &again.variants);
     for (a, b) in r.variants.iter().zip(&again.variants) {
         assert_eq!(
             (&a.name, a.tau_macro, a.ddtree_tau_macro),

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use crate::checkpoint::headers::{HeaderIndex, TensorHeader};
 use crate::error::{Error, Result};
-use crate::models::precision::Precision;
+use crate::precision::Precision;
 
 /// Shared, lazily mapped tensor data of one checkpoint.
 #[derive(Debug)]

@@ -1,18 +1,18 @@
-//! `hsparity dump`: one loading path's hidden states in the DESIGN §3 format.
+//! `hsparity dump`: one loading path's hidden states in the dump format
+//! (`hsparity.dump.v1`, [`crate::dump`]).
 
 use std::path::Path;
 
 use candle_core::Tensor;
 
 use crate::capture::{self, CaptureOptions, HiddenKind, Observer, PathModel};
-use crate::commands::Session;
 use crate::dump::{Dump, DumpPrompt, FORMAT};
 use crate::error::Result;
 use crate::loading::LoadingPath;
-use crate::models::precision::Precision;
-use crate::models::qwen3_5::GdnForm;
+use crate::models::GdnForm;
+use crate::precision::Precision;
 use crate::progress::RunProgress;
-use crate::prompts::PromptOptions;
+use crate::session::{Session, Target};
 
 /// Settings of a dump run.
 #[derive(Debug, Clone, Copy, Default)]
@@ -21,14 +21,10 @@ pub struct DumpOptions {
     pub logits: bool,
     /// Delta-rule form.
     pub form: GdnForm,
-    /// Seed for the init of missing tensors.
-    pub seed: u64,
     /// Compute dtype; `None` = what the loading path would pick.
     pub dtype: Option<Precision>,
     /// Hide progress.
     pub quiet: bool,
-    /// Compute device (`--device`).
-    pub device: crate::device::DeviceSpec,
 }
 
 /// Collects every tensor of path 0 into a [`Dump`] (the capture emits logits
@@ -69,15 +65,10 @@ impl Observer for Collect {
 /// Runs `path` over the prompts and returns the dump (not yet written).
 ///
 /// Errors: as [`Session::open`] and the capture.
-pub fn run(
-    checkpoint: &str,
-    path: LoadingPath,
-    prompts: &PromptOptions,
-    opts: &DumpOptions,
-) -> Result<Dump> {
-    let session = Session::open(checkpoint, &[path], prompts, opts.seed, opts.device)?;
+pub fn run(target: &Target, path: LoadingPath, opts: &DumpOptions) -> Result<Dump> {
+    let session = Session::open(target, &[path])?;
     let p = &session.paths[0];
-    let precision = opts.dtype.unwrap_or(p.dtype.precision());
+    let precision = opts.dtype.unwrap_or(p.dtype);
     let (logits, form, quiet) = (opts.logits, opts.form, opts.quiet);
     let mut obs = Collect {
         dump: Dump::default(),
@@ -94,10 +85,10 @@ pub fn run(
         .collect();
     let meta = &mut obs.dump.metadata;
     meta.insert("format".into(), FORMAT.into());
-    meta.insert("checkpoint".into(), checkpoint.into());
+    meta.insert("checkpoint".into(), target.checkpoint.clone());
     meta.insert("loading_path".into(), path.name().into());
     meta.insert("class".into(), p.inventory.class.clone());
-    meta.insert("dtype".into(), precision.name().into());
+    meta.insert("dtype".into(), precision.to_string());
     meta.insert("num_layers".into(), session.spec.num_layers().to_string());
     meta.insert(
         "tool_version".into(),
@@ -115,7 +106,7 @@ pub fn run(
         &session.prompt_ids(),
         CaptureOptions { form, local: false },
         &mut obs,
-        Some(&pb),
+        &pb,
     )?;
     pb.finish();
     Ok(obs.dump)
@@ -124,15 +115,14 @@ pub fn run(
 /// Runs and writes to `out` (atomic; refuses to overwrite without `force`,
 /// checked before the run).
 pub fn run_to_file(
-    checkpoint: &str,
+    target: &Target,
     path: LoadingPath,
-    prompts: &PromptOptions,
     opts: &DumpOptions,
     out: &Path,
     force: bool,
 ) -> Result<Dump> {
     crate::output::check_overwrite(out, force)?;
-    let dump = run(checkpoint, path, prompts, opts)?;
+    let dump = run(target, path, opts)?;
     dump.write(out, force)?;
     Ok(dump)
 }

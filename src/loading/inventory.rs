@@ -17,9 +17,10 @@ use serde::Serialize;
 use crate::checkpoint::config::TextConfig;
 use crate::checkpoint::{Checkpoint, ResolvedSource};
 use crate::error::{Error, Result};
-use crate::loading::paths::{resolve_dtype, LoadingPath, ModelClass, ModelDtype};
+use crate::loading::paths::{resolve_dtype, LoadingPath, ModelClass};
 use crate::loading::spec::{self, Component, ExpectedTensor};
 use crate::loading::view::{TensorView, WeightOrigin};
+use crate::precision::Precision;
 
 /// Current `schema_version` of [`Inventory`].
 pub const SCHEMA_VERSION: u32 = 1;
@@ -51,7 +52,7 @@ pub struct PathInventory {
     /// The class it instantiates.
     pub class: String,
     /// Resolved compute dtype (`f32`, `bf16`, `f16`).
-    pub dtype: ModelDtype,
+    pub dtype: Precision,
     /// Why: `text_config.dtype`, `config.dtype`, `index metadata.dtype`, or
     /// `first weight on disk (<shard>: <tensor>)`.
     pub dtype_reason: String,
@@ -120,13 +121,22 @@ pub struct ResolvedPath {
     /// The class it builds.
     pub class: ModelClass,
     /// Resolved dtype (same as `inventory.dtype`).
-    pub dtype: ModelDtype,
+    pub dtype: Precision,
     /// The inventory.
     pub inventory: PathInventory,
     /// Text-model tensors for the candle model.
     pub view: TensorView,
     /// The text config the model is built from.
     pub text_config: TextConfig,
+}
+
+impl ResolvedPath {
+    /// The same path with missing tensors initialised from `seed` and every
+    /// tensor placed on `device`.
+    pub fn seeded(mut self, seed: u64, device: &candle_core::Device) -> Self {
+        self.view = self.view.with_seed(seed).with_device(device.clone());
+        self
+    }
 }
 
 struct ModelKey {
@@ -526,7 +536,7 @@ pub fn inventory(ckpt: &Checkpoint, paths: &[LoadingPath]) -> Result<Inventory> 
 }
 
 /// The checkpoint-level [`Inventory`] around path inventories already
-/// resolved (e.g. by a [`crate::commands::Session`]).
+/// resolved (e.g. by a [`crate::session::Session`]).
 pub fn inventory_of(ckpt: &Checkpoint, paths: Vec<PathInventory>) -> Inventory {
     let mut checkpoint_dtypes = BTreeMap::new();
     for t in &ckpt.headers.tensors {

@@ -8,12 +8,14 @@
 
 pub mod inventory;
 pub mod paths;
+pub mod source;
 pub mod spec;
 pub mod view;
 
 pub use inventory::{
     inventory, resolve, ComponentCount, Inventory, PathInventory, ResolvedPath, SCHEMA_VERSION,
 };
-pub use paths::{resolve_dtype, LoadingPath, ModelClass, ModelDtype};
+pub use paths::{resolve_dtype, LoadingPath, ModelClass};
+pub use source::{select_rows, WeightSource};
 pub use spec::{Component, InitRule};
 pub use view::{NonFinite, TensorView, WeightOrigin};

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::config::ModelConfig;
 use crate::checkpoint::HeaderIndex;
 use crate::error::{Error, Result};
+use crate::precision::Precision;
 
 /// A transformers Auto class applied to the checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -198,94 +199,6 @@ impl ModelClass {
     }
 }
 
-/// Compute dtype a loading path resolves to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelDtype {
-    /// float32.
-    F32,
-    /// bfloat16.
-    Bf16,
-    /// float16.
-    F16,
-}
-
-impl ModelDtype {
-    /// The compute precision hsparity emulates for this dtype.
-    pub fn precision(self) -> crate::models::precision::Precision {
-        use crate::models::precision::Precision;
-        match self {
-            ModelDtype::F32 => Precision::F32,
-            ModelDtype::Bf16 => Precision::Bf16,
-            ModelDtype::F16 => Precision::F16,
-        }
-    }
-
-    /// `f32`, `bf16`, `f16`.
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelDtype::F32 => "f32",
-            ModelDtype::Bf16 => "bf16",
-            ModelDtype::F16 => "f16",
-        }
-    }
-
-    /// Bytes per element.
-    pub fn size(self) -> u64 {
-        match self {
-            ModelDtype::F32 => 4,
-            ModelDtype::Bf16 | ModelDtype::F16 => 2,
-        }
-    }
-
-    /// Parses a config spelling (`"bfloat16"`, `"torch.float16"`, `"float32"`,
-    /// `"bf16"`, …). `Ok(None)` for `"auto"`; [`Error::Config`] for others.
-    pub fn from_config_str(s: &str, field: &str) -> Result<Option<Self>> {
-        let s = s.strip_prefix("torch.").unwrap_or(s);
-        Ok(Some(match s {
-            "float32" | "float" | "fp32" | "f32" => ModelDtype::F32,
-            "bfloat16" | "bf16" => ModelDtype::Bf16,
-            "float16" | "half" | "fp16" | "f16" => ModelDtype::F16,
-            "auto" => return Ok(None),
-            other => {
-                return Err(Error::Config(format!(
-                    "{field} = {other:?}: hsparity supports float32, bfloat16 and float16"
-                )))
-            }
-        }))
-    }
-
-    /// From a safetensors dtype name (`F32`, `BF16`, `F16`); `None` otherwise.
-    pub fn from_safetensors(s: &str) -> Option<Self> {
-        match s {
-            "F32" => Some(ModelDtype::F32),
-            "BF16" => Some(ModelDtype::Bf16),
-            "F16" => Some(ModelDtype::F16),
-            _ => None,
-        }
-    }
-}
-
-impl FromStr for ModelDtype {
-    type Err = Error;
-
-    /// Parses `f32`, `bf16`, `f16` (and the config spellings). Errors: [`Error::Input`].
-    fn from_str(s: &str) -> Result<Self> {
-        match ModelDtype::from_config_str(s, "dtype") {
-            Ok(Some(d)) => Ok(d),
-            _ => Err(Error::Input(format!(
-                "unknown dtype {s:?}: expected f32, bf16 or f16"
-            ))),
-        }
-    }
-}
-
-impl fmt::Display for ModelDtype {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// The dtype `from_pretrained(dtype="auto")` picks for `class`, with the
 /// reason, following `modeling_utils.py::_get_dtype` (5.23.0, 810-891):
 /// the (text or top-level) `config.dtype` if set, else the index's
@@ -302,7 +215,7 @@ pub fn resolve_dtype(
     cfg: &ModelConfig,
     class: ModelClass,
     headers: &HeaderIndex,
-) -> Result<(ModelDtype, String)> {
+) -> Result<(Precision, String)> {
     let (field, value) = if class.uses_text_config() {
         if cfg.is_vlm() {
             ("text_config.dtype", cfg.text.dtype.as_deref())
@@ -313,13 +226,13 @@ pub fn resolve_dtype(
         ("config.dtype", cfg.dtype.as_deref())
     };
     if let Some(v) = value {
-        if let Some(d) = ModelDtype::from_config_str(v, field)? {
+        if let Some(d) = Precision::from_config_str(v, field)? {
             return Ok((d, field.to_string()));
         }
     }
     if let Some(v) = headers.index_metadata.get("dtype").and_then(|v| v.as_str()) {
         if let Some(d) =
-            ModelDtype::from_config_str(v, "model.safetensors.index.json metadata.dtype")?
+            Precision::from_config_str(v, "model.safetensors.index.json metadata.dtype")?
         {
             return Ok((d, "index metadata.dtype".to_string()));
         }
@@ -335,7 +248,7 @@ pub fn resolve_dtype(
         ))
     })?;
     let shard = &headers.shard_of(t).file_name;
-    let d = ModelDtype::from_safetensors(&t.dtype).ok_or_else(|| {
+    let d = Precision::from_safetensors(&t.dtype).ok_or_else(|| {
         Error::Checkpoint(format!(
             "{shard}: dtype inferred from the first weight {} is {}; hsparity supports F32, BF16 and F16",
             t.name, t.dtype

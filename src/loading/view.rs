@@ -11,8 +11,8 @@ use serde::Serialize;
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::loading::spec::InitRule;
-use crate::models::precision::Precision;
-use crate::models::WeightSource;
+use crate::loading::WeightSource;
+use crate::precision::Precision;
 
 /// Where a model parameter's values come from on one loading path.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -243,7 +243,7 @@ impl WeightSource for TensorView {
                 self.scan_key_bytes(key)?;
                 self.place(self.weights.load_rows(key, ids, Some(prec))?)
             }
-            None => crate::models::select_rows(&prec.round(&self.tensor(name)?)?, name, ids),
+            None => crate::loading::select_rows(&prec.round(&self.tensor(name)?)?, name, ids),
         }
     }
 

@@ -17,13 +17,13 @@ use candle_core::{Device, Tensor};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::models::precision::Precision;
+use crate::loading::WeightSource;
 use crate::models::qwen3_5::attention::repeat_kv;
 use crate::models::qwen3_5::linear;
 use crate::models::qwen3_5::mlp::Mlp;
 use crate::models::qwen3_5::norm::PlainRmsNorm;
 use crate::models::qwen3_5::rope::Rotary;
-use crate::models::WeightSource;
+use crate::precision::Precision;
 
 /// Attention layout of one draft layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

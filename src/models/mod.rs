@@ -1,73 +1,12 @@
 //! Model implementations (candle, CPU). A model never knows which loading path
-//! it emulates: it reads its weights through a [`WeightSource`] built by
-//! [`crate::loading`], named relative to the text model.
+//! it emulates: it reads its weights through a
+//! [`crate::loading::WeightSource`] built by [`crate::loading`], named
+//! relative to the text model.
 
 pub mod dflash;
-pub mod precision;
 pub mod qwen3_5;
 
-use candle_core::Tensor;
-
-use crate::error::Result;
-use crate::models::precision::Precision;
-
-/// Where a model gets its weights. Names are relative to the text model, the
-/// way `Qwen3_5TextModel` and `Qwen3_5ForCausalLM` see them after the loading
-/// path's renames: `embed_tokens.weight`, `layers.{i}.…`, `norm.weight`, and
-/// `lm_head.weight`.
-pub trait WeightSource {
-    /// The tensor `name` as an f32 tensor with the checkpoint's shape, on the
-    /// source's device (the CPU unless the source was built for another).
-    ///
-    /// Errors: the name is unknown to this source, the shard cannot be read, or
-    /// the stored dtype cannot be converted.
-    fn tensor(&self, name: &str) -> Result<Tensor>;
-
-    /// A key identifying the bytes `name` resolves to (e.g. the checkpoint key
-    /// plus dtype, or an init rule plus seed). Two sources giving the same key
-    /// for every tensor of a layer may share one loaded copy of that layer.
-    fn identity(&self, name: &str) -> String;
-
-    /// `name` rounded to the compute dtype `prec` (a parameter of a model
-    /// loaded in `prec`). Sources reading a checkpoint override this to
-    /// convert and round in one pass; the result is bitwise the default's.
-    fn tensor_in(&self, name: &str, prec: Precision) -> Result<Tensor> {
-        prec.round(&self.tensor(name)?)
-    }
-
-    /// Rows `ids` of the 2-D tensor `name` (`[ids.len(), cols]`), rounded to
-    /// `prec`: an embedding lookup. Sources reading a checkpoint gather the
-    /// rows from the mapped file instead of loading the whole table.
-    ///
-    /// Errors: as [`Self::tensor`]; an id out of range ([`crate::error::Error::Input`]).
-    fn rows(&self, name: &str, ids: &[u32], prec: Precision) -> Result<Tensor> {
-        select_rows(&self.tensor_in(name, prec)?, name, ids)
-    }
-
-    /// Rows `start .. start+len` of `name`, rounded to `prec` (a vocabulary
-    /// chunk of the LM head).
-    fn row_range(&self, name: &str, start: usize, len: usize, prec: Precision) -> Result<Tensor> {
-        Ok(self.tensor_in(name, prec)?.narrow(0, start, len)?)
-    }
-
-    /// Shape of `name` without loading it, when the source knows it.
-    fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        let _ = name;
-        None
-    }
-}
-
-/// Rows `ids` of the loaded 2-D tensor `w` (named `name` in errors), on `w`'s
-/// device: an embedding lookup.
-///
-/// Errors: an id out of range ([`crate::error::Error::Input`]).
-pub fn select_rows(w: &Tensor, name: &str, ids: &[u32]) -> Result<Tensor> {
-    let v = w.dim(0)?;
-    if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
-        return Err(crate::error::Error::Input(format!(
-            "token id {bad} is out of range for {name} with {v} rows"
-        )));
-    }
-    let idx = Tensor::from_slice(ids, ids.len(), w.device())?;
-    Ok(w.index_select(&idx, 0)?)
-}
+pub use qwen3_5::{
+    DecoderLayer, Embedding, FinalNorm, GdnForm, LmHead, Positions, StepOutput, TextModel,
+    TextModelSpec,
+};

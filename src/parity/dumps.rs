@@ -2,14 +2,16 @@
 //! `p{k}.hidden_states.{i}` — the same metrics and verdicts as a live
 //! `compare` (Polygraphy's "compare saved outputs without re-running").
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use serde::Serialize;
 
 use super::metrics::Accumulator;
 use super::pairs::PairReport;
 use super::verdict::{Tolerance, Verdict};
+use crate::capture::HiddenKind;
 use crate::dump::Dump;
 use crate::error::{Error, Result};
+use crate::precision::Precision;
 
 /// How each row's difference relates to the dumps' dtypes.
 #[derive(Debug, Clone, Serialize)]
@@ -33,36 +35,9 @@ pub struct DumpComparison {
     /// `b`'s index = `a`'s index + `tap_offset`.
     pub tap_offset: i64,
     /// The lower of the two dumps' dtypes when they differ.
-    pub lower_dtype: Option<String>,
+    pub lower_dtype: Option<Precision>,
     /// Per-row dtype-noise analysis (only when the dtypes differ).
     pub dtype_noise: Vec<DtypeNoiseRow>,
-}
-
-fn rank(d: &str) -> u8 {
-    match d {
-        "f32" => 3,
-        "f16" => 2,
-        "bf16" => 1,
-        _ => 3,
-    }
-}
-
-fn cast(t: &Tensor, d: &str) -> Result<Tensor> {
-    let dt = match d {
-        "bf16" => DType::BF16,
-        "f16" => DType::F16,
-        _ => return Ok(t.clone()),
-    };
-    Ok(t.to_dtype(dt)?.to_dtype(DType::F32)?)
-}
-
-/// Layer kind of index `i` of an N-layer dump (for rows; dumps carry no layer types).
-fn kind(i: usize, n: usize) -> &'static str {
-    match i {
-        0 => "embedding",
-        i if i == n => "final_norm",
-        _ => "decoder_layer",
-    }
 }
 
 /// Compares dump `a` (reference) with dump `b`.
@@ -92,31 +67,23 @@ pub fn compare_dumps(
             )));
         }
     }
-    let dtype_of = |d: &Dump, name: &str| -> Result<String> {
+    let dtype_of = |d: &Dump, name: &str| -> Result<Precision> {
         match d.metadata.get("dtype") {
-            None => Ok("f32".into()),
-            Some(s) => crate::models::precision::Precision::parse(s.trim_start_matches("torch."))
-                .map(|p| p.name().to_string())
-                .map_err(|_| {
-                    Error::Input(format!(
-                        "{name}: __metadata__ dtype {s:?} is not f32, bf16 or f16 (or their torch names)"
-                    ))
-                }),
+            None => Ok(Precision::F32),
+            Some(s) => Precision::from_name(s).ok_or_else(|| {
+                Error::Input(format!(
+                    "{name}: __metadata__ dtype {s:?} is not f32, bf16 or f16 (or their torch names)"
+                ))
+            }),
         }
     };
     let da = dtype_of(a, a_name)?;
     let db = dtype_of(b, b_name)?;
-    let lower = (da != db).then(|| {
-        if rank(&da) < rank(&db) {
-            da.clone()
-        } else {
-            db.clone()
-        }
-    });
-    let mut pair = PairReport::new(a_name, &da, b_name, &db);
-    if let Some(l) = &lower {
+    let lower = (da != db).then(|| da.lower(db));
+    let mut pair = PairReport::new(a_name, da, b_name, db);
+    if let Some(l) = lower {
         // Different dtypes: judge rows by the lower dtype's tolerance.
-        pair.tolerance = Tolerance::for_dtype(l);
+        pair.tolerance = Tolerance::for_precision(l);
     }
     let na = a.prompts[0].hidden_states.len();
     let nb = b.prompts[0].hidden_states.len();
@@ -142,18 +109,18 @@ pub fn compare_dumps(
                     "{a_name} p{k}.hidden_states.{i} vs {b_name} p{k}.hidden_states.{j}: {e}"
                 ))
             })?;
-            if let Some(l) = &lower {
-                acc_cast.add(k, &cast(x, l)?, &cast(y, l)?)?;
+            if let Some(l) = lower {
+                acc_cast.add(k, &l.round(x)?, &l.round(y)?)?;
             }
         }
-        pair.push_row(i, kind(i, n_layers), acc.finish(), None);
-        if let Some(l) = &lower {
+        pair.push_row(i, HiddenKind::of_index(i, n_layers), acc.finish(), None);
+        if let Some(l) = lower {
             let m = acc_cast.finish();
             dtype_noise.push(DtypeNoiseRow {
                 index: i,
                 max_abs_after_cast: m.max_abs,
                 rel_l2_after_cast: m.rel_l2,
-                dtype_noise: Tolerance::for_dtype(l).judge(&m) == Verdict::Pass,
+                dtype_noise: Tolerance::for_precision(l).judge(&m) == Verdict::Pass,
             });
         }
     }

@@ -3,10 +3,12 @@
 //! `compare` (live paths) and by dump comparisons.
 
 pub mod dumps;
+pub mod incremental;
 pub mod metrics;
 pub mod pairs;
 pub mod verdict;
 
+pub use incremental::IncrementalCheck;
 pub use metrics::{Accumulator, Location, Metrics};
 pub use pairs::{HiddenStateRow, PairObserver, PairReport};
 pub use verdict::{Tolerance, Verdict};

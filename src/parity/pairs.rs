@@ -1,21 +1,24 @@
 //! Per-layer parity of path pairs `(paths[0], paths[j])`, computed on the fly
-//! as the capture streams `hidden_states` (DESIGN §1.4–1.5).
+//! as the capture streams `hidden_states` (see `docs/architecture.md`,
+//! "lock-step capture").
 
 use candle_core::Tensor;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::metrics::{Accumulator, Metrics};
 use super::verdict::{Tolerance, Verdict};
 use crate::capture::{HiddenKind, Observer};
 use crate::error::Result;
+use crate::precision::Precision;
 
 /// One `hidden_states` index of a pair (a JSON row of `pairs[].hidden_states`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct HiddenStateRow {
     /// transformers `hidden_states` index: 0 embeddings, l+1 output of layer l, N final-normed.
     pub index: usize,
-    /// `embedding` | `linear_attention` | `full_attention` | `final_norm`.
-    pub layer_type: String,
+    /// What the entry is (`embedding`, `linear_attention`, `full_attention`,
+    /// `decoder_layer` in dumps, `final_norm`).
+    pub layer_type: HiddenKind,
     /// Propagated comparison: each path fed its own history.
     #[serde(flatten)]
     pub metrics: Metrics,
@@ -29,21 +32,21 @@ pub struct HiddenStateRow {
     pub needed_to_pass: Option<String>,
     /// Paths whose weights for this hidden state (its layer, or the embedding
     /// / final norm) include MISSING, randomly initialised tensors.
-    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub random_init: Vec<String>,
 }
 
 /// The comparison of two loading paths over all prompts.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct PairReport {
-    /// Reference path (`rel_l2` is measured against `b`, DESIGN §4).
+    /// Reference path (`rel_l2` is measured against `b`).
     pub a: String,
     /// Compared path.
     pub b: String,
     /// dtype path `a` computed in.
-    pub dtype_a: String,
+    pub dtype_a: Precision,
     /// dtype path `b` computed in.
-    pub dtype_b: String,
+    pub dtype_b: Precision,
     /// First `hidden_states` index whose verdict is not pass.
     pub first_divergent: Option<usize>,
     /// First `hidden_states` index that is not bitwise identical.
@@ -59,7 +62,7 @@ pub struct PairReport {
     /// Fraction of tokens whose greedy (argmax) next token agrees, when both have logits.
     pub argmax_agreement: Option<f64>,
     /// Paths whose `lm_head` is randomly initialised (their logits are noise).
-    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub logits_random_init: Vec<String>,
     /// Tolerances applied.
     pub tolerance: Tolerance,
@@ -69,17 +72,17 @@ impl PairReport {
     /// An empty report for `a` (computed in `dtype_a`) vs `b` (in `dtype_b`).
     /// Tolerances: those of the common dtype; when the dtypes differ, the f32
     /// ones — the paths then compute different things, and that is the finding.
-    pub fn new(a: &str, dtype_a: &str, b: &str, dtype_b: &str) -> Self {
+    pub fn new(a: &str, dtype_a: Precision, b: &str, dtype_b: Precision) -> Self {
         let tolerance = if dtype_a == dtype_b {
-            Tolerance::for_dtype(dtype_a)
+            Tolerance::for_precision(dtype_a)
         } else {
-            Tolerance::for_dtype("f32")
+            Tolerance::for_precision(Precision::F32)
         };
         Self {
             a: a.to_string(),
             b: b.to_string(),
-            dtype_a: dtype_a.to_string(),
-            dtype_b: dtype_b.to_string(),
+            dtype_a,
+            dtype_b,
             first_divergent: None,
             first_non_bitwise: None,
             hidden_states: Vec::new(),
@@ -103,7 +106,13 @@ impl PairReport {
     }
 
     /// Adds one compared index (used by live capture and by dump comparison).
-    pub fn push_row(&mut self, index: usize, layer_type: &str, m: Metrics, local: Option<Metrics>) {
+    pub fn push_row(
+        &mut self,
+        index: usize,
+        layer_type: HiddenKind,
+        m: Metrics,
+        local: Option<Metrics>,
+    ) {
         let verdict = self.tolerance.judge(&m);
         let local_verdict = local.as_ref().map(|l| self.tolerance.judge(l));
         if verdict != Verdict::Pass && self.first_divergent.is_none() {
@@ -115,7 +124,7 @@ impl PairReport {
         let needed_to_pass = (verdict != Verdict::Pass).then(|| Tolerance::needed_to_pass(&m));
         self.hidden_states.push(HiddenStateRow {
             index,
-            layer_type: layer_type.to_string(),
+            layer_type,
             metrics: m,
             verdict,
             local,
@@ -166,12 +175,12 @@ pub struct PairObserver {
 
 impl PairObserver {
     /// `paths`: `(name, compute dtype)` in capture order (≥ 2).
-    pub fn new(paths: &[(String, String)]) -> Self {
+    pub fn new(paths: &[(String, Precision)]) -> Self {
         let (a, da) = &paths[0];
         Self {
             pairs: paths[1..]
                 .iter()
-                .map(|(b, db)| PairReport::new(a, da, b, db))
+                .map(|(b, db)| PairReport::new(a, *da, b, *db))
                 .collect(),
         }
     }
@@ -191,7 +200,7 @@ impl Observer for PairObserver {
                 Some(l) => Some(compare_prompts(&states[0], l)?),
                 None => None,
             };
-            pair.push_row(index, kind.as_str(), m, lm);
+            pair.push_row(index, kind, m, lm);
         }
         Ok(())
     }

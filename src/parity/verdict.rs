@@ -1,9 +1,10 @@
-//! Tolerances and verdicts (DESIGN §4). Defaults depend on the dtype the
-//! compared paths ran in: f32 is held to round-off, half precisions looser.
+//! Tolerances and verdicts. Defaults depend on the dtype the compared paths
+//! ran in: f32 is held to round-off, half precisions looser.
 
 use serde::{Deserialize, Serialize};
 
 use super::metrics::Metrics;
+use crate::precision::Precision;
 
 /// Outcome for one compared tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,26 +38,26 @@ pub struct Tolerance {
 }
 
 impl Tolerance {
-    /// Default for a compute dtype (`"f32"`, `"bf16"`, `"f16"`; anything else → f32).
-    /// f32: two f32 implementations of the same math agree to ~1e-6 relative
-    /// (qwen3_5 brief §6: eager vs sdpa 8e-7), so 1e-4 leaves room for long
-    /// prompts while catching any real change. bf16 has 8 mantissa bits: the
-    /// brief measured cos ≈ 0.9995 after four random layers against exact math.
-    pub fn for_dtype(dtype: &str) -> Self {
-        match dtype {
-            "bf16" => Self {
+    /// Default for a compute dtype. f32: two f32 implementations of the
+    /// same math agree to ~1e-6 relative (transformers' eager and sdpa
+    /// attention on Qwen3.5 differ by 8e-7), so 1e-4 leaves room for long
+    /// prompts while catching any real change. bf16 has 8 mantissa bits:
+    /// cos ≈ 0.9995 after four random layers against exact math.
+    pub fn for_precision(p: Precision) -> Self {
+        match p {
+            Precision::Bf16 => Self {
                 pass_cos: 0.999,
                 pass_rel_l2: 5e-2,
                 warn_cos: 0.99,
                 warn_rel_l2: 2e-1,
             },
-            "f16" => Self {
+            Precision::F16 => Self {
                 pass_cos: 0.9999,
                 pass_rel_l2: 1e-2,
                 warn_cos: 0.999,
                 warn_rel_l2: 5e-2,
             },
-            _ => Self {
+            Precision::F32 => Self {
                 pass_cos: 0.99999,
                 pass_rel_l2: 1e-4,
                 warn_cos: 0.999,
@@ -99,7 +100,7 @@ mod tests {
 
     #[test]
     fn verdicts_follow_thresholds() {
-        let tol = Tolerance::for_dtype("f32");
+        let tol = Tolerance::for_precision(Precision::F32);
         let mut same = Accumulator::default();
         same.add_rows(0, &[1.0, 2.0], &[1.0, 2.0], 2);
         assert_eq!(tol.judge(&same.finish()), Verdict::Pass);
@@ -110,7 +111,7 @@ mod tests {
         near.add_rows(0, &[1.0, 1.001], &[1.0, 1.0], 2);
         assert_eq!(tol.judge(&near.finish()), Verdict::Warn);
         assert_eq!(
-            Tolerance::for_dtype("bf16").judge(&near.finish()),
+            Tolerance::for_precision(Precision::Bf16).judge(&near.finish()),
             Verdict::Pass
         );
     }

@@ -1,9 +1,61 @@
-//! Terminal rendering of an [`Inventory`] (comfy-table). Renders only; all
-//! numbers come from [`crate::loading::inventory()`].
+//! The inventory table (the `inventory` verb's terminal output, and the
+//! inventory section of `compare`'s `report.md`). Renders only; all numbers
+//! come from [`crate::loading::inventory()`].
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use super::format::{group_digits, yes_no};
+use super::tabular::{Cell, Column, Row, Sinks, Table};
+use super::Document;
+use crate::error::Result;
+use crate::loading::{Inventory, PathInventory};
 
-use crate::loading::Inventory;
+/// One row per loading path: path, class and dtype (terminal), tensors,
+/// consumed, renamed (Markdown), dropped by rule, unexpected, missing, tied.
+pub fn inventory_table(paths: &[PathInventory]) -> Table {
+    let mut t = Table::new(vec![
+        Column::new("path"),
+        Column::new("class").only(Sinks::Terminal),
+        Column::new("dtype (reason)").only(Sinks::Terminal),
+        Column::new("tensors"),
+        Column::new("consumed"),
+        Column::new("renamed").only(Sinks::Markdown),
+        Column::new("dropped by rule"),
+        Column::new("unexpected"),
+        Column::new("missing"),
+        Column::new("tied lm_head"),
+    ]);
+    for p in paths {
+        t.push(Row::new(vec![
+            Cell::code(&p.name),
+            format!("{}\n({})", p.class, p.auto_class).into(),
+            format!("{}\n({})", p.dtype, p.dtype_reason).into(),
+            p.tensors.to_string().into(),
+            p.consumed.to_string().into(),
+            p.renamed.to_string().into(),
+            p.dropped_by_rule.to_string().into(),
+            p.unexpected.to_string().into(),
+            p.missing.to_string().into(),
+            yes_no(p.tied_lm_head).into(),
+        ]));
+    }
+    t
+}
+
+impl Document for Inventory {
+    const FILES: &'static [&'static str] = &[];
+
+    fn terminal(&self) -> String {
+        render_inventory_table(self)
+    }
+
+    fn files(&self) -> Result<Vec<(&'static str, String)>> {
+        Ok(Vec::new())
+    }
+
+    /// 1 when a path has MISSING (randomly initialised) tensors.
+    fn exit_code(&self) -> u8 {
+        u8::from(self.paths.iter().any(|p| p.missing > 0))
+    }
+}
 
 /// How many missing / unexpected / dropped names are listed per path.
 pub const NAMES_SHOWN: usize = 5;
@@ -22,32 +74,7 @@ pub fn render_inventory_table(inv: &Inventory) -> String {
         inv.shards,
         if inv.shards == 1 { "" } else { "s" }
     );
-    let mut table = Table::new();
-    table.load_style(UTF8_FULL_CONDENSED);
-    table.set_header(vec![
-        "path",
-        "class",
-        "dtype (reason)",
-        "tensors",
-        "consumed",
-        "dropped by rule",
-        "unexpected",
-        "missing",
-        "tied lm_head",
-    ]);
-    for p in &inv.paths {
-        table.add_row(vec![
-            p.name.clone(),
-            format!("{}\n({})", p.class, p.auto_class),
-            format!("{}\n({})", p.dtype, p.dtype_reason),
-            p.tensors.to_string(),
-            p.consumed.to_string(),
-            p.dropped_by_rule.to_string(),
-            p.unexpected.to_string(),
-            p.missing.to_string(),
-            if p.tied_lm_head { "yes" } else { "no" }.to_string(),
-        ]);
-    }
+    let table = inventory_table(&inv.paths).terminal();
     out.push_str(&table.to_string());
     out.push('\n');
     for n in &inv.not_applicable {
@@ -92,29 +119,4 @@ pub fn render_inventory_table(inv: &Inventory) -> String {
         }
     }
     out
-}
-
-fn group_digits(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::group_digits;
-
-    #[test]
-    fn digits() {
-        assert_eq!(group_digits(27781427952), "27,781,427,952");
-        assert_eq!(group_digits(0), "0");
-        assert_eq!(group_digits(999), "999");
-        assert_eq!(group_digits(1000), "1,000");
-    }
 }

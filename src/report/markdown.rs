@@ -6,9 +6,12 @@
 //! shown above the fold), the drafter's τ table, notes and the command that
 //! reproduces the run.
 
-use super::table::{cos, layer_label, max_abs_at, sci, type_label};
-use super::{dropped_by_rule, hidden_state_label, Report};
-use crate::parity::{HiddenStateRow, PairReport};
+use super::compare::{
+    dropped_by_rule, hidden_state_label, incremental_table, pair_row, pair_table, CompareReport,
+};
+use super::format::{cos, gib, max_abs_at, sci, yes_no};
+use super::tabular::{Cell, Column, Table};
+use crate::parity::HiddenStateRow;
 
 /// Rows above which the per-layer table is folded in `<details>`.
 pub const FOLD_ROWS: usize = 24;
@@ -37,38 +40,8 @@ fn names_line(names: &[&String]) -> String {
     )
 }
 
-const TABLE_HEAD: &str = "| hs | layer | type | tap | cos min | cos mean | max abs diff | rel L2 | bitwise | local cos min | verdict |\n|---:|---|---|---|---|---|---|---|---|---|---|\n";
-
-fn table_row(report: &Report, pair: &PairReport, r: &HiddenStateRow) -> String {
-    let m = &r.metrics;
-    let first = pair.first_divergent == Some(r.index);
-    let hl = if first { "**" } else { "" };
-    format!(
-        "| {hl}{}{hl} | {hl}{}{hl} | {} | {} | {} | {} | {} | {} | {} | {} | {hl}{}{}{hl} |\n",
-        r.index,
-        layer_label(r),
-        type_label(r),
-        if report.is_tap(r.index) {
-            format!("◆ {}", r.index - 1)
-        } else {
-            String::new()
-        },
-        cos(m.cos_min),
-        cos(m.cos_mean),
-        max_abs_at(m),
-        sci(m.rel_l2),
-        if m.bitwise { "yes" } else { "no" },
-        r.local
-            .as_ref()
-            .map(|l| cos(l.cos_min))
-            .unwrap_or_else(|| "-".into()),
-        r.verdict.as_str(),
-        if first { " ← first divergent" } else { "" }
-    )
-}
-
 /// The Markdown document.
-pub fn render(report: &Report) -> String {
+pub fn render(report: &CompareReport) -> String {
     let e = &report.environment;
     let mut md = format!("{}\n\n", report.summary);
     md.push_str(&format!(
@@ -86,54 +59,50 @@ pub fn render(report: &Report) -> String {
         md.push('\n');
     }
     md.push_str("## Environment\n\n");
+    let t = e.target.as_ref();
     md.push_str(&format!(
         "| | |\n|---|---|\n| hsparity | {} |\n| checkpoint | `{}`{} |\n| config.json sha256 | `{}` |\n| prompts | {} ({} tokens), sha256 `{}` |\n| device | {} ({} threads), peak RSS {} |\n| Gated DeltaNet form | {} |\n| drafter taps | {} |\n\n",
         e.hsparity_version,
-        e.checkpoint,
-        e.revision.as_ref().map(|r| format!(" @ `{r}`")).unwrap_or_default(),
-        e.config_sha256,
+        t.map(|t| t.checkpoint.as_str()).unwrap_or("-"),
+        t.and_then(|t| t.revision.as_ref()).map(|r| format!(" @ `{r}`")).unwrap_or_default(),
+        t.map(|t| t.config_sha256.as_str()).unwrap_or("-"),
         report.prompts.len(),
         report.prompts.iter().map(|p| p.tokens.to_string()).collect::<Vec<_>>().join(", "),
-        e.prompts_sha256,
+        t.map(|t| t.prompts_sha256.as_str()).unwrap_or("-"),
         e.device,
         e.threads,
-        e.peak_rss_bytes
-            .map(|b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64))
-            .unwrap_or_else(|| "unknown".into()),
-        e.gdn_form,
+        e.peak_rss_bytes.map(gib).unwrap_or_else(|| "unknown".into()),
+        e.gdn_form.map(|f| f.describe()).unwrap_or("-"),
         if report.taps.is_empty() {
             "none marked".to_string()
         } else {
             format!("{:?} (◆ in the tables)", report.taps)
         }
     ));
-    md.push_str(
-        "| path | class | dtype (reason) | computed in | lm_head |\n|---|---|---|---|---|\n",
-    );
+    let mut paths = Table::new(vec![
+        Column::new("path"),
+        Column::new("class"),
+        Column::new("dtype (reason)"),
+        Column::new("computed in"),
+        Column::new("lm_head"),
+    ]);
     for p in &report.paths {
-        md.push_str(&format!(
-            "| `{}` | `{}` | {} ({}) | {} | {} |\n",
-            p.name, p.class, p.dtype, p.dtype_reason, p.compute_dtype, p.lm_head
-        ));
+        paths.push(super::tabular::Row::new(vec![
+            Cell::code(&p.name),
+            Cell::code(&p.class),
+            format!("{} ({})", p.dtype, p.dtype_reason).into(),
+            p.compute_dtype.name().into(),
+            p.lm_head.to_string().into(),
+        ]));
     }
+    md.push_str(&paths.markdown());
     md.push_str("\n## Inventory\n\n");
     md.push_str(&format!(
-        "Checkpoint: {} tensors in {} shard(s).\n\n| path | tensors | consumed | renamed | dropped by rule | unexpected | missing | tied lm_head |\n|---|---|---|---|---|---|---|---|\n",
-        report.inventory.checkpoint_tensors, report.inventory.shards
+        "Checkpoint: {} tensors in {} shard(s).\n\n{}",
+        report.inventory.checkpoint_tensors,
+        report.inventory.shards,
+        super::inventory::inventory_table(&report.inventory.paths).markdown()
     ));
-    for p in &report.inventory.paths {
-        md.push_str(&format!(
-            "| `{}` | {} | {} | {} | {} | {} | {} | {} |\n",
-            p.name,
-            p.tensors,
-            p.consumed,
-            p.renamed,
-            p.dropped_by_rule,
-            p.unexpected,
-            p.missing,
-            if p.tied_lm_head { "yes" } else { "no" }
-        ));
-    }
     md.push('\n');
     for p in &report.inventory.paths {
         md.push_str(&format!("- `{}` (`{}`):\n", p.name, p.class));
@@ -182,7 +151,7 @@ pub fn render(report: &Report) -> String {
             Some(r) => md.push_str(&format!(
                 "First divergent hidden state: **hidden_states[{}]** ({}), {}{}.\n\n",
                 r.index,
-                hidden_state_label(r.index, &r.layer_type),
+                hidden_state_label(r.index, r.layer_type),
                 r.verdict.as_str(),
                 r.needed_to_pass
                     .as_ref()
@@ -196,10 +165,7 @@ pub fn render(report: &Report) -> String {
                 None => md.push_str("No divergent hidden state: bitwise identical throughout.\n\n"),
             },
         }
-        let mut rows = String::from(TABLE_HEAD);
-        for r in &pair.hidden_states {
-            rows.push_str(&table_row(report, pair, r));
-        }
+        let rows = pair_table(report, pair).markdown();
         if pair.hidden_states.len() > FOLD_ROWS {
             // Key rows above the fold: the first divergent one, the taps, the last.
             let last = pair.hidden_states.last().map(|r| r.index);
@@ -213,10 +179,9 @@ pub fn render(report: &Report) -> String {
                 })
                 .collect();
             md.push_str("Key rows (first divergent, taps, last):\n\n");
-            md.push_str(TABLE_HEAD);
-            for r in key {
-                md.push_str(&table_row(report, pair, r));
-            }
+            let mut key_table = pair_table(report, pair);
+            key_table.rows = key.iter().map(|r| pair_row(report, pair, r)).collect();
+            md.push_str(&key_table.markdown());
             md.push_str(&format!(
                 "\n<details><summary>All {} hidden states</summary>\n\n{rows}\n</details>\n",
                 pair.hidden_states.len()
@@ -230,7 +195,7 @@ pub fn render(report: &Report) -> String {
                 cos(l.cos_min),
                 max_abs_at(l),
                 sci(l.rel_l2),
-                if l.bitwise { "yes" } else { "no" },
+                yes_no(l.bitwise),
                 pair.argmax_agreement.unwrap_or(f64::NAN),
                 pair.logits_verdict
                     .map(|v| format!(" ({})", v.as_str()))
@@ -239,21 +204,11 @@ pub fn render(report: &Report) -> String {
         }
     }
     if !report.incremental.is_empty() {
-        md.push_str("\n## Prefill vs incremental\n\n| path | prefill + steps | max abs diff | cos min | verdict |\n|---|---|---|---|---|\n");
-        for c in &report.incremental {
-            md.push_str(&format!(
-                "| `{}` | {} + {} | {} | {} | {} |\n",
-                c.path,
-                c.prefill_tokens,
-                c.steps,
-                sci(c.metrics.max_abs),
-                cos(c.metrics.cos_min),
-                c.verdict.as_str()
-            ));
-        }
+        md.push_str("\n## Prefill vs incremental\n\n");
+        md.push_str(&incremental_table(&report.incremental).markdown());
     }
     if let Some(d) = &report.drafter {
-        md.push_str(&render_drafter(d));
+        md.push_str(&super::drafter::markdown(d));
     }
     md.push_str(&format!("\n{}.\n", report.tap_convention));
     if !report.notes.is_empty() {
@@ -263,39 +218,5 @@ pub fn render(report: &Report) -> String {
         }
     }
     md.push_str(&format!("\n## Reproduce\n\n```\n{}\n```\n", report.command));
-    md
-}
-
-/// The drafter section: τ per loading path side by side, cross runs.
-pub fn render_drafter(d: &crate::drafter_eval::DrafterReport) -> String {
-    let budget = d.paths.first().map(|p| p.ddtree.budget).unwrap_or(0);
-    let mut md = format!(
-        "\n## Drafter τ\n\n{}\n\nDrafter `{}`: taps {:?}, block size {}, mask token {}, computed in {}; {} new tokens per prompt.\n\n| path | dtype | τ (macro) | τ (pooled) | DDTree-{budget} τ | lm_head |\n|---|---|---|---|---|---|\n",
-        d.summary,
-        d.drafter.source,
-        d.drafter.target_layer_ids,
-        d.drafter.block_size,
-        d.drafter.mask_token_id,
-        d.drafter.dtype,
-        d.max_new_tokens
-    );
-    for p in &d.paths {
-        md.push_str(&format!(
-            "| `{}` | {} | {:.3} | {:.3} | {:.3} | {} |\n",
-            p.name,
-            p.dtype,
-            p.summary.tau_macro,
-            p.summary.tau_pooled,
-            p.ddtree.tau_macro,
-            p.lm_head_from
-        ));
-    }
-    for c in &d.cross {
-        md.push_str(&format!(
-            "| `{}` features on `{}` trajectory | - | {:.3} | {:.3} | {:.3} | - |\n",
-            c.features, c.trajectory, c.tau_macro, c.tau_pooled, c.ddtree_tau_macro
-        ));
-    }
-    md.push_str(&format!("\nτ rule: {}.\n", d.end_rule));
     md
 }

@@ -21,7 +21,9 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::Report;
+use super::CompareReport;
+use crate::capture::HiddenKind;
+use crate::checkpoint::config::LayerType;
 use crate::error::{Error, Result};
 use crate::parity::{HiddenStateRow, PairReport};
 
@@ -56,7 +58,7 @@ type DrawResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 ///
 /// Errors: [`Error::Format`] when plotters fails to draw (it writes to a
 /// string, so only on an internal plotters error).
-pub fn render(report: &Report) -> Result<String> {
+pub fn render(report: &CompareReport) -> Result<String> {
     let mut buf = String::new();
     {
         let root = SVGBackend::with_string(&mut buf, SIZE).into_drawing_area();
@@ -69,10 +71,10 @@ pub fn render(report: &Report) -> Result<String> {
 }
 
 /// Shade of a `layer_type`, and its legend text.
-fn shade(layer_type: &str) -> RGBColor {
-    match layer_type {
-        "linear_attention" => SHADE_LINEAR,
-        "full_attention" => SHADE_FULL,
+fn shade(kind: HiddenKind) -> RGBColor {
+    match kind {
+        HiddenKind::Layer(LayerType::LinearAttention) => SHADE_LINEAR,
+        HiddenKind::Layer(LayerType::FullAttention) => SHADE_FULL,
         _ => SHADE_OTHER,
     }
 }
@@ -130,7 +132,7 @@ fn segments(points: &[(f64, Option<f64>)], top: f64) -> Vec<Vec<(f64, f64)>> {
     out
 }
 
-fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &Report) -> DrawResult<()> {
+fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &CompareReport) -> DrawResult<()> {
     root.fill(&WHITE)?;
     let (w, h) = SIZE;
     let (title, rest) = root.split_vertically(TITLE_H);
@@ -180,7 +182,7 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &Report) -> DrawResul
         let x = r.index as f64;
         Rectangle::new(
             [(x - 0.5, bottom), (x + 0.5, top)],
-            shade(&r.layer_type).mix(0.8).filled(),
+            shade(r.layer_type).mix(0.8).filled(),
         )
     }))?;
 
@@ -340,7 +342,7 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &Report) -> DrawResul
 
 fn draw_title(
     area: &DrawingArea<SVGBackend<'_>, Shift>,
-    report: &Report,
+    report: &CompareReport,
     w: u32,
 ) -> DrawResult<()> {
     let pairs: Vec<String> = report
@@ -352,7 +354,11 @@ fn draw_title(
         format!(
             "hsparity per-layer parity: {} — {}",
             pairs.join(", "),
-            report.environment.checkpoint
+            report
+                .environment
+                .target
+                .as_ref()
+                .map_or("-", |t| t.checkpoint.as_str())
         ),
         (14, 8),
         (FONT, 16).into_font().style(FontStyle::Bold),
@@ -376,7 +382,10 @@ fn draw_title(
     Ok(())
 }
 
-fn draw_legend(area: &DrawingArea<SVGBackend<'_>, Shift>, report: &Report) -> DrawResult<()> {
+fn draw_legend(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    report: &CompareReport,
+) -> DrawResult<()> {
     let font = (FONT, 12).into_font();
     let text = |s: String, x: i32, y: i32| Text::new(s, (x + 38, y - 5), font.clone());
     let dashed = |x: i32, y: i32, style: ShapeStyle| -> DrawResult<()> {

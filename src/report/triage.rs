@@ -1,81 +1,94 @@
-//! Rendering of a [`TriageReport`]: the ranked variant table (terminal and Markdown).
+//! `triage`'s report: the baseline and the ranked suspects (terminal and
+//! Markdown, from one table).
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use super::format::{cos6, delta, seconds, tau};
+use super::tabular::{Column, Row, Sinks, Table};
+use super::{Document, Environment, Kind, Report};
+use crate::error::Result;
+use crate::triage::Triage;
 
-use crate::commands::triage::TriageReport;
+/// `triage`'s report: the envelope around [`Triage`].
+pub type TriageReport = Report<Triage>;
 
-/// Index of the "seconds" column in [`rows`] / [`header`].
-const SECONDS_COLUMN: usize = 7;
-
-fn rows(r: &TriageReport) -> Vec<Vec<String>> {
-    r.variants
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            let mut row = vec![
-                (i + 1).to_string(),
-                v.name.clone(),
-                v.first_divergent
-                    .map(|x| x.to_string())
-                    .unwrap_or_else(|| "-".into()),
-                format!("{:.6}", v.cos_min_at_taps),
-                format!("{:.3}", v.tau_macro),
-                format!("{:+.3}", v.delta_tau),
-                format!("{:.3}", v.ddtree_tau_macro),
-                format!("{:.2}", v.wall_s),
-            ];
-            if r.observed_tau.is_some() {
-                row.push(match v.consistent_with_observed {
-                    Some(true) => "yes".into(),
-                    _ => "".into(),
-                });
-            }
-            row.push(v.description.clone());
-            row
-        })
-        .collect()
+/// The report of a triage run (a ranking: it always exits 0).
+pub fn build(
+    triage: Triage,
+    summary: String,
+    environment: Environment,
+    command: String,
+    notes: Vec<String>,
+) -> TriageReport {
+    Report::ranking(Kind::Triage, summary, environment, command, notes, triage)
 }
 
-fn header(r: &TriageReport) -> Vec<String> {
-    let mut h: Vec<String> = [
-        "rank",
-        "variant",
-        "first divergent hs",
-        "cos min at taps",
-        "τ",
-        "Δτ",
-        "DDTree τ",
-        "seconds",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+/// The ranked variants; seconds on the terminal only (the Markdown stays
+/// stable for tickets).
+pub fn variants_table(r: &Triage) -> Table {
+    let mut cols = vec![
+        Column::new("rank"),
+        Column::new("variant"),
+        Column::new("first divergent hs"),
+        Column::new("cos min at taps"),
+        Column::new("τ"),
+        Column::new("Δτ"),
+        Column::new("DDTree τ"),
+        Column::new("seconds").only(Sinks::Terminal),
+    ];
     if let Some(o) = r.observed_tau {
-        h.push(format!("≈ observed {o}"));
+        cols.push(Column::new(format!("≈ observed {o}")));
     }
-    h.push("what it emulates".into());
-    h
+    cols.push(Column::new("what it emulates"));
+    let mut t = Table::new(cols);
+    for (i, v) in r.variants.iter().enumerate() {
+        let mut row = vec![
+            (i + 1).to_string().into(),
+            v.name.clone().into(),
+            v.first_divergent
+                .map(|x| x.to_string())
+                .unwrap_or_else(|| "-".into())
+                .into(),
+            cos6(v.cos_min_at_taps).into(),
+            tau(v.tau_macro).into(),
+            delta(v.delta_tau).into(),
+            tau(v.ddtree_tau_macro).into(),
+            seconds(v.wall_s).into(),
+        ];
+        if r.observed_tau.is_some() {
+            row.push(
+                match v.consistent_with_observed {
+                    Some(true) => "yes",
+                    _ => "",
+                }
+                .into(),
+            );
+        }
+        row.push(v.description.clone().into());
+        t.push(Row::new(row));
+    }
+    t
+}
+
+/// `baseline: causal-lm (bf16, chunked Gated DeltaNet, taps [1, 2]): τ …, DDTree τ …`.
+fn baseline_line(r: &Triage, path: &str) -> String {
+    let b = &r.baseline;
+    format!(
+        "{path} ({}, {} Gated DeltaNet, taps {:?}): τ {}, DDTree τ {}",
+        b.dtype,
+        b.gdn_form.name(),
+        b.taps,
+        tau(b.tau_macro),
+        tau(b.ddtree_tau_macro)
+    )
 }
 
 /// Terminal rendering.
 pub fn render(r: &TriageReport) -> String {
     let mut out = format!(
-        "{}\n\nbaseline: {} ({}, {} Gated DeltaNet, taps {:?}): τ {:.3}, DDTree τ {:.3}\n",
+        "{}\n\nbaseline: {}\n",
         r.summary,
-        r.baseline.path,
-        r.baseline.dtype,
-        r.baseline.gdn_form,
-        r.baseline.taps,
-        r.baseline.tau_macro,
-        r.baseline.ddtree_tau_macro
+        baseline_line(r, r.baseline.path.name())
     );
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED);
-    t.set_header(header(r));
-    for row in rows(r) {
-        t.add_row(row);
-    }
-    out.push_str(&t.to_string());
+    out.push_str(&variants_table(r).terminal().to_string());
     out.push_str(&format!(
         "\nwall time {:.1} s (tap variants reuse the baseline forward)\n",
         r.wall_time_s
@@ -86,39 +99,34 @@ pub fn render(r: &TriageReport) -> String {
     out
 }
 
-/// Markdown rendering (`report.md` of `triage`). Timings stay in the JSON and
-/// on the terminal: the Markdown is meant to be stable for tickets.
-/// Timings stay in the JSON and on the terminal, so the Markdown is stable.
+/// Markdown rendering (`report.md` of `triage`). Timings stay in the JSON
+/// and on the terminal, so the Markdown is stable for tickets.
 pub fn markdown(r: &TriageReport) -> String {
     let mut md = format!(
-        "{}\n\nBaseline: `{}` ({}, {} Gated DeltaNet, taps {:?}): τ {:.3}, DDTree τ {:.3}.\n\n",
+        "{}\n\nBaseline: {}.\n\n",
         r.summary,
-        r.baseline.path,
-        r.baseline.dtype,
-        r.baseline.gdn_form,
-        r.baseline.taps,
-        r.baseline.tau_macro,
-        r.baseline.ddtree_tau_macro
+        baseline_line(r, &format!("`{}`", r.baseline.path.name()))
     );
-    let drop_seconds = |v: Vec<String>| -> Vec<String> {
-        v.into_iter()
-            .enumerate()
-            .filter(|(i, _)| *i != SECONDS_COLUMN)
-            .map(|(_, c)| c)
-            .collect()
-    };
-    let h = drop_seconds(header(r));
-    md.push_str(&format!(
-        "| {} |\n|{}\n",
-        h.join(" | "),
-        "---|".repeat(h.len())
-    ));
-    for row in rows(r) {
-        md.push_str(&format!("| {} |\n", drop_seconds(row).join(" | ")));
-    }
+    md.push_str(&variants_table(r).markdown());
     for n in &r.notes {
         md.push_str(&format!("\n- {n}"));
     }
     md.push_str(&format!("\n\n## Reproduce\n\n```\n{}\n```\n", r.command));
     md
+}
+
+impl Document for TriageReport {
+    const FILES: &'static [&'static str] = &["report.md", "report.json"];
+
+    fn terminal(&self) -> String {
+        render(self)
+    }
+
+    fn files(&self) -> Result<Vec<(&'static str, String)>> {
+        Ok(vec![("report.md", markdown(self))])
+    }
+
+    fn exit_code(&self) -> u8 {
+        self.exit_code as u8
+    }
 }

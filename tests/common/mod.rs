@@ -1,4 +1,5 @@
-//! Helpers shared by the checkpoint / inventory integration tests.
+//! Helpers shared by the integration tests: fixtures, sparse checkpoints,
+//! the `hsparity` command, and the one closeness check with named tolerances.
 #![allow(dead_code)]
 
 use std::fs::File;
@@ -178,4 +179,109 @@ pub fn tiny_fixture_with_non_finite(dst: &Path, key: &str) {
         let t = candle_core::Tensor::from_vec(v, t.dims(), &candle_core::Device::Cpu).unwrap();
         all.insert(key.into(), t);
     });
+}
+
+/// The `hsparity` binary, run from the repository root.
+pub fn hsparity() -> assert_cmd::Command {
+    let mut c = assert_cmd::Command::cargo_bin("hsparity").unwrap();
+    c.current_dir(repo_root());
+    c
+}
+
+/// How close two captures of the same tensor must be, and why: per-token
+/// cosine at least `cos_min`, and max |ours − want| at most `max_abs` ×
+/// max(1, max |want|).
+#[derive(Debug, Clone, Copy)]
+pub struct Closeness {
+    /// Name, for failure messages.
+    pub name: &'static str,
+    /// Smallest per-token cosine similarity allowed.
+    pub cos_min: f64,
+    /// Largest absolute difference, relative to max(1, max |want|).
+    pub max_abs: f64,
+    /// Why this bound.
+    pub reason: &'static str,
+}
+
+/// One f32 kernel or a shallow model (a handful of matmuls) against
+/// transformers: only summation order differs.
+pub const F32_KERNEL: Closeness = Closeness {
+    name: "f32 kernel",
+    cos_min: 0.99999,
+    max_abs: 1e-5,
+    reason: "the same f32 math in another summation order: ~1e-7 relative per op",
+};
+
+/// A whole f32 model forward (drafter, cached decode) against its reference.
+pub const F32_MODEL: Closeness = Closeness {
+    name: "f32 model",
+    cos_min: 0.99999,
+    max_abs: 1e-4,
+    reason: "f32 round-off accumulated over a few layers (softmax, norms, GEMMs in another order)",
+};
+
+/// A hybrid Qwen3.5 forward against transformers in f32: the chunked delta
+/// rule (chunk 64) sums in another order than torch's einsums, and the
+/// difference grows with depth and prompt length.
+pub const F32_HYBRID: Closeness = Closeness {
+    name: "f32 hybrid model",
+    cos_min: 0.99999,
+    max_abs: 1e-3,
+    reason: "f32 chunked delta rule vs torch's: accumulated round-off over the layers (measured ~1e-5 relative)",
+};
+
+/// A bf16 / f16 forward against transformers' in the same dtype.
+pub const HALF: Closeness = Closeness {
+    name: "half precision",
+    cos_min: 0.9999,
+    max_abs: f64::INFINITY,
+    reason: "GEMM accumulation order flips the odd last bit of a rounded intermediate, and one ulp of bf16 is 0.4%: only the cosine bounds it; the other half dtype (fp16-disk's bf16 vs f16 goldens) is 0.9994 away and fails",
+};
+
+/// Asserts `ours` is within `c` of `want` (`[T, X]` each); returns the
+/// metrics (its max abs diff relative to max(1, max |want|) printed by callers).
+pub fn assert_close(
+    what: &str,
+    ours: &candle_core::Tensor,
+    want: &candle_core::Tensor,
+    c: &Closeness,
+) -> hsparity::parity::Metrics {
+    let mut acc = hsparity::parity::Accumulator::default();
+    acc.add(0, ours, want)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let m = acc.finish();
+    let scale = m.max_ref_abs.max(1.0);
+    assert!(
+        m.cos_min >= c.cos_min && m.max_abs <= c.max_abs * scale,
+        "{what}: cos_min {} (need {}), max_abs {} (need {} x {scale}): {} tolerance ({})",
+        m.cos_min,
+        c.cos_min,
+        m.max_abs,
+        c.max_abs,
+        c.name,
+        c.reason
+    );
+    m
+}
+
+/// The relative error [`assert_close`] bounds.
+pub fn relative_max_abs(m: &hsparity::parity::Metrics) -> f64 {
+    m.max_abs / m.max_ref_abs.max(1.0)
+}
+
+/// Asserts two lists have the same length before they are zipped.
+pub fn same_len<A, B>(what: &str, a: &[A], b: &[B]) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
+}
+
+/// A target: `ckpt` with the prompts of `prompts_file` (when given), seed 0, CPU.
+pub fn target(ckpt: &str, prompts_file: Option<&str>) -> hsparity::session::Target {
+    hsparity::session::Target {
+        checkpoint: ckpt.into(),
+        prompts: hsparity::prompts::PromptOptions {
+            file: prompts_file.map(Into::into),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
 }

@@ -8,7 +8,7 @@ use super::rope::Rotary;
 use super::{linear, param, LayerGeometry, Positions};
 use crate::checkpoint::config::Family;
 use crate::error::Result;
-use crate::models::WeightSource;
+use crate::loading::WeightSource;
 
 /// Key/value cache of one full-attention layer: rotated keys and raw values,
 /// each `[1, nkv, S, hd]`.

@@ -11,19 +11,39 @@ use rayon::prelude::*;
 use super::norm::RmsNormGated;
 use super::{linear, param, LayerGeometry};
 use crate::error::Result;
-use crate::models::WeightSource;
+use crate::loading::WeightSource;
 
 /// Chunk length of `torch_chunk_gated_delta_rule`.
 pub const CHUNK_SIZE: usize = 64;
 
-/// Which form of the delta rule to run over a sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Which form of the delta rule to run over a sequence (`--gdn-form`;
+/// serialised `chunked` / `recurrent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum GdnForm {
     /// `torch_chunk_gated_delta_rule` (what transformers runs for any T > 1).
     #[default]
     Chunked,
     /// `torch_recurrent_gated_delta_rule`, token by token.
     Recurrent,
+}
+
+impl GdnForm {
+    /// `chunked` or `recurrent`.
+    pub fn name(self) -> &'static str {
+        match self {
+            GdnForm::Chunked => "chunked",
+            GdnForm::Recurrent => "recurrent",
+        }
+    }
+
+    /// The sentence a report's environment states.
+    pub fn describe(self) -> &'static str {
+        match self {
+            GdnForm::Chunked => "chunked (chunk 64, as transformers prefill)",
+            GdnForm::Recurrent => "recurrent",
+        }
+    }
 }
 
 /// Per-layer decode state (`LinearAttentionLayer` in transformers'

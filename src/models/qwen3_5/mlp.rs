@@ -4,8 +4,8 @@ use candle_core::Tensor;
 
 use super::{linear, param};
 use crate::error::Result;
-use crate::models::precision::Precision;
-use crate::models::WeightSource;
+use crate::loading::WeightSource;
+use crate::precision::Precision;
 
 /// `mlp.{gate,up,down}_proj` of one layer.
 #[derive(Debug, Clone)]

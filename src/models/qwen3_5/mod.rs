@@ -17,8 +17,8 @@ use candle_core::{Device, Tensor};
 
 use crate::checkpoint::config::{Family, LayerType, TextConfig};
 use crate::error::{Error, Result};
-use crate::models::precision::Precision;
-use crate::models::WeightSource;
+use crate::loading::WeightSource;
+use crate::precision::Precision;
 pub use attention::{Attention, KvCache};
 pub use gated_delta_net::{GatedDeltaNet, GdnForm, GdnState};
 use mlp::Mlp;
@@ -199,7 +199,7 @@ impl Embedding {
 
     /// `ids` (each `< V`) → `[T, H]`. Errors: an id out of range.
     pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
-        crate::models::select_rows(&self.weight, "embed_tokens.weight", ids)
+        crate::loading::select_rows(&self.weight, "embed_tokens.weight", ids)
     }
 }
 

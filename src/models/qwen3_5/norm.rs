@@ -4,8 +4,8 @@ use candle_core::{DType, Tensor, D};
 
 use super::param;
 use crate::error::Result;
-use crate::models::precision::Precision;
-use crate::models::WeightSource;
+use crate::loading::WeightSource;
+use crate::precision::Precision;
 
 /// `x · rsqrt(mean(x², -1) + eps)` over the last dim, computed in f32.
 /// Shape: any `[.., D]` → same shape, f32.

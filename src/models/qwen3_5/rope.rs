@@ -7,7 +7,7 @@
 use candle_core::{Device, Tensor, D};
 
 use crate::error::Result;
-use crate::models::precision::Precision;
+use crate::precision::Precision;
 
 /// Inverse frequencies for the rotary slice of each head.
 #[derive(Debug, Clone)]

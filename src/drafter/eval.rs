@@ -1,4 +1,5 @@
-//! Replay evaluation of a DFlash drafter (DESIGN §5; dflash brief §2-§3).
+//! Replay evaluation of a DFlash drafter (z-lab/dflash `dflash/model.py`
+//! `dflash_generate`, GitHub main @44947fb; `docs/architecture.md`, "drafter").
 //!
 //! At temperature 0 the DFlash loop commits exactly the target's greedy
 //! trajectory, so it can be replayed with one target forward per prompt: the
@@ -20,7 +21,8 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::models::dflash::Drafter;
-use crate::models::qwen3_5::Embedding;
+use crate::models::Embedding;
+use crate::precision::Precision;
 
 /// The end-of-generation rule replayed (named in every report).
 pub const END_RULE: &str =
@@ -29,10 +31,10 @@ pub const END_RULE: &str =
 /// The end-of-generation rule of the `dflash` 0.1.0 wheel on PyPI.
 pub const END_RULE_WHEEL: &str = "dflash 0.1.0 wheel (PyPI): verify min(B, max_length - start) tokens, record min(a+1, max_length - start - 1), loop while start + 1 < max_length";
 
-/// Which reference loop's end-of-generation rule to replay (dflash brief §8:
-/// GitHub main and the PyPI wheel, both "0.1.0", differ only there).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// Which reference loop's end-of-generation rule to replay (`--end-rule`):
+/// z-lab's GitHub main and the PyPI wheel, both "0.1.0", differ only there.
+/// Serialised as its sentence ([`EndRule::describe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum EndRule {
     /// z-lab GitHub main @44947fb ([`END_RULE`]).
     #[default]
@@ -41,6 +43,12 @@ pub enum EndRule {
     /// blocks shrink to the tokens left, and recorded lengths sum to
     /// `max_new_tokens - 1`.
     Wheel,
+}
+
+impl Serialize for EndRule {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.describe())
+    }
 }
 
 impl EndRule {
@@ -300,7 +308,7 @@ pub struct DrafterInfo {
     pub mask_token_id: u32,
     pub num_hidden_layers: usize,
     /// dtype the drafter computed in.
-    pub dtype: String,
+    pub dtype: Precision,
 }
 
 /// DDTree results for one path.
@@ -327,7 +335,7 @@ pub struct PromptReplay {
 pub struct PathTau {
     pub name: String,
     /// dtype the target computed in on this path.
-    pub dtype: String,
+    pub dtype: Precision,
     /// Where `lm_head` came from (`AutoModel` has none of its own).
     pub lm_head_from: String,
     #[serde(flatten)]
@@ -346,29 +354,7 @@ pub struct CrossTau {
     pub ddtree_tau_macro: f64,
 }
 
-/// `drafter --json` (DESIGN §2).
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "kind", rename = "drafter")]
-pub struct DrafterReport {
-    pub schema_version: u32,
-    /// `pass` or `fail`.
-    pub verdict: crate::parity::Verdict,
-    /// One sentence.
-    pub summary: String,
-    pub exit_code: i32,
-    pub drafter: DrafterInfo,
-    /// The replayed end-of-generation rule.
-    pub end_rule: String,
-    pub max_new_tokens: usize,
-    /// Largest |τ(path) − τ(reference path)|.
-    pub tau_gap: f64,
-    pub max_tau_gap: f64,
-    pub paths: Vec<PathTau>,
-    pub cross: Vec<CrossTau>,
-    pub notes: Vec<String>,
-}
-
-/// τ aggregates over prompts (dflash brief §3.1).
+/// τ aggregates over prompts (z-lab's τ is the macro mean).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TauSummary {
     /// Mean over prompts of each prompt's mean acceptance length (z-lab's τ).

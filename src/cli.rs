@@ -1,0 +1,547 @@
+//! The command line: clap definitions, the flag groups the verbs share
+//! (target, prompts, run, report folder, drafter evaluation), and the one
+//! place each flag is parsed into a typed value ([`LoadingPath`],
+//! [`Precision`], [`GdnForm`], [`EndRule`], [`DeviceSpec`]). An unknown
+//! value is a clap error (exit 2). [`run`] dispatches to [`crate::commands`]
+//! and prints or writes what comes back; `main.rs` only calls it.
+
+use std::path::PathBuf;
+
+use clap::builder::PossibleValue;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::commands::{compare, diff, drafter, dump, inventory, triage};
+use crate::device::DeviceSpec;
+use crate::drafter::eval::EndRule;
+use crate::drafter::{DrafterSettings, Replay};
+use crate::error::{Error, Result};
+use crate::loading::LoadingPath;
+use crate::models::GdnForm;
+use crate::output::{ReportFolder, ReportSettings};
+use crate::precision::Precision;
+use crate::prompts::{parse_ids, PromptOptions};
+use crate::report::{self, Document};
+use crate::session::Target;
+use crate::triage::TriageSettings;
+
+/// `hsparity`.
+#[derive(Parser)]
+#[command(
+    name = "hsparity",
+    version,
+    about = "Do two ways of loading the same checkpoint produce the same hidden states?",
+    after_help = "Loading paths: causal-lm (AutoModelForCausalLM), vlm (AutoModel), image-text-to-text (AutoModelForImageTextToText).\nExit codes: 0 parity holds and inventories are clean; 1 a tolerance is exceeded or a path has missing (randomly initialised) or non-finite tensors; 2 bad input or usage."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// What each loading path (Auto class) would load from the checkpoint, header-only.
+    Inventory(InventoryArgs),
+    /// Run the same prompts through loading paths in lock-step; per-layer parity.
+    Compare(CompareArgs),
+    /// Compare two dumps (hsparity.dump.v1, from hsparity or tools/dump_hidden_states.py).
+    Diff(DiffArgs),
+    /// DFlash drafter acceptance length τ (and DDTree-N) on each loading path.
+    Drafter(DrafterArgs),
+    /// Rank the usual suspects of a drafter regression by what they cost in τ.
+    Triage(TriageArgs),
+    /// Write one loading path's hidden states to safetensors (hsparity.dump.v1, see README).
+    Dump(DumpArgs),
+}
+
+impl ValueEnum for LoadingPath {
+    fn value_variants<'a>() -> &'a [Self] {
+        &LoadingPath::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        let v = PossibleValue::new(self.name()).help(self.auto_class());
+        Some(match self {
+            LoadingPath::CausalLm => v.aliases(["causal_lm", "AutoModelForCausalLM"]),
+            LoadingPath::Vlm => v.alias("AutoModel"),
+            LoadingPath::ImageTextToText => {
+                v.aliases(["image_text_to_text", "itt", "AutoModelForImageTextToText"])
+            }
+        })
+    }
+}
+
+impl ValueEnum for GdnForm {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[GdnForm::Chunked, GdnForm::Recurrent]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.name()).help(match self {
+            GdnForm::Chunked => {
+                "Chunked delta rule (chunk 64): what transformers runs for a prefill"
+            }
+            GdnForm::Recurrent => "Token-by-token recurrence",
+        }))
+    }
+}
+
+impl ValueEnum for EndRule {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[EndRule::GithubMain, EndRule::Wheel]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self {
+            EndRule::GithubMain => PossibleValue::new("main")
+                .help("z-lab GitHub main: full blocks every round, record a+1"),
+            EndRule::Wheel => PossibleValue::new("wheel").help(
+                "dflash 0.1.0 wheel: last blocks shrink, recorded lengths sum to max_new_tokens - 1",
+            ),
+        })
+    }
+}
+
+/// `--dtype`: `auto` (what each loading path would pick) or a dtype for every path.
+#[derive(Debug, Clone, Copy)]
+struct DtypeArg(Option<Precision>);
+
+impl ValueEnum for DtypeArg {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            DtypeArg(None),
+            DtypeArg(Some(Precision::F32)),
+            DtypeArg(Some(Precision::Bf16)),
+            DtypeArg(Some(Precision::F16)),
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self.0 {
+            None => PossibleValue::new("auto").help("What each loading path would load with"),
+            Some(Precision::F32) => PossibleValue::new("f32").aliases(["float32", "fp32"]),
+            Some(Precision::Bf16) => PossibleValue::new("bf16").alias("bfloat16"),
+            Some(Precision::F16) => PossibleValue::new("f16").aliases(["float16", "fp16", "half"]),
+        })
+    }
+}
+
+/// Loading paths, comma-separated; a path named twice is refused.
+fn distinct(paths: Vec<LoadingPath>) -> Result<Vec<LoadingPath>> {
+    for (i, p) in paths.iter().enumerate() {
+        if paths[..i].contains(p) {
+            return Err(Error::Input(format!("--paths names {p} twice")));
+        }
+    }
+    Ok(paths)
+}
+
+/// The prompt options every verb that runs the model takes.
+#[derive(Args)]
+struct PromptArgs {
+    /// Prompt text (needs tokenizer.json); repeatable.
+    #[arg(long = "prompt")]
+    prompt: Vec<String>,
+    /// Prompt as token ids, e.g. 1,2,3; repeatable (use --prompt-ids=... for a value starting with '-').
+    #[arg(long = "prompt-ids")]
+    prompt_ids: Vec<String>,
+    /// JSONL file: one {"text": ...} or {"input_ids": [...]} per line.
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+}
+
+impl PromptArgs {
+    fn options(&self) -> Result<PromptOptions> {
+        Ok(PromptOptions {
+            texts: self.prompt.clone(),
+            ids: self
+                .prompt_ids
+                .iter()
+                .map(|s| parse_ids(s))
+                .collect::<Result<_>>()?,
+            file: self.prompts.clone(),
+        })
+    }
+}
+
+/// The target of a run: checkpoint and prompts.
+#[derive(Args)]
+struct TargetArgs {
+    /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
+    checkpoint: String,
+    #[command(flatten)]
+    prompts: PromptArgs,
+}
+
+/// How the verbs that run the model run it.
+#[derive(Args)]
+struct RunArgs {
+    /// Seed for tensors a loading path would initialise randomly (MISSING).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Compute device: cpu, or cuda / cuda:N (build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+impl TargetArgs {
+    fn target(&self, run: &RunArgs) -> Result<Target> {
+        Ok(Target {
+            checkpoint: self.checkpoint.clone(),
+            prompts: self.prompts.options()?,
+            seed: run.seed,
+            device: run.device,
+        })
+    }
+}
+
+/// Where `compare`, `diff` and `triage` write report.md / report.json.
+#[derive(Args)]
+struct ReportArgs {
+    /// Folder for reports (files go to <DIR>/<NAME>/).
+    #[arg(long, default_value = "reports")]
+    report_dir: PathBuf,
+    /// Report name (default: checkpoint name + UTC time stamp).
+    #[arg(long)]
+    name: Option<String>,
+    /// Do not write report files.
+    #[arg(long)]
+    no_report: bool,
+    /// Overwrite existing report files.
+    #[arg(long)]
+    force: bool,
+}
+
+impl ReportArgs {
+    /// The checked report folder of a `D` report named after `base`.
+    fn prepare<D: Document>(&self, base: &str) -> Result<Option<ReportFolder>> {
+        ReportSettings {
+            dir: self.report_dir.clone(),
+            name: self.name.clone(),
+            enabled: !self.no_report,
+            force: self.force,
+        }
+        .prepare(base, D::FILES)
+    }
+}
+
+/// What is replayed: tokens per prompt and the DDTree budget.
+#[derive(Args)]
+struct ReplayArgs {
+    /// Greedy tokens generated (and replayed) per prompt.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// DDTree node budget (DDTree-N).
+    #[arg(long, default_value_t = 8)]
+    ddtree_budget: usize,
+}
+
+impl ReplayArgs {
+    fn replay(&self, rule: EndRule) -> Replay {
+        Replay {
+            max_new: self.max_new_tokens,
+            budget: self.ddtree_budget,
+            rule,
+        }
+    }
+}
+
+/// A drafter evaluation's flags (`drafter`, `compare --drafter`).
+#[derive(Args)]
+struct DrafterEvalArgs {
+    #[command(flatten)]
+    replay: ReplayArgs,
+    /// Exit 1 when τ on two paths differs by more than this.
+    #[arg(long, default_value_t = 0.05)]
+    max_tau_gap: f64,
+    /// End-of-generation rule replayed: main (z-lab GitHub main) or wheel (the dflash 0.1.0 PyPI wheel).
+    #[arg(long, value_enum, default_value = "main")]
+    end_rule: EndRule,
+}
+
+impl DrafterEvalArgs {
+    fn settings(&self, source: String) -> DrafterSettings {
+        DrafterSettings {
+            source,
+            replay: self.replay.replay(self.end_rule),
+            max_tau_gap: self.max_tau_gap,
+        }
+    }
+}
+
+#[derive(Args)]
+struct InventoryArgs {
+    /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
+    checkpoint: String,
+    /// Loading paths, comma-separated (default: every path that applies).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    paths: Vec<LoadingPath>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Loading paths to compare, comma-separated; the first is the reference.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "causal-lm,vlm"
+    )]
+    paths: Vec<LoadingPath>,
+    /// Compute dtype: auto (what each loading path would pick), f32, bf16 or f16.
+    #[arg(long, value_enum, default_value = "auto")]
+    dtype: DtypeArg,
+    /// Drafter tap layers to mark (decoder-layer indices; tap L = hidden_states[L+1]).
+    #[arg(long, value_delimiter = ',')]
+    taps: Vec<usize>,
+    /// Gated DeltaNet form.
+    #[arg(long, value_enum, default_value = "chunked")]
+    gdn_form: GdnForm,
+    #[command(flatten)]
+    report: ReportArgs,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Also evaluate this DFlash drafter (directory or Hub id) on every path.
+    #[arg(long)]
+    drafter: Option<String>,
+    /// Force the prefill-vs-incremental check (by default it runs for models up to 4 GiB of f32 weights; it reads every layer a second time).
+    #[arg(long, conflicts_with = "no_incremental")]
+    incremental: bool,
+    /// Skip the prefill-vs-incremental check.
+    #[arg(long)]
+    no_incremental: bool,
+    #[command(flatten)]
+    eval: DrafterEvalArgs,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args)]
+struct DiffArgs {
+    /// Reference dump (safetensors).
+    a: PathBuf,
+    /// Compared dump (safetensors).
+    b: PathBuf,
+    /// Compare a's hidden_states[i] with b's hidden_states[i + OFFSET] (the other tap convention: ±1).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    tap_offset: i64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    report: ReportArgs,
+}
+
+#[derive(Args)]
+struct DrafterArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// DFlash v1 drafter: directory (config.json + safetensors) or Hub id.
+    #[arg(long)]
+    drafter: String,
+    /// Loading paths, comma-separated; the first is the reference of cross runs.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "causal-lm,vlm"
+    )]
+    paths: Vec<LoadingPath>,
+    #[command(flatten)]
+    eval: DrafterEvalArgs,
+    /// Target compute dtype: auto (what each loading path would pick), f32, bf16 or f16.
+    #[arg(long, value_enum, default_value = "auto")]
+    dtype: DtypeArg,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args)]
+struct TriageArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// DFlash v1 drafter: directory or Hub id.
+    #[arg(long)]
+    drafter: String,
+    #[command(flatten)]
+    replay: ReplayArgs,
+    /// τ seen in the regressed eval: marks the variants consistent with it.
+    #[arg(long)]
+    observed_tau: Option<f64>,
+    /// k of the "positions shifted by +k" variant.
+    #[arg(long, default_value_t = 16)]
+    position_shift: usize,
+    #[command(flatten)]
+    report: ReportArgs,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args)]
+struct DumpArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Loading path to run.
+    #[arg(long, value_enum)]
+    path: LoadingPath,
+    /// Output file (.safetensors).
+    #[arg(long)]
+    out: PathBuf,
+    /// Leave out the logits.
+    #[arg(long)]
+    no_logits: bool,
+    /// Compute dtype: auto (what the loading path would pick), f32, bf16 or f16.
+    #[arg(long, value_enum, default_value = "auto")]
+    dtype: DtypeArg,
+    /// Gated DeltaNet form.
+    #[arg(long, value_enum, default_value = "chunked")]
+    gdn_form: GdnForm,
+    /// Overwrite an existing output file.
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// The command line as typed, quoted for a shell.
+fn command_line() -> String {
+    std::env::args_os()
+        .map(|a| {
+            let a = a.to_string_lossy().into_owned();
+            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"$`\\".contains(c)) {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            } else {
+                a
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Prints `doc` (JSON or the terminal rendering) and writes its report
+/// folder; returns its exit code.
+fn finish<D: Document>(doc: &D, json: bool, folder: Option<ReportFolder>) -> Result<u8> {
+    let text = report::json::render(doc)?;
+    if json {
+        print!("{text}");
+    } else {
+        print!("{}", doc.terminal());
+    }
+    if let Some(f) = folder {
+        let mut files = vec![("report.json", text)];
+        files.extend(doc.files()?);
+        f.write(&files)?;
+        eprintln!(
+            "report: {} (and report.json)",
+            f.dir().join("report.md").display()
+        );
+    }
+    Ok(doc.exit_code())
+}
+
+/// Runs the parsed command line; returns the exit code (0 or 1).
+///
+/// Errors: every bad input (the binary prints the message and exits 2).
+pub fn run(cli: Cli) -> Result<u8> {
+    match cli.command {
+        Command::Inventory(a) => {
+            let inv = inventory::run(&a.checkpoint, &distinct(a.paths)?)?;
+            finish(&inv, a.json, None)
+        }
+        Command::Compare(a) => {
+            let opts = compare::CompareOptions {
+                target: a.target.target(&a.run)?,
+                paths: distinct(a.paths)?,
+                dtype: a.dtype.0,
+                taps: a.taps,
+                gdn_form: a.gdn_form,
+                incremental: match (a.incremental, a.no_incremental) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
+                drafter: a.drafter.map(|source| a.eval.settings(source)),
+                quiet: a.run.quiet,
+                command_line: command_line(),
+            };
+            // Refuse or fail before the (possibly long) run, not after.
+            let folder = a
+                .report
+                .prepare::<report::CompareReport>(&a.target.checkpoint)?;
+            finish(&compare::run(&opts)?, a.json, folder)
+        }
+        Command::Diff(a) => {
+            let folder = a.report.prepare::<report::DiffReport>("diff")?;
+            let rep = diff::run(&diff::DiffOptions {
+                a: a.a,
+                b: a.b,
+                tap_offset: a.tap_offset,
+                command_line: command_line(),
+            })?;
+            finish(&rep, a.json, folder)
+        }
+        Command::Drafter(a) => {
+            let rep = drafter::run(&drafter::DrafterOptions {
+                target: a.target.target(&a.run)?,
+                paths: distinct(a.paths)?,
+                dtype: a.dtype.0,
+                drafter: a.eval.settings(a.drafter),
+                quiet: a.run.quiet,
+                command_line: command_line(),
+            })?;
+            finish(&rep, a.json, None)
+        }
+        Command::Triage(a) => {
+            let folder = a
+                .report
+                .prepare::<report::TriageReport>(&a.target.checkpoint)?;
+            let rep = triage::run(&triage::TriageOptions {
+                target: a.target.target(&a.run)?,
+                settings: TriageSettings {
+                    drafter: a.drafter,
+                    replay: a.replay.replay(EndRule::GithubMain),
+                    observed_tau: a.observed_tau,
+                    position_shift: a.position_shift,
+                    seed: a.run.seed,
+                    quiet: a.run.quiet,
+                },
+                command_line: command_line(),
+            })?;
+            finish(&rep, a.json, folder)
+        }
+        Command::Dump(a) => {
+            let opts = dump::DumpOptions {
+                logits: !a.no_logits,
+                form: a.gdn_form,
+                dtype: a.dtype.0,
+                quiet: a.run.quiet,
+            };
+            let target = a.target.target(&a.run)?;
+            let d = dump::run_to_file(&target, a.path, &opts, &a.out, a.force)?;
+            eprintln!(
+                "wrote {} ({} prompts, {} hidden states each)",
+                a.out.display(),
+                d.prompts.len(),
+                d.prompts
+                    .first()
+                    .map(|p| p.hidden_states.len())
+                    .unwrap_or(0)
+            );
+            Ok(0)
+        }
+    }
+}

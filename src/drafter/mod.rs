@@ -1,0 +1,254 @@
+//! DFlash drafter evaluation: loading a drafter against a target and the
+//! checks that must pass before a long run ([`load_checked`]), the target's
+//! tap features ([`features`]), the replay of DFlash and DDTree on a
+//! trajectory ([`replay_all`], over [`eval`]), and τ on every loading path of
+//! a session ([`paths::evaluate`]).
+
+pub mod eval;
+pub mod paths;
+
+use crate::checkpoint::resolve;
+use crate::error::{Error, Result};
+use crate::models::dflash::{DflashConfig, Drafter, DrafterWeights};
+use crate::models::{GdnForm, TextModel};
+use crate::precision::Precision;
+use crate::session::Session;
+use eval::{DraftTarget, EndRule, PromptTau};
+
+/// What a replay walks: new tokens per prompt, the DDTree node budget, and
+/// the end-of-generation rule (DFlash and DDTree walk the anchors under it).
+#[derive(Debug, Clone, Copy)]
+pub struct Replay {
+    /// Greedy tokens generated (and replayed) per prompt.
+    pub max_new: usize,
+    /// DDTree node budget (DDTree-N).
+    pub budget: usize,
+    /// End-of-generation rule of the reference loop.
+    pub rule: EndRule,
+}
+
+/// A drafter evaluation as asked for (`drafter`, `compare --drafter`).
+#[derive(Debug, Clone)]
+pub struct DrafterSettings {
+    /// Drafter directory or Hub id.
+    pub source: String,
+    /// What is replayed.
+    pub replay: Replay,
+    /// Fail (exit 1) when τ on two paths differs by more than this.
+    pub max_tau_gap: f64,
+}
+
+/// DFlash and DDTree-N results per prompt of one replay.
+pub type Replayed = (Vec<PromptTau>, Vec<PromptTau>);
+
+/// Reads the drafter's dtype from its config (`dtype`/`torch_dtype`), f32 when absent.
+fn drafter_precision(cfg_path: &std::path::Path) -> Result<Precision> {
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(cfg_path).map_err(|e| Error::io(cfg_path, e))?,
+    )
+    .map_err(|e| Error::Config(format!("{}: {e}", cfg_path.display())))?;
+    match v.get("dtype").or_else(|| v.get("torch_dtype")) {
+        None | Some(serde_json::Value::Null) => Ok(Precision::F32),
+        Some(d) => d.as_str().and_then(Precision::from_name).ok_or_else(|| {
+            Error::Config(format!(
+                "{}: dtype {d}: expected \"float32\", \"bfloat16\" or \"float16\"",
+                cfg_path.display()
+            ))
+        }),
+    }
+}
+
+/// Resolves and loads a drafter for `target` (checks mask id and taps against
+/// the target). Returns the drafter and the dtype it computes in.
+///
+/// Errors: unresolvable source, invalid config, taps outside the target,
+/// mask id outside the vocabulary, weights that do not fit.
+pub fn load_drafter(
+    source: &str,
+    target: &crate::checkpoint::config::TextConfig,
+    n_layers: usize,
+    device: &candle_core::Device,
+) -> Result<(Drafter, Precision)> {
+    let dsrc = resolve::resolve(source)?;
+    let cfg_path = dsrc.dir.join("config.json");
+    let cfg = DflashConfig::from_file(&cfg_path)?;
+    let dprec = drafter_precision(&cfg_path)?;
+    if cfg.mask_token_id as usize >= target.vocab_size {
+        return Err(Error::Config(format!(
+            "{}: mask_token_id {} is outside the target's vocabulary ({} rows)",
+            cfg_path.display(),
+            cfg.mask_token_id,
+            target.vocab_size
+        )));
+    }
+    if let Some(bad) = cfg.target_layer_ids.iter().find(|&&l| l >= n_layers) {
+        return Err(Error::Config(format!(
+            "{}: target_layer_ids contains {bad}, but the target has decoder layers 0..{}",
+            cfg_path.display(),
+            n_layers - 1
+        )));
+    }
+    let weights = DrafterWeights::load_dir(&dsrc.dir)?.to_device(device)?;
+    Ok((
+        Drafter::load(cfg, &weights, target.hidden_size, dprec)?,
+        dprec,
+    ))
+}
+
+/// Refuses a `max_new` for which `rule` records no round: the wheel's loop
+/// (`while start + 1 < prompt_len + max_new_tokens`) never runs for
+/// `max_new_tokens = 1`, so τ would be undefined.
+///
+/// Errors ([`Error::Input`]): `max_new < 2` under [`EndRule::Wheel`].
+pub fn check_end_rule(max_new: usize, rule: EndRule) -> Result<()> {
+    if rule == EndRule::Wheel && max_new < 2 {
+        return Err(Error::Input(format!(
+            "--max-new-tokens {max_new} with --end-rule wheel: the wheel's loop runs no round \
+             (it stops once start + 1 >= prompt_len + max_new_tokens), so τ is undefined; \
+             use at least 2"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that every prompt plus `max_new` generated tokens plus one block
+/// (plus `extra` positions, e.g. a triage position shift) stays within
+/// `max_position_embeddings`, and that `max_new ≥ 1`.
+///
+/// Errors ([`Error::Input`]): naming the prompt, the sum and the limit.
+pub fn check_positions(
+    prompts: &[crate::prompts::Prompt],
+    max_new: usize,
+    block: usize,
+    extra: usize,
+    max_pos: usize,
+) -> Result<()> {
+    if max_new == 0 {
+        return Err(Error::Input("--max-new-tokens must be at least 1".into()));
+    }
+    for (k, p) in prompts.iter().enumerate() {
+        let need = p
+            .ids
+            .len()
+            .checked_add(max_new)
+            .and_then(|x| x.checked_add(block))
+            .and_then(|x| x.checked_add(extra));
+        if need.is_none_or(|n| n > max_pos) {
+            return Err(Error::Input(format!(
+                "prompt {k} ({}): {} prompt tokens + --max-new-tokens {max_new} + block {block}{} exceed the target's max_position_embeddings = {max_pos}",
+                p.origin,
+                p.ids.len(),
+                if extra > 0 { format!(" + position shift {extra}") } else { String::new() }
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a τ gap that is negative or not a number.
+///
+/// Errors ([`Error::Input`]): naming `--max-tau-gap`.
+pub fn check_tau_gap(gap: f64) -> Result<()> {
+    if gap.is_finite() && gap >= 0.0 {
+        Ok(())
+    } else {
+        Err(Error::Input(format!(
+            "--max-tau-gap {gap}: expected a non-negative number"
+        )))
+    }
+}
+
+/// Loads `source` for the session's target on its device and checks it
+/// against the run: taps and mask id ([`load_drafter`]), positions for
+/// `replay.max_new` tokens plus `extra` ([`check_positions`]) and the end rule
+/// ([`check_end_rule`]). What `drafter`, `compare --drafter` and `triage`
+/// share, done before any long computation.
+///
+/// Errors: as those three.
+pub fn load_checked(
+    session: &Session,
+    source: &str,
+    replay: Replay,
+    extra: usize,
+) -> Result<(Drafter, Precision)> {
+    let tc = &session.paths[0].text_config;
+    let (drafter, dprec) =
+        load_drafter(source, tc, session.spec.num_layers(), &session.spec.device)?;
+    check_positions(
+        &session.prompts,
+        replay.max_new,
+        drafter.cfg.block_size,
+        extra,
+        tc.max_position_embeddings,
+    )?;
+    check_end_rule(replay.max_new, replay.rule)?;
+    Ok((drafter, dprec))
+}
+
+/// Replays DFlash and DDTree-`budget` on every prompt's trajectory with the
+/// features `feats[k]`, drafting through `model`'s embedding and LM head.
+/// Returns the DFlash and the DDTree results per prompt.
+///
+/// Errors: `model` has no LM head; a trajectory shorter than the replay
+/// needs; a tensor failure.
+pub fn replay_all(
+    drafter: &Drafter,
+    model: &TextModel,
+    tokens: &[Vec<u32>],
+    prompt_lens: &[usize],
+    feats: &[candle_core::Tensor],
+    r: Replay,
+) -> Result<Replayed> {
+    if tokens.len() != prompt_lens.len() || tokens.len() != feats.len() {
+        return Err(Error::Input(format!(
+            "replay needs one prompt length and one feature tensor per trajectory: {} trajectories, {} lengths, {} feature tensors",
+            tokens.len(),
+            prompt_lens.len(),
+            feats.len()
+        )));
+    }
+    let (max_new, budget) = (r.max_new, r.budget);
+    let head = model
+        .lm_head()
+        .ok_or_else(|| Error::Input("drafting needs the target's lm_head".into()))?
+        .weight();
+    let t = DraftTarget {
+        drafter,
+        embed: model.embedding(),
+        lm_head: head,
+    };
+    let mut dfl = Vec::new();
+    let mut tree = Vec::new();
+    for ((toks, &n), f) in tokens.iter().zip(prompt_lens).zip(feats) {
+        dfl.push(eval::replay_dflash(&t, toks, n, f, max_new, r.rule)?);
+        tree.push(eval::replay_ddtree(
+            &t, toks, n, f, max_new, budget, r.rule,
+        )?);
+    }
+    Ok((dfl, tree))
+}
+
+/// Tap features of `model` over each token sequence (`[T, K·H]` each), the
+/// first `prompt_lens[k]` tokens of sequence k being its prompt (decoded
+/// tokens keep their decode positions, shifted when the model has a decode shift).
+pub fn features(
+    model: &TextModel,
+    tokens: &[Vec<u32>],
+    prompt_lens: &[usize],
+    taps: &[usize],
+    form: GdnForm,
+) -> Result<Vec<candle_core::Tensor>> {
+    tokens
+        .iter()
+        .zip(prompt_lens)
+        .map(|(toks, &n)| {
+            let pos = model.positions_with_prompt(n, toks.len());
+            let out = model.forward_at(toks, &pos, None, form, true)?;
+            eval::tap_features(
+                out.hidden_states.as_deref().expect("requested"),
+                out.last_layer_output.as_ref().expect("requested"),
+                taps,
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,440 @@
+//! The body of `compare`'s report ([`Compare`]): the paths as run, the
+//! prompts, the per-pair parity, the prefill-vs-incremental checks and the
+//! drafter evaluation; the sentences that explain a pair ([`Compare::causes`])
+//! and the run's summary ([`summarize`]).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
+
+use super::format::{cos, max_abs_at, sci, yes_no};
+use super::tabular::{Cell, Column, Row, Table};
+use super::{Document, Report};
+use crate::capture::HiddenKind;
+use crate::error::Result;
+use crate::loading::{Inventory, NonFinite};
+use crate::parity::{HiddenStateRow, PairReport, Verdict};
+use crate::precision::Precision;
+
+/// `compare`'s report: the envelope around [`Compare`].
+pub type CompareReport = Report<Compare>;
+
+/// Where a path's logits come from (`paths[].lm_head`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LmHeadOrigin {
+    /// The class has no LM head (`AutoModel`): `none`.
+    None,
+    /// Read from the checkpoint's `lm_head.weight`: `checkpoint`.
+    Checkpoint,
+    /// Tied to checkpoint key `key`: `tied to <key>`.
+    Tied(String),
+    /// MISSING, newly initialised with `init`: `MISSING -> random init (<init>)`.
+    Missing(String),
+}
+
+impl fmt::Display for LmHeadOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LmHeadOrigin::None => f.write_str("none"),
+            LmHeadOrigin::Checkpoint => f.write_str("checkpoint"),
+            LmHeadOrigin::Tied(k) => write!(f, "tied to {k}"),
+            LmHeadOrigin::Missing(init) => write!(f, "MISSING -> random init ({init})"),
+        }
+    }
+}
+
+impl Serialize for LmHeadOrigin {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// One loading path as run.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathRun {
+    /// Loading path name.
+    pub name: String,
+    /// Class transformers builds.
+    pub class: String,
+    /// dtype transformers would load with.
+    pub dtype: Precision,
+    /// Why that dtype.
+    pub dtype_reason: String,
+    /// dtype hsparity computed in.
+    pub compute_dtype: Precision,
+    /// Newly initialised (missing) tensors on this path.
+    pub missing: usize,
+    /// True when `lm_head.weight` is tied to the embedding on this path.
+    pub tie: bool,
+    /// Where the logits come from.
+    pub lm_head: LmHeadOrigin,
+    /// Checkpoint tensors read by this path that hold NaN or ±Inf.
+    pub non_finite_weights: BTreeMap<String, NonFinite>,
+}
+
+/// One prompt as run.
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptInfo {
+    /// Prompt index `k` (dump keys `p{k}.*`).
+    pub index: usize,
+    /// `text`, `ids`, or `builtin`.
+    pub source: String,
+    /// Number of tokens.
+    pub tokens: usize,
+    /// The first characters of the text, when there is one.
+    pub preview: Option<String>,
+}
+
+/// The members `compare`'s report adds to the envelope.
+#[derive(Debug, Clone, Serialize)]
+pub struct Compare {
+    /// Tap convention sentence ([`super::TAP_CONVENTION`]).
+    pub tap_convention: String,
+    /// Drafter tap layers (`--taps`), decoder-layer indices.
+    pub taps: Vec<usize>,
+    /// Inventory of every compared path.
+    pub inventory: Inventory,
+    /// Paths as run.
+    pub paths: Vec<PathRun>,
+    /// Prompts as run.
+    pub prompts: Vec<PromptInfo>,
+    /// `(paths[0], paths[j])` comparisons.
+    pub pairs: Vec<PairReport>,
+    /// Drafter evaluation (`compare --drafter`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drafter: Option<super::DrafterReport>,
+    /// "Prefill vs incremental": per path, a cached decode against the full
+    /// forward (empty when skipped, see `notes`).
+    pub incremental: Vec<IncrementalCheck>,
+}
+
+pub use crate::parity::IncrementalCheck;
+
+impl Compare {
+    /// True when `hidden_states[index]` is a drafter tap (`index = L + 1`).
+    pub fn is_tap(&self, index: usize) -> bool {
+        index > 0 && self.taps.contains(&(index - 1))
+    }
+
+    /// The path run named `name`.
+    pub fn path(&self, name: &str) -> Option<&PathRun> {
+        self.paths.iter().find(|p| p.name == name)
+    }
+
+    /// Why `pair` differs, one sentence per loading difference found between
+    /// its two paths (dtype and its reason, lm_head tie and origin, missing
+    /// tensors, NaN/Inf weights), then whether the first divergent hidden
+    /// state differs by itself (local comparison) or only inherits its input.
+    /// Empty when the pair is bitwise identical and nothing differs.
+    pub fn causes(&self, pair: &PairReport) -> Vec<String> {
+        let mut out = Vec::new();
+        let (a, b) = (self.path(&pair.a), self.path(&pair.b));
+        if pair.dtype_a != pair.dtype_b {
+            let why = |p: Option<&PathRun>| {
+                p.map(|p| format!(" ({})", p.dtype_reason))
+                    .unwrap_or_default()
+            };
+            out.push(format!(
+                "dtype: {} computes in {}{}, {} in {}{}",
+                pair.a,
+                pair.dtype_a,
+                why(a),
+                pair.b,
+                pair.dtype_b,
+                why(b)
+            ));
+        }
+        if let (Some(a), Some(b)) = (a, b) {
+            let has_head = |p: &PathRun| p.lm_head != LmHeadOrigin::None;
+            if a.lm_head != b.lm_head && has_head(a) && has_head(b) {
+                out.push(format!(
+                    "lm_head: {} uses {}, {} uses {}",
+                    a.name, a.lm_head, b.name, b.lm_head
+                ));
+            } else if a.tie != b.tie {
+                let tied = if a.tie { &a.name } else { &b.name };
+                out.push(format!(
+                    "tie: lm_head is tied to the embedding on {tied} only"
+                ));
+            }
+            for p in [a, b] {
+                if p.missing > 0 {
+                    let first = self
+                        .inventory
+                        .paths
+                        .iter()
+                        .find(|i| i.name == p.name)
+                        .and_then(|i| i.missing_names.first())
+                        .map(|n| format!(", first {n}"))
+                        .unwrap_or_default();
+                    out.push(format!(
+                        "missing: {} initialises {} tensor(s) randomly (its checkpoint names do not match the class{first})",
+                        p.name, p.missing
+                    ));
+                }
+                if !p.non_finite_weights.is_empty() {
+                    out.push(format!(
+                        "weights: {} reads {} tensor(s) holding NaN/Inf",
+                        p.name,
+                        p.non_finite_weights.len()
+                    ));
+                }
+            }
+        }
+        let loading_differences = out.len();
+        if let Some(row) = pair
+            .first_divergent
+            .and_then(|i| pair.hidden_states.iter().find(|r| r.index == i))
+        {
+            let at = hidden_state_label(row.index, row.layer_type);
+            match (&row.local, row.local_verdict) {
+                (Some(l), Some(Verdict::Pass)) => out.push(format!(
+                    "hidden_states[{}] ({at}) passes when {}'s layer is fed {}'s input (local cos_min {:.8}): the difference is inherited",
+                    row.index, pair.b, pair.a, l.cos_min
+                )),
+                (Some(l), Some(_)) => out.push(format!(
+                    "hidden_states[{}] ({at}) differs even when both layers get the same input (local cos_min {:.8}): the layer itself computes differently",
+                    row.index, l.cos_min
+                )),
+                _ => {}
+            }
+            if loading_differences == 0 {
+                out.insert(
+                    0,
+                    "no loading difference found (same dtype, lm_head and tensors): a numerical difference".into(),
+                );
+            }
+        }
+        out
+    }
+}
+
+/// `embeddings`, `output of layer 2, full attention`, `output of layer 5 after the final norm`.
+pub fn hidden_state_label(index: usize, kind: HiddenKind) -> String {
+    match kind {
+        HiddenKind::Embedding => "embeddings".into(),
+        HiddenKind::FinalNorm => format!("output of layer {} after the final norm", index - 1),
+        t => format!(
+            "output of layer {}, {}",
+            index - 1,
+            t.as_str().replace('_', " ")
+        ),
+    }
+}
+
+/// Checkpoint keys of `dropped` that the ignore rule `rule` (`"ignore ^mtp.*"`,
+/// as in [`crate::loading::PathInventory::rules`]) matches: `.` is a wildcard,
+/// as in transformers' `_keys_to_ignore_on_load_unexpected` regexes. `None`
+/// when `rule` is not an ignore rule.
+pub fn dropped_by_rule<'a>(rule: &str, dropped: &'a [String]) -> Option<Vec<&'a String>> {
+    let pat = rule.strip_prefix("ignore ")?;
+    Some(
+        dropped
+            .iter()
+            .filter(|k| crate::loading::inventory::ignore_matches(pat, k))
+            .collect(),
+    )
+}
+
+/// The verdict and the body of its sentence (`causal-lm and vlm agree bitwise
+/// at all 7 hidden states`, …); [`tagged`] puts `PASS:` / `FAIL:` before it
+/// once every check of the run has added its part.
+pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
+    let missing: Vec<String> = paths
+        .iter()
+        .filter(|p| p.missing > 0)
+        .map(|p| {
+            format!(
+                "{} has {} missing (randomly initialised) tensors",
+                p.name, p.missing
+            )
+        })
+        .collect();
+    let mut parts = Vec::new();
+    let mut verdict = if missing.is_empty() {
+        Verdict::Pass
+    } else {
+        Verdict::Fail
+    };
+    for p in pairs {
+        let n = p.hidden_states.len();
+        let v = p.verdict();
+        let dtypes = if p.dtype_a != p.dtype_b {
+            format!("; dtype {} vs {}", p.dtype_a, p.dtype_b)
+        } else {
+            String::new()
+        };
+        if v != Verdict::Pass {
+            verdict = Verdict::Fail;
+        }
+        parts.push(match (v, p.first_non_bitwise, p.first_divergent) {
+            (Verdict::Pass, None, _) => {
+                format!("{} and {} agree bitwise at all {n} hidden states", p.a, p.b)
+            }
+            (Verdict::Pass, Some(i), _) => format!(
+                "{} and {} agree within tolerance at all {n} hidden states (not bitwise from hidden_states[{i}])",
+                p.a, p.b
+            ),
+            (_, _, Some(i)) => {
+                let row = &p.hidden_states.iter().find(|r| r.index == i);
+                let (at, detail) = row
+                    .map(|r| {
+                        let m = &r.metrics;
+                        let d = if m.nan_count + m.inf_count > 0 {
+                            format!("; {} NaN, {} Inf values", m.nan_count, m.inf_count)
+                        } else {
+                            format!("; cos_min {:.6}, max_abs {:.3e}", m.cos_min, m.max_abs)
+                        };
+                        (hidden_state_label(r.index, r.layer_type), d)
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "{} and {} diverge from hidden_states[{i}] ({at}{dtypes}{detail})",
+                    p.a, p.b
+                )
+            }
+            (_, _, None) => {
+                let why = if dtypes.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", &dtypes[2..])
+                };
+                format!("{} and {} differ in the logits{why}", p.a, p.b)
+            }
+        });
+    }
+    parts.extend(missing);
+    for p in paths {
+        if let Some((name, nf)) = p.non_finite_weights.iter().next() {
+            verdict = Verdict::Fail;
+            parts.push(format!(
+                "{} reads {} weight tensor(s) with NaN/Inf (first: {name}: {} NaN, {} Inf)",
+                p.name,
+                p.non_finite_weights.len(),
+                nf.nan,
+                nf.inf
+            ));
+        }
+    }
+    (verdict, parts.join("; "))
+}
+
+impl Document for CompareReport {
+    const FILES: &'static [&'static str] =
+        &["report.md", "report.json", super::markdown::PLOT_FILE];
+
+    fn terminal(&self) -> String {
+        super::terminal::render(self)
+    }
+
+    fn files(&self) -> Result<Vec<(&'static str, String)>> {
+        Ok(vec![
+            ("report.md", super::markdown::render(self)),
+            (super::markdown::PLOT_FILE, super::svg::render(self)?),
+        ])
+    }
+
+    fn exit_code(&self) -> u8 {
+        self.exit_code as u8
+    }
+}
+
+/// `L3` for the output of decoder layer 3 (`hidden_states[4]`), `emb`, `L5 +norm`.
+pub fn layer_label(row: &HiddenStateRow) -> String {
+    match row.layer_type {
+        HiddenKind::Embedding => "emb".into(),
+        HiddenKind::FinalNorm => format!("L{} +norm", row.index - 1),
+        _ => format!("L{}", row.index - 1),
+    }
+}
+
+/// Layer type, plus the paths whose weights here are randomly initialised.
+pub fn type_label(row: &HiddenStateRow) -> String {
+    if row.random_init.is_empty() {
+        row.layer_type.as_str().to_string()
+    } else {
+        format!(
+            "{} (RANDOM INIT on {})",
+            row.layer_type.as_str(),
+            row.random_init.join(", ")
+        )
+    }
+}
+
+/// The per-layer table of `pair`: one row per `hidden_states` index, taps
+/// marked, the first divergent row highlighted.
+pub fn pair_table(report: &Compare, pair: &PairReport) -> Table {
+    let mut t = Table::new(vec![
+        Column::new("hs").right().strong(),
+        Column::new("layer").strong(),
+        Column::new("type"),
+        Column::new("tap"),
+        Column::new("cos min"),
+        Column::new("cos mean"),
+        Column::new("max abs diff"),
+        Column::new("rel L2"),
+        Column::new("bitwise"),
+        Column::new("local cos min"),
+        Column::new("verdict").strong(),
+    ]);
+    for r in &pair.hidden_states {
+        t.push(pair_row(report, pair, r));
+    }
+    t
+}
+
+/// One row of [`pair_table`].
+pub fn pair_row(report: &Compare, pair: &PairReport, r: &HiddenStateRow) -> Row {
+    let m = &r.metrics;
+    let first = pair.first_divergent == Some(r.index);
+    Row {
+        cells: vec![
+            r.index.to_string().into(),
+            layer_label(r).into(),
+            type_label(r).into(),
+            if report.is_tap(r.index) {
+                format!("◆ {}", r.index - 1)
+            } else {
+                String::new()
+            }
+            .into(),
+            cos(m.cos_min).into(),
+            cos(m.cos_mean).into(),
+            max_abs_at(m).into(),
+            sci(m.rel_l2).into(),
+            yes_no(m.bitwise).into(),
+            r.local
+                .as_ref()
+                .map(|l| cos(l.cos_min))
+                .unwrap_or_else(|| "-".into())
+                .into(),
+            Cell::Verdict(
+                r.verdict,
+                if first { " ← first divergent" } else { "" }.into(),
+            ),
+        ],
+        highlight: first,
+    }
+}
+
+/// The prefill-vs-incremental table: one row per path.
+pub fn incremental_table(checks: &[IncrementalCheck]) -> Table {
+    let mut t = Table::new(vec![
+        Column::new("path"),
+        Column::new("prefill + steps"),
+        Column::new("max abs diff"),
+        Column::new("cos min"),
+        Column::new("verdict"),
+    ]);
+    for c in checks {
+        t.push(Row::new(vec![
+            Cell::code(&c.path),
+            format!("{} + {}", c.prefill_tokens, c.steps).into(),
+            sci(c.metrics.max_abs).into(),
+            cos(c.metrics.cos_min).into(),
+            Cell::verdict(c.verdict),
+        ]));
+    }
+    t
+}

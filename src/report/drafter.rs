@@ -1,0 +1,156 @@
+//! The drafter report (`drafter --json`, and `compare --json`'s `drafter`
+//! member): τ per loading path side by side, the cross runs, the τ gap.
+
+use super::format::tau;
+use super::tabular::{Cell, Column, Row, Sinks, Span, Table};
+use super::{Document, Environment, Kind, Report};
+use crate::drafter::paths::DrafterEval;
+use crate::error::Result;
+use crate::parity::Verdict;
+
+/// The drafter report: the envelope around [`DrafterEval`].
+pub type DrafterReport = Report<DrafterEval>;
+
+/// The report of `eval`: fails when the τ gap between paths exceeds the limit.
+pub fn build(
+    eval: DrafterEval,
+    environment: Environment,
+    command: String,
+    notes: Vec<String>,
+) -> DrafterReport {
+    let verdict = if eval.tau_gap > eval.max_tau_gap {
+        Verdict::Fail
+    } else {
+        Verdict::Pass
+    };
+    let join = |f: &dyn Fn(&crate::drafter::eval::PathTau) -> String| {
+        eval.paths.iter().map(f).collect::<Vec<_>>().join(" vs ")
+    };
+    let summary = format!(
+        "drafter τ {} (DDTree-{} {}; gap {:.3}, limit {})",
+        join(&|p| format!("{} {:.2}", p.name, p.summary.tau_macro)),
+        eval.paths.first().map(|p| p.ddtree.budget).unwrap_or(0),
+        join(&|p| format!("{:.2}", p.ddtree.tau_macro)),
+        eval.tau_gap,
+        eval.max_tau_gap
+    );
+    Report::new(
+        Kind::Drafter,
+        verdict,
+        &summary,
+        environment,
+        command,
+        notes,
+        eval,
+    )
+}
+
+/// The τ table: one row per loading path, then the cross runs.
+pub fn tau_table(d: &DrafterEval) -> Table {
+    let budget = d.paths.first().map(|p| p.ddtree.budget).unwrap_or(0);
+    let mut t = Table::new(vec![
+        Column::new("path"),
+        Column::new("dtype"),
+        Column::new("τ (macro)"),
+        Column::new("τ (pooled)"),
+        Column::new(format!("DDTree-{budget} τ")),
+        Column::new("rounds").only(Sinks::Terminal),
+        Column::new("accept@1..").only(Sinks::Terminal),
+        Column::new("lm_head"),
+    ]);
+    for p in &d.paths {
+        let rounds: usize = p
+            .per_prompt
+            .iter()
+            .map(|x| x.acceptance_lengths.len())
+            .sum();
+        let acc: Vec<String> = p
+            .summary
+            .per_position_acceptance
+            .iter()
+            .map(|a| format!("{a:.2}"))
+            .collect();
+        t.push(Row::new(vec![
+            Cell::code(&p.name),
+            p.dtype.name().into(),
+            tau(p.summary.tau_macro).into(),
+            tau(p.summary.tau_pooled).into(),
+            tau(p.ddtree.tau_macro).into(),
+            rounds.to_string().into(),
+            acc.join(" ").into(),
+            p.lm_head_from.clone().into(),
+        ]));
+    }
+    for c in &d.cross {
+        t.push(Row::new(vec![
+            Cell::Text(vec![
+                Span::Code(c.features.clone()),
+                Span::Plain(" features on ".into()),
+                Span::Code(c.trajectory.clone()),
+                Span::Plain(" trajectory".into()),
+            ]),
+            "-".into(),
+            tau(c.tau_macro).into(),
+            tau(c.tau_pooled).into(),
+            tau(c.ddtree_tau_macro).into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+        ]));
+    }
+    t
+}
+
+/// One line about the drafter: taps, block size, mask token, dtype, tokens.
+fn drafter_line(d: &DrafterEval, source: &str) -> String {
+    format!(
+        "{source}: taps {:?}, block size {}, mask token {}, computed in {}; {} new tokens per prompt",
+        d.drafter.target_layer_ids,
+        d.drafter.block_size,
+        d.drafter.mask_token_id,
+        d.drafter.dtype,
+        d.max_new_tokens
+    )
+}
+
+/// The terminal rendering.
+pub fn render(d: &DrafterReport) -> String {
+    let mut out = format!(
+        "{}\ndrafter {}\n",
+        d.summary,
+        drafter_line(d, &d.drafter.source)
+    );
+    out.push_str(&tau_table(d).terminal().to_string());
+    out.push_str(&format!("\nτ rule: {}\n", d.end_rule.describe()));
+    for n in &d.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    out
+}
+
+/// The Markdown section (`compare --drafter`'s `report.md`).
+pub fn markdown(d: &DrafterReport) -> String {
+    format!(
+        "\n## Drafter τ\n\n{}\n\nDrafter {}.\n\n{}\nτ rule: {}.\n",
+        d.summary,
+        drafter_line(d, &format!("`{}`", d.drafter.source)),
+        tau_table(d).markdown(),
+        d.end_rule.describe()
+    )
+}
+
+impl Document for DrafterReport {
+    const FILES: &'static [&'static str] = &[];
+
+    fn terminal(&self) -> String {
+        render(self)
+    }
+
+    fn files(&self) -> Result<Vec<(&'static str, String)>> {
+        Ok(Vec::new())
+    }
+
+    fn exit_code(&self) -> u8 {
+        self.exit_code as u8
+    }
+}

@@ -1,0 +1,103 @@
+//! Number formatting shared by every renderer (terminal and Markdown), so a
+//! value reads the same wherever it is shown.
+
+use crate::parity::Metrics;
+
+/// `1.234e-5` style, or `0` for exact zero.
+pub fn sci(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
+/// Cosine with enough digits to see f32 round-off (`0.99999994`).
+pub fn cos(x: f64) -> String {
+    format!("{x:.8}")
+}
+
+/// A cosine at six digits (triage's tap column, summaries).
+pub fn cos6(x: f64) -> String {
+    format!("{x:.6}")
+}
+
+/// An acceptance length τ (`7.890`).
+pub fn tau(x: f64) -> String {
+    format!("{x:.3}")
+}
+
+/// A signed τ difference (`-0.120`, `+0.214`).
+pub fn delta(x: f64) -> String {
+    format!("{x:+.3}")
+}
+
+/// Seconds at two decimals.
+pub fn seconds(x: f64) -> String {
+    format!("{x:.2}")
+}
+
+/// Bytes as GiB at two decimals (`1.63 GiB`).
+pub fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// `yes` / `no`.
+pub fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+/// `max_abs @p0 t12 f3`: the largest difference and where it sits.
+pub fn max_abs_at(m: &Metrics) -> String {
+    match m.max_abs_at {
+        Some(at) if m.max_abs > 0.0 => {
+            format!(
+                "{} @p{} t{} f{}",
+                sci(m.max_abs),
+                at.prompt,
+                at.token,
+                at.feature
+            )
+        }
+        _ => sci(m.max_abs),
+    }
+}
+
+/// `27781427952` → `27,781,427,952`.
+pub fn group_digits(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digits() {
+        assert_eq!(group_digits(27781427952), "27,781,427,952");
+        assert_eq!(group_digits(0), "0");
+        assert_eq!(group_digits(999), "999");
+        assert_eq!(group_digits(1000), "1,000");
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(sci(0.0), "0");
+        assert_eq!(sci(1.5e-5), "1.500e-5");
+        assert_eq!(cos(0.5), "0.50000000");
+        assert_eq!(delta(0.2), "+0.200");
+        assert_eq!(gib(3 << 29), "1.50 GiB");
+    }
+}

@@ -1,0 +1,122 @@
+//! Terminal rendering of `compare`'s report: the verdict sentence, the
+//! paths, then one table per pair with a row per `hidden_states` index, the
+//! prefill-vs-incremental checks and the drafter's τ table.
+
+use super::compare::{incremental_table, pair_table, CompareReport};
+use super::format::{cos, gib, max_abs_at, sci, yes_no};
+
+/// The whole terminal report.
+pub fn render(report: &CompareReport) -> String {
+    let mut out = String::new();
+    out.push_str(&report.summary);
+    out.push_str("\n\n");
+    for p in &report.paths {
+        out.push_str(&format!(
+            "  {:<20} {:<34} dtype {} ({}), computed in {}; lm_head: {}{}\n",
+            p.name,
+            p.class,
+            p.dtype,
+            p.dtype_reason,
+            p.compute_dtype,
+            p.lm_head,
+            if p.missing > 0 {
+                format!(", {} MISSING tensors (random init)", p.missing)
+            } else {
+                String::new()
+            }
+        ));
+    }
+    for p in &report.inventory.paths {
+        out.push_str(&format!(
+            "  {:<20} inventory: {} tensors = {} consumed + {} missing; {} dropped by rule, {} unexpected{}\n",
+            p.name,
+            p.tensors,
+            p.consumed,
+            p.missing,
+            p.dropped_by_rule,
+            p.unexpected,
+            if p.unexpected_names.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", p.unexpected_names.iter().take(3).cloned().collect::<Vec<_>>().join(", "))
+            }
+        ));
+    }
+    let toks: Vec<String> = report
+        .prompts
+        .iter()
+        .map(|p| p.tokens.to_string())
+        .collect();
+    out.push_str(&format!(
+        "  prompts: {} ({} tokens); delta rule: {}\n",
+        report.prompts.len(),
+        toks.join(", "),
+        report
+            .environment
+            .gdn_form
+            .map(|f| f.describe())
+            .unwrap_or("-")
+    ));
+    for pair in &report.pairs {
+        out.push_str(&format!(
+            "\n{} vs {} (rel L2 = ‖a−b‖/‖b‖; local = {}'s layer fed {}'s input)\n",
+            pair.a, pair.b, pair.b, pair.a
+        ));
+        out.push_str(&pair_table(report, pair).terminal().to_string());
+        out.push('\n');
+        if let Some(l) = &pair.logits {
+            out.push_str(&format!(
+                "logits: cos min {}, max abs diff {}, rel L2 {}, bitwise {}, argmax agreement {:.4}\n",
+                cos(l.cos_min),
+                max_abs_at(l),
+                sci(l.rel_l2),
+                yes_no(l.bitwise),
+                pair.argmax_agreement.unwrap_or(f64::NAN)
+            ));
+        }
+        if !pair.logits_random_init.is_empty() {
+            out.push_str(&format!(
+                "logits of {} come from a randomly initialised lm_head (MISSING in the checkpoint)\n",
+                pair.logits_random_init.join(", ")
+            ));
+        }
+        for r in pair
+            .hidden_states
+            .iter()
+            .filter(|r| r.needed_to_pass.is_some())
+            .take(3)
+        {
+            out.push_str(&format!(
+                "hidden_states[{}] would pass with {}\n",
+                r.index,
+                r.needed_to_pass.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    if !report.taps.is_empty() {
+        out.push_str(&format!(
+            "\n◆ drafter taps {:?}: {}\n",
+            report.taps, report.tap_convention
+        ));
+    }
+    for n in &report.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    if !report.incremental.is_empty() {
+        out.push_str("prefill vs incremental (a prefill, then cached single-token steps, against the full forward):\n");
+        out.push_str(
+            &incremental_table(&report.incremental)
+                .terminal()
+                .to_string(),
+        );
+        out.push('\n');
+    }
+    if let Some(d) = &report.drafter {
+        out.push('\n');
+        out.push_str(&super::drafter::render(d));
+    }
+    if let Some(b) = report.environment.peak_rss_bytes {
+        out.push_str(&format!("peak RSS {}\n", gib(b)));
+    }
+    out
+}

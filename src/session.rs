@@ -1,0 +1,111 @@
+//! A run's opened target: the checkpoint with its loading paths resolved, the
+//! prompts tokenised, and the device — what `compare`, `dump`, `drafter` and
+//! `triage` start from.
+
+use crate::checkpoint::Checkpoint;
+use crate::device::DeviceSpec;
+use crate::error::{Error, Result};
+use crate::loading::{self, LoadingPath, ResolvedPath, WeightSource};
+use crate::models::TextModelSpec;
+use crate::precision::Precision;
+use crate::prompts::{self, Prompt, PromptLimits, PromptOptions};
+
+/// What names the target of a run (the shared target flags): the
+/// checkpoint, the prompts, the seed for tensors a loading path would
+/// initialise randomly, and the compute device.
+#[derive(Debug, Clone, Default)]
+pub struct Target {
+    /// Checkpoint directory or Hub id `org/name[@rev]` in the local cache.
+    pub checkpoint: String,
+    /// Prompt options as given.
+    pub prompts: PromptOptions,
+    /// Seed for MISSING tensors (`--seed`).
+    pub seed: u64,
+    /// Compute device (`--device`).
+    pub device: DeviceSpec,
+}
+
+/// A checkpoint opened with its loading paths resolved and prompts tokenised.
+pub struct Session {
+    /// The checkpoint (headers read, weights mapped lazily).
+    pub ckpt: Checkpoint,
+    /// Resolved paths, in the order asked.
+    pub paths: Vec<ResolvedPath>,
+    /// Model geometry (from the first path's text config).
+    pub spec: TextModelSpec,
+    /// Prompts as run.
+    pub prompts: Vec<Prompt>,
+    /// The device every path computes on (`--device`).
+    pub device: DeviceSpec,
+}
+
+impl Session {
+    /// Opens `target`'s checkpoint, resolves `paths` (seeding missing-tensor
+    /// init with its seed) and the prompt set, computing on its device.
+    ///
+    /// Errors: anything [`Checkpoint::open`], [`loading::resolve`],
+    /// [`prompts::resolve`] or [`DeviceSpec::open`] return; no path given.
+    pub fn open(target: &Target, paths: &[LoadingPath]) -> Result<Self> {
+        let dev = target.device.open()?;
+        let ckpt = Checkpoint::open(&target.checkpoint)?;
+        let paths = paths
+            .iter()
+            .map(|&p| Ok(loading::resolve(&ckpt, p)?.seeded(target.seed, &dev)))
+            .collect::<Result<Vec<_>>>()?;
+        let first = paths
+            .first()
+            .ok_or_else(|| Error::Input("no loading path given".into()))?;
+        let spec = TextModelSpec::new(&first.text_config)?.with_device(dev);
+        let limits = PromptLimits {
+            vocab_size: first.text_config.vocab_size,
+            max_tokens: first.text_config.max_position_embeddings,
+        };
+        let prompts = prompts::resolve(&target.prompts, ckpt.tokenizer.as_deref(), limits)?;
+        Ok(Self {
+            ckpt,
+            paths,
+            spec,
+            prompts,
+            device: target.device,
+        })
+    }
+
+    /// Token ids of every prompt.
+    pub fn prompt_ids(&self) -> Vec<Vec<u32>> {
+        self.prompts.iter().map(|p| p.ids.clone()).collect()
+    }
+
+    /// Token count of every prompt.
+    pub fn prompt_lens(&self) -> Vec<usize> {
+        self.prompts.iter().map(|p| p.ids.len()).collect()
+    }
+
+    /// Resolves one more loading path on this session's checkpoint, seeded
+    /// and placed like the others (triage's variants).
+    ///
+    /// Errors: as [`loading::resolve`].
+    pub fn resolve_extra(&self, path: LoadingPath, seed: u64) -> Result<ResolvedPath> {
+        Ok(loading::resolve(&self.ckpt, path)?.seeded(seed, &self.spec.device))
+    }
+}
+
+/// What a loading path computes with, as a comparable key: its dtype and the
+/// identity ([`WeightSource::identity`]) of every text-model tensor, plus
+/// `lm_head.weight` from `head` when given. Two paths with equal keys give
+/// bitwise-equal results (every kernel is deterministic), so one run serves both.
+pub fn weights_key(
+    spec: &TextModelSpec,
+    src: &dyn WeightSource,
+    head: Option<&dyn WeightSource>,
+    prec: Precision,
+) -> (Precision, Vec<String>) {
+    let mut ids: Vec<String> = (0..spec.num_layers())
+        .flat_map(|l| spec.layer_tensor_names(l))
+        .chain(["embed_tokens.weight".to_string(), "norm.weight".to_string()])
+        .map(|n| src.identity(&n))
+        .collect();
+    if let Some(h) = head {
+        ids.push(h.identity("lm_head.weight"));
+    }
+    (prec, ids)
+}
