@@ -1,5 +1,5 @@
 //! Dump files: hidden states of one loading path in safetensors, the format of
-//! DESIGN §3 (`hsparity.dump.v1`), readable and writable from Python with
+//! `hsparity.dump.v1` (README, "Dump format"), readable and writable from Python with
 //! `safetensors.torch`.
 //!
 //! Keys for prompt `k`: `p{k}.input_ids` (I64 `[T]`), `p{k}.hidden_states.{i}`
@@ -134,7 +134,7 @@ impl Dump {
         }
         if prompts.is_empty() {
             return Err(bad(
-                "no p0.input_ids: not an hsparity dump (DESIGN §3 format)".into(),
+                "no p0.input_ids: not an hsparity dump (hsparity.dump.v1: p{k}.input_ids and p{k}.hidden_states.{i}; see the README's dump format)".into(),
             ));
         }
         let n0 = prompts[0].hidden_states.len();

@@ -22,4 +22,5 @@ pub mod prompts;
 pub mod report;
 pub mod session;
 pub mod sysinfo;
+pub mod text;
 pub mod triage;

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::text::one_line;
+pub use crate::text::preview;
 
 /// Where a prompt came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,20 +156,6 @@ impl<'a> Tokenizer<'a> {
         })?;
         Ok(enc.get_ids().to_vec())
     }
-}
-
-/// `s` with line breaks folded to spaces, so an error stays on one line.
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// The first 40 characters of `text`, for messages and reports.
-pub fn preview(text: &str) -> String {
-    let mut s: String = text.chars().take(40).collect();
-    if text.chars().count() > 40 {
-        s.push('…');
-    }
-    s
 }
 
 fn read_jsonl(path: &Path, tokenizer: &Tokenizer) -> Result<Vec<Prompt>> {

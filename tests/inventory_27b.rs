@@ -1,7 +1,8 @@
 //! Inventory of the real Qwen3.6-27B layout (1199 tensors in 15 shards),
 //! written as sparse safetensors files with the published headers. Expected
-//! numbers: `research/qwen3_5.md` §3 "Counts" (transformers 5.23.0 on the
-//! meta device + the published weight table).
+//! numbers: transformers 5.23.0 loading the published config on the meta
+//! device (`state_dict()` of each Auto class) against the published weight
+//! table (`fixtures/qwen3.6-27b/tensors.json`).
 
 mod common;
 
@@ -121,7 +122,7 @@ fn inventory_27b_layout_matches_transformers_counts() {
     assert!(i.dtype_reason.starts_with("first weight on disk"));
     assert_eq!(i.rules, ["ignore ^mtp.*"]);
 
-    // JSON contract field names (DESIGN §2).
+    // JSON contract field names (docs/report-schema.md §2.3).
     let j = serde_json::to_value(&inv).unwrap();
     for k in [
         "schema_version",

@@ -137,8 +137,9 @@ fn rewrite(
 
 #[test]
 fn tie_only_at_top_level_gives_missing_lm_head_on_causal_lm() {
-    // research/qwen3_5.md §6 [verified-exp]: top-level tie_word_embeddings=true,
-    // text_config without it, lm_head.weight removed.
+    // transformers 5.23.0 (measured; fixtures/divergence/tied-top-level):
+    // top-level tie_word_embeddings=true, text_config without it,
+    // lm_head.weight removed.
     let (t, dir) = tiny_copy();
     let out = t.path().join("tied");
     rewrite(

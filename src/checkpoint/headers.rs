@@ -395,7 +395,6 @@ pub fn parse_header(path: &Path, bytes: &[u8], file_len: u64) -> Result<ParsedHe
             "invalid safetensors header: not a JSON object of tensors: {e}"
         ))
     })?;
-    let data_len = file_len - data_start;
     let mut metadata = BTreeMap::new();
     let mut list: Vec<TensorHeader> = Vec::with_capacity(raw.len());
     for (name, v) in raw {
@@ -409,50 +408,74 @@ pub fn parse_header(path: &Path, bytes: &[u8], file_len: u64) -> Result<ParsedHe
             }
             continue;
         }
-        let info: RawInfo = serde_json::from_value(v).map_err(|e| {
-            bad(format!(
-                "tensor {name}: invalid header entry (expected {{\"dtype\", \"shape\", \"data_offsets\"}}): {e}"
-            ))
-        })?;
-        let bits = dtype_bits(&info.dtype)
-            .ok_or_else(|| bad(format!("tensor {name}: unknown dtype {:?}", info.dtype)))?;
-        let (b, e) = info.data_offsets;
-        if e < b {
-            return Err(bad(format!(
-                "tensor {name}: data_offsets [{b}, {e}] end before they begin"
-            )));
-        }
-        let want_bits = checked_numel(&info.shape)
-            .and_then(|n| n.checked_mul(bits))
-            .ok_or_else(|| {
-                bad(format!(
-                    "tensor {name}: shape {:?} x {} has more elements than can be addressed (element count overflows)",
-                    info.shape, info.dtype
-                ))
-            })?;
-        if want_bits % 8 != 0 || e - b != want_bits / 8 {
-            return Err(bad(format!(
-                "tensor {name}: data_offsets [{b}, {e}] span {} bytes, but {} x {:?} needs {} bytes",
-                e - b,
-                info.dtype,
-                info.shape,
-                want_bits as f64 / 8.0
-            )));
-        }
-        if e > data_len {
-            return Err(bad(format!(
-                "tensor {name}: data ends at byte {} but the file is only {file_len} bytes (truncated download?)",
-                data_start.saturating_add(e)
-            )));
-        }
-        list.push(TensorHeader {
-            name,
-            dtype: info.dtype,
-            shape: info.shape,
-            data_offsets: info.data_offsets,
-            shard: 0,
-        });
+        list.push(check_entry(name, v, data_start, file_len).map_err(bad)?);
     }
+    check_no_overlap(&mut list).map_err(bad)?;
+    Ok(ParsedHeader {
+        data_start,
+        metadata,
+        tensors: list,
+    })
+}
+
+/// One tensor's header entry, checked: known dtype, element count that fits,
+/// `data_offsets` in order, matching dtype × shape and inside the data
+/// section (which starts at `data_start` of a `file_len`-byte file).
+fn check_entry(
+    name: String,
+    v: Value,
+    data_start: u64,
+    file_len: u64,
+) -> std::result::Result<TensorHeader, String> {
+    let data_len = file_len - data_start;
+    let info: RawInfo = serde_json::from_value(v).map_err(|e| {
+        format!(
+            "tensor {name}: invalid header entry (expected {{\"dtype\", \"shape\", \"data_offsets\"}}): {e}"
+        )
+    })?;
+    let bits = dtype_bits(&info.dtype)
+        .ok_or_else(|| format!("tensor {name}: unknown dtype {:?}", info.dtype))?;
+    let (b, e) = info.data_offsets;
+    if e < b {
+        return Err(format!(
+            "tensor {name}: data_offsets [{b}, {e}] end before they begin"
+        ));
+    }
+    let want_bits = checked_numel(&info.shape)
+        .and_then(|n| n.checked_mul(bits))
+        .ok_or_else(|| {
+            format!(
+                "tensor {name}: shape {:?} x {} has more elements than can be addressed (element count overflows)",
+                info.shape, info.dtype
+            )
+        })?;
+    if want_bits % 8 != 0 || e - b != want_bits / 8 {
+        return Err(format!(
+            "tensor {name}: data_offsets [{b}, {e}] span {} bytes, but {} x {:?} needs {} bytes",
+            e - b,
+            info.dtype,
+            info.shape,
+            want_bits as f64 / 8.0
+        ));
+    }
+    if e > data_len {
+        return Err(format!(
+            "tensor {name}: data ends at byte {} but the file is only {file_len} bytes (truncated download?)",
+            data_start.saturating_add(e)
+        ));
+    }
+    Ok(TensorHeader {
+        name,
+        dtype: info.dtype,
+        shape: info.shape,
+        data_offsets: info.data_offsets,
+        shard: 0,
+    })
+}
+
+/// Sorts `list` into on-disk order and checks that no tensor starts before
+/// the furthest end seen so far (empty tensors occupy no bytes).
+fn check_no_overlap(list: &mut [TensorHeader]) -> std::result::Result<(), String> {
     // On-disk order; then no tensor may start before the furthest end seen so
     // far (empty tensors occupy no bytes and never overlap).
     list.sort_by(|a, b| {
@@ -461,145 +484,26 @@ pub fn parse_header(path: &Path, bytes: &[u8], file_len: u64) -> Result<ParsedHe
             .then(a.name.cmp(&b.name))
     });
     let mut furthest: Option<(u64, &str)> = None;
-    for t in &list {
+    for t in list.iter() {
         let (b, e) = t.data_offsets;
         if b == e {
             continue;
         }
         if let Some((end, prev)) = furthest {
             if b < end {
-                return Err(bad(format!(
+                return Err(format!(
                     "tensors {prev} and {} have overlapping data_offsets (they share bytes {b}..{})",
                     t.name,
                     end.min(e)
-                )));
+                ));
             }
         }
         if furthest.is_none_or(|(end, _)| e > end) {
             furthest = Some((e, &t.name));
         }
     }
-    Ok(ParsedHeader {
-        data_start,
-        metadata,
-        tensors: list,
-    })
+    Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn file(header: &str, data_len: usize) -> Vec<u8> {
-        let mut v = (header.len() as u64).to_le_bytes().to_vec();
-        v.extend_from_slice(header.as_bytes());
-        v.resize(v.len() + data_len, 0);
-        v
-    }
-
-    fn parse(header: &str, data_len: usize) -> Result<ParsedHeader> {
-        let f = file(header, data_len);
-        parse_header(Path::new("x.safetensors"), &f, f.len() as u64)
-    }
-
-    #[test]
-    fn valid_header_with_empty_tensors() {
-        let h = r#"{"__metadata__":{"format":"pt"},
-            "a":{"dtype":"F32","shape":[25],"data_offsets":[0,100]},
-            "e":{"dtype":"F32","shape":[0,3],"data_offsets":[100,100]},
-            "f":{"dtype":"F32","shape":[0],"data_offsets":[100,100]},
-            "b":{"dtype":"BF16","shape":[2,5],"data_offsets":[100,120]}}"#;
-        let p = parse(h, 120).unwrap();
-        let names: Vec<&str> = p.tensors.iter().map(|t| t.name.as_str()).collect();
-        assert_eq!(names, ["a", "e", "f", "b"]);
-        assert_eq!(p.metadata["format"], "pt");
-    }
-
-    #[test]
-    fn overlap_hidden_behind_an_empty_tensor_is_found() {
-        // Sorted: a [0,100), e [10,10), c [50,60): only a non-adjacent pair overlaps.
-        let h = r#"{"a":{"dtype":"U8","shape":[100],"data_offsets":[0,100]},
-            "e":{"dtype":"U8","shape":[0],"data_offsets":[10,10]},
-            "c":{"dtype":"U8","shape":[10],"data_offsets":[50,60]}}"#;
-        let m = parse(h, 100).unwrap_err().to_string();
-        assert!(
-            m.contains("tensors a and c have overlapping data_offsets"),
-            "{m}"
-        );
-        assert!(m.contains("x.safetensors"), "{m}");
-    }
-
-    #[test]
-    fn overflowing_and_inconsistent_entries() {
-        let over = r#"{"m":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}}"#;
-        let m = parse(over, 0).unwrap_err().to_string();
-        assert!(m.contains("tensor m") && m.contains("overflows"), "{m}");
-        let rev = r#"{"m":{"dtype":"U8","shape":[1],"data_offsets":[5,4]}}"#;
-        assert!(parse(rev, 8)
-            .unwrap_err()
-            .to_string()
-            .contains("end before they begin"));
-        let far = r#"{"m":{"dtype":"U8","shape":[1],"data_offsets":[18446744073709551614,18446744073709551615]}}"#;
-        assert!(parse(far, 8)
-            .unwrap_err()
-            .to_string()
-            .contains("data ends at byte"));
-        let neg = r#"{"m":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}}"#;
-        assert!(parse(neg, 8)
-            .unwrap_err()
-            .to_string()
-            .contains("invalid header entry"));
-        let arr = r#"[1,2]"#;
-        assert!(parse(arr, 0)
-            .unwrap_err()
-            .to_string()
-            .contains("not a JSON object"));
-        let f = file("{}", 0);
-        let short = parse_header(Path::new("x"), &f[..4], 4)
-            .unwrap_err()
-            .to_string();
-        assert!(short.contains("truncated"), "{short}");
-        // bytes shorter than the header length the file claims.
-        let cut = parse_header(Path::new("x"), &f[..9], f.len() as u64).unwrap_err();
-        assert!(cut.to_string().contains("truncated"), "{cut}");
-    }
-
-    #[test]
-    fn index_with_bad_shard_names_or_empty_map() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        std::fs::write(d.join("model.safetensors"), file("{}", 0)).unwrap();
-        for (wm, want) in [
-            (r#"{}"#, "weight_map is empty"),
-            (
-                r#"{"a": "../model.safetensors"}"#,
-                "\"../model.safetensors\" is not a file name",
-            ),
-            (
-                r#"{"a": "/etc/passwd"}"#,
-                "\"/etc/passwd\" is not a file name",
-            ),
-            (r#"{"a": ""}"#, "\"\" is not a file name"),
-            (r#"{"a": 5}"#, "not a valid shard index"),
-        ] {
-            std::fs::write(d.join(INDEX_FILE), format!(r#"{{"weight_map": {wm}}}"#)).unwrap();
-            let m = HeaderIndex::read_dir(d).unwrap_err().to_string();
-            assert!(m.contains(want) && m.contains(INDEX_FILE), "{wm}: {m}");
-        }
-    }
-
-    #[test]
-    fn numel_never_wraps() {
-        let t = TensorHeader {
-            name: "x".into(),
-            dtype: "F32".into(),
-            shape: vec![1 << 62, 4],
-            data_offsets: (0, 0),
-            shard: 0,
-        };
-        assert_eq!(t.numel(), u64::MAX);
-        assert_eq!(checked_numel(&[1 << 62, 4]), None);
-        assert_eq!(checked_numel(&[]), Some(1));
-        assert_eq!(checked_numel(&[1 << 62, 0]), Some(0));
-    }
-}
+mod tests;

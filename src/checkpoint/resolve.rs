@@ -197,7 +197,7 @@ pub fn resolve_with_cache(arg: &str, cache_dir: Option<&Path>) -> Result<Resolve
                 return Err(Error::Input(format!(
                     "checkpoint {arg}: {}: expected a 40-hex commit hash, found {:?} (corrupt Hugging Face cache?)",
                     ref_path.display(),
-                    crate::prompts::preview(c)
+                    crate::text::preview(c)
                 )));
             }
             c.to_ascii_lowercase()

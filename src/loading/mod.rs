@@ -3,19 +3,22 @@
 //! `lm_head`, dtype), emulated from headers only, plus the tensor view a
 //! candle model reads its weights through.
 //!
-//! See `research/qwen3_5.md` §1-2 and §6 for the transformers 5.23.0
-//! behaviour this follows.
+//! The transformers 5.23.0 behaviour this follows is summarised, with its
+//! source files and functions, in `docs/architecture.md` ("loading paths")
+//! and the README's "How the loading paths really diverge".
 
 pub mod inventory;
 pub mod paths;
+pub mod resolve;
 pub mod source;
 pub mod spec;
 pub mod view;
 
 pub use inventory::{
-    inventory, resolve, ComponentCount, Inventory, PathInventory, ResolvedPath, SCHEMA_VERSION,
+    inventory, ComponentCount, Inventory, PathInventory, ResolvedPath, SCHEMA_VERSION,
 };
 pub use paths::{resolve_dtype, LoadingPath, ModelClass};
+pub use resolve::resolve;
 pub use source::{select_rows, WeightSource};
 pub use spec::{Component, InitRule};
 pub use view::{NonFinite, TensorView, WeightOrigin};

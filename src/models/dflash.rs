@@ -126,25 +126,7 @@ impl DflashConfig {
             None => hidden_size / num_attention_heads.max(1),
         };
         let num_hidden_layers = usize_of("num_hidden_layers")?;
-        let target_layer_ids: Vec<usize> = match get(cfg, "target_layer_ids") {
-            Some(Value::Array(a)) if !a.is_empty() => a
-                .iter()
-                .map(|x| {
-                    x.as_u64()
-                        .map(|v| v as usize)
-                        .ok_or_else(|| bad(format!("target_layer_ids entry {x} is not a layer index")))
-                })
-                .collect::<Result<_>>()?,
-            Some(v) => return Err(bad(format!("target_layer_ids must be a non-empty list, found {v}"))),
-            None => {
-                return Err(bad(
-                    "no target_layer_ids (top level or dflash_config): the fallback formula \
-                     build_target_layer_ids silently picks taps the drafter may not have been trained on \
-                     (sglang#37475), so hsparity requires the list"
-                        .into(),
-                ))
-            }
-        };
+        let target_layer_ids = target_layer_ids(cfg)?;
         let mask_token_id = u32::try_from(usize_of("mask_token_id")?)
             .map_err(|_| bad("mask_token_id does not fit a token id".into()))?;
         let block_size = match get(cfg, "block_size") {
@@ -156,51 +138,8 @@ impl DflashConfig {
                 "block_size {block_size}: a block needs the anchor plus at least one draft slot"
             )));
         }
-        // Rope: rope_parameters{rope_theta, rope_type} | rope_theta + rope_scaling.
-        let params = cfg.get("rope_parameters").filter(|v| v.is_object());
-        let scaling = cfg.get("rope_scaling").filter(|v| v.is_object());
-        for p in [params, scaling].into_iter().flatten() {
-            let ty = p
-                .get("rope_type")
-                .or_else(|| p.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("default");
-            if ty != "default" {
-                return Err(bad(format!(
-                    "rope_type {ty:?} is not implemented (hsparity implements default rope for drafters)"
-                )));
-            }
-        }
-        let rope_theta = params
-            .and_then(|p| p.get("rope_theta"))
-            .or_else(|| cfg.get("rope_theta"))
-            .map(|v| {
-                v.as_f64()
-                    .ok_or_else(|| bad(format!("rope_theta must be a number, found {v}")))
-            })
-            .transpose()?
-            .unwrap_or(10000.0);
-        let layer_types = match cfg.get("layer_types").filter(|v| !v.is_null()) {
-            Some(Value::Array(a)) => {
-                if a.len() != num_hidden_layers {
-                    return Err(bad(format!(
-                        "layer_types has {} entries, num_hidden_layers is {num_hidden_layers}",
-                        a.len()
-                    )));
-                }
-                a.iter()
-                    .map(|t| match t.as_str() {
-                        Some("full_attention") => Ok(DraftLayerType::FullAttention),
-                        Some("sliding_attention") => Ok(DraftLayerType::SlidingAttention),
-                        _ => Err(bad(format!(
-                            "layer_types entry {t}: expected full_attention or sliding_attention"
-                        ))),
-                    })
-                    .collect::<Result<_>>()?
-            }
-            Some(v) => return Err(bad(format!("layer_types must be a list, found {v}"))),
-            None => vec![DraftLayerType::FullAttention; num_hidden_layers],
-        };
+        let rope_theta = rope_theta(cfg)?;
+        let layer_types = layer_types(cfg, num_hidden_layers)?;
         let sliding_window = match get(cfg, "sliding_window") {
             Some(_) => Some(usize_of("sliding_window")?),
             None => None,
@@ -251,6 +190,94 @@ impl DflashConfig {
                 .filter(|x| *x > 0.0),
         })
     }
+}
+
+/// `rope_theta` from `rope_parameters{rope_theta, rope_type}` or the legacy
+/// top-level `rope_theta` + `rope_scaling` (default 10000).
+///
+/// Errors ([`Error::Config`]): a rope type other than default; a non-number theta.
+fn rope_theta(cfg: &Value) -> Result<f64> {
+    let bad = Error::Config;
+    // Rope: rope_parameters{rope_theta, rope_type} | rope_theta + rope_scaling.
+    let params = cfg.get("rope_parameters").filter(|v| v.is_object());
+    let scaling = cfg.get("rope_scaling").filter(|v| v.is_object());
+    for p in [params, scaling].into_iter().flatten() {
+        let ty = p
+            .get("rope_type")
+            .or_else(|| p.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        if ty != "default" {
+            return Err(bad(format!(
+                "rope_type {ty:?} is not implemented (hsparity implements default rope for drafters)"
+            )));
+        }
+    }
+    Ok(params
+        .and_then(|p| p.get("rope_theta"))
+        .or_else(|| cfg.get("rope_theta"))
+        .map(|v| {
+            v.as_f64()
+                .ok_or_else(|| bad(format!("rope_theta must be a number, found {v}")))
+        })
+        .transpose()?
+        .unwrap_or(10000.0))
+}
+
+/// `layer_types` (every layer full attention when absent).
+///
+/// Errors ([`Error::Config`]): a list of the wrong length or an unknown entry.
+fn layer_types(cfg: &Value, num_hidden_layers: usize) -> Result<Vec<DraftLayerType>> {
+    let bad = Error::Config;
+    Ok(match cfg.get("layer_types").filter(|v| !v.is_null()) {
+        Some(Value::Array(a)) => {
+            if a.len() != num_hidden_layers {
+                return Err(bad(format!(
+                    "layer_types has {} entries, num_hidden_layers is {num_hidden_layers}",
+                    a.len()
+                )));
+            }
+            a.iter()
+                .map(|t| match t.as_str() {
+                    Some("full_attention") => Ok(DraftLayerType::FullAttention),
+                    Some("sliding_attention") => Ok(DraftLayerType::SlidingAttention),
+                    _ => Err(bad(format!(
+                        "layer_types entry {t}: expected full_attention or sliding_attention"
+                    ))),
+                })
+                .collect::<Result<_>>()?
+        }
+        Some(v) => return Err(bad(format!("layer_types must be a list, found {v}"))),
+        None => vec![DraftLayerType::FullAttention; num_hidden_layers],
+    })
+}
+
+/// `target_layer_ids` (top level or `dflash_config`): required.
+///
+/// Errors ([`Error::Config`]): absent (the fallback formula
+/// `build_target_layer_ids` silently picks taps the drafter may not have
+/// been trained on, sglang#37475), empty, or not layer indices.
+fn target_layer_ids(cfg: &Value) -> Result<Vec<usize>> {
+    let bad = Error::Config;
+    Ok(match get(cfg, "target_layer_ids") {
+        Some(Value::Array(a)) if !a.is_empty() => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|v| v as usize)
+                    .ok_or_else(|| bad(format!("target_layer_ids entry {x} is not a layer index")))
+            })
+            .collect::<Result<_>>()?,
+        Some(v) => return Err(bad(format!("target_layer_ids must be a non-empty list, found {v}"))),
+        None => {
+            return Err(bad(
+                "no target_layer_ids (top level or dflash_config): the fallback formula \
+                 build_target_layer_ids silently picks taps the drafter may not have been trained on \
+                 (sglang#37475), so hsparity requires the list"
+                    .into(),
+            ))
+        }
+    })
 }
 
 /// All tensors of a drafter's safetensors file(s), by name.

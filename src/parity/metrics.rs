@@ -1,5 +1,5 @@
-//! Streaming comparison metrics between two captures of the same tensor
-//! (DESIGN §4): computed in f64 from f32 rows, per token row, aggregated over
+//! Streaming comparison metrics between two captures of the same tensor,
+//! computed in f64 from f32 rows, per token row, aggregated over
 //! rows and prompts without keeping the tensors.
 
 use candle_core::{DType, Tensor};

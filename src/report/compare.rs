@@ -232,7 +232,7 @@ pub fn dropped_by_rule<'a>(rule: &str, dropped: &'a [String]) -> Option<Vec<&'a 
     Some(
         dropped
             .iter()
-            .filter(|k| crate::loading::inventory::ignore_matches(pat, k))
+            .filter(|k| crate::loading::resolve::ignore_matches(pat, k))
             .collect(),
     )
 }

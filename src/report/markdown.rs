@@ -10,8 +10,8 @@ use super::compare::{
     dropped_by_rule, hidden_state_label, incremental_table, pair_row, pair_table, CompareReport,
 };
 use super::format::{cos, gib, max_abs_at, sci, yes_no};
-use super::tabular::{Cell, Column, Table};
-use crate::parity::HiddenStateRow;
+use super::tabular::{Cell, Column, Row, Table};
+use crate::parity::{HiddenStateRow, PairReport};
 
 /// Rows above which the per-layer table is folded in `<details>`.
 pub const FOLD_ROWS: usize = 24;
@@ -40,13 +40,41 @@ fn names_line(names: &[&String]) -> String {
     )
 }
 
-/// The Markdown document.
+/// The Markdown document: summary, plot, causes, environment, inventory,
+/// one section per pair, the incremental checks, the drafter, notes, the
+/// command.
 pub fn render(report: &CompareReport) -> String {
-    let e = &report.environment;
     let mut md = format!("{}\n\n", report.summary);
     md.push_str(&format!(
         "![per-layer parity: 1 − cos_min and rel L2 per hidden state, log scale]({PLOT_FILE})\n\n"
     ));
+    md.push_str(&causes(report));
+    md.push_str(&environment(report));
+    md.push_str(&inventory(report));
+    for pair in &report.pairs {
+        md.push_str(&pair_section(report, pair));
+    }
+    if !report.incremental.is_empty() {
+        md.push_str("\n## Prefill vs incremental\n\n");
+        md.push_str(&incremental_table(&report.incremental).markdown());
+    }
+    if let Some(d) = &report.drafter {
+        md.push_str(&super::drafter::markdown(d));
+    }
+    md.push_str(&format!("\n{}.\n", report.tap_convention));
+    if !report.notes.is_empty() {
+        md.push_str("\n## Notes\n\n");
+        for n in &report.notes {
+            md.push_str(&format!("- {n}\n"));
+        }
+    }
+    md.push_str(&format!("\n## Reproduce\n\n```\n{}\n```\n", report.command));
+    md
+}
+
+/// "Why `a` and `b` differ", per pair that differs.
+fn causes(report: &CompareReport) -> String {
+    let mut md = String::new();
     for pair in &report.pairs {
         let causes = report.causes(pair);
         if causes.is_empty() {
@@ -58,8 +86,14 @@ pub fn render(report: &CompareReport) -> String {
         }
         md.push('\n');
     }
-    md.push_str("## Environment\n\n");
+    md
+}
+
+/// The environment table and the paths as run.
+fn environment(report: &CompareReport) -> String {
+    let e = &report.environment;
     let t = e.target.as_ref();
+    let mut md = String::from("## Environment\n\n");
     md.push_str(&format!(
         "| | |\n|---|---|\n| hsparity | {} |\n| checkpoint | `{}`{} |\n| config.json sha256 | `{}` |\n| prompts | {} ({} tokens), sha256 `{}` |\n| device | {} ({} threads), peak RSS {} |\n| Gated DeltaNet form | {} |\n| drafter taps | {} |\n\n",
         e.hsparity_version,
@@ -87,7 +121,7 @@ pub fn render(report: &CompareReport) -> String {
         Column::new("lm_head"),
     ]);
     for p in &report.paths {
-        paths.push(super::tabular::Row::new(vec![
+        paths.push(Row::new(vec![
             Cell::code(&p.name),
             Cell::code(&p.class),
             format!("{} ({})", p.dtype, p.dtype_reason).into(),
@@ -96,14 +130,18 @@ pub fn render(report: &CompareReport) -> String {
         ]));
     }
     md.push_str(&paths.markdown());
-    md.push_str("\n## Inventory\n\n");
-    md.push_str(&format!(
-        "Checkpoint: {} tensors in {} shard(s).\n\n{}",
+    md
+}
+
+/// The inventory table and, per path, its rules and what they drop, the
+/// unexpected and missing names, notes.
+fn inventory(report: &CompareReport) -> String {
+    let mut md = format!(
+        "\n## Inventory\n\nCheckpoint: {} tensors in {} shard(s).\n\n{}\n",
         report.inventory.checkpoint_tensors,
         report.inventory.shards,
         super::inventory::inventory_table(&report.inventory.paths).markdown()
-    ));
-    md.push('\n');
+    );
     for p in &report.inventory.paths {
         md.push_str(&format!("- `{}` (`{}`):\n", p.name, p.class));
         for rule in &p.rules {
@@ -134,89 +172,76 @@ pub fn render(report: &CompareReport) -> String {
             md.push_str(&format!("  - note: {n}\n"));
         }
     }
-    for pair in &report.pairs {
+    md
+}
+
+/// One pair: tolerance, first divergence, the per-layer table (folded with
+/// its key rows above the fold when long), the logits.
+fn pair_section(report: &CompareReport, pair: &PairReport) -> String {
+    let mut md = format!(
+        "\n## `{}` vs `{}` (computed in {} vs {})\n\n",
+        pair.a, pair.b, pair.dtype_a, pair.dtype_b
+    );
+    let t = &pair.tolerance;
+    md.push_str(&format!(
+        "Tolerance: pass when bitwise or cos_min ≥ {} and rel L2 ≤ {:.0e}; warn down to cos_min {} / rel L2 {:.0e}.\n\n",
+        t.pass_cos, t.pass_rel_l2, t.warn_cos, t.warn_rel_l2
+    ));
+    let first = pair
+        .first_divergent
+        .and_then(|i| pair.hidden_states.iter().find(|r| r.index == i));
+    md.push_str(&match (first, pair.first_non_bitwise) {
+        (Some(r), _) => format!(
+            "First divergent hidden state: **hidden_states[{}]** ({}), {}{}.\n\n",
+            r.index,
+            hidden_state_label(r.index, r.layer_type),
+            r.verdict.as_str(),
+            r.needed_to_pass
+                .as_ref()
+                .map(|n| format!("; it would pass with {n}"))
+                .unwrap_or_default()
+        ),
+        (None, Some(i)) => format!(
+            "No divergent hidden state (within tolerance; not bitwise from hidden_states[{i}]).\n\n"
+        ),
+        (None, None) => "No divergent hidden state: bitwise identical throughout.\n\n".into(),
+    });
+    let rows = pair_table(report, pair).markdown();
+    if pair.hidden_states.len() > FOLD_ROWS {
+        // Key rows above the fold: the first divergent one, the taps, the last.
+        let last = pair.hidden_states.last().map(|r| r.index);
+        let key: Vec<&HiddenStateRow> = pair
+            .hidden_states
+            .iter()
+            .filter(|r| {
+                Some(r.index) == pair.first_divergent
+                    || report.is_tap(r.index)
+                    || Some(r.index) == last
+            })
+            .collect();
+        md.push_str("Key rows (first divergent, taps, last):\n\n");
+        let mut key_table = pair_table(report, pair);
+        key_table.rows = key.iter().map(|r| pair_row(report, pair, r)).collect();
+        md.push_str(&key_table.markdown());
         md.push_str(&format!(
-            "\n## `{}` vs `{}` (computed in {} vs {})\n\n",
-            pair.a, pair.b, pair.dtype_a, pair.dtype_b
+            "\n<details><summary>All {} hidden states</summary>\n\n{rows}\n</details>\n",
+            pair.hidden_states.len()
         ));
-        let t = &pair.tolerance;
+    } else {
+        md.push_str(&rows);
+    }
+    if let Some(l) = &pair.logits {
         md.push_str(&format!(
-            "Tolerance: pass when bitwise or cos_min ≥ {} and rel L2 ≤ {:.0e}; warn down to cos_min {} / rel L2 {:.0e}.\n\n",
-            t.pass_cos, t.pass_rel_l2, t.warn_cos, t.warn_rel_l2
+            "\nLogits: cos min {}, max abs diff {}, rel L2 {}, bitwise {}, argmax agreement {:.4}{}.\n",
+            cos(l.cos_min),
+            max_abs_at(l),
+            sci(l.rel_l2),
+            yes_no(l.bitwise),
+            pair.argmax_agreement.unwrap_or(f64::NAN),
+            pair.logits_verdict
+                .map(|v| format!(" ({})", v.as_str()))
+                .unwrap_or_default()
         ));
-        let first = pair
-            .first_divergent
-            .and_then(|i| pair.hidden_states.iter().find(|r| r.index == i));
-        match first {
-            Some(r) => md.push_str(&format!(
-                "First divergent hidden state: **hidden_states[{}]** ({}), {}{}.\n\n",
-                r.index,
-                hidden_state_label(r.index, r.layer_type),
-                r.verdict.as_str(),
-                r.needed_to_pass
-                    .as_ref()
-                    .map(|n| format!("; it would pass with {n}"))
-                    .unwrap_or_default()
-            )),
-            None => match pair.first_non_bitwise {
-                Some(i) => md.push_str(&format!(
-                    "No divergent hidden state (within tolerance; not bitwise from hidden_states[{i}]).\n\n"
-                )),
-                None => md.push_str("No divergent hidden state: bitwise identical throughout.\n\n"),
-            },
-        }
-        let rows = pair_table(report, pair).markdown();
-        if pair.hidden_states.len() > FOLD_ROWS {
-            // Key rows above the fold: the first divergent one, the taps, the last.
-            let last = pair.hidden_states.last().map(|r| r.index);
-            let key: Vec<&HiddenStateRow> = pair
-                .hidden_states
-                .iter()
-                .filter(|r| {
-                    Some(r.index) == pair.first_divergent
-                        || report.is_tap(r.index)
-                        || Some(r.index) == last
-                })
-                .collect();
-            md.push_str("Key rows (first divergent, taps, last):\n\n");
-            let mut key_table = pair_table(report, pair);
-            key_table.rows = key.iter().map(|r| pair_row(report, pair, r)).collect();
-            md.push_str(&key_table.markdown());
-            md.push_str(&format!(
-                "\n<details><summary>All {} hidden states</summary>\n\n{rows}\n</details>\n",
-                pair.hidden_states.len()
-            ));
-        } else {
-            md.push_str(&rows);
-        }
-        if let Some(l) = &pair.logits {
-            md.push_str(&format!(
-                "\nLogits: cos min {}, max abs diff {}, rel L2 {}, bitwise {}, argmax agreement {:.4}{}.\n",
-                cos(l.cos_min),
-                max_abs_at(l),
-                sci(l.rel_l2),
-                yes_no(l.bitwise),
-                pair.argmax_agreement.unwrap_or(f64::NAN),
-                pair.logits_verdict
-                    .map(|v| format!(" ({})", v.as_str()))
-                    .unwrap_or_default()
-            ));
-        }
     }
-    if !report.incremental.is_empty() {
-        md.push_str("\n## Prefill vs incremental\n\n");
-        md.push_str(&incremental_table(&report.incremental).markdown());
-    }
-    if let Some(d) = &report.drafter {
-        md.push_str(&super::drafter::markdown(d));
-    }
-    md.push_str(&format!("\n{}.\n", report.tap_convention));
-    if !report.notes.is_empty() {
-        md.push_str("\n## Notes\n\n");
-        for n in &report.notes {
-            md.push_str(&format!("- {n}\n"));
-        }
-    }
-    md.push_str(&format!("\n## Reproduce\n\n```\n{}\n```\n", report.command));
     md
 }

@@ -18,6 +18,7 @@
 //! Text is emitted as SVG `<text>` (font family `sans-serif`); plotters sizes
 //! it with its built-in estimate, so no font files are read.
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -132,21 +133,37 @@ fn segments(points: &[(f64, Option<f64>)], top: f64) -> Vec<Vec<(f64, f64)>> {
     out
 }
 
+/// The plot's coordinates: `hidden_states` index × log metric.
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, LogCoord<f64>>>;
+
+/// What the plot's parts share: the rows drawn, their count, the y range.
+struct Frame<'r> {
+    report: &'r CompareReport,
+    rows: &'r [HiddenStateRow],
+    n: usize,
+    top: f64,
+    bottom: f64,
+}
+
 fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &CompareReport) -> DrawResult<()> {
     root.fill(&WHITE)?;
     let (w, h) = SIZE;
     let (title, rest) = root.split_vertically(TITLE_H);
     let (plot, legend) = rest.split_vertically(h - TITLE_H - LEGEND_H);
     draw_title(&title, report, w)?;
-
     let rows: &[HiddenStateRow] = report
         .pairs
         .first()
         .map(|p| p.hidden_states.as_slice())
         .unwrap_or(&[]);
-    let n = rows.len().max(1);
-    let top = y_top(&report.pairs);
-    let bottom = FLOOR / 10.0;
+    let f = Frame {
+        report,
+        rows,
+        n: rows.len().max(1),
+        top: y_top(&report.pairs),
+        bottom: FLOOR / 10.0,
+    };
+    let n = f.n;
     let x_range = -0.5f64..(n as f64 - 0.5);
     let mut chart = ChartBuilder::on(&plot)
         .margin_left(12)
@@ -154,7 +171,7 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &CompareReport) -> Dr
         .margin_top(6)
         .x_label_area_size(46)
         .y_label_area_size(70)
-        .build_cartesian_2d(x_range, (bottom..top).log_scale())?;
+        .build_cartesian_2d(x_range, (f.bottom..f.top).log_scale())?;
     let every = n.div_ceil(32);
     chart
         .configure_mesh()
@@ -176,9 +193,19 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &CompareReport) -> Dr
         .label_style((FONT, 12))
         .axis_desc_style((FONT, 13))
         .draw()?;
+    draw_shading(&mut chart, &f)?;
+    draw_guides(&mut chart, &f)?;
+    draw_taps(&mut chart, &f)?;
+    draw_divergent(&mut chart, &f)?;
+    draw_metrics(&mut chart, &f)?;
+    draw_legend(&legend, report)?;
+    Ok(())
+}
 
-    // Layer-type shading behind everything else.
-    chart.draw_series(rows.iter().map(|r| {
+/// Layer-type shading behind everything else.
+fn draw_shading(chart: &mut Chart, f: &Frame) -> DrawResult<()> {
+    let (bottom, top) = (f.bottom, f.top);
+    chart.draw_series(f.rows.iter().map(|r| {
         let x = r.index as f64;
         Rectangle::new(
             [(x - 0.5, bottom), (x + 0.5, top)],
@@ -186,7 +213,12 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &CompareReport) -> Dr
         )
     }))?;
 
-    // The floor ("bitwise identical") and the pass tolerances.
+    Ok(())
+}
+
+/// The floor ("bitwise identical") and the pass tolerances.
+fn draw_guides(chart: &mut Chart, f: &Frame) -> DrawResult<()> {
+    let (n, top, report) = (f.n, f.top, f.report);
     let x_end = n as f64 - 0.5;
     let label = |text: String, at: (f64, f64), dy: i32, color: RGBColor| {
         EmptyElement::at(at) + Text::new(text, (4, dy), (FONT, 11).into_font().color(&color))
@@ -235,8 +267,13 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &CompareReport) -> Dr
         }
     }
 
-    // Drafter taps: tap L = hidden_states[L + 1].
-    for &tap in &report.taps {
+    Ok(())
+}
+
+/// Drafter taps: tap L = hidden_states[L + 1].
+fn draw_taps(chart: &mut Chart, f: &Frame) -> DrawResult<()> {
+    let (n, top, bottom) = (f.n, f.top, f.bottom);
+    for &tap in &f.report.taps {
         let x = (tap + 1) as f64;
         if tap + 1 >= n {
             continue;
@@ -257,8 +294,13 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &CompareReport) -> Dr
         ))?;
     }
 
-    // First divergent hidden state of each pair.
-    for (j, p) in report.pairs.iter().enumerate() {
+    Ok(())
+}
+
+/// The first divergent hidden state of each pair.
+fn draw_divergent(chart: &mut Chart, f: &Frame) -> DrawResult<()> {
+    let (n, top, bottom) = (f.n, f.top, f.bottom);
+    for (j, p) in f.report.pairs.iter().enumerate() {
         if let Some(i) = p.first_divergent {
             let x = i as f64;
             chart.draw_series(std::iter::once(PathElement::new(
@@ -292,8 +334,13 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &CompareReport) -> Dr
         }
     }
 
-    // The metrics.
-    for (j, p) in report.pairs.iter().enumerate() {
+    Ok(())
+}
+
+/// The metrics of each pair: 1 − cos_min (solid) and rel L2 (dashed), NaN/Inf marked.
+fn draw_metrics(chart: &mut Chart, f: &Frame) -> DrawResult<()> {
+    let top = f.top;
+    for (j, p) in f.report.pairs.iter().enumerate() {
         let color = PAIR_COLORS[j % PAIR_COLORS.len()];
         for (k, dashed) in [(0usize, false), (1usize, true)] {
             let points: Vec<(f64, Option<f64>)> = p
@@ -336,7 +383,6 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &CompareReport) -> Dr
         }
     }
 
-    draw_legend(&legend, report)?;
     Ok(())
 }
 

@@ -3,7 +3,8 @@
 //! [`chunked`] (`torch_chunk_gated_delta_rule`, chunk 64, used for every
 //! prefill) and [`recurrent`] (`torch_recurrent_gated_delta_rule`, used for
 //! single-token decode). The kernels are plain Rust loops over f32 buffers:
-//! 20-30x faster on CPU than per-token tensor ops (shared research, candle.md §2).
+//! 20-30x faster on CPU than the same recurrence as per-token candle tensor
+//! ops (each op allocates and dispatches; the state is a few KB).
 
 use candle_core::Tensor;
 use rayon::prelude::*;

@@ -2,7 +2,9 @@
 //! `apply_rotary_pos_emb`, lines 659-702).
 //!
 //! For text-only input the three interleaved mRoPE rows are equal, so the
-//! rotation reduces exactly to 1-D rope with `pos = t` (qwen3_5 brief §4.5).
+//! rotation reduces exactly to 1-D rope with `pos = t`
+//! (`Qwen3_5TextRotaryEmbedding.forward` with `position_ids` expanded to 3
+//! identical rows, as `Qwen3_5Model.get_rope_index` gives for text).
 
 use candle_core::{Device, Tensor, D};
 
