@@ -18,11 +18,11 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
-use crate::models::qwen3_5::attention::repeat_kv;
-use crate::models::qwen3_5::linear;
-use crate::models::qwen3_5::mlp::Mlp;
-use crate::models::qwen3_5::norm::PlainRmsNorm;
-use crate::models::qwen3_5::rope::Rotary;
+use crate::models::layers::attention::repeat_kv;
+use crate::models::layers::linear;
+use crate::models::layers::mlp::Mlp;
+use crate::models::layers::norm::PlainRmsNorm;
+use crate::models::layers::rope::Rotary;
 use crate::precision::Precision;
 
 /// Attention layout of one draft layer.

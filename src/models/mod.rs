@@ -1,12 +1,27 @@
-//! Model implementations (candle, CPU). A model never knows which loading path
-//! it emulates: it reads its weights through a
+//! Model implementations (candle; CPU, CUDA optional). A model never knows
+//! which loading path it emulates: it reads its weights through a
 //! [`crate::loading::WeightSource`] built by [`crate::loading`], named
 //! relative to the text model.
+//!
+//! - [`spec`]: geometry and rope ([`TextModelSpec`]);
+//! - [`layers`]: what the families share (linear, norms, rope, attention, MLP);
+//! - [`qwen3_5`] (hybrid: Gated DeltaNet + gated attention) and [`qwen3`]
+//!   (dense): each family's model file, building [`DecoderLayer`]s;
+//! - [`decoder`]: the decoder layer and its decode state;
+//! - [`text_model`]: embedding, final norm, LM head, the whole model;
+//! - [`dflash`]: the DFlash drafter.
 
+pub mod decoder;
 pub mod dflash;
+pub mod layers;
+pub mod qwen3;
 pub mod qwen3_5;
+pub mod spec;
+pub mod text_model;
 
-pub use qwen3_5::{
-    DecoderLayer, Embedding, FinalNorm, GdnForm, LmHead, Positions, StepOutput, TextModel,
-    TextModelSpec,
+pub use decoder::{DecoderLayer, LayerState, Mixer};
+pub use qwen3_5::gated_delta_net::GdnForm;
+pub use spec::{LayerGeometry, Positions, TextModelSpec};
+pub use text_model::{
+    DecodeState, Embedding, FinalNorm, LmHead, StepOutput, TextModel, LM_HEAD_CHUNK_BYTES,
 };

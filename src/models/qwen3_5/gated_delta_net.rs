@@ -9,10 +9,11 @@
 use candle_core::Tensor;
 use rayon::prelude::*;
 
-use super::norm::RmsNormGated;
-use super::{linear, param, LayerGeometry};
 use crate::error::Result;
 use crate::loading::WeightSource;
+use crate::models::layers::norm::RmsNormGated;
+use crate::models::layers::{linear, param};
+use crate::models::LayerGeometry;
 
 /// Chunk length of `torch_chunk_gated_delta_rule`.
 pub const CHUNK_SIZE: usize = 64;

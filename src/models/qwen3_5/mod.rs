@@ -1,626 +1,97 @@
 //! Qwen3.5 hybrid text decoder (`Qwen3_5TextModel` + `lm_head`), after
-//! `transformers/models/qwen3_5/modeling_qwen3_5.py` (5.23.0).
-//!
-//! The model is built piecewise — [`Embedding`], one [`DecoderLayer`] at a
-//! time, [`FinalNorm`], [`LmHead`] — so [`crate::capture`] can stream layer by
-//! layer and hold only one layer's weights at a time. All compute is f32 on
-//! CPU; weights arrive through a [`WeightSource`] and never know which loading
-//! path they came from.
+//! `transformers/models/qwen3_5/modeling_qwen3_5.py` (5.23.0): Gated
+//! DeltaNet ([`gated_delta_net`]) and gated full attention layers, with
+//! zero-centred RMSNorms (`norm(x)·(1+w)`) and partial rotary.
 
-pub mod attention;
 pub mod gated_delta_net;
-pub mod mlp;
-pub mod norm;
-pub mod rope;
 
-use candle_core::{Device, Tensor};
-
-use crate::checkpoint::config::{Family, LayerType, TextConfig};
-use crate::error::{Error, Result};
+use crate::checkpoint::config::LayerType;
+use crate::error::Result;
 use crate::loading::WeightSource;
+use crate::models::decoder::{DecoderLayer, Mixer};
+use crate::models::layers::attention::Attention;
+use crate::models::layers::mlp::Mlp;
+use crate::models::layers::norm::{Norm, RmsNorm};
+use crate::models::TextModelSpec;
 use crate::precision::Precision;
-pub use attention::{Attention, KvCache};
-pub use gated_delta_net::{GatedDeltaNet, GdnForm, GdnState};
-use mlp::Mlp;
-use norm::Norm;
-use rope::Rotary;
+use gated_delta_net::GatedDeltaNet;
 
-/// `x · Wᵀ` for `x`: `[T, in]`, `w`: `[out, in]` → `[T, out]` (nn.Linear, no
-/// bias), accumulated in f32 and rounded once to `prec` as a CPU half GEMM does.
-pub fn linear(x: &Tensor, w: &Tensor, prec: Precision) -> Result<Tensor> {
-    prec.round(&x.matmul(&w.t()?)?)
+/// `Qwen3_5RMSNorm` `{prefix}.weight`.
+pub fn norm(src: &dyn WeightSource, prefix: &str, eps: f64, prec: Precision) -> Result<Norm> {
+    Ok(Norm::ZeroCentred(RmsNorm::load(src, prefix, eps, prec)?))
 }
 
-/// Loads `name` rounded to the compute dtype (a parameter of a model loaded in `prec`).
-pub fn param(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Tensor> {
-    src.tensor_in(name, prec)
-}
-
-/// Dimensions a layer needs, copied out of [`TextConfig`].
-#[derive(Debug, Clone, Copy)]
-pub struct LayerGeometry {
-    pub hidden: usize,
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub lin_k_heads: usize,
-    pub lin_v_heads: usize,
-    pub lin_k_dim: usize,
-    pub lin_v_dim: usize,
-    pub conv_kernel: usize,
-    pub eps: f64,
-    /// Compute dtype emulated by every op of the layer.
-    pub prec: Precision,
-    /// Decoder family (gated attention and zero-centred norms for Qwen3.5).
-    pub family: Family,
-}
-
-impl LayerGeometry {
-    /// From the text config, computing in `prec`.
-    pub fn new(cfg: &TextConfig, prec: Precision) -> Self {
-        Self {
-            hidden: cfg.hidden_size,
-            num_heads: cfg.num_attention_heads,
-            num_kv_heads: cfg.num_key_value_heads,
-            head_dim: cfg.head_dim,
-            lin_k_heads: cfg.linear_num_key_heads,
-            lin_v_heads: cfg.linear_num_value_heads,
-            lin_k_dim: cfg.linear_key_head_dim,
-            lin_v_dim: cfg.linear_value_head_dim,
-            conv_kernel: cfg.linear_conv_kernel_dim,
-            eps: cfg.rms_norm_eps,
-            prec,
-            family: cfg.family,
-        }
-    }
-
-    /// Conv channels `2·nk·dk + nv·dv`.
-    pub fn conv_dim(&self) -> usize {
-        2 * self.lin_k_heads * self.lin_k_dim + self.lin_v_heads * self.lin_v_dim
-    }
-}
-
-/// Per-forward context shared by the layers: rope tables for the tokens'
-/// absolute positions and the delta-rule form.
-#[derive(Debug, Clone)]
-pub struct Positions {
-    /// `[T, rd/2]`.
-    pub cos: Tensor,
-    /// `[T, rd/2]`.
-    pub sin: Tensor,
-}
-
-/// Shared, weight-free pieces of a decoder: config geometry and rope.
-#[derive(Debug, Clone)]
-pub struct TextModelSpec {
-    pub geo: LayerGeometry,
-    pub layer_types: Vec<LayerType>,
-    pub rotary: Rotary,
-    /// Where activations live (weights arrive there through the
-    /// [`WeightSource`]); host-side tables such as rope are copied to it.
-    pub device: Device,
-}
-
-impl TextModelSpec {
-    /// On the CPU. Errors: invalid `layer_types` (see [`TextConfig::layer_types`]).
-    pub fn new(cfg: &TextConfig) -> Result<Self> {
-        Ok(Self {
-            geo: LayerGeometry::new(cfg, Precision::F32),
-            layer_types: cfg.layer_types()?,
-            rotary: Rotary::new(cfg.rope_theta(), cfg.rotary_dim()),
-            device: Device::Cpu,
-        })
-    }
-
-    /// The same spec computing on `device`.
-    pub fn with_device(mut self, device: Device) -> Self {
-        self.device = device;
-        self
-    }
-
-    /// Number of decoder layers N (`hidden_states` has N+1 entries).
-    pub fn num_layers(&self) -> usize {
-        self.layer_types.len()
-    }
-
-    /// Rope tables for positions `offset .. offset+T`.
-    pub fn positions(&self, offset: usize, t: usize) -> Result<Positions> {
-        let pos: Vec<usize> = (offset..offset + t).collect();
-        let (cos, sin) = self.rotary.cos_sin(&pos, &self.device)?;
-        Ok(Positions { cos, sin })
-    }
-
-    /// Names (relative to the text model) of every tensor layer `i` reads.
-    pub fn layer_tensor_names(&self, i: usize) -> Vec<String> {
-        let p = format!("layers.{i}");
-        let mut v: Vec<String> = match self.layer_types[i] {
-            LayerType::LinearAttention => [
-                "linear_attn.in_proj_qkv.weight",
-                "linear_attn.in_proj_z.weight",
-                "linear_attn.in_proj_b.weight",
-                "linear_attn.in_proj_a.weight",
-                "linear_attn.conv1d.weight",
-                "linear_attn.dt_bias",
-                "linear_attn.A_log",
-                "linear_attn.norm.weight",
-                "linear_attn.out_proj.weight",
-            ]
-            .iter()
-            .map(|s| format!("{p}.{s}"))
-            .collect(),
-            LayerType::FullAttention => [
-                "self_attn.q_proj.weight",
-                "self_attn.k_proj.weight",
-                "self_attn.v_proj.weight",
-                "self_attn.o_proj.weight",
-                "self_attn.q_norm.weight",
-                "self_attn.k_norm.weight",
-            ]
-            .iter()
-            .map(|s| format!("{p}.{s}"))
-            .collect(),
-        };
-        for s in [
-            "input_layernorm.weight",
-            "post_attention_layernorm.weight",
-            "mlp.gate_proj.weight",
-            "mlp.up_proj.weight",
-            "mlp.down_proj.weight",
-        ] {
-            v.push(format!("{p}.{s}"));
-        }
-        v
-    }
-}
-
-/// `embed_tokens`: plain lookup, no scaling (line 1235).
-#[derive(Debug, Clone)]
-pub struct Embedding {
-    /// `[V, H]`.
-    weight: Tensor,
-}
-
-impl Embedding {
-    /// Loads `embed_tokens.weight` in `prec`.
-    pub fn load(src: &dyn WeightSource, prec: Precision) -> Result<Self> {
-        Ok(Self {
-            weight: param(src, "embed_tokens.weight", prec)?,
-        })
-    }
-
-    /// `embed_tokens(ids)` without loading the table: the rows are gathered
-    /// from the source (the mapped checkpoint), rounded to `prec`. Bitwise
-    /// equal to `Embedding::load(src, prec)?.forward(ids)`.
-    ///
-    /// Errors: an id out of range, a tensor that cannot be read.
-    pub fn gather(src: &dyn WeightSource, prec: Precision, ids: &[u32]) -> Result<Tensor> {
-        src.rows("embed_tokens.weight", ids, prec)
-    }
-
-    /// `ids` (each `< V`) → `[T, H]`. Errors: an id out of range.
-    pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
-        crate::loading::select_rows(&self.weight, "embed_tokens.weight", ids)
-    }
-}
-
-/// The token mixer of a layer.
-#[derive(Debug, Clone)]
-pub enum Mixer {
-    Linear(GatedDeltaNet),
-    Full(Attention),
-}
-
-/// Per-layer decode state, matching the layer's mixer.
-#[derive(Debug, Clone)]
-pub enum LayerState {
-    Linear(GdnState),
-    Full(KvCache),
-}
-
-/// `Qwen3_5DecoderLayer` (lines 867-907): pre-norm mixer and SwiGLU MLP, two residuals.
-#[derive(Debug, Clone)]
-pub struct DecoderLayer {
-    input_layernorm: Norm,
-    mixer: Mixer,
-    post_attention_layernorm: Norm,
-    mlp: Mlp,
-    prec: Precision,
-}
-
-impl DecoderLayer {
-    /// Loads `layers.{i}.*`, computing in `prec`. Errors: any tensor missing or unreadable.
-    pub fn load(
-        spec: &TextModelSpec,
-        src: &dyn WeightSource,
-        i: usize,
-        prec: Precision,
-    ) -> Result<Self> {
-        let p = format!("layers.{i}");
-        let geo = LayerGeometry { prec, ..spec.geo };
-        let mixer = match spec.layer_types[i] {
-            LayerType::LinearAttention => {
-                Mixer::Linear(GatedDeltaNet::load(src, &format!("{p}.linear_attn"), geo)?)
-            }
-            LayerType::FullAttention => {
-                Mixer::Full(Attention::load(src, &format!("{p}.self_attn"), geo)?)
-            }
-        };
-        Ok(Self {
-            input_layernorm: Norm::load(
-                src,
-                &format!("{p}.input_layernorm"),
-                geo.eps,
-                prec,
-                geo.family,
-            )?,
-            mixer,
-            post_attention_layernorm: Norm::load(
-                src,
-                &format!("{p}.post_attention_layernorm"),
-                geo.eps,
-                prec,
-                geo.family,
-            )?,
-            mlp: Mlp::load(src, &format!("{p}.mlp"), prec)?,
-            prec,
-        })
-    }
-
-    /// Fresh (empty) decode state for this layer.
-    pub fn new_state(&self, spec: &TextModelSpec) -> LayerState {
-        match self.mixer {
-            Mixer::Linear(_) => LayerState::Linear(GdnState::zeros(&spec.geo)),
-            Mixer::Full(_) => LayerState::Full(KvCache::default()),
-        }
-    }
-
-    /// `h`: `[T, H]` → `[T, H]` (the layer's output after both residuals,
-    /// what `hidden_states[i+1]` records). `state`: continue from earlier
-    /// tokens (decode); `None` = fresh prefill.
-    pub fn forward(
-        &self,
-        h: &Tensor,
-        spec: &TextModelSpec,
-        pos: &Positions,
-        form: GdnForm,
-        state: Option<&mut LayerState>,
-    ) -> Result<Tensor> {
-        let x = self.input_layernorm.forward(h)?;
-        let x = match (&self.mixer, state) {
-            (Mixer::Linear(m), Some(LayerState::Linear(s))) => m.forward(&x, form, Some(s))?,
-            (Mixer::Linear(m), _) => m.forward(&x, form, None)?,
-            (Mixer::Full(m), Some(LayerState::Full(c))) => {
-                m.forward(&x, &spec.rotary, pos, Some(c))?
-            }
-            (Mixer::Full(m), _) => m.forward(&x, &spec.rotary, pos, None)?,
-        };
-        let h = self.prec.round(&(h + x)?)?;
-        let y = self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&h)?)?;
-        self.prec.round(&(h + y)?)
-    }
-}
-
-/// Final `norm` (zero-centred RMSNorm, line 1283).
-#[derive(Debug, Clone)]
-pub struct FinalNorm(Norm);
-
-impl FinalNorm {
-    /// Loads `norm.weight`, computing in `prec`.
-    pub fn load(spec: &TextModelSpec, src: &dyn WeightSource, prec: Precision) -> Result<Self> {
-        Ok(Self(Norm::load(
-            src,
-            "norm",
-            spec.geo.eps,
-            prec,
-            spec.geo.family,
-        )?))
-    }
-    /// `[T, H]` → `[T, H]`.
-    pub fn forward(&self, h: &Tensor) -> Result<Tensor> {
-        self.0.forward(h)
-    }
-}
-
-/// `lm_head` (no bias, no softcap; lines 1708-1710).
-#[derive(Debug, Clone)]
-pub struct LmHead {
-    /// `[V, H]`.
-    weight: Tensor,
-    prec: Precision,
-}
-
-impl LmHead {
-    /// Loads `lm_head.weight` (the loading path decides whether that is tied).
-    pub fn load(src: &dyn WeightSource, prec: Precision) -> Result<Self> {
-        Ok(Self {
-            weight: param(src, "lm_head.weight", prec)?,
-            prec,
-        })
-    }
-    /// `[T, H]` (final-normed) → logits `[T, V]`.
-    pub fn forward(&self, h: &Tensor) -> Result<Tensor> {
-        linear(h, &self.weight, self.prec)
-    }
-
-    /// The weight `[V, H]` (a drafter projects its outputs with it).
-    pub fn weight(&self) -> &Tensor {
-        &self.weight
-    }
-
-    /// Logits without holding the whole head: `lm_head.weight` is read in
-    /// vocabulary chunks of about [`LM_HEAD_CHUNK_BYTES`] (f32), each chunk
-    /// applied to every input before it is dropped. `inputs[c]` are consumer
-    /// `c`'s final-normed states (`[T, H]` each, e.g. one per prompt); the
-    /// result has the same nesting, `[T, V]` each. Every logit is the same
-    /// dot product as in [`Self::forward`] (rounded once to `prec`).
-    ///
-    /// Errors: the head cannot be read, shapes disagree.
-    pub fn forward_streamed(
-        src: &dyn WeightSource,
-        prec: Precision,
-        inputs: &[&[Tensor]],
-    ) -> Result<Vec<Vec<Tensor>>> {
-        let name = "lm_head.weight";
-        let mut parts: Vec<Vec<Vec<Tensor>>> = inputs
-            .iter()
-            .map(|hs| hs.iter().map(|_| Vec::new()).collect())
-            .collect();
-        for_each_vocab_chunk(src, name, prec, |_, w| {
-            for (hs, out) in inputs.iter().zip(parts.iter_mut()) {
-                for (h, o) in hs.iter().zip(out.iter_mut()) {
-                    o.push(linear(h, w, prec)?);
-                }
-            }
-            Ok(())
-        })?;
-        parts
-            .into_iter()
-            .map(|per| {
-                per.into_iter()
-                    .map(|chunks| Ok(Tensor::cat(&chunks, 1)?))
-                    .collect()
-            })
-            .collect()
-    }
-}
-
-/// Size of one vocabulary chunk of the LM head, in f32 bytes.
-pub const LM_HEAD_CHUNK_BYTES: usize = 64 << 20;
-
-/// Calls `f(start_row, chunk)` for consecutive row chunks of `name` (rounded
-/// to `prec`); a source that cannot tell the shape gives one chunk.
-fn for_each_vocab_chunk(
+/// `Qwen3_5DecoderLayer` `layers.{i}`: Gated DeltaNet or gated attention by
+/// `layer_types[i]`. Errors: any tensor missing or unreadable.
+pub fn load_layer(
+    spec: &TextModelSpec,
     src: &dyn WeightSource,
-    name: &str,
+    i: usize,
     prec: Precision,
-    mut f: impl FnMut(usize, &Tensor) -> Result<()>,
-) -> Result<()> {
-    match src.shape(name) {
-        Some(shape) if shape.len() == 2 && shape[0] > 0 => {
-            let (v, hdim) = (shape[0], shape[1].max(1));
-            let rows = (LM_HEAD_CHUNK_BYTES / 4 / hdim).clamp(1, v);
-            let mut start = 0;
-            while start < v {
-                let n = rows.min(v - start);
-                let w = src.row_range(name, start, n, prec)?;
-                f(start, &w)?;
-                start += n;
-            }
-            Ok(())
+) -> Result<DecoderLayer> {
+    let p = format!("layers.{i}");
+    let geo = spec.geo.with_precision(prec);
+    let eps = geo.eps;
+    let mixer = match spec.layer_types[i] {
+        LayerType::LinearAttention => {
+            Mixer::Linear(GatedDeltaNet::load(src, &format!("{p}.linear_attn"), geo)?)
         }
-        _ => f(0, &src.tensor_in(name, prec)?),
-    }
+        LayerType::FullAttention => Mixer::Full(Attention::load(
+            src,
+            &format!("{p}.self_attn"),
+            geo,
+            true,
+            |n| norm(src, n, eps, prec),
+        )?),
+    };
+    Ok(DecoderLayer {
+        input_layernorm: norm(src, &format!("{p}.input_layernorm"), eps, prec)?,
+        mixer,
+        post_attention_layernorm: norm(src, &format!("{p}.post_attention_layernorm"), eps, prec)?,
+        mlp: Mlp::load(src, &format!("{p}.mlp"), prec)?,
+        prec,
+    })
 }
 
-/// Per-layer decode state of a whole model plus the number of tokens it holds
-/// (transformers' `DynamicCache` with `LinearAttentionLayer`s).
-#[derive(Debug, Clone)]
-pub struct DecodeState {
-    /// One state per decoder layer.
-    pub layers: Vec<LayerState>,
-    /// Tokens processed so far (the next token's position).
-    pub len: usize,
+/// Names (relative to the text model) of every tensor layer `i` (of kind `ty`) reads.
+pub fn layer_tensor_names(i: usize, ty: LayerType) -> Vec<String> {
+    let p = format!("layers.{i}");
+    let mixer: &[&str] = match ty {
+        LayerType::LinearAttention => &[
+            "linear_attn.in_proj_qkv.weight",
+            "linear_attn.in_proj_z.weight",
+            "linear_attn.in_proj_b.weight",
+            "linear_attn.in_proj_a.weight",
+            "linear_attn.conv1d.weight",
+            "linear_attn.dt_bias",
+            "linear_attn.A_log",
+            "linear_attn.norm.weight",
+            "linear_attn.out_proj.weight",
+        ],
+        LayerType::FullAttention => ATTENTION_TENSORS,
+    };
+    mixer
+        .iter()
+        .chain(MLP_AND_NORM_TENSORS)
+        .map(|s| format!("{p}.{s}"))
+        .collect()
 }
 
-/// A whole text model resident in memory (for generation, where every step
-/// runs every layer). Built from one loading path's weights. Cloning shares
-/// the weight tensors (candle tensors are reference-counted), so a variant
-/// (another lm_head, a decode shift) costs no second copy of the model.
-#[derive(Clone)]
-pub struct TextModel {
-    /// Geometry.
-    pub spec: TextModelSpec,
-    embed: Embedding,
-    layers: Vec<DecoderLayer>,
-    norm: FinalNorm,
-    lm_head: Option<LmHead>,
-    /// Added to the positions of tokens decoded after a prefill (0 normally;
-    /// a stale rope offset when emulating one, e.g. transformers' cached
-    /// `rope_deltas` from an earlier multimodal call added at decode).
-    decode_shift: usize,
-}
+/// The tensors of a `self_attn` block.
+pub const ATTENTION_TENSORS: &[&str] = &[
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+];
 
-/// What one [`TextModel::forward`] call returns.
-#[derive(Debug, Clone)]
-pub struct StepOutput {
-    /// `hidden_states` entries (N+1 of `[T, H]`, the last final-normed) when requested.
-    pub hidden_states: Option<Vec<Tensor>>,
-    /// `[T, V]` logits (when the model has a head).
-    pub logits: Option<Tensor>,
-    /// Raw output of the last decoder layer `[T, H]` (pre final norm) when
-    /// hidden states were requested.
-    pub last_layer_output: Option<Tensor>,
-}
-
-impl TextModel {
-    /// Loads every layer. `head`: where `lm_head.weight` comes from (the
-    /// path's own source, another path's when this class has none, or
-    /// `None` for no logits).
-    pub fn load(
-        spec: &TextModelSpec,
-        src: &dyn WeightSource,
-        head: Option<&dyn WeightSource>,
-        prec: Precision,
-    ) -> Result<Self> {
-        Ok(Self {
-            spec: spec.clone(),
-            embed: Embedding::load(src, prec)?,
-            layers: (0..spec.num_layers())
-                .map(|i| DecoderLayer::load(spec, src, i, prec))
-                .collect::<Result<_>>()?,
-            norm: FinalNorm::load(spec, src, prec)?,
-            lm_head: head.map(|h| LmHead::load(h, prec)).transpose()?,
-            decode_shift: 0,
-        })
-    }
-
-    /// Shifts the positions of every token decoded after the prefill by `k`
-    /// (a stale rope offset). A uniform shift of all positions would change
-    /// nothing: rope attention depends on relative positions only.
-    pub fn with_decode_shift(mut self, k: usize) -> Self {
-        self.decode_shift = k;
-        self
-    }
-
-    /// The positions [`Self::forward`] gives `t` tokens after `past` cached
-    /// ones; a full forward over `prompt_len` prompt tokens followed by decoded
-    /// ones uses [`Self::positions_with_prompt`].
-    fn positions(&self, past: usize, t: usize) -> Vec<usize> {
-        let shift = if past > 0 { self.decode_shift } else { 0 };
-        (past..past + t).map(|p| p + shift).collect()
-    }
-
-    /// Positions of a whole sequence whose first `prompt_len` tokens were the
-    /// prefill: the rest carry the decode shift, as they had when generated.
-    pub fn positions_with_prompt(&self, prompt_len: usize, t: usize) -> Vec<usize> {
-        (0..t)
-            .map(|p| {
-                if p >= prompt_len {
-                    p + self.decode_shift
-                } else {
-                    p
-                }
-            })
-            .collect()
-    }
-
-    /// Replaces the LM head (e.g. with a randomly initialised one).
-    pub fn with_lm_head(mut self, head: Option<LmHead>) -> Self {
-        self.lm_head = head;
-        self
-    }
-
-    /// The token embedding (shared with a drafter).
-    pub fn embedding(&self) -> &Embedding {
-        &self.embed
-    }
-
-    /// The LM head, if loaded.
-    pub fn lm_head(&self) -> Option<&LmHead> {
-        self.lm_head.as_ref()
-    }
-
-    /// Empty decode state.
-    pub fn new_state(&self) -> DecodeState {
-        DecodeState {
-            layers: self
-                .layers
-                .iter()
-                .map(|l| l.new_state(&self.spec))
-                .collect(),
-            len: 0,
-        }
-    }
-
-    /// Runs `ids` at positions `state.len ..` (or `0..` without a state),
-    /// continuing and updating `state`. Linear-attention layers use the
-    /// recurrent form for a single token with a state (as transformers'
-    /// decode does) and `form` otherwise.
-    ///
-    /// Errors: an out-of-range id, a tensor failure.
-    pub fn forward(
-        &self,
-        ids: &[u32],
-        state: Option<&mut DecodeState>,
-        form: GdnForm,
-        want_hidden: bool,
-    ) -> Result<StepOutput> {
-        let past = state.as_ref().map(|s| s.len).unwrap_or(0);
-        let positions = self.positions(past, ids.len());
-        self.forward_at(ids, &positions, state, form, want_hidden)
-    }
-
-    /// As [`Self::forward`] with explicit absolute positions (one per token).
-    pub fn forward_at(
-        &self,
-        ids: &[u32],
-        positions: &[usize],
-        mut state: Option<&mut DecodeState>,
-        form: GdnForm,
-        want_hidden: bool,
-    ) -> Result<StepOutput> {
-        let (cos, sin) = self.spec.rotary.cos_sin(positions, &self.spec.device)?;
-        let pos = Positions { cos, sin };
-        let form = if state.is_some() && ids.len() == 1 {
-            GdnForm::Recurrent
-        } else {
-            form
-        };
-        let mut h = self.embed.forward(ids)?;
-        let mut hs = want_hidden.then(|| vec![h.clone()]);
-        for (i, layer) in self.layers.iter().enumerate() {
-            let st = state.as_mut().map(|s| &mut s.layers[i]);
-            h = layer.forward(&h, &self.spec, &pos, form, st)?;
-            if let Some(v) = hs.as_mut() {
-                v.push(h.clone());
-            }
-        }
-        let normed = self.norm.forward(&h)?;
-        let mut last_layer_output = None;
-        if let Some(v) = hs.as_mut() {
-            last_layer_output = v.pop();
-            v.push(normed.clone());
-        }
-        if let Some(s) = state {
-            s.len += ids.len();
-        }
-        Ok(StepOutput {
-            hidden_states: hs,
-            logits: self
-                .lm_head
-                .as_ref()
-                .map(|l| l.forward(&normed))
-                .transpose()?,
-            last_layer_output,
-        })
-    }
-
-    /// Greedy continuation: prefill `prompt`, then `n` single-token steps
-    /// with the cache. Returns the `n` new tokens. Errors: no LM head.
-    pub fn greedy(&self, prompt: &[u32], n: usize, form: GdnForm) -> Result<Vec<u32>> {
-        if self.lm_head.is_none() {
-            return Err(Error::Input("greedy generation needs an lm_head".into()));
-        }
-        let mut state = self.new_state();
-        let mut out = Vec::with_capacity(n);
-        let mut logits = self
-            .forward(prompt, Some(&mut state), form, false)?
-            .logits
-            .expect("lm_head checked");
-        while out.len() < n {
-            let last = logits.dim(0)? - 1;
-            let next = logits.get(last)?.argmax(0)?.to_scalar::<u32>()?;
-            out.push(next);
-            if out.len() == n {
-                break;
-            }
-            logits = self
-                .forward(&[next], Some(&mut state), form, false)?
-                .logits
-                .expect("lm_head checked");
-        }
-        Ok(out)
-    }
-}
+/// The norms and MLP of a decoder layer, after its mixer.
+pub const MLP_AND_NORM_TENSORS: &[&str] = &[
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+];

@@ -1,4 +1,5 @@
-//! RMS norms of Qwen3.5 (`transformers/models/qwen3_5/modeling_qwen3_5.py`).
+//! RMS norms: zero-centred (`Qwen3_5RMSNorm`), gated (`Qwen3_5RMSNormGated`)
+//! and plain (`Qwen3RMSNorm`, also the DFlash drafter's).
 
 use candle_core::{DType, Tensor, D};
 
@@ -105,7 +106,8 @@ impl PlainRmsNorm {
     }
 }
 
-/// The decoder norm of a family: zero-centred for Qwen3.5, plain for Qwen3.
+/// A decoder norm: zero-centred for Qwen3.5, plain for Qwen3 (the family's
+/// model file chooses).
 #[derive(Debug, Clone)]
 pub enum Norm {
     /// `Qwen3_5RMSNorm`: `norm(x)·(1+w)`.
@@ -115,24 +117,6 @@ pub enum Norm {
 }
 
 impl Norm {
-    /// Loads `{prefix}.weight` as the norm of `family`.
-    pub fn load(
-        src: &dyn WeightSource,
-        prefix: &str,
-        eps: f64,
-        prec: Precision,
-        family: crate::checkpoint::config::Family,
-    ) -> Result<Self> {
-        Ok(match family {
-            crate::checkpoint::config::Family::Qwen3_5 => {
-                Norm::ZeroCentred(RmsNorm::load(src, prefix, eps, prec)?)
-            }
-            crate::checkpoint::config::Family::Qwen3 => {
-                Norm::Plain(PlainRmsNorm::load(src, prefix, eps, prec)?)
-            }
-        })
-    }
-
     /// `[.., D]` → `[.., D]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {

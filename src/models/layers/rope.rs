@@ -1,5 +1,6 @@
-//! Partial NeoX rotary embedding (`Qwen3_5TextRotaryEmbedding`, lines 134-198;
-//! `apply_rotary_pos_emb`, lines 659-702).
+//! NeoX rotary embedding, partial for Qwen3.5 (`Qwen3_5TextRotaryEmbedding`,
+//! `modeling_qwen3_5.py` 134-198; `apply_rotary_pos_emb`, 659-702), full for
+//! Qwen3 and the DFlash drafter.
 //!
 //! For text-only input the three interleaved mRoPE rows are equal, so the
 //! rotation reduces exactly to 1-D rope with `pos = t`

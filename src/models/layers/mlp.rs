@@ -1,4 +1,5 @@
-//! SwiGLU MLP `Qwen3_5MLP` (lines 817-830): `down(silu(gate(x)) · up(x))`, no biases.
+//! SwiGLU MLP `Qwen3_5MLP` (`modeling_qwen3_5.py` 817-830; `Qwen3MLP` is the
+//! same): `down(silu(gate(x)) · up(x))`, no biases.
 
 use candle_core::Tensor;
 

@@ -1,14 +1,16 @@
-//! Gated full attention `Qwen3_5Attention` (lines 742-814), eager form
-//! (`eager_attention_forward`, lines 717-739).
+//! Softmax attention, eager form (`eager_attention_forward`,
+//! `modeling_qwen3_5.py` 717-739): gated as `Qwen3_5Attention` (742-814,
+//! `q_proj` rows `[query | gate]` per head, output × sigmoid(gate)), or plain
+//! as `Qwen3Attention` (`models/qwen3/modeling_qwen3.py`).
 
 use candle_core::{Device, Tensor};
 
 use super::norm::Norm;
 use super::rope::Rotary;
-use super::{linear, param, LayerGeometry, Positions};
-use crate::checkpoint::config::Family;
+use super::{linear, param};
 use crate::error::Result;
 use crate::loading::WeightSource;
+use crate::models::{LayerGeometry, Positions};
 
 /// Key/value cache of one full-attention layer: rotated keys and raw values,
 /// each `[1, nkv, S, hd]`.
@@ -32,27 +34,39 @@ impl KvCache {
 /// `self_attn.*` of one full-attention layer.
 #[derive(Debug, Clone)]
 pub struct Attention {
-    /// `[2·nh·hd, H]`, rows interleaved per head: `[query_h | gate_h]`.
+    /// Gated (Qwen3.5): `[2·nh·hd, H]`, rows interleaved per head
+    /// `[query_h | gate_h]`; plain (Qwen3): `[nh·hd, H]`.
     q_proj: Tensor,
     k_proj: Tensor,
     v_proj: Tensor,
     o_proj: Tensor,
     q_norm: Norm,
     k_norm: Norm,
+    /// Output gate (`Qwen3_5Attention`).
+    gated: bool,
     geo: LayerGeometry,
 }
 
 impl Attention {
-    /// Loads `{prefix}.{q,k,v,o}_proj.weight`, `{prefix}.{q,k}_norm.weight`.
-    pub fn load(src: &dyn WeightSource, prefix: &str, geo: LayerGeometry) -> Result<Self> {
+    /// Loads `{prefix}.{q,k,v,o}_proj.weight`; `norm` loads the
+    /// `{prefix}.{q,k}_norm` of the family; `gated`: `q_proj` carries the
+    /// output gate (Qwen3.5).
+    pub fn load(
+        src: &dyn WeightSource,
+        prefix: &str,
+        geo: LayerGeometry,
+        gated: bool,
+        norm: impl Fn(&str) -> Result<Norm>,
+    ) -> Result<Self> {
         let p = geo.prec;
         Ok(Self {
             q_proj: param(src, &format!("{prefix}.q_proj.weight"), p)?,
             k_proj: param(src, &format!("{prefix}.k_proj.weight"), p)?,
             v_proj: param(src, &format!("{prefix}.v_proj.weight"), p)?,
             o_proj: param(src, &format!("{prefix}.o_proj.weight"), p)?,
-            q_norm: Norm::load(src, &format!("{prefix}.q_norm"), geo.eps, p, geo.family)?,
-            k_norm: Norm::load(src, &format!("{prefix}.k_norm"), geo.eps, p, geo.family)?,
+            q_norm: norm(&format!("{prefix}.q_norm"))?,
+            k_norm: norm(&format!("{prefix}.k_norm"))?,
+            gated,
             geo,
         })
     }
@@ -73,8 +87,7 @@ impl Attention {
         let t = x.dim(0)?;
         let (nh, nkv, hd) = (g.num_heads, g.num_kv_heads, g.head_dim);
         // Qwen3.5: q_proj rows are [query_h | gate_h] per head; Qwen3: query only.
-        let gated = g.family == Family::Qwen3_5;
-        let (q, gate) = if gated {
+        let (q, gate) = if self.gated {
             let qg = linear(x, &self.q_proj, prec)?.reshape((t, nh, 2 * hd))?;
             (
                 qg.narrow(2, 0, hd)?,
@@ -129,7 +142,7 @@ impl Attention {
     }
 }
 
-/// `repeat_kv` (`modeling_qwen3_5.py`): `[1, nkv, S, hd]` → `[1, nkv·n_rep, S, hd]`,
+/// `repeat_kv` (`modeling_qwen3_5.py`, `modeling_qwen3.py`): `[1, nkv, S, hd]` → `[1, nkv·n_rep, S, hd]`,
 /// kv head j serving q heads j·n_rep .. (j+1)·n_rep−1.
 pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
     if n_rep == 1 {

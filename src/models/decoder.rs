@@ -1,0 +1,102 @@
+//! The decoder layer every family shares: pre-norm token mixer (Gated
+//! DeltaNet or softmax attention), SwiGLU MLP, two residuals; and its decode
+//! state.
+
+use candle_core::Tensor;
+
+use crate::checkpoint::config::Family;
+use crate::error::Result;
+use crate::loading::WeightSource;
+use crate::models::layers::attention::{Attention, KvCache};
+use crate::models::layers::mlp::Mlp;
+use crate::models::layers::norm::Norm;
+use crate::models::qwen3_5::gated_delta_net::{GatedDeltaNet, GdnForm, GdnState};
+use crate::models::{Positions, TextModelSpec};
+use crate::precision::Precision;
+
+/// The token mixer of a layer.
+#[derive(Debug, Clone)]
+pub enum Mixer {
+    /// Gated DeltaNet (`linear_attn`).
+    Linear(GatedDeltaNet),
+    /// Softmax attention (`self_attn`).
+    Full(Attention),
+}
+
+/// Per-layer decode state, matching the layer's mixer.
+#[derive(Debug, Clone)]
+pub enum LayerState {
+    /// Conv and recurrent state of a Gated DeltaNet layer.
+    Linear(GdnState),
+    /// Keys and values of an attention layer.
+    Full(KvCache),
+}
+
+/// A decoder layer (`Qwen3_5DecoderLayer`, `modeling_qwen3_5.py` 867-907;
+/// `Qwen3DecoderLayer` has the same structure): pre-norm mixer and SwiGLU
+/// MLP, two residuals. The family's model file ([`crate::models::qwen3_5`],
+/// [`crate::models::qwen3`]) builds it with its own norms and mixers.
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    /// `input_layernorm`.
+    pub input_layernorm: Norm,
+    /// `linear_attn` or `self_attn`.
+    pub mixer: Mixer,
+    /// `post_attention_layernorm`.
+    pub post_attention_layernorm: Norm,
+    /// `mlp`.
+    pub mlp: Mlp,
+    /// Compute dtype.
+    pub prec: Precision,
+}
+
+impl DecoderLayer {
+    /// Loads `layers.{i}.*` with the model file of `spec.family`, computing
+    /// in `prec`. Errors: any tensor missing or unreadable.
+    pub fn load(
+        spec: &TextModelSpec,
+        src: &dyn WeightSource,
+        i: usize,
+        prec: Precision,
+    ) -> Result<Self> {
+        match spec.family {
+            Family::Qwen3_5 => crate::models::qwen3_5::load_layer(spec, src, i, prec),
+            Family::Qwen3 => crate::models::qwen3::load_layer(spec, src, i, prec),
+        }
+    }
+
+    /// Fresh (empty) decode state for this layer.
+    pub fn new_state(&self, spec: &TextModelSpec) -> LayerState {
+        match self.mixer {
+            Mixer::Linear(_) => LayerState::Linear(GdnState::zeros(&spec.geo)),
+            Mixer::Full(_) => LayerState::Full(KvCache::default()),
+        }
+    }
+
+    /// `h`: `[T, H]` → `[T, H]` (the layer's output after both residuals,
+    /// what `hidden_states[i+1]` records). `state`: continue from earlier
+    /// tokens (decode); `None` = fresh prefill.
+    pub fn forward(
+        &self,
+        h: &Tensor,
+        spec: &TextModelSpec,
+        pos: &Positions,
+        form: GdnForm,
+        state: Option<&mut LayerState>,
+    ) -> Result<Tensor> {
+        let x = self.input_layernorm.forward(h)?;
+        let x = match (&self.mixer, state) {
+            (Mixer::Linear(m), Some(LayerState::Linear(s))) => m.forward(&x, form, Some(s))?,
+            (Mixer::Linear(m), _) => m.forward(&x, form, None)?,
+            (Mixer::Full(m), Some(LayerState::Full(c))) => {
+                m.forward(&x, &spec.rotary, pos, Some(c))?
+            }
+            (Mixer::Full(m), _) => m.forward(&x, &spec.rotary, pos, None)?,
+        };
+        let h = self.prec.round(&(h + x)?)?;
+        let y = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?)?;
+        self.prec.round(&(h + y)?)
+    }
+}
