@@ -14,8 +14,10 @@ pub enum Error {
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
         #[source]
+        /// What the OS said.
         source: std::io::Error,
     },
     /// A checkpoint is incomplete or inconsistent (missing shard, truncated

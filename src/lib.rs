@@ -4,6 +4,8 @@
 //! Pipeline (one module each): [`checkpoint`] → [`loading`] → [`models`] →
 //! [`capture`] → [`parity`] → [`report`]; [`dump`] reads and writes captures.
 
+#![warn(missing_docs)]
+
 pub mod capture;
 pub mod checkpoint;
 pub mod cli;

@@ -12,14 +12,16 @@
 //!   Regenerate them with `tools/regen_examples.sh`
 //!   (= `HSPARITY_REGEN_EXAMPLES=1 cargo test --release --test report_render`).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use common::BIN;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
-
-const BIN: &str = env!("CARGO_BIN_EXE_hsparity");
 
 /// Where the committed examples live, as it appears on their command lines.
 const EXAMPLES: &str = "reports/examples";
@@ -81,8 +83,7 @@ const EXAMPLE_RUNS: &[Example] = &[
 ];
 
 fn run_compare(args: &[&str], report_dir: &Path, name: &str) -> i32 {
-    let out = Command::new(BIN)
-        .current_dir(root())
+    let out = common::hsparity()
         .env("RAYON_NUM_THREADS", THREADS)
         .args(args)
         .args([

@@ -7,7 +7,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 
@@ -16,8 +15,7 @@ fn root() -> PathBuf {
 }
 
 fn hsparity(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hsparity"))
-        .current_dir(root())
+    let out = common::hsparity()
         .args(args)
         .output()
         .expect("runs hsparity");
@@ -226,4 +224,35 @@ fn committed_examples_validate() {
         }
     }
     assert!(n >= 2, "examples under {}: {n}", dir.display());
+}
+
+/// `drafter --json` and `triage --json` on the toy pair (short runs).
+#[test]
+fn drafter_and_triage_reports_validate() {
+    let v = Validator::new(&["drafter_report", "triage_report"]);
+    let pair = [
+        "fixtures/toy-pair/target",
+        "--drafter",
+        "fixtures/toy-pair/drafter",
+    ];
+    let short = [
+        "--prompt",
+        "count 347: 347 348",
+        "--max-new-tokens",
+        "8",
+        "--json",
+        "--quiet",
+    ];
+    let (code, out, err) = hsparity(&[&["drafter"][..], &pair, &short].concat());
+    assert_eq!(code, 0, "{err}");
+    let d = json(&out, "drafter --json");
+    v.check("drafter --json", &d);
+    v.check_def("drafter_report", "drafter --json", &d);
+    assert_eq!(d["kind"], "drafter");
+    let (code, out, err) = hsparity(&[&["triage"][..], &pair, &short, &["--no-report"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let t = json(&out, "triage --json");
+    v.check("triage --json", &t);
+    v.check_def("triage_report", "triage --json", &t);
+    assert_eq!(t["kind"], "triage");
 }

@@ -303,9 +303,13 @@ pub fn replay_ddtree(
 pub struct DrafterInfo {
     /// Argument given.
     pub source: String,
+    /// Target decoder layers tapped (`hidden_states[L+1]`).
     pub target_layer_ids: Vec<usize>,
+    /// Draft block length B.
     pub block_size: usize,
+    /// Token filling the masked block slots.
     pub mask_token_id: u32,
+    /// Draft layers.
     pub num_hidden_layers: usize,
     /// dtype the drafter computed in.
     pub dtype: Precision,
@@ -316,15 +320,20 @@ pub struct DrafterInfo {
 pub struct DdtreeTau {
     /// Node budget N (DDTree-N).
     pub budget: usize,
+    /// τ macro: mean over prompts of each prompt's mean acceptance length.
     pub tau_macro: f64,
+    /// τ pooled: mean over all rounds.
     pub tau_pooled: f64,
+    /// Per prompt.
     pub per_prompt: Vec<PromptTau>,
 }
 
 /// One prompt replayed on one path.
 #[derive(Debug, Clone, Serialize)]
 pub struct PromptReplay {
+    /// Mean acceptance length of this prompt.
     pub tau: f64,
+    /// `a + 1` per round.
     pub acceptance_lengths: Vec<usize>,
     /// The target's greedy continuation (the trajectory the drafter is judged on).
     pub tokens: Vec<u32>,
@@ -333,24 +342,33 @@ pub struct PromptReplay {
 /// τ on one loading path.
 #[derive(Debug, Clone, Serialize)]
 pub struct PathTau {
+    /// Loading path.
     pub name: String,
     /// dtype the target computed in on this path.
     pub dtype: Precision,
     /// Where `lm_head` came from (`AutoModel` has none of its own).
     pub lm_head_from: String,
     #[serde(flatten)]
+    /// τ aggregates (flattened into the JSON object).
     pub summary: TauSummary,
+    /// Per prompt: τ, acceptance lengths, the trajectory.
     pub per_prompt: Vec<PromptReplay>,
+    /// DDTree-N from the same drafts.
     pub ddtree: DdtreeTau,
 }
 
 /// Drafter fed `features`' hidden states, judged on `trajectory`'s tokens.
 #[derive(Debug, Clone, Serialize)]
 pub struct CrossTau {
+    /// Path whose tap features fed the drafter.
     pub features: String,
+    /// Path whose trajectory the drafts were judged on.
     pub trajectory: String,
+    /// τ macro: mean over prompts of each prompt's mean acceptance length.
     pub tau_macro: f64,
+    /// τ pooled: mean over all rounds.
     pub tau_pooled: f64,
+    /// DDTree τ (macro).
     pub ddtree_tau_macro: f64,
 }
 

@@ -23,13 +23,21 @@ use crate::error::{Error, Result};
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum InitRule {
     /// `normal_(0, std)`: Linear, Conv and Embedding weights (`std = initializer_range`).
-    Normal { std: f64 },
+    Normal {
+        /// Standard deviation (`initializer_range`).
+        std: f64,
+    },
     /// `zeros_`: zero-centred `Qwen3_5RMSNorm` weights, biases.
     Zeros,
     /// `ones_`: `Qwen3_5RMSNormGated` weight (`linear_attn.norm.weight`), `dt_bias`, LayerNorm weights.
     Ones,
     /// `A_log = log(U(lo, hi))` (`Qwen3_5PreTrainedModel._init_weights`, lo 0.01, hi 16).
-    LogUniform { lo: f64, hi: f64 },
+    LogUniform {
+        /// Lower bound of U.
+        lo: f64,
+        /// Upper bound of U.
+        hi: f64,
+    },
 }
 
 impl fmt::Display for InitRule {

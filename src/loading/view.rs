@@ -19,12 +19,23 @@ use crate::precision::Precision;
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WeightOrigin {
     /// Read from checkpoint key `key`.
-    Checkpoint { key: String },
+    Checkpoint {
+        /// Checkpoint key.
+        key: String,
+    },
     /// Tied: shares the values of checkpoint key `key` (e.g. `lm_head.weight`
     /// tied to `model.language_model.embed_tokens.weight`).
-    Tied { key: String },
+    Tied {
+        /// Checkpoint key whose values it shares.
+        key: String,
+    },
     /// Absent from the checkpoint: transformers initialises it with `init`.
-    Missing { init: InitRule, shape: Vec<usize> },
+    Missing {
+        /// The init transformers uses.
+        init: InitRule,
+        /// Shape from the config.
+        shape: Vec<usize>,
+    },
 }
 
 /// Text-model tensors of one resolved loading path. Implements

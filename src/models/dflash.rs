@@ -39,13 +39,21 @@ pub enum DraftLayerType {
 /// `dflash_config` win over the top level, as in the wheel's `_draft_value`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DflashConfig {
+    /// `hidden_size` (must equal the target's).
     pub hidden_size: usize,
+    /// `intermediate_size` of the draft MLPs.
     pub intermediate_size: usize,
+    /// Draft layers.
     pub num_hidden_layers: usize,
+    /// Attention heads.
     pub num_attention_heads: usize,
+    /// Key/value heads (defaults to the attention heads).
     pub num_key_value_heads: usize,
+    /// `head_dim` (defaults to hidden / heads).
     pub head_dim: usize,
+    /// `rms_norm_eps`.
     pub rms_norm_eps: f64,
+    /// Rope base (default rope only).
     pub rope_theta: f64,
     /// Draft block length B.
     pub block_size: usize,
@@ -53,7 +61,9 @@ pub struct DflashConfig {
     pub target_layer_ids: Vec<usize>,
     /// Token whose target embedding fills the masked block slots.
     pub mask_token_id: u32,
+    /// Per draft layer: full or sliding attention.
     pub layer_types: Vec<DraftLayerType>,
+    /// Window of the sliding layers.
     pub sliding_window: Option<usize>,
     /// `output_multiplier` (default 1).
     pub output_multiplier: f64,

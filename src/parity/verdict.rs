@@ -10,8 +10,11 @@ use crate::precision::Precision;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
+    /// Within the pass tolerance (or bitwise equal).
     Pass,
+    /// Within the warn tolerance only.
     Warn,
+    /// Beyond it, or NaN/Inf.
     Fail,
 }
 
@@ -31,9 +34,13 @@ impl Verdict {
 /// NaN/Inf always fail.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Tolerance {
+    /// Smallest per-token cosine that passes.
     pub pass_cos: f64,
+    /// Largest relative L2 that passes.
     pub pass_rel_l2: f64,
+    /// Smallest per-token cosine that warns (below: fail).
     pub warn_cos: f64,
+    /// Largest relative L2 that warns.
     pub warn_rel_l2: f64,
 }
 

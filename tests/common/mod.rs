@@ -181,9 +181,12 @@ pub fn tiny_fixture_with_non_finite(dst: &Path, key: &str) {
     });
 }
 
+/// Path of the `hsparity` binary under test (what its reports show as argv[0]).
+pub const BIN: &str = env!("CARGO_BIN_EXE_hsparity");
+
 /// The `hsparity` binary, run from the repository root.
 pub fn hsparity() -> assert_cmd::Command {
-    let mut c = assert_cmd::Command::cargo_bin("hsparity").unwrap();
+    let mut c = assert_cmd::Command::new(BIN);
     c.current_dir(repo_root());
     c
 }

@@ -20,9 +20,11 @@ pub struct RopeParameters {
     pub legacy_type: Option<String>,
     /// `rope_theta`.
     #[serde(default)]
+    /// Legacy top-level `rope_theta`.
     pub rope_theta: Option<f64>,
     /// `partial_rotary_factor`.
     #[serde(default)]
+    /// Top-level `partial_rotary_factor` (when not in `rope_parameters`).
     pub partial_rotary_factor: Option<f64>,
 }
 
@@ -32,56 +34,79 @@ pub struct RopeParameters {
 #[derive(Debug, Clone, Deserialize)]
 pub struct TextConfig {
     #[serde(default = "d_vocab")]
+    /// `vocab_size` (rows of the embedding and LM head).
     pub vocab_size: usize,
     #[serde(default = "d_hidden")]
+    /// `hidden_size` H.
     pub hidden_size: usize,
     #[serde(default = "d_inter")]
+    /// `intermediate_size` of the MLP.
     pub intermediate_size: usize,
     #[serde(default = "d_layers")]
+    /// `num_hidden_layers` N.
     pub num_hidden_layers: usize,
     #[serde(default = "d_heads")]
+    /// `num_attention_heads`.
     pub num_attention_heads: usize,
     #[serde(default = "d_kv_heads")]
+    /// `num_key_value_heads` (GQA).
     pub num_key_value_heads: usize,
     #[serde(default = "d_head_dim")]
+    /// `head_dim`.
     pub head_dim: usize,
     #[serde(default = "d_eps")]
+    /// `rms_norm_eps`.
     pub rms_norm_eps: f64,
     #[serde(default = "d_max_pos")]
+    /// `max_position_embeddings`: the longest sequence.
     pub max_position_embeddings: usize,
     #[serde(default = "d_init_range")]
+    /// `initializer_range`: std of the normal init of MISSING weights.
     pub initializer_range: f64,
     #[serde(default)]
+    /// `tie_word_embeddings` of the text config (`None` when absent).
     pub tie_word_embeddings: Option<bool>,
     /// `dtype` (the legacy `torch_dtype` is used when `dtype` is absent).
     #[serde(default)]
     pub dtype: Option<String>,
     #[serde(default)]
+    /// `layer_types` as written (see [`TextConfig::layer_types`]).
     pub layer_types: Option<Vec<String>>,
     #[serde(default = "d_interval")]
+    /// `full_attention_interval`: derives `layer_types` when absent.
     pub full_attention_interval: usize,
     #[serde(default = "d_conv")]
+    /// `linear_conv_kernel_dim` K of the Gated DeltaNet causal conv.
     pub linear_conv_kernel_dim: usize,
     #[serde(default = "d_lin_dim")]
+    /// `linear_key_head_dim` dk.
     pub linear_key_head_dim: usize,
     #[serde(default = "d_lin_dim")]
+    /// `linear_value_head_dim` dv.
     pub linear_value_head_dim: usize,
     #[serde(default = "d_lin_k_heads")]
+    /// `linear_num_key_heads` nk.
     pub linear_num_key_heads: usize,
     #[serde(default = "d_lin_v_heads")]
+    /// `linear_num_value_heads` nv.
     pub linear_num_value_heads: usize,
     /// `hidden_act` (default `silu`, the only one implemented).
     #[serde(default)]
     pub hidden_act: Option<String>,
     #[serde(default)]
+    /// `rope_parameters` (transformers 5 spelling).
     pub rope_parameters: Option<RopeParameters>,
     #[serde(default)]
+    /// Legacy top-level `rope_theta`.
     pub rope_theta: Option<f64>,
     #[serde(default)]
+    /// Legacy `rope_scaling`.
     pub rope_scaling: Option<RopeParameters>,
     #[serde(default)]
+    /// Top-level `partial_rotary_factor` (when not in `rope_parameters`).
     pub partial_rotary_factor: Option<f64>,
     #[serde(default)]
+    /// The text config's own `model_type`, when written.
     pub model_type: Option<String>,
     /// Qwen3 `use_sliding_window` (sliding layers are not implemented).
     #[serde(default)]
