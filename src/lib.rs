@@ -5,6 +5,7 @@
 //! [`capture`] → [`parity`] → [`report`]; [`dump`] reads and writes captures.
 
 pub mod capture;
+pub mod chat;
 pub mod checkpoint;
 pub mod commands;
 pub mod device;
