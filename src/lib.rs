@@ -17,6 +17,7 @@ pub mod models;
 pub mod output;
 pub mod parity;
 pub mod progress;
+pub mod prompt_sets;
 pub mod prompts;
 pub mod report;
 pub mod sysinfo;
