@@ -231,6 +231,12 @@ CONVERSATIONS = [
             {"role": "tool", "content": "sunny, 21 C"},
             {"role": "user", "content": "Thanks."}],
         "tools": [WEATHER_TOOL]}),
+    ("image_in_user", {"messages": [
+        {"role": "user", "content": [{"type": "image", "image": "cat.png"}, {"type": "text", "text": "What is this?"},
+                                     {"type": "image_url", "image_url": {"url": "dog.png"}}]}]}),
+    ("image_in_system", {"messages": [
+        {"role": "system", "content": [{"type": "image", "image": "cat.png"}]},
+        {"role": "user", "content": "Hello"}]}),
     ("unknown_role", {"messages": [
         {"role": "user", "content": "Hello"},
         {"role": "narrator", "content": "A pause."}]}),
