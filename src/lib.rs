@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod capture;
+pub mod chat;
 pub mod checkpoint;
 pub mod cli;
 pub mod commands;
@@ -20,6 +21,7 @@ pub mod output;
 pub mod parity;
 pub mod precision;
 pub mod progress;
+pub mod prompt_sets;
 pub mod prompts;
 pub mod report;
 pub mod session;

@@ -33,12 +33,26 @@ What it writes
       log-decay ``g = -exp(A_log) * softplus(a + dt_bias)`` is mostly in
       [-1.5, -0.005]: state carries across the 64-token chunk boundary.
     * ``tokenizer.json``: byte-level BPE trained with ``tokenizers`` on the text
-      embedded below (vocab = TOKENIZER_VOCAB = the model's ``vocab_size``), one
-      special token ``<|endoftext|>`` (id 0), no post-processor: ``encode(text)``
-      yields the same ids with and without ``add_special_tokens``.
-      ``tokenizer_config.json`` (minimal; ``AutoTokenizer`` resolves it to
-      ``Qwen3_5Tokenizer`` and yields the same ids). The Rust ``tokenizers`` crate
-      0.23 (fancy-regex) was checked to give the same ids as Python.
+      embedded below, with the pipeline of the Qwen tokenizers (NFC normalizer; Split on
+      ``Qwen3_5Tokenizer``'s regex, then ByteLevel without regex; ByteLevel post-processor
+      and decoder), so that ``AutoTokenizer`` (which builds ``Qwen3_5Tokenizer`` for
+      ``model_type qwen3_5`` and keeps only tokenizer.json's vocab, merges, added tokens
+      and post-processor) and the Rust ``tokenizers`` crate give the same ids. Vocab =
+      TOKENIZER_VOCAB = the model's ``vocab_size``: the BPE is trained to
+      TOKENIZER_VOCAB - 26 tokens (the 256-byte alphabet + merges) and the 26 Qwen added
+      tokens follow, in Qwen/Qwen3-8B's order and with its ``special`` flags
+      (``chat_fixtures.QWEN_ADDED_TOKENS``: ``<|endoftext|>``, ``<|im_start|>``,
+      ``<|im_end|>``, ..., ``<tool_call>``, ..., ``<think>``, ``</think>``). The
+      post-processor adds nothing: ``encode(text)`` yields the same ids with and without
+      ``add_special_tokens``. ``eos_token_id`` in config.json is ``<|im_end|>``'s id, as in
+      Qwen/Qwen3-8B.
+    * ``tokenizer_config.json`` with the special-token fields of Qwen/Qwen3-8B's
+      (``chat_fixtures.qwen_tokenizer_config``: ``added_tokens_decoder``,
+      ``additional_special_tokens``, ``eos_token`` ``<|im_end|>``, ``pad_token``
+      ``<|endoftext|>``, ``bos_token`` / ``unk_token`` null, ``tokenizer_class``
+      ``Qwen2Tokenizer``) and no ``chat_template`` key.
+    * ``chat_template.jinja``: the Qwen3.5 chat template, verbatim
+      (``tools/chat_templates/qwen3_5.jinja``, see ``tools/chat_templates/README.md``).
     * ``prompts.jsonl``: one JSON object per line, ``{"text": ...}`` or
       ``{"input_ids": [...]}``, in this order:
         p0  short text prompt (8-15 tokens)
@@ -53,7 +67,7 @@ What it writes
     * ``py-dump-vlm.safetensors``        tools/dump_hidden_states.py (AutoModel), short prompt only
     * ``image-text-to-text.safetensors`` AutoModelForImageTextToText -> Qwen3_5ForConditionalGeneration
 
-      hsparity dump format v1 (DESIGN.md section 3). Each comes from
+      hsparity dump format v1 (README.md, "Dump format"). Each comes from
       ``model(input_ids=ids[None], output_hidden_states=True, use_cache=False)``,
       eager attention, fp32, eval, no_grad, batch 1, one prompt at a time.
       Keys for prompt k:
@@ -102,7 +116,7 @@ What it writes
       ``__metadata__`` records the shapes, chunk size and measured differences.
 
 ``fixtures/divergence/<name>/`` -- one micro checkpoint per source of loading-path divergence
-    (research brief qwen3_5.md sections 2 and 6). Micro text config MICRO_TEXT_CONFIG: vocab 384 (the
+    (README.md, "How the loading paths really diverge"). Micro text config MICRO_TEXT_CONFIG: vocab 384 (the
     tiny tokenizer, copied in with its tokenizer_config.json), hidden 32, 4 layers [linear, full,
     linear, full], 2 heads / 1 kv head, head_dim 16 (4 rotary dims), GDN 1 key head / 2 value heads of
     dim 8; vision tower MICRO_VISION_CONFIG (depth 1, hidden 16, out 32) where the checkpoint is a VLM.
@@ -137,7 +151,8 @@ What it writes
 
 ``fixtures/tiny-qwen3/`` -- a tiny dense Qwen3 checkpoint (``model_type: qwen3``), built last (own seed QWEN3_SEED):
     ``Qwen3ForCausalLM(Qwen3Config(**QWEN3_CONFIG))``: vocab 384 (the tiny tokenizer, copied in with its
-    tokenizer_config.json), hidden 32, intermediate 64, 3 layers, 2 heads / 1 kv head, head_dim 24
+    tokenizer_config.json; tokenizer.json's Split regex is Qwen2Tokenizer's, which AutoTokenizer builds for
+    model_type qwen3; ``chat_template.jinja`` = ``tools/chat_templates/qwen3.jinja``), hidden 32, intermediate 64, 3 layers, 2 heads / 1 kv head, head_dim 24
     (deliberately != hidden / heads), ``rope_parameters = {rope_type: default, rope_theta: 1e6}``, eps 1e-6,
     max positions 256, ``tie_word_embeddings: true``, no attention bias, float32, single ``model.safetensors``
     (35 tensors: save_pretrained omits ``lm_head.weight``, asserted and recorded). Every weight random
@@ -154,9 +169,8 @@ What it writes
       raises ``ValueError: Unrecognized configuration class ... Qwen3Config``: message recorded), whether
       hidden_states[N] is final-normed, and whether causal-lm and vlm hidden states are bitwise equal (they are).
 
-``fixtures/qwen3.6-27b/`` -- plain copies of ``config.json`` and ``tensors.json``
-    from the shared research data (only if the source exists; the copies are
-    committed).
+``fixtures/qwen3.6-27b/`` -- the published Qwen3.6-27B ``config.json`` and tensor table
+    (``tensors.json``): committed reference data, not written by this script.
 """
 from __future__ import annotations
 
@@ -180,7 +194,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
 
 import transformers  # noqa: E402
 from transformers import (  # noqa: E402
@@ -208,8 +222,13 @@ EXPECTED_TRANSFORMERS = "5.23.0"
 # ------------------------------------------------------------------------------------------------
 # Configuration
 # ------------------------------------------------------------------------------------------------
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import chat_fixtures  # noqa: E402  (tools/ sibling: Qwen special tokens, tokenizer_config layout, chat goldens)
+
 TOKENIZER_VOCAB = 384
-EOT = "<|endoftext|>"
+BPE_VOCAB = TOKENIZER_VOCAB - len(chat_fixtures.QWEN_ADDED_TOKENS)  # byte alphabet + merges; added tokens follow
+# eos_token_id of the configs: <|im_end|>, as Qwen/Qwen3-8B's config.json has it
+EOS_ID = BPE_VOCAB + [t for t, _ in chat_fixtures.QWEN_ADDED_TOKENS].index(chat_fixtures.QWEN_EOS)
 
 LAYER_TYPES = [
     "linear_attention",
@@ -236,7 +255,7 @@ TEXT_CONFIG = dict(
     rms_norm_eps=1e-6,
     max_position_embeddings=512,
     tie_word_embeddings=False,
-    eos_token_id=0,
+    eos_token_id=EOS_ID,
     rope_parameters=dict(
         rope_type="default",
         rope_theta=10000.0,
@@ -341,19 +360,28 @@ def write_json(path: Path, obj, indent=2):
 
 
 def train_tokenizer() -> Tokenizer:
+    """Byte-level BPE with the Qwen3.5 tokenizer pipeline (see the module docstring), BPE_VOCAB tokens,
+    then the Qwen added tokens."""
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    # No normalizer, no post-processor: encode() never adds tokens.
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(chat_fixtures.QWEN3_5_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB,
+        vocab_size=BPE_VOCAB,
         min_frequency=2,
         show_progress=False,
-        special_tokens=[EOT],
+        special_tokens=[],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator([TRAIN_TEXT], trainer=trainer)
+    assert tok.get_vocab_size() == BPE_VOCAB, tok.get_vocab_size()
+    chat_fixtures.add_qwen_tokens(tok)
     assert tok.get_vocab_size() == TOKENIZER_VOCAB, tok.get_vocab_size()
+    assert tok.token_to_id(chat_fixtures.QWEN_EOS) == EOS_ID
     return tok
 
 
@@ -726,7 +754,7 @@ MICRO_TEXT_CONFIG = dict(
     linear_conv_kernel_dim=4,
     rms_norm_eps=1e-6,
     max_position_embeddings=128,
-    eos_token_id=0,
+    eos_token_id=EOS_ID,
     rope_parameters=dict(
         rope_type="default",
         rope_theta=10000.0,
@@ -998,7 +1026,7 @@ def _tensor_stats(t: torch.Tensor) -> str:
 @torch.no_grad()
 def forward_dump(m, prompts_ids: list[list[int]], num_layers: int, layer_cls=None) -> tuple[dict, list]:
     """Forward of every prompt with output_hidden_states and a hook on the last decoder layer: the dump tensors
-    (DESIGN §3 names) and, per prompt, max |x| of each hidden state then of the raw last-layer output."""
+    (dump format names) and, per prompt, max |x| of each hidden state then of the raw last-layer output."""
     layer_cls = layer_cls or mq.Qwen3_5DecoderLayer
     layers = [x for x in m.modules() if isinstance(x, layer_cls)]
     assert len(layers) == num_layers, len(layers)
@@ -1161,7 +1189,7 @@ def make_divergence_fixture(name: str, builder, prompts: list[dict], prompts_ids
     paths = [p[0] for p in PATHS]
     for path_name in paths:
         report["paths"].append(div_path(ckpt_rel, inv, path_name, prompts_ids, path_name in goldens))
-    # every golden the brief asks for must exist
+    # every golden the fixture lists must exist
     by = {p["name"]: p for p in report["paths"]}
     for g in goldens:
         assert by[g].get("golden"), (name, g, by[g].get("error"))
@@ -1188,7 +1216,7 @@ def make_divergence_fixture(name: str, builder, prompts: list[dict], prompts_ids
 
 
 def check_divergence_facts(reports: dict):
-    """The transformers facts each fixture exists to pin down (qwen3_5.md sections 2 and 6)."""
+    """The transformers facts each fixture exists to pin down (tools/README.md, "Divergence fixtures")."""
     def by(name):
         return {p["name"]: p for p in reports[name]["paths"]}
 
@@ -1238,7 +1266,7 @@ def make_divergence_fixtures(tok_src: Path) -> dict:
     short_ids = encode(tok, DIV_PROMPT_SHORT)
     long_ids = encode(tok, DIV_PROMPT_LONG)
     assert 8 <= len(short_ids) <= 14, len(short_ids)
-    assert 65 <= len(long_ids) <= 75, len(long_ids)
+    assert 65 <= len(long_ids) <= 80, len(long_ids)  # crosses the 64-token GDN chunk
     prompts = [{"text": DIV_PROMPT_SHORT}, {"text": DIV_PROMPT_LONG}]
     prompts_ids = [short_ids, long_ids]
     reports = {}
@@ -1284,7 +1312,7 @@ QWEN3_CONFIG = dict(
     max_position_embeddings=256,
     tie_word_embeddings=True,
     attention_bias=False,
-    eos_token_id=0,
+    eos_token_id=EOS_ID,
     rope_parameters=dict(rope_type="default", rope_theta=1e6),
 )
 
@@ -1324,11 +1352,15 @@ def make_qwen3_fixture(tok_src: Path) -> dict:
     cfg_written = json.loads((ckpt / "config.json").read_text())
     for fname in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(tok_src / fname, ckpt / fname)
+    # Qwen2Tokenizer (what AutoTokenizer builds for model_type qwen3 with that tokenizer_class) splits on
+    # the Qwen2 regex: tokenizer.json carries the same one (same vocab, merges and added tokens)
+    chat_fixtures.set_pre_tokenizer_regex(ckpt / "tokenizer.json", chat_fixtures.QWEN2_REGEX)
+    chat_fixtures.install_template(ckpt, "qwen3.jinja")
 
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     prompts = [{"text": DIV_PROMPT_SHORT}, {"text": DIV_PROMPT_LONG}]
     prompts_ids = [encode(tok, p["text"]) for p in prompts]
-    assert 8 <= len(prompts_ids[0]) <= 14 and 65 <= len(prompts_ids[1]) <= 75, [len(x) for x in prompts_ids]
+    assert 8 <= len(prompts_ids[0]) <= 14 and 65 <= len(prompts_ids[1]) <= 80, [len(x) for x in prompts_ids]
     with open(ckpt / "prompts.jsonl", "w") as f:
         for p in prompts:
             f.write(json.dumps(p, ensure_ascii=False) + "\n")
@@ -1433,13 +1465,9 @@ def main():
     # 1. tokenizer
     tok = train_tokenizer()
     tok.save(str(ckpt / "tokenizer.json"), pretty=True)
-    write_json(ckpt / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": TEXT_CONFIG["max_position_embeddings"],
-        "eos_token": EOT,
-        "add_bos_token": False,
-        "add_eos_token": False,
-    })
+    write_json(ckpt / "tokenizer_config.json", chat_fixtures.qwen_tokenizer_config(
+        ckpt / "tokenizer.json", TEXT_CONFIG["max_position_embeddings"]))
+    chat_fixtures.install_template(ckpt, "qwen3_5.jinja")
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))  # what the Rust side reads
     vocab = tok.get_vocab_size()
 
@@ -1494,23 +1522,18 @@ def main():
     gdn = gdn_golden(ckpt / "golden" / "gdn_kernels.safetensors")
     decay = decay_stats(prompts_ids)
 
-    # 7. 27B reference data
-    src = REPO.parent / "shared" / "data" / "qwen3.6-27b"
-    if src.is_dir():
-        dst = REPO / "fixtures" / "qwen3.6-27b"
-        dst.mkdir(parents=True, exist_ok=True)
-        for name in ("config.json", "tensors.json"):
-            if (src / name).exists():
-                shutil.copyfile(src / name, dst / name)
-
-    # 8. divergence fixtures (micro checkpoints, one per loading-path divergence source)
+    # 7. divergence fixtures (micro checkpoints, one per loading-path divergence source)
     div_reports = make_divergence_fixtures(ckpt)
 
-    # 8b. tiny-qwen3: dense Qwen3 checkpoint (tied embeddings, head_dim 24), built last so that it
+    # 8. tiny-qwen3: dense Qwen3 checkpoint (tied embeddings, head_dim 24), built last so that it
     #     cannot disturb the RNG state of anything above
     qwen3_report = make_qwen3_fixture(ckpt)
 
-    # 9. summary
+    # 9. chat templates: toy templates into the toy pairs, goldens of apply_chat_template and of the
+    #     benchmark prompt sets (fixtures/chat/), z-lab's shuffle permutations (data/prompt-sets/)
+    chat_fixtures.main()
+
+    # 10. summary
     log("== tiny-qwen3_5")
     log("text_config:", json.dumps(TEXT_CONFIG))
     log("vision_config:", json.dumps(VISION_CONFIG))

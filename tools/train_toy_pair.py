@@ -39,13 +39,15 @@ Encode with or without special tokens gives the same ids (no post-processor).
 ``fixtures/toy-pair/target/``: ``Qwen3_5ForConditionalGeneration`` (model_type qwen3_5, VLM layout)
 written by ``model.to(torch.bfloat16).save_pretrained`` (config.json as transformers writes it: top-level
 ``dtype: bfloat16``), one ``model.safetensors`` rewritten deterministically, plus ``tokenizer.json`` and a
-minimal ``tokenizer_config.json``. Text config TEXT_CONFIG, vision tower VISION_CONFIG (random, never
+minimal ``tokenizer_config.json``, and ``chat_template.jinja``: a copy of ``tools/chat_templates/toy.jinja``, a TOY
+template in the tokenizer's alphabet that keeps the Qwen3.5 template's structure (its goldens: ``tools/chat_fixtures.py``,
+``fixtures/chat/toy-pair*.json``). Text config TEXT_CONFIG, vision tower VISION_CONFIG (random, never
 trained). The language model is trained with the causal-LM loss (AdamW) on the corpus in float32.
 
 ``fixtures/toy-pair/drafter/``: DFlash v1 drafter (``dflash.DFlashDraftModel`` of the PyPI ``dflash`` 0.1.0),
 ``config.json`` (model_type qwen3, architectures [DFlashDraftModel], DRAFT_CONFIG) and ``model.safetensors``
 (bf16, tensor names exactly DFlashDraftModel's state_dict: fc.weight, hidden_norm.weight, layers.{i}.*,
-norm.weight; no embed_tokens, no lm_head). Trained with the SpecForge recipe (research/dflash.md §4) on
+norm.weight; no embed_tokens, no lm_head). Trained with the SpecForge DFlash recipe on
 features of the *saved* target loaded through ``AutoModelForCausalLM`` in float32 (frozen):
 ``hidden_states[L+1]`` for L in target_layer_ids, concatenated; random anchors p (x_{p+1} real); block
 ``[x_p, M x (B-1)]`` embedded by the target embedding; context = target features of positions < p
@@ -56,9 +58,9 @@ weights exp(-(k-1)/GAMMA), normalised; logits through the target lm_head.
 
 ``fixtures/toy-pair/golden/reference_tau.json``: the reference acceptance lengths. Per path, per prompt, at
 temperature 0, block size B = 8, max_new_tokens 64, greedy draft, the GitHub-main DFlash loop
-(research/dflash.md §2) with the end rule "full blocks every round, record a+1 per round, loop while
+(z-lab/dflash main) with the end rule "full blocks every round, record a+1 per round, loop while
 start < prompt_len + max_new_tokens", no stop token, and a *full re-forward of the target each round*
-(transformers' Qwen3.5 linear-attention cache cannot be cropped, dflash.md §8):
+(transformers' Qwen3.5 linear-attention cache cannot be cropped):
 
     prefill: target(prompt) -> out[N] = argmax(logits[N-1]); ctx = taps of positions 0..N-1
     round:   draft = drafter(target_hidden = taps of ALL positions < start (no draft cache),
@@ -106,12 +108,12 @@ start-12..start-1 (position_ids do not start at 0). ``__metadata__`` describes t
 ===============================================
 
 The same kind of pair on a **dense Qwen3** target, so that z-lab's own loop ``dflash.model.dflash_generate`` (which
-crops the target's KV cache: fine for Qwen3, wrong for Qwen3.5, dflash.md §8) can be the reference:
+crops the target's KV cache: fine for Qwen3, wrong for Qwen3.5) can be the reference:
 
     .venv/bin/python tools/train_toy_pair.py --family qwen3              # train + evaluate (~8-10 min)
     .venv/bin/python tools/train_toy_pair.py --family qwen3 --eval-only  # golden/ + prompts from the saved weights
 
-* same corpus, tokenizer (``target/tokenizer.json``, ``tokenizer_config.json``) and ``prompts.jsonl`` as the
+* same corpus, tokenizer (``target/tokenizer.json``, ``tokenizer_config.json``), chat template and ``prompts.jsonl`` as the
   qwen3_5 pair (asserted byte-equal when ``fixtures/toy-pair/`` is present);
 * ``target/``: ``Qwen3ForCausalLM`` (model_type qwen3), QWEN3_TARGET_CONFIG (untied lm_head), trained Q3_T_STEPS
   steps with the target recipe above, saved by ``model.to(torch.bfloat16).save_pretrained`` (single
@@ -1015,6 +1017,8 @@ def write_tokenizer_and_prompts(root: Path, tdir: Path) -> list[list[int]]:
     tok.save(str(tdir / "tokenizer.json"), pretty=True)
     write_json(tdir / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
                                                  "eos_token": EOT, "add_bos_token": False, "add_eos_token": False})
+    # the TOY chat template (in the tokenizer's alphabet; see its header); tools/chat_fixtures.py writes its goldens
+    shutil.copyfile(Path(__file__).resolve().parent / "chat_templates" / "toy.jinja", tdir / "chat_template.jinja")
     tok = Tokenizer.from_file(str(tdir / "tokenizer.json"))
     prompts, prompts_ids = [], []
     for fam, hi, plen in EVAL_PROMPTS:
@@ -1044,7 +1048,7 @@ def main_qwen3(args):
     gdir.mkdir(parents=True)
     prompts_ids = write_tokenizer_and_prompts(root, tdir)
     # same tokenizer and prompts as the qwen3_5 pair (when that fixture is present)
-    for f in ("target/tokenizer.json", "target/tokenizer_config.json", "prompts.jsonl"):
+    for f in ("target/tokenizer.json", "target/tokenizer_config.json", "target/chat_template.jinja", "prompts.jsonl"):
         other = REPO / OUT_REL / f
         if other.exists():
             assert other.read_bytes() == (root / f).read_bytes(), f
