@@ -11,6 +11,7 @@ pub mod device;
 pub mod drafter_eval;
 pub mod dump;
 pub mod error;
+pub mod import;
 pub mod loading;
 pub mod models;
 pub mod output;
