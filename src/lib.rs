@@ -15,6 +15,7 @@ pub mod device;
 pub mod drafter;
 pub mod dump;
 pub mod error;
+pub mod import;
 pub mod loading;
 pub mod models;
 pub mod output;

@@ -2,6 +2,7 @@
 //! verdicts, and the per-layer table of a pair of loading paths. Shared by
 //! `compare` (live paths) and by dump comparisons.
 
+pub mod align;
 pub mod dumps;
 pub mod incremental;
 pub mod metrics;

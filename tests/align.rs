@@ -1,0 +1,151 @@
+//! `hsparity::parity::align`: the `--align` analysis. A capture read with the
+//! wrong layer-index convention (the vLLM file of `fixtures/engine-captures/
+//! vllm-misindexed`, captured with the blanket +1 over its aux ids) is caught
+//! against transformers' own states and the offset reported; a correctly read
+//! one aligns at 0; synthetic cases pin the rule.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use candle_core::{Device, Tensor};
+use hsparity::dump::Dump;
+use hsparity::error::Error;
+use hsparity::import::{self, Format, ImportOptions};
+use hsparity::parity::align::align;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The golden transformers states of prompt 0 (12 tokens) of the tiny fixture, per index.
+fn golden_p0() -> BTreeMap<usize, Vec<Tensor>> {
+    let g = Dump::read(&root().join("fixtures/tiny-qwen3_5/golden/causal-lm.safetensors")).unwrap();
+    g.prompts[0]
+        .hidden_states
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (i, vec![t.clone()]))
+        .collect()
+}
+
+fn vllm(rel: &str, ids: Vec<usize>) -> BTreeMap<usize, Vec<Tensor>> {
+    let o = ImportOptions {
+        layer_ids: Some(ids),
+        num_layers: Some(6),
+        ..Default::default()
+    };
+    import::read(
+        &root().join("fixtures/engine-captures").join(rel),
+        Format::Vllm,
+        &o,
+    )
+    .unwrap()
+    .rows_by_index()
+}
+
+#[test]
+fn the_blanket_plus_one_vllm_capture_is_caught_with_offset_plus_one() {
+    // configured (and declared) with ids [1, 2, 3, 4]; the connector captured [2, 3, 4, 5]
+    let compared = vllm("vllm-misindexed", vec![1, 2, 3, 4]);
+    assert_eq!(
+        compared.keys().copied().collect::<Vec<_>>(),
+        vec![1, 2, 3, 4]
+    );
+    let a = align(&golden_p0(), &compared).unwrap();
+    assert_eq!(a.offset, Some(1), "{}", a.diagnosis());
+    for r in &a.rows {
+        assert_eq!(r.best, r.compared + 1);
+        assert!(r.cos_mean > 0.9999, "{r:?}");
+        // the label it was given matches clearly worse
+        assert!(r.same_index_cos_mean.unwrap() < r.cos_mean - 1e-3, "{r:?}");
+        assert_eq!(r.runner_up.map(|(i, _)| i == r.best), Some(false));
+    }
+    let d = a.diagnosis();
+    assert!(
+        d.contains("offset +1 on all 4 indices") && d.contains("hidden_states[i+1]"),
+        "{d}"
+    );
+}
+
+#[test]
+fn a_correctly_read_capture_aligns_at_zero() {
+    let compared = vllm("vllm/0.safetensors", vec![0, 2, 4, 6]);
+    // id 6 is the pre-norm last layer, not an index: only 0, 2, 4 take part
+    assert_eq!(compared.keys().copied().collect::<Vec<_>>(), vec![0, 2, 4]);
+    let a = align(&golden_p0(), &compared).unwrap();
+    assert_eq!(a.offset, Some(0), "{}", a.diagnosis());
+    assert!(a
+        .rows
+        .iter()
+        .all(|r| r.same_index_cos_mean == Some(r.cos_mean)));
+    assert!(a.diagnosis().starts_with("offset 0 on all 3 indices"));
+}
+
+fn t(seed: u64) -> Tensor {
+    // deterministic pseudo-random rows, unrelated across seeds
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let v: Vec<f32> = (0..5 * 8)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+        })
+        .collect();
+    Tensor::from_vec(v, (5, 8), &Device::Cpu).unwrap()
+}
+
+fn map(pairs: &[(usize, u64)]) -> BTreeMap<usize, Vec<Tensor>> {
+    pairs
+        .iter()
+        .map(|&(i, s)| (i, vec![t(s), t(s + 100)]))
+        .collect()
+}
+
+#[test]
+fn offsets_in_both_directions_and_disagreement() {
+    let reference = map(&[(0, 1), (1, 2), (2, 3), (3, 4)]);
+    let early = align(&reference, &map(&[(0, 2), (1, 3), (2, 4)])).unwrap();
+    assert_eq!(early.offset, Some(1));
+    let late = align(&reference, &map(&[(1, 1), (2, 2), (3, 3)])).unwrap();
+    assert_eq!(late.offset, Some(-1));
+    assert!(late.diagnosis().contains("offset -1"));
+    let mixed = align(&reference, &map(&[(0, 1), (1, 3)])).unwrap();
+    assert_eq!(mixed.offset, None);
+    assert_eq!(mixed.diagnosis(), "no common offset: 0->0 (+0), 1->2 (+1)");
+    // a compared index the reference lacks still gets its best match
+    let beyond = align(&reference, &map(&[(7, 4)])).unwrap();
+    assert_eq!(
+        (
+            beyond.rows[0].best,
+            beyond.rows[0].offset,
+            beyond.rows[0].same_index_cos_mean
+        ),
+        (3, -4, None)
+    );
+}
+
+#[test]
+fn mismatched_inputs_are_refused() {
+    let reference = map(&[(0, 1), (1, 2)]);
+    let e = align(&reference, &BTreeMap::new()).unwrap_err();
+    assert!(matches!(e, Error::Input(_)));
+    let one_prompt: BTreeMap<usize, Vec<Tensor>> = [(0usize, vec![t(1)])].into_iter().collect();
+    let e = align(&reference, &one_prompt).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("compared index 0 has 1 prompts, reference index 0 has 2"),
+        "{e}"
+    );
+    let short: BTreeMap<usize, Vec<Tensor>> =
+        [(0usize, vec![t(1).narrow(0, 0, 3).unwrap(), t(101)])]
+            .into_iter()
+            .collect();
+    let e = align(&reference, &short).unwrap_err();
+    assert!(
+        e.to_string().contains("prompt 0") && e.to_string().contains("same tokens"),
+        "{e}"
+    );
+}
