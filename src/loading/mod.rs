@@ -6,6 +6,7 @@
 //! See `research/qwen3_5.md` §1-2 and §6 for the transformers 5.23.0
 //! behaviour this follows.
 
+pub mod experts;
 pub mod inventory;
 pub mod paths;
 pub mod spec;
