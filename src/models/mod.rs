@@ -3,6 +3,7 @@
 //! [`crate::loading`], named relative to the text model.
 
 pub mod dflash;
+pub mod moe;
 pub mod precision;
 pub mod qwen3_5;
 
