@@ -7,6 +7,7 @@
 //! source files and functions, in `docs/architecture.md` ("loading paths")
 //! and the README's "How the loading paths really diverge".
 
+pub mod experts;
 pub mod inventory;
 pub mod paths;
 pub mod resolve;

@@ -9,11 +9,13 @@
 //!   (dense): each family's model file, building [`DecoderLayer`]s;
 //! - [`decoder`]: the decoder layer and its decode state;
 //! - [`text_model`]: embedding, final norm, LM head, the whole model;
+//! - [`moe`]: the sparse MoE block of `qwen3_5_moe` (router, routed and shared experts);
 //! - [`dflash`]: the DFlash drafter.
 
 pub mod decoder;
 pub mod dflash;
 pub mod layers;
+pub mod moe;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod spec;
