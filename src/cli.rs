@@ -248,11 +248,57 @@ impl ReplayArgs {
     }
 }
 
+/// A byte count: `123456`, `512M`, `16G`, `16GiB`, `1.5GiB` (K/M/G/T, binary).
+fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let shift = match unit
+        .trim()
+        .to_ascii_lowercase()
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+    {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        u => {
+            return Err(format!(
+                "unknown unit {u:?}: use K, M, G or T (binary), e.g. 16G"
+            ))
+        }
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size such as 16G or 17179869184"))?;
+    let bytes = v * (1u64 << shift) as f64;
+    if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
+        return Err(format!("{s:?}: expected a positive size below 16 EiB"));
+    }
+    Ok(bytes as u64)
+}
+
+/// Memory the target's stored weights may take to stay resident.
+#[derive(Args)]
+struct BudgetArgs {
+    /// Keep the target's weights resident (stored dtype) when they and the drafter fit this
+    /// many bytes (e.g. 16G); else stream them layer by layer every sweep. Default: 75% of
+    /// the available memory.
+    #[arg(long, value_parser = parse_bytes)]
+    memory_budget: Option<u64>,
+}
+
 /// A drafter evaluation's flags (`drafter`, `compare --drafter`).
 #[derive(Args)]
 struct DrafterEvalArgs {
     #[command(flatten)]
     replay: ReplayArgs,
+    #[command(flatten)]
+    budget: BudgetArgs,
     /// Exit 1 when τ on two paths differs by more than this.
     #[arg(long, default_value_t = 0.05)]
     max_tau_gap: f64,
@@ -267,6 +313,7 @@ impl DrafterEvalArgs {
             source,
             replay: self.replay.replay(self.end_rule),
             max_tau_gap: self.max_tau_gap,
+            memory_budget: self.budget.memory_budget,
         }
     }
 }
@@ -376,6 +423,8 @@ struct TriageArgs {
     drafter: String,
     #[command(flatten)]
     replay: ReplayArgs,
+    #[command(flatten)]
+    budget: BudgetArgs,
     /// τ seen in the regressed eval: marks the variants consistent with it.
     #[arg(long)]
     observed_tau: Option<f64>,
@@ -518,6 +567,7 @@ pub fn run(cli: Cli) -> Result<u8> {
                     position_shift: a.position_shift,
                     seed: a.run.seed,
                     quiet: a.run.quiet,
+                    memory_budget: a.budget.memory_budget,
                 },
                 command_line: command_line(),
             })?;

@@ -14,6 +14,13 @@ pub fn current_rss_bytes() -> Option<u64> {
     parse_kib_field(&status, "VmRSS:")
 }
 
+/// Memory the OS says is available for new allocations without swapping
+/// (`MemAvailable` in `/proc/meminfo`), `None` where unavailable.
+pub fn available_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_kib_field(&info, "MemAvailable:")
+}
+
 /// `"VmHWM:\t  123456 kB"` → 123456 × 1024.
 fn parse_kib_field(status: &str, field: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(field))?;

@@ -47,6 +47,7 @@ fn options(dir: &str, end_rule: EndRule) -> DrafterOptions {
                 rule: end_rule,
             },
             max_tau_gap: 0.05,
+            memory_budget: None,
         },
         quiet: true,
         command_line: String::new(),
@@ -200,7 +201,7 @@ fn configs_that_cannot_be_evaluated_are_refused() {
         "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 24, "block_size": 6, "dflash_config": {"target_layer_ids": [0, 1], "mask_token_id": 1}}))
     .unwrap();
-    let e = Drafter::load(cfg, &w, 64, Precision::F32)
+    let e = Drafter::load(cfg, w, 64, Precision::F32)
         .err()
         .unwrap()
         .to_string();

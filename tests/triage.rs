@@ -35,6 +35,7 @@ fn run() -> TriageReport {
             position_shift: 16,
             seed: 0,
             quiet: true,
+            memory_budget: None,
         },
         command_line: String::new(),
     })

@@ -20,8 +20,8 @@ use candle_core::{Tensor, D};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::loading::WeightSource;
 use crate::models::dflash::Drafter;
-use crate::models::Embedding;
 use crate::precision::Precision;
 
 /// The end-of-generation rule replayed (named in every report).
@@ -61,14 +61,17 @@ impl EndRule {
     }
 }
 
-/// What the drafter needs from a target: its embedding and LM head.
+/// What the drafter needs from a target: its embedding and LM head, read
+/// from the target's weights (rows gathered, the head in vocabulary chunks).
 pub struct DraftTarget<'a> {
     /// The drafter.
     pub drafter: &'a Drafter,
-    /// The target's `embed_tokens`.
-    pub embed: &'a Embedding,
-    /// The target's `lm_head.weight`, `[V, H]`.
-    pub lm_head: &'a Tensor,
+    /// The target's text-model weights (`embed_tokens.weight`).
+    pub weights: &'a dyn WeightSource,
+    /// Where the target's `lm_head.weight` comes from.
+    pub head: &'a dyn WeightSource,
+    /// The target's compute dtype (its embedding rows and head are rounded to it).
+    pub prec: Precision,
 }
 
 /// Per-prompt result of one replay.
@@ -107,20 +110,40 @@ pub fn draft_logits(
 ) -> Result<Tensor> {
     let mut block = vec![t.drafter.cfg.mask_token_id; b];
     block[0] = tokens[start];
-    let noise = t.embed.forward(&block)?;
+    let noise = t.weights.rows("embed_tokens.weight", &block, t.prec)?;
     let ctx = feats.narrow(0, 0, start)?;
     let y = t.drafter.forward(&noise, &ctx, 0, start)?;
-    t.drafter.logits(&y.narrow(0, 1, b - 1)?, t.lm_head)
+    t.drafter
+        .logits_from(&y.narrow(0, 1, b - 1)?, t.head, t.prec)
 }
 
-fn check_len(tokens: &[u32], prompt_len: usize, max_new: usize, b: usize) -> Result<()> {
+/// Tokens after `prompt_len + max_new` a replay under `rule` reads: the
+/// targets of the last block's drafts (GitHub main: full blocks, B − 1
+/// beyond the last anchor; the wheel shrinks its last blocks to end at
+/// `max_new`).
+pub fn lookahead(rule: EndRule, b: usize) -> usize {
+    match rule {
+        EndRule::GithubMain => b - 1,
+        EndRule::Wheel => 0,
+    }
+}
+
+fn check_len(
+    tokens: &[u32],
+    prompt_len: usize,
+    max_new: usize,
+    b: usize,
+    rule: EndRule,
+) -> Result<()> {
     if prompt_len == 0 {
         return Err(Error::Input("a prompt needs at least one token".into()));
     }
-    if tokens.len() < prompt_len + max_new + b {
+    let need = prompt_len + max_new + lookahead(rule, b);
+    if tokens.len() < need {
         return Err(Error::Input(format!(
-            "trajectory has {} tokens; replay needs prompt ({prompt_len}) + max_new_tokens ({max_new}) + block ({b})",
-            tokens.len()
+            "trajectory has {} tokens; the replay needs {need}: prompt ({prompt_len}) + max_new_tokens ({max_new}) + the last block's targets ({})",
+            tokens.len(),
+            lookahead(rule, b)
         )));
     }
     Ok(())
@@ -167,7 +190,7 @@ pub fn replay_dflash(
     rule: EndRule,
 ) -> Result<PromptTau> {
     let b = t.drafter.cfg.block_size;
-    check_len(tokens, prompt_len, max_new, b)?;
+    check_len(tokens, prompt_len, max_new, b, rule)?;
     walk(prompt_len, max_new, b, rule, |start, block| {
         let drafts = draft_logits(t, tokens, feats, start, block)?
             .argmax(D::Minus1)?
@@ -285,12 +308,14 @@ pub fn replay_ddtree(
     rule: EndRule,
 ) -> Result<PromptTau> {
     let b = t.drafter.cfg.block_size;
-    check_len(tokens, prompt_len, max_new, b)?;
+    check_len(tokens, prompt_len, max_new, b, rule)?;
     walk(prompt_len, max_new, b, rule, |start, block| {
         let logits = draft_logits(t, tokens, feats, start, block)?;
         let tree = build_tree(&logits, budget)?;
         let (mut cur, mut depth) = (0usize, 0usize);
-        while let Some(&child) = tree[cur].get(&tokens[start + depth + 1]) {
+        // The tree is at most block − 1 deep; its leaves have no children,
+        // so the walk never reads past the block's targets.
+        while let Some(&child) = tokens.get(start + depth + 1).and_then(|t| tree[cur].get(t)) {
             cur = child;
             depth += 1;
         }
@@ -355,6 +380,12 @@ pub struct PathTau {
     pub per_prompt: Vec<PromptReplay>,
     /// DDTree-N from the same drafts.
     pub ddtree: DdtreeTau,
+    /// Sweeps over the target's layers this path ran (prefill, one per
+    /// verification round, the cross run's teacher-forced one); 0 when its
+    /// results are another path's.
+    pub sweeps: usize,
+    /// Verification rounds of the generation (0 with given trajectories).
+    pub rounds: usize,
 }
 
 /// Drafter fed `features`' hidden states, judged on `trajectory`'s tokens.

@@ -5,15 +5,21 @@
 //! a session ([`paths::evaluate`]).
 
 pub mod eval;
+pub mod generate;
 pub mod paths;
+pub mod plan;
+pub mod target;
+pub mod trajectories;
 
 use crate::checkpoint::resolve;
 use crate::error::{Error, Result};
 use crate::models::dflash::{DflashConfig, Drafter, DrafterWeights};
-use crate::models::{GdnForm, TextModel};
+use crate::models::GdnForm;
 use crate::precision::Precision;
 use crate::session::Session;
+use candle_core::Tensor;
 use eval::{DraftTarget, EndRule, PromptTau};
+use target::{Capture, Sequence, Step, StepOut, TargetModel};
 
 /// What a replay walks: new tokens per prompt, the DDTree node budget, and
 /// the end-of-generation rule (DFlash and DDTree walk the anchors under it).
@@ -36,6 +42,9 @@ pub struct DrafterSettings {
     pub replay: Replay,
     /// Fail (exit 1) when τ on two paths differs by more than this.
     pub max_tau_gap: f64,
+    /// Bytes the stored weights may take to stay resident (`--memory-budget`;
+    /// `None`: a share of the available memory, see [`plan::MemoryPlan`]).
+    pub memory_budget: Option<u64>,
 }
 
 /// DFlash and DDTree-N results per prompt of one replay.
@@ -90,7 +99,7 @@ pub fn load_drafter(
     }
     let weights = DrafterWeights::load_dir(&dsrc.dir)?.to_device(device)?;
     Ok((
-        Drafter::load(cfg, &weights, target.hidden_size, dprec)?,
+        Drafter::load(cfg, weights, target.hidden_size, dprec)?,
         dprec,
     ))
 }
@@ -186,17 +195,17 @@ pub fn load_checked(
 }
 
 /// Replays DFlash and DDTree-`budget` on every prompt's trajectory with the
-/// features `feats[k]`, drafting through `model`'s embedding and LM head.
+/// features `feats[k]`, drafting through `target`'s embedding and LM head.
 /// Returns the DFlash and the DDTree results per prompt.
 ///
-/// Errors: `model` has no LM head; a trajectory shorter than the replay
-/// needs; a tensor failure.
+/// Errors: a trajectory shorter than the replay needs; mismatched counts; a
+/// tensor failure.
 pub fn replay_all(
     drafter: &Drafter,
-    model: &TextModel,
+    target: &TargetModel,
     tokens: &[Vec<u32>],
     prompt_lens: &[usize],
-    feats: &[candle_core::Tensor],
+    feats: &[Tensor],
     r: Replay,
 ) -> Result<Replayed> {
     if tokens.len() != prompt_lens.len() || tokens.len() != feats.len() {
@@ -207,48 +216,102 @@ pub fn replay_all(
             feats.len()
         )));
     }
-    let (max_new, budget) = (r.max_new, r.budget);
-    let head = model
-        .lm_head()
-        .ok_or_else(|| Error::Input("drafting needs the target's lm_head".into()))?
-        .weight();
     let t = DraftTarget {
         drafter,
-        embed: model.embedding(),
-        lm_head: head,
+        weights: target.weights,
+        head: target.head,
+        prec: target.prec,
     };
     let mut dfl = Vec::new();
     let mut tree = Vec::new();
     for ((toks, &n), f) in tokens.iter().zip(prompt_lens).zip(feats) {
-        dfl.push(eval::replay_dflash(&t, toks, n, f, max_new, r.rule)?);
+        dfl.push(eval::replay_dflash(&t, toks, n, f, r.max_new, r.rule)?);
         tree.push(eval::replay_ddtree(
-            &t, toks, n, f, max_new, budget, r.rule,
+            &t, toks, n, f, r.max_new, r.budget, r.rule,
         )?);
     }
     Ok((dfl, tree))
 }
 
-/// Tap features of `model` over each token sequence (`[T, K·H]` each), the
-/// first `prompt_lens[k]` tokens of sequence k being its prompt (decoded
-/// tokens keep their decode positions, shifted when the model has a decode shift).
+/// A token sequence fed teacher-forced: its tokens, how many are the
+/// prompt, and how the target runs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Forced<'a> {
+    /// Prompt + continuation.
+    pub tokens: &'a [u32],
+    /// Tokens of the prompt (later ones carry `decode_shift`).
+    pub prompt_len: usize,
+    /// Delta-rule form.
+    pub form: GdnForm,
+    /// Positions after the prompt shifted by this.
+    pub decode_shift: usize,
+}
+
+/// Feeds every sequence whole in one layer-major sweep, keeping `capture`
+/// and, with `logits`, the logits of every row from the last prompt token
+/// on (the predictions of the continuation).
+///
+/// Errors: a capture outside the target; a tensor failure.
+pub fn teacher_forced(
+    target: &TargetModel,
+    seqs: &[Forced],
+    capture: &[Capture],
+    logits: bool,
+) -> Result<Vec<StepOut>> {
+    let mut states: Vec<Sequence> = seqs
+        .iter()
+        .map(|f| Sequence::new(target.spec, f.prompt_len, f.form, f.decode_shift))
+        .collect();
+    let mut steps: Vec<Step> = states
+        .iter_mut()
+        .zip(seqs)
+        .map(|(seq, f)| Step {
+            seq,
+            ids: f.tokens,
+            tentative: false,
+            logits: if logits {
+                f.prompt_len.saturating_sub(1)..f.tokens.len()
+            } else {
+                0..0
+            },
+        })
+        .collect();
+    target.sweep(&mut steps, capture)
+}
+
+/// The drafter's features `[T, K·H]` from a step's tap captures.
+///
+/// Errors: a tensor failure.
+pub fn concat_taps(captures: &[Tensor]) -> Result<Tensor> {
+    Ok(Tensor::cat(captures, candle_core::D::Minus1)?)
+}
+
+/// Tap features of `target` over each token sequence (`[T, K·H]` each),
+/// teacher-forced in one layer-major sweep; the first `prompt_lens[k]`
+/// tokens of sequence k are its prompt (later tokens carry `decode_shift`).
+///
+/// Errors: a tap outside the target; a tensor failure.
 pub fn features(
-    model: &TextModel,
+    target: &TargetModel,
     tokens: &[Vec<u32>],
     prompt_lens: &[usize],
     taps: &[usize],
     form: GdnForm,
-) -> Result<Vec<candle_core::Tensor>> {
-    tokens
+    decode_shift: usize,
+) -> Result<Vec<Tensor>> {
+    let seqs: Vec<Forced> = tokens
         .iter()
         .zip(prompt_lens)
-        .map(|(toks, &n)| {
-            let pos = model.positions_with_prompt(n, toks.len());
-            let out = model.forward_at(toks, &pos, None, form, true)?;
-            eval::tap_features(
-                out.hidden_states.as_deref().expect("requested"),
-                out.last_layer_output.as_ref().expect("requested"),
-                taps,
-            )
+        .map(|(t, &n)| Forced {
+            tokens: t,
+            prompt_len: n,
+            form,
+            decode_shift,
         })
+        .collect();
+    let capture: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();
+    teacher_forced(target, &seqs, &capture, false)?
+        .into_iter()
+        .map(|o| concat_taps(&o.captures))
         .collect()
 }

@@ -10,6 +10,7 @@
 pub mod experts;
 pub mod inventory;
 pub mod paths;
+pub mod resident;
 pub mod resolve;
 pub mod source;
 pub mod spec;

@@ -106,6 +106,46 @@ impl TensorView {
     pub fn weights(&self) -> &Arc<Weights> {
         &self.weights
     }
+
+    /// Bytes of the checkpoint tensors this view reads, in their stored
+    /// dtypes (each checkpoint key once; MISSING tensors take none).
+    pub fn stored_bytes(&self) -> u64 {
+        let mut keys: Vec<&str> = self
+            .entries
+            .values()
+            .filter_map(|o| match o {
+                WeightOrigin::Checkpoint { key } | WeightOrigin::Tied { key } => Some(key.as_str()),
+                WeightOrigin::Missing { .. } => None,
+            })
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys.iter()
+            .filter_map(|k| self.weights.index().get(k))
+            .map(|t| t.nbytes())
+            .sum()
+    }
+
+    /// The device the view places tensors on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// `name` in its stored dtype (BF16, F16, F32 or F64), on the view's
+    /// device, for a source that keeps the model resident without widening
+    /// it; its NaN/Inf counts are recorded as when it is read widened.
+    /// `None` for a MISSING (initialised) tensor.
+    ///
+    /// Errors: unknown name, shard I/O, a non-float dtype.
+    pub fn stored(&self, name: &str) -> Result<Option<Tensor>> {
+        match self.key(name)? {
+            Some(key) => {
+                self.scan_key_bytes(key)?;
+                Ok(Some(self.place(self.weights.load_native(key)?)?))
+            }
+            None => Ok(None),
+        }
+    }
 }
 
 /// NaN and ±Inf counts of one checkpoint tensor.

@@ -4,7 +4,7 @@
 
 use candle_core::Tensor;
 
-use crate::checkpoint::config::Family;
+use crate::checkpoint::config::{Family, LayerType};
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::layers::attention::{Attention, KvCache};
@@ -30,6 +30,37 @@ pub enum LayerState {
     Linear(GdnState),
     /// Keys and values of an attention layer.
     Full(KvCache),
+}
+
+impl LayerState {
+    /// Fresh (empty) state of a layer of kind `ty`.
+    pub fn fresh(spec: &TextModelSpec, ty: LayerType) -> Self {
+        match ty {
+            LayerType::LinearAttention => LayerState::Linear(GdnState::zeros(&spec.geo)),
+            LayerType::FullAttention => LayerState::Full(KvCache::default()),
+        }
+    }
+
+    /// The next forward is a tentative block (see [`GdnState::begin_tentative`]).
+    pub fn begin_tentative(&mut self) {
+        if let LayerState::Linear(s) = self {
+            s.begin_tentative();
+        }
+    }
+
+    /// Keeps `kept` tokens in all: the first `kept − before` tokens of the
+    /// tentative block fed on top of `before` committed ones.
+    ///
+    /// Errors: a tensor failure.
+    pub fn commit(&mut self, before: usize, kept: usize) -> Result<()> {
+        match self {
+            LayerState::Linear(s) => {
+                s.commit(kept - before);
+                Ok(())
+            }
+            LayerState::Full(c) => c.truncate(kept),
+        }
+    }
 }
 
 /// A decoder layer (`Qwen3_5DecoderLayer`, `modeling_qwen3_5.py` 867-907;

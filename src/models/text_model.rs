@@ -129,8 +129,11 @@ impl LmHead {
 pub const LM_HEAD_CHUNK_BYTES: usize = 64 << 20;
 
 /// Calls `f(start_row, chunk)` for consecutive row chunks of `name` (rounded
-/// to `prec`); a source that cannot tell the shape gives one chunk.
-fn for_each_vocab_chunk(
+/// to `prec`) of about [`LM_HEAD_CHUNK_BYTES`] each; a source that cannot
+/// tell the shape gives one chunk.
+///
+/// Errors: the tensor cannot be read; what `f` returns.
+pub fn for_each_vocab_chunk(
     src: &dyn WeightSource,
     name: &str,
     prec: Precision,

@@ -9,6 +9,7 @@
 //! (tap offsets, the normed last tap) reuse the baseline's forward, so they
 //! cost no target compute.
 
+mod groups;
 pub mod suspects;
 
 use std::time::Instant;
@@ -17,16 +18,19 @@ use candle_core::Tensor;
 use serde::Serialize;
 
 use crate::drafter::eval::{self, EndRule, PromptTau};
-use crate::drafter::{load_checked, replay_all, Replay, Replayed};
+use crate::drafter::paths::plan_for;
+use crate::drafter::plan::Residency;
+use crate::drafter::target::TargetModel;
+use crate::drafter::{load_checked, Replay};
 use crate::error::Result;
-use crate::loading::{LoadingPath, ResolvedPath, WeightSource};
+use crate::loading::resident::Resident;
+use crate::loading::{LoadingPath, WeightSource};
 use crate::models::dflash::Drafter;
-use crate::models::{GdnForm, StepOutput, TextModel};
+use crate::models::GdnForm;
 use crate::parity::{Accumulator, Tolerance, Verdict};
 use crate::precision::Precision;
-use crate::progress;
-use crate::session::{weights_key, Session};
-pub use suspects::{Outcome, Suspect, Taps};
+use crate::session::Session;
+pub use suspects::{Head, Recipe, Suspect, Taps, Weights};
 
 /// What to triage (besides the session's target).
 #[derive(Debug, Clone)]
@@ -44,6 +48,8 @@ pub struct TriageSettings {
     pub seed: u64,
     /// Hide progress.
     pub quiet: bool,
+    /// `--memory-budget` (see [`crate::drafter::plan::MemoryPlan`]).
+    pub memory_budget: Option<u64>,
 }
 
 /// One suspect's outcome (a `variants[]` row of `triage --json`).
@@ -67,8 +73,15 @@ pub struct VariantResult {
     pub ddtree_tau_macro: f64,
     /// With `--observed-tau`: |τ − observed| ≤ 0.25 or 10 %.
     pub consistent_with_observed: Option<bool>,
-    /// Seconds this variant took (0 for variants sharing the baseline forward).
+    /// Seconds this variant took (0 for variants reading the baseline's
+    /// forward; the shared run's seconds for variants sharing sweeps).
     pub wall_s: f64,
+    /// Sweeps over the target's layers of the run this variant was part of
+    /// (0 for variants reading the baseline's forward).
+    pub sweeps: usize,
+    /// The other runs that shared those sweeps (batched as extra sequences).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shared_sweeps_with: Vec<String>,
 }
 
 /// The baseline the variants are measured against.
@@ -86,8 +99,10 @@ pub struct Baseline {
     pub tau_macro: f64,
     /// DDTree τ (macro).
     pub ddtree_tau_macro: f64,
-    /// Seconds.
+    /// Seconds (the baseline's run, with the variants sharing its sweeps).
     pub wall_s: f64,
+    /// Sweeps over the target's layers of that run.
+    pub sweeps: usize,
 }
 
 /// The members `triage`'s report adds to the envelope.
@@ -101,115 +116,6 @@ pub struct Triage {
     pub observed_tau: Option<f64>,
     /// Whole run, seconds.
     pub wall_time_s: f64,
-}
-
-/// The baseline's model, trajectory and forward outputs that every suspect
-/// runs against.
-pub struct Context<'a> {
-    /// The session (baseline path first).
-    pub session: &'a Session,
-    /// The drafter.
-    pub drafter: &'a Drafter,
-    /// The baseline model (resident; variants clone it to share its tensors).
-    pub base: TextModel,
-    /// Its dtype.
-    pub base_prec: Precision,
-    /// Prompt + greedy continuation per prompt.
-    pub base_tokens: Vec<Vec<u32>>,
-    /// Its forward over those tokens (hidden states requested).
-    base_outs: Vec<StepOutput>,
-    /// Its tap features.
-    pub base_feats: Vec<Tensor>,
-    /// The baseline's weights key (a variant with the same key shares them).
-    base_key: (Precision, Vec<String>),
-    prompt_lens: Vec<usize>,
-    replay: Replay,
-    /// Seed for MISSING tensors.
-    pub seed: u64,
-}
-
-impl Context<'_> {
-    /// The baseline loading path.
-    pub fn base_path(&self) -> &ResolvedPath {
-        &self.session.paths[0]
-    }
-
-    fn taps(&self) -> &[usize] {
-        &self.drafter.cfg.target_layer_ids
-    }
-
-    /// Features for the taps under `mode` from the baseline's forward.
-    pub fn feats_of(&self, mode: Taps) -> Result<Vec<Tensor>> {
-        self.base_outs
-            .iter()
-            .map(|o| {
-                suspects::select(
-                    o.hidden_states.as_deref().expect("requested"),
-                    o.last_layer_output.as_ref().expect("requested"),
-                    self.taps(),
-                    mode,
-                )
-            })
-            .collect()
-    }
-
-    /// DFlash and DDTree replays of `feats` over `tokens` with `model`'s head.
-    pub fn replay(
-        &self,
-        model: &TextModel,
-        tokens: &[Vec<u32>],
-        feats: &[Tensor],
-    ) -> Result<Replayed> {
-        replay_all(
-            self.drafter,
-            model,
-            tokens,
-            &self.prompt_lens,
-            feats,
-            self.replay,
-        )
-    }
-
-    /// Greedy trajectories of `m` over the prompts (`form` for the prefill).
-    fn trajectories(&self, m: &TextModel, form: GdnForm) -> Result<Vec<Vec<u32>>> {
-        let n_gen = self.replay.max_new + self.drafter.cfg.block_size;
-        self.session
-            .prompts
-            .iter()
-            .map(|p| Ok([p.ids.clone(), m.greedy(&p.ids, n_gen, form)?].concat()))
-            .collect()
-    }
-
-    /// A variant that runs its own target model: divergence on the baseline
-    /// trajectory, τ on its own trajectory.
-    pub fn own_model(&self, m: &TextModel, form: GdnForm) -> Result<Outcome> {
-        let taps = self.taps();
-        let feats_on_base =
-            crate::drafter::features(m, &self.base_tokens, &self.prompt_lens, taps, form)?;
-        let tokens = self.trajectories(m, form)?;
-        let own = crate::drafter::features(m, &tokens, &self.prompt_lens, taps, form)?;
-        let (dflash, ddtree) = self.replay(m, &tokens, &own)?;
-        Ok(Outcome {
-            feats_on_base,
-            dflash,
-            ddtree,
-        })
-    }
-
-    /// A variant model: the baseline's tensors when it reads the same bytes
-    /// in the same dtype with the same lm_head (no second copy), else loaded.
-    pub fn variant_model(
-        &self,
-        view: &dyn WeightSource,
-        head: &dyn WeightSource,
-        prec: Precision,
-    ) -> Result<TextModel> {
-        if weights_key(&self.session.spec, view, Some(head), prec) == self.base_key {
-            Ok(self.base.clone())
-        } else {
-            TextModel::load(&self.session.spec, view, Some(head), prec)
-        }
-    }
 }
 
 /// τ (macro) of per-prompt results for block size `b`.
@@ -251,12 +157,18 @@ fn tap_divergence(
 
 /// The suspects that apply to this target and drafter, in report order
 /// (notes say why the others do not run).
-fn plan(cx: &Context, settings: &TriageSettings, notes: &mut Vec<String>) -> Vec<Suspect> {
+fn plan(
+    session: &Session,
+    drafter: &Drafter,
+    base_prec: Precision,
+    settings: &TriageSettings,
+    notes: &mut Vec<String>,
+) -> Vec<Suspect> {
     let mut plan = vec![Suspect::Vlm];
     plan.extend(
         Precision::ALL
             .into_iter()
-            .filter(|&p| p != cx.base_prec)
+            .filter(|&p| p != base_prec)
             .map(Suspect::Dtype),
     );
     plan.extend([
@@ -264,8 +176,8 @@ fn plan(cx: &Context, settings: &TriageSettings, notes: &mut Vec<String>) -> Vec
         Suspect::TapOffset(-1),
         Suspect::TapOffset(1),
     ]);
-    let n_layers = cx.session.spec.num_layers();
-    if cx.taps().iter().max() == Some(&(n_layers - 1)) {
+    let n_layers = session.spec.num_layers();
+    if drafter.cfg.target_layer_ids.iter().max() == Some(&(n_layers - 1)) {
         plan.push(Suspect::NormedLastTap);
     } else {
         notes.push(format!(
@@ -280,69 +192,25 @@ fn plan(cx: &Context, settings: &TriageSettings, notes: &mut Vec<String>) -> Vec
     let missing = [LoadingPath::CausalLm, LoadingPath::Vlm]
         .into_iter()
         .find(|&p| {
-            crate::loading::resolve(&cx.session.ckpt, p).is_ok_and(|r| r.inventory.missing > 0)
+            crate::loading::resolve(&session.ckpt, p).is_ok_and(|r| r.inventory.missing > 0)
         });
-    plan.push(missing.map_or(Suspect::RandomLmHead, Suspect::MissingOn));
+    match missing {
+        Some(p) => plan.push(Suspect::MissingOn(p)),
+        None => {
+            notes.push(
+                "no path reports MISSING tensors on this checkpoint; the missing variant emulates a random lm_head (normal(0, initializer_range)), what causal-lm gets when tie_word_embeddings is set only at the top level and lm_head.weight is absent".into(),
+            );
+            plan.push(Suspect::RandomLmHead);
+        }
+    }
     plan
 }
 
-/// The baseline: its model, greedy trajectories, forward and τ.
-fn baseline<'a>(
-    session: &'a Session,
-    drafter: &'a Drafter,
-    settings: &TriageSettings,
-) -> Result<(Context<'a>, Baseline)> {
-    let tb = Instant::now();
-    let base_path = &session.paths[0];
-    let base_prec = base_path.dtype;
-    let base = TextModel::load(
-        &session.spec,
-        &base_path.view,
-        Some(&base_path.view),
-        base_prec,
-    )?;
-    let base_key = weights_key(
-        &session.spec,
-        &base_path.view,
-        Some(&base_path.view),
-        base_prec,
-    );
-    let mut cx = Context {
-        session,
-        drafter,
-        base,
-        base_prec,
-        base_tokens: Vec::new(),
-        base_outs: Vec::new(),
-        base_feats: Vec::new(),
-        base_key,
-        prompt_lens: session.prompt_lens(),
-        replay: settings.replay,
-        seed: settings.seed,
-    };
-    cx.base_tokens = cx.trajectories(&cx.base, GdnForm::Chunked)?;
-    cx.base_outs = cx
-        .base_tokens
-        .iter()
-        .map(|t| cx.base.forward(t, None, GdnForm::Chunked, true))
-        .collect::<Result<_>>()?;
-    cx.base_feats = cx.feats_of(Taps::Offset(0))?;
-    let (bd, bt) = cx.replay(&cx.base, &cx.base_tokens, &cx.base_feats)?;
-    let b = drafter.cfg.block_size;
-    let baseline = Baseline {
-        path: LoadingPath::CausalLm,
-        dtype: base_prec,
-        gdn_form: GdnForm::Chunked,
-        taps: drafter.cfg.target_layer_ids.clone(),
-        tau_macro: tau(&bd, b),
-        ddtree_tau_macro: tau(&bt, b),
-        wall_s: tb.elapsed().as_secs_f64(),
-    };
-    Ok((cx, baseline))
-}
-
 /// Runs the triage matrix on `session` (opened on `causal-lm`). Returns the
-/// result, its summary sentence and notes.
+/// result, its summary sentence and notes. Suspects that read the same
+/// weights in the same dtype with the same lm_head as another run share its
+/// sweeps (extra sequences in the same DFlash loop); tap suspects read the
+/// baseline's forward.
 ///
 /// Errors: as the drafter loading ([`load_checked`]) and the model runs.
 pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, String, Vec<String>)> {
@@ -351,48 +219,104 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         rule: EndRule::GithubMain,
         ..settings.replay
     };
-    let settings = &TriageSettings {
-        replay,
-        ..settings.clone()
-    };
     let (drafter, _) = load_checked(session, &settings.drafter, replay, settings.position_shift)?;
     let mut notes = Vec::new();
-    let (cx, baseline) = baseline(session, &drafter, settings)?;
-    let plan = plan(&cx, settings, &mut notes);
-    let pb = progress::single(plan.len() as u64 + 1, "runs", settings.quiet);
-    pb.inc(1);
-    let b = drafter.cfg.block_size;
-    let h = session.paths[0].text_config.hidden_size;
-    let tol = Tolerance::for_precision(cx.base_prec);
-    let mut variants = Vec::new();
-    for s in plan {
-        pb.set_message(s.description());
-        let tv = Instant::now();
-        if let Some(o) = s.run(&cx, &mut notes)? {
-            let (first_divergent, cos_min_at_taps) =
-                tap_divergence(&o.feats_on_base, &cx.base_feats, cx.taps(), h, &tol)?;
-            let tau_v = tau(&o.dflash, b);
-            variants.push(VariantResult {
-                name: s.name(),
-                description: s.description(),
-                first_divergent,
-                cos_min_at_taps,
-                tau_macro: tau_v,
-                delta_tau: tau_v - baseline.tau_macro,
-                ddtree_tau_macro: tau(&o.ddtree, b),
-                consistent_with_observed: settings
-                    .observed_tau
-                    .map(|o| (tau_v - o).abs() <= 0.25f64.max(0.1 * o)),
-                wall_s: if s.shares_forward() {
-                    0.0
-                } else {
-                    tv.elapsed().as_secs_f64()
-                },
-            });
+    let base_path = &session.paths[0];
+    let base_prec = base_path.dtype;
+    let mem = plan_for(session, &drafter, settings.memory_budget);
+    let resident = |view: &crate::loading::TensorView| -> Result<Option<Resident>> {
+        match mem.mode {
+            Residency::Resident => Resident::load(view, view.names()).map(Some),
+            Residency::Streamed => Ok(None),
         }
-        pb.inc(1);
+    };
+    let resident_base = resident(&base_path.view)?;
+    let base_w: &dyn WeightSource = match &resident_base {
+        Some(r) => r,
+        None => &base_path.view,
+    };
+    let suspects = plan(session, &drafter, base_prec, settings, &mut notes);
+    let recipes: Vec<Recipe> = suspects
+        .iter()
+        .map(|s| s.recipe(session, base_prec, settings.seed))
+        .collect::<Result<_>>()?;
+    let residents: Vec<Option<Resident>> = recipes
+        .iter()
+        .map(|r| match r {
+            Recipe::Model {
+                weights: Weights::Path(p),
+                ..
+            } => resident(&p.view),
+            _ => Ok(None),
+        })
+        .collect::<Result<_>>()?;
+    let base_target = TargetModel {
+        spec: &session.spec,
+        weights: base_w,
+        head: base_w,
+        prec: base_prec,
+    };
+    let groups = groups::build(session, base_target, &recipes, &residents);
+    let names: Vec<String> = suspects.iter().map(Suspect::name).collect();
+    let ran = groups::run_all(
+        &groups,
+        &drafter,
+        &session.prompt_ids(),
+        replay,
+        &names,
+        settings.quiet,
+    )?;
+    let b = drafter.cfg.block_size;
+    let baseline = Baseline {
+        path: LoadingPath::CausalLm,
+        dtype: base_prec,
+        gdn_form: GdnForm::Chunked,
+        taps: drafter.cfg.target_layer_ids.clone(),
+        tau_macro: tau(&ran.baseline.dflash, b),
+        ddtree_tau_macro: tau(&ran.baseline.ddtree, b),
+        wall_s: ran.baseline.wall_s,
+        sweeps: ran.baseline.sweeps,
+    };
+    let mut outcomes = ran.outcomes;
+    groups::tap_outcomes(
+        session,
+        &drafter,
+        &base_target,
+        &ran.base,
+        &recipes,
+        replay,
+        &mut outcomes,
+        &mut notes,
+    )?;
+    let h = base_path.text_config.hidden_size;
+    let tol = Tolerance::for_precision(base_prec);
+    let mut variants = Vec::new();
+    for (i, s) in suspects.iter().enumerate() {
+        let Some(o) = &outcomes[i] else { continue };
+        let (first_divergent, cos_min_at_taps) = tap_divergence(
+            &o.feats_on_base,
+            &ran.base.feats,
+            &drafter.cfg.target_layer_ids,
+            h,
+            &tol,
+        )?;
+        let tau_v = tau(&o.dflash, b);
+        variants.push(VariantResult {
+            name: s.name(),
+            description: s.description(),
+            first_divergent,
+            cos_min_at_taps,
+            tau_macro: tau_v,
+            delta_tau: tau_v - baseline.tau_macro,
+            ddtree_tau_macro: tau(&o.ddtree, b),
+            consistent_with_observed: settings
+                .observed_tau
+                .map(|o| (tau_v - o).abs() <= 0.25f64.max(0.1 * o)),
+            wall_s: o.wall_s,
+            sweeps: o.sweeps,
+            shared_sweeps_with: ran.shared[i].clone(),
+        });
     }
-    pb.finish_and_clear();
     variants.sort_by(|a, b| b.delta_tau.abs().total_cmp(&a.delta_tau.abs()));
     let summary = summarize(&baseline, &variants, settings.observed_tau);
     let triage = Triage {

@@ -1,16 +1,16 @@
 //! The suspects of a drafter regression, as a type: each [`Suspect`] is one
 //! thing an eval harness or a loading path gets wrong, with its name, what it
-//! emulates, and how it runs ([`Suspect::run`]). Adding a suspect is one
-//! variant here and one function.
+//! emulates, and its [`Recipe`] — how the target runs for it. Adding a
+//! suspect is one variant here and one arm of [`Suspect::recipe`].
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
-use super::Context;
-use crate::drafter::eval::{self, PromptTau};
+use crate::drafter::eval;
 use crate::error::{Error, Result};
-use crate::loading::{InitRule, LoadingPath, WeightSource};
-use crate::models::{GdnForm, LmHead};
+use crate::loading::{InitRule, LoadingPath, ResolvedPath, WeightSource};
+use crate::models::GdnForm;
 use crate::precision::Precision;
+use crate::session::Session;
 
 /// One suspect (a triage variant).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -33,15 +33,51 @@ pub enum Suspect {
     RandomLmHead,
 }
 
-/// What a suspect's run gives: its tap features on the baseline trajectory,
-/// and its DFlash and DDTree replays on its own trajectory.
-pub struct Outcome {
-    /// Per prompt `[T, K·H]`, on the baseline's tokens.
-    pub feats_on_base: Vec<Tensor>,
-    /// DFlash per prompt.
-    pub dflash: Vec<PromptTau>,
-    /// DDTree per prompt.
-    pub ddtree: Vec<PromptTau>,
+/// Where a suspect's target weights come from.
+pub enum Weights {
+    /// The baseline's.
+    Base,
+    /// Another loading path's.
+    Path(Box<ResolvedPath>),
+}
+
+/// Where a suspect's lm_head comes from.
+pub enum Head {
+    /// The baseline's.
+    Base,
+    /// Its own loading path's.
+    Own,
+    /// A tensor made for it (the random lm_head).
+    Made(MadeHead),
+}
+
+/// How the target runs for a suspect.
+pub enum Recipe {
+    /// Its own target run (greedy trajectory, τ on it; divergence on the
+    /// baseline's trajectory).
+    Model {
+        /// Layer weights.
+        weights: Weights,
+        /// Compute dtype.
+        prec: Precision,
+        /// lm_head.
+        head: Head,
+        /// Delta-rule form.
+        form: GdnForm,
+        /// Positions after the prompt shifted by this.
+        decode_shift: usize,
+    },
+    /// Other hidden states of the baseline's forward fed to the drafter.
+    Taps(Taps),
+}
+
+/// How a variant turns hidden states into drafter features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taps {
+    /// `hidden_states[L+1+offset]` (pre-norm; offset 0 = the convention).
+    Offset(i64),
+    /// The last tap goes through the final norm.
+    NormedLast,
 }
 
 impl Suspect {
@@ -85,110 +121,78 @@ impl Suspect {
         }
     }
 
-    /// True for the suspects that only change which hidden states feed the
-    /// drafter: they reuse the baseline's forward (no target compute).
-    pub fn shares_forward(&self) -> bool {
-        matches!(self, Suspect::TapOffset(_) | Suspect::NormedLastTap)
-    }
-
-    /// Runs the suspect on the baseline context. `Ok(None)` when it cannot
-    /// run here (the reason is added to `notes`).
+    /// How the target runs for this suspect on `session` (baseline path
+    /// first, computing in `base_prec`).
     ///
-    /// Errors: a tensor failure or a loading error.
-    pub fn run(&self, cx: &Context, notes: &mut Vec<String>) -> Result<Option<Outcome>> {
-        match *self {
-            Suspect::Vlm => vlm(cx).map(Some),
-            Suspect::Dtype(p) => {
-                let view = &cx.base_path().view;
-                let m = cx.variant_model(view, view, p)?;
-                cx.own_model(&m, GdnForm::Chunked).map(Some)
+    /// Errors: a loading path that cannot be resolved; the random head cannot be made.
+    pub fn recipe(&self, session: &Session, base_prec: Precision, seed: u64) -> Result<Recipe> {
+        let model = |weights, prec, head, form, decode_shift| Recipe::Model {
+            weights,
+            prec,
+            head,
+            form,
+            decode_shift,
+        };
+        Ok(match *self {
+            Suspect::Vlm => {
+                let p = session.resolve_extra(LoadingPath::Vlm, seed)?;
+                let prec = p.dtype;
+                model(
+                    Weights::Path(Box::new(p)),
+                    prec,
+                    Head::Base,
+                    GdnForm::Chunked,
+                    0,
+                )
             }
-            Suspect::Recurrent => cx.own_model(&cx.base, GdnForm::Recurrent).map(Some),
-            Suspect::TapOffset(k) => tap_variant(cx, Taps::Offset(k), self, notes),
-            Suspect::NormedLastTap => tap_variant(cx, Taps::NormedLast, self, notes),
+            Suspect::Dtype(p) => model(Weights::Base, p, Head::Base, GdnForm::Chunked, 0),
+            Suspect::Recurrent => {
+                model(Weights::Base, base_prec, Head::Base, GdnForm::Recurrent, 0)
+            }
+            Suspect::TapOffset(k) => Recipe::Taps(Taps::Offset(k)),
+            Suspect::NormedLastTap => Recipe::Taps(Taps::NormedLast),
             Suspect::Positions(k) => {
-                let m = cx.base.clone().with_decode_shift(k);
-                cx.own_model(&m, GdnForm::Chunked).map(Some)
+                model(Weights::Base, base_prec, Head::Base, GdnForm::Chunked, k)
             }
-            Suspect::MissingOn(p) => missing_on(cx, p).map(Some),
-            Suspect::RandomLmHead => random_lm_head(cx, notes).map(Some),
-        }
+            Suspect::MissingOn(path) => {
+                let p = session.resolve_extra(path, seed)?;
+                let (prec, head) = (
+                    p.dtype,
+                    if p.view.has_lm_head() {
+                        Head::Own
+                    } else {
+                        Head::Base
+                    },
+                );
+                model(Weights::Path(Box::new(p)), prec, head, GdnForm::Chunked, 0)
+            }
+            Suspect::RandomLmHead => {
+                let tc = &session.paths[0].text_config;
+                let head = MadeHead::random(
+                    tc.vocab_size,
+                    tc.hidden_size,
+                    tc.initializer_range,
+                    seed,
+                    base_prec,
+                )?
+                .to_device(&session.spec.device)?;
+                model(
+                    Weights::Base,
+                    base_prec,
+                    Head::Made(head),
+                    GdnForm::Chunked,
+                    0,
+                )
+            }
+        })
     }
 }
 
-/// The `vlm` path's own model (its dtype; lm_head borrowed from the baseline).
-fn vlm(cx: &Context) -> Result<Outcome> {
-    let vp = cx.session.resolve_extra(LoadingPath::Vlm, cx.seed)?;
-    let m = cx.variant_model(&vp.view, &cx.base_path().view, vp.dtype)?;
-    cx.own_model(&m, GdnForm::Chunked)
-}
-
-/// A path with MISSING tensors (its own lm_head when it has one).
-fn missing_on(cx: &Context, path: LoadingPath) -> Result<Outcome> {
-    let r = cx.session.resolve_extra(path, cx.seed)?;
-    let head: &dyn WeightSource = if r.view.has_lm_head() {
-        &r.view
-    } else {
-        &cx.base_path().view
-    };
-    let m = cx.variant_model(&r.view, head, r.dtype)?;
-    cx.own_model(&m, GdnForm::Chunked)
-}
-
-/// The baseline with a random `lm_head` (normal(0, initializer_range)).
-fn random_lm_head(cx: &Context, notes: &mut Vec<String>) -> Result<Outcome> {
-    let tc = &cx.base_path().text_config;
-    let shape = vec![tc.vocab_size, tc.hidden_size];
-    let w = crate::loading::view::init_tensor(
-        "lm_head.weight",
-        InitRule::Normal {
-            std: tc.initializer_range,
-        },
-        &shape,
-        Some(cx.seed),
-    )?
-    .to_device(&cx.session.spec.device)?;
-    let head = LmHead::load(&SingleTensor(w), cx.base_prec)?;
-    let m = cx.base.clone().with_lm_head(Some(head));
-    notes.push(
-        "no path reports MISSING tensors on this checkpoint; the missing variant emulates a random lm_head (normal(0, initializer_range)), what causal-lm gets when tie_word_embeddings is set only at the top level and lm_head.weight is absent".into(),
-    );
-    cx.own_model(&m, GdnForm::Chunked)
-}
-
-/// How a variant turns hidden states into drafter features.
-#[derive(Clone, Copy)]
-pub enum Taps {
-    /// `hidden_states[L+1+offset]` (pre-norm; offset 0 = the convention).
-    Offset(i64),
-    /// The last tap goes through the final norm.
-    NormedLast,
-}
-
-/// A suspect that reads other hidden states of the baseline's forward.
-fn tap_variant(
-    cx: &Context,
-    mode: Taps,
-    s: &Suspect,
-    notes: &mut Vec<String>,
-) -> Result<Option<Outcome>> {
-    match cx.feats_of(mode) {
-        Ok(f) => {
-            let (dflash, ddtree) = cx.replay(&cx.base, &cx.base_tokens, &f)?;
-            Ok(Some(Outcome {
-                feats_on_base: f,
-                dflash,
-                ddtree,
-            }))
-        }
-        Err(e) => {
-            notes.push(format!("{}: skipped ({e})", s.description()));
-            Ok(None)
-        }
-    }
-}
-
-/// Features for `taps` under `mode` from one forward's outputs.
+/// Features for `taps` under `mode` from one forward's hidden states
+/// (`hs`: transformers' N+1 entries, the last final-normed; `last`: the raw
+/// last-layer output).
+///
+/// Errors ([`Error::Input`]): a tap that falls outside the model.
 pub fn select(hs: &[Tensor], last: &Tensor, taps: &[usize], mode: Taps) -> Result<Tensor> {
     match mode {
         Taps::Offset(0) => eval::tap_features(hs, last, taps),
@@ -219,12 +223,50 @@ pub fn select(hs: &[Tensor], last: &Tensor, taps: &[usize], mode: Taps) -> Resul
     }
 }
 
-/// A one-tensor weight source (`lm_head.weight`).
-struct SingleTensor(Tensor);
+/// An lm_head made for a suspect (the random one), held in the compute
+/// dtype's storage (bf16/f16 when the target computes in half precision)
+/// and read in vocabulary chunks like a checkpoint's.
+pub struct MadeHead(Tensor);
 
-impl WeightSource for SingleTensor {
+impl MadeHead {
+    /// `lm_head.weight [V, H]` drawn from normal(0, `std`) with `seed` (the
+    /// init transformers gives a MISSING lm_head), rounded to `prec`.
+    ///
+    /// Errors: a tensor failure.
+    pub fn random(v: usize, h: usize, std: f64, seed: u64, prec: Precision) -> Result<Self> {
+        let w = crate::loading::view::init_tensor(
+            "lm_head.weight",
+            InitRule::Normal { std },
+            &[v, h],
+            Some(seed),
+        )?;
+        Ok(Self(match prec {
+            Precision::F32 => w,
+            Precision::Bf16 => w.to_dtype(DType::BF16)?,
+            Precision::F16 => w.to_dtype(DType::F16)?,
+        }))
+    }
+
+    /// The same head on `device`.
+    ///
+    /// Errors: the device cannot hold it.
+    pub fn to_device(self, device: &candle_core::Device) -> Result<Self> {
+        Ok(Self(self.0.to_device(device)?))
+    }
+}
+
+impl WeightSource for MadeHead {
     fn tensor(&self, _name: &str) -> Result<Tensor> {
-        Ok(self.0.clone())
+        Ok(self.0.to_dtype(DType::F32)?)
+    }
+    fn tensor_in(&self, name: &str, prec: Precision) -> Result<Tensor> {
+        prec.round(&self.tensor(name)?)
+    }
+    fn row_range(&self, _name: &str, start: usize, len: usize, prec: Precision) -> Result<Tensor> {
+        prec.round(&self.0.narrow(0, start, len)?.to_dtype(DType::F32)?)
+    }
+    fn shape(&self, _name: &str) -> Option<Vec<usize>> {
+        Some(self.0.dims().to_vec())
     }
     fn identity(&self, name: &str) -> String {
         format!("synthetic:{name}")

@@ -29,6 +29,20 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Keeps the first `len` cached tokens (a speculative block's rejected
+    /// tail dropped; transformers' `DynamicLayer.crop`).
+    ///
+    /// Errors: a tensor failure.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len >= self.len() {
+            return Ok(());
+        }
+        for t in [&mut self.k, &mut self.v].into_iter().flatten() {
+            *t = t.narrow(2, 0, len)?;
+        }
+        Ok(())
+    }
 }
 
 /// `self_attn.*` of one full-attention layer.

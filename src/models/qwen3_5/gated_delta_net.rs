@@ -51,12 +51,36 @@ impl GdnForm {
 /// Per-layer decode state (`LinearAttentionLayer` in transformers'
 /// `DynamicCache`): the last `K-1` raw (pre-conv) `mixed_qkv` columns and the
 /// f32 recurrent state.
+///
+/// A block can be fed *tentatively* ([`Self::begin_tentative`]): the layer
+/// then keeps what it computed per block token (the raw conv inputs and the
+/// delta-rule inputs k, v, g, β), and [`Self::commit`] leaves the state as if
+/// only the first `n` tokens had been fed — the correct form of the cache
+/// crop a speculative-decoding loop needs (transformers 5.23's
+/// `LinearAttentionLayer.crop` rolls back the conv state only).
 #[derive(Debug, Clone)]
 pub struct GdnState {
     /// `[K-1, C]`, row-major, oldest first.
     pub conv: Vec<f32>,
     /// `[nv, dk, dv]`, row-major.
     pub recurrent: Vec<f32>,
+    /// Keep the next block's per-token inputs for [`Self::commit`].
+    keep_block: bool,
+    /// The tentative block: state before it, its conv history and inputs.
+    block: Option<Box<Block>>,
+}
+
+/// What a tentatively fed block leaves to roll the state forward by a prefix.
+#[derive(Debug, Clone)]
+struct Block {
+    /// `[K-1+T, C]`: the conv history before the block, then its raw inputs.
+    padded: Vec<f32>,
+    /// The recurrent state before the block.
+    recurrent: Vec<f32>,
+    /// The block's delta-rule inputs.
+    inputs: DeltaRuleInputs,
+    /// Conv channels C.
+    channels: usize,
 }
 
 impl GdnState {
@@ -66,6 +90,34 @@ impl GdnState {
         Self {
             conv: vec![0.0; (geo.conv_kernel - 1) * c],
             recurrent: vec![0.0; geo.lin_v_heads * geo.lin_k_dim * geo.lin_v_dim],
+            keep_block: false,
+            block: None,
+        }
+    }
+
+    /// The next forward is a tentative block: keep its per-token inputs.
+    pub fn begin_tentative(&mut self) {
+        self.keep_block = true;
+        self.block = None;
+    }
+
+    /// Keeps the first `n` tokens of the tentative block: the conv history
+    /// ends at token `n − 1` and the recurrent state is the pre-block state
+    /// advanced token by token (`torch_recurrent_gated_delta_rule`) through
+    /// those `n` tokens. All of the block (`n = T`) keeps the state the block
+    /// forward computed. No tentative block: nothing to do.
+    pub fn commit(&mut self, n: usize) {
+        let Some(b) = self.block.take() else {
+            return;
+        };
+        if n >= b.inputs.t {
+            return;
+        }
+        let (c, hist) = (b.channels, self.conv.len() / b.channels.max(1));
+        self.conv.copy_from_slice(&b.padded[n * c..(n + hist) * c]);
+        self.recurrent = b.recurrent;
+        if n > 0 {
+            recurrent(&b.inputs.prefix(n), &mut self.recurrent);
         }
     }
 }
@@ -92,6 +144,24 @@ pub struct DeltaRuleInputs {
     pub g: Vec<f32>,
     /// Write strength `β ∈ (0, 1)`, `[T, heads]`.
     pub beta: Vec<f32>,
+}
+
+impl DeltaRuleInputs {
+    /// The first `n` tokens.
+    pub fn prefix(&self, n: usize) -> Self {
+        let (nh, dk, dv) = (self.heads, self.dk, self.dv);
+        Self {
+            t: n,
+            heads: nh,
+            dk,
+            dv,
+            q: self.q[..n * nh * dk].to_vec(),
+            k: self.k[..n * nh * dk].to_vec(),
+            v: self.v[..n * nh * dv].to_vec(),
+            g: self.g[..n * nh].to_vec(),
+            beta: self.beta[..n * nh].to_vec(),
+        }
+    }
 }
 
 /// `x · rsqrt(Σx² + 1e-6)` in place (transformers' `l2norm`, eps fixed at 1e-6).
@@ -378,7 +448,11 @@ impl GatedDeltaNet {
     /// Projections, causal conv + SiLU and gates for `x` (`[T, H]`), giving the
     /// kernel inputs and `z` (`[T, nv, dv]`). `state.conv` supplies the
     /// preceding `K-1` raw columns and is updated.
-    fn prepare(&self, x: &Tensor, conv_state: &mut [f32]) -> Result<(DeltaRuleInputs, Tensor)> {
+    fn prepare(
+        &self,
+        x: &Tensor,
+        conv_state: &mut [f32],
+    ) -> Result<(DeltaRuleInputs, Tensor, Vec<f32>)> {
         let geo = &self.geo;
         let t = x.dim(0)?;
         let c = geo.conv_dim();
@@ -456,6 +530,7 @@ impl GatedDeltaNet {
                 beta,
             },
             z,
+            padded,
         ))
     }
 
@@ -476,11 +551,21 @@ impl GatedDeltaNet {
                 &mut fresh
             }
         };
-        let (inp, z) = self.prepare(x, &mut st.conv)?;
+        let before = st.keep_block.then(|| st.recurrent.clone());
+        let (inp, z, padded) = self.prepare(x, &mut st.conv)?;
         let mut o = match form {
             GdnForm::Chunked => chunked(&inp, &mut st.recurrent),
             GdnForm::Recurrent => recurrent(&inp, &mut st.recurrent),
         };
+        if let Some(recurrent) = before {
+            st.keep_block = false;
+            st.block = Some(Box::new(Block {
+                padded,
+                recurrent,
+                inputs: inp.clone(),
+                channels: self.geo.conv_dim(),
+            }));
+        }
         // The kernel runs in f32 and casts its output back to the input dtype.
         self.geo.prec.round_slice(&mut o);
         let (t, nv, dv) = (inp.t, inp.heads, inp.dv);

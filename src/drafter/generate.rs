@@ -1,0 +1,198 @@
+//! The target's greedy continuation, produced by the DFlash loop itself at
+//! temperature 0 (z-lab/dflash `dflash/model.py::dflash_generate`): per round
+//! the drafter drafts a block from the target's tap features, one layer-major
+//! sweep verifies the whole block for every prompt at once, the longest
+//! prefix matching the target's argmax is kept and the target's own token
+//! follows it. So the number of sweeps is the number of rounds (plus the
+//! prefill), not the number of tokens. At temperature 0 every committed
+//! token is the target's greedy token, so the output is its greedy
+//! continuation.
+//!
+//! The caches are cropped to the kept tokens after each verification: the
+//! attention KV cache truncated, the Gated DeltaNet conv and recurrent state
+//! advanced by exactly the kept tokens from what the verification computed
+//! ([`crate::models::qwen3_5::gated_delta_net::GdnState::commit`]) — the
+//! correct form of the crop `dflash_generate` gets wrong on transformers 5.23
+//! (`LinearAttentionLayer.crop` rolls back the conv state only).
+
+use candle_core::Tensor;
+
+use super::eval::{draft_logits, DraftTarget};
+use super::target::{argmax_rows, Capture, Sequence, Step, TargetModel};
+use crate::error::Result;
+use crate::models::dflash::Drafter;
+use crate::models::GdnForm;
+
+/// What the loop produced per prompt.
+pub struct Generation {
+    /// Prompt + greedy continuation, at least `max_new + block` new tokens
+    /// (what a replay needs to judge the last blocks, DDTree's included).
+    pub tokens: Vec<Vec<u32>>,
+    /// Tap features `[fed, K·H]` of every token fed to the target (the
+    /// prefill's rows, then each verification's kept rows).
+    pub features: Vec<Tensor>,
+    /// The loop's `a + 1` per round while `start < prompt_len + max_new`.
+    pub acceptance_lengths: Vec<Vec<usize>>,
+    /// Verification rounds run (every prompt advances in each).
+    pub rounds: usize,
+    /// Sweeps over the target's layers: the prefill plus one per round.
+    pub sweeps: usize,
+}
+
+/// One prompt's progress through the loop.
+struct Run {
+    seq: Sequence,
+    tokens: Vec<u32>,
+    feats: Vec<Tensor>,
+    lens: Vec<usize>,
+    max_length: usize,
+    need: usize,
+}
+
+impl Run {
+    fn done(&self) -> bool {
+        self.tokens.len() >= self.need
+    }
+
+    fn context(&self) -> Result<Tensor> {
+        Ok(Tensor::cat(&self.feats, 0)?)
+    }
+}
+
+/// One sequence the loop advances: a prompt, and how the target runs it.
+#[derive(Debug, Clone)]
+pub struct Lane {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Delta-rule form of multi-token forwards.
+    pub form: GdnForm,
+    /// Positions after the prompt shifted by this (0 normally).
+    pub decode_shift: usize,
+}
+
+impl Lane {
+    /// A plain lane: chunked delta rule, no position shift.
+    pub fn plain(prompt: &[u32]) -> Self {
+        Self {
+            prompt: prompt.to_vec(),
+            form: GdnForm::Chunked,
+            decode_shift: 0,
+        }
+    }
+}
+
+/// Runs the DFlash loop on every lane (all of them advance in each sweep;
+/// `on_sweep` is called after each).
+///
+/// Errors: a tap outside the target; a tensor failure.
+pub fn dflash_loop(
+    target: &TargetModel,
+    drafter: &Drafter,
+    lanes: &[Lane],
+    max_new: usize,
+    on_sweep: &dyn Fn(usize),
+) -> Result<Generation> {
+    let b = drafter.cfg.block_size;
+    let capture: Vec<Capture> = drafter
+        .cfg
+        .target_layer_ids
+        .iter()
+        .map(|&l| Capture::Tap(l))
+        .collect();
+    let mut runs: Vec<Run> = lanes
+        .iter()
+        .map(|l| (l, &l.prompt))
+        .map(|(l, p)| Run {
+            seq: Sequence::new(target.spec, p.len(), l.form, l.decode_shift),
+            tokens: p.clone(),
+            feats: Vec::new(),
+            lens: Vec::new(),
+            max_length: p.len() + max_new,
+            need: p.len() + max_new + b,
+        })
+        .collect();
+    // Prefill: every prompt's taps, and the first new token from its last row.
+    let mut steps: Vec<Step> = runs
+        .iter_mut()
+        .zip(lanes)
+        .map(|(r, l)| Step {
+            seq: &mut r.seq,
+            ids: &l.prompt,
+            tentative: false,
+            logits: l.prompt.len() - 1..l.prompt.len(),
+        })
+        .collect();
+    let outs = target.sweep(&mut steps, &capture)?;
+    for (r, o) in runs.iter_mut().zip(outs) {
+        r.feats
+            .push(Tensor::cat(&o.captures, candle_core::D::Minus1)?);
+        r.tokens.push(argmax_rows(&o.logits.expect("asked"))?[0]);
+    }
+    let mut sweeps = 1;
+    on_sweep(sweeps);
+    let dt = DraftTarget {
+        drafter,
+        weights: target.weights,
+        head: target.head,
+        prec: target.prec,
+    };
+    let mut rounds = 0;
+    while runs.iter().any(|r| !r.done()) {
+        // Draft a block for every unfinished prompt from its features.
+        let mut blocks = Vec::new();
+        for (i, r) in runs.iter().enumerate().filter(|(_, r)| !r.done()) {
+            let start = r.seq.len();
+            let drafts = argmax_rows(&draft_logits(&dt, &r.tokens, &r.context()?, start, b)?)?;
+            blocks.push((i, [&[r.tokens[start]][..], &drafts].concat()));
+        }
+        // Verify every block in one sweep.
+        let active: Vec<usize> = blocks.iter().map(|(i, _)| *i).collect();
+        let mut steps: Vec<Step> = runs
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| active.contains(i))
+            .zip(&blocks)
+            .map(|((_, r), (_, blk))| Step {
+                seq: &mut r.seq,
+                ids: blk,
+                tentative: true,
+                logits: 0..blk.len(),
+            })
+            .collect();
+        let outs = target.sweep(&mut steps, &capture)?;
+        rounds += 1;
+        sweeps += 1;
+        on_sweep(sweeps);
+        for ((i, blk), o) in blocks.iter().zip(outs) {
+            let r = &mut runs[*i];
+            let start = r.seq.len() - blk.len();
+            let post = argmax_rows(&o.logits.expect("asked"))?;
+            let a = blk[1..]
+                .iter()
+                .zip(&post)
+                .take_while(|(d, t)| d == t)
+                .count();
+            r.seq.commit(a + 1)?;
+            let taps = Tensor::cat(&o.captures, candle_core::D::Minus1)?;
+            r.feats.push(taps.narrow(0, 0, a + 1)?);
+            r.tokens.extend_from_slice(&blk[1..=a]);
+            r.tokens.push(post[a]);
+            if start < r.max_length {
+                r.lens.push(a + 1);
+            }
+        }
+    }
+    let mut g = Generation {
+        tokens: Vec::new(),
+        features: Vec::new(),
+        acceptance_lengths: Vec::new(),
+        rounds,
+        sweeps,
+    };
+    for r in runs {
+        g.features.push(r.context()?);
+        g.tokens.push(r.tokens);
+        g.acceptance_lengths.push(r.lens);
+    }
+    Ok(g)
+}

@@ -1,0 +1,254 @@
+//! The target of a drafter evaluation, run layer-major: one sweep over the
+//! decoder layers advances every sequence of a batch (each with its own
+//! decode state), so each layer's weights are read and widened once per
+//! sweep however many prompts (or triage variants) share them. The weights
+//! come from a [`WeightSource`]: the mapped checkpoint (streamed) or a
+//! [`crate::loading::resident::Resident`] copy in the stored dtype; the LM
+//! head is applied in vocabulary chunks; the embedding is a row gather. The
+//! whole model is never widened to f32.
+
+use std::ops::Range;
+
+use candle_core::Tensor;
+
+use crate::error::{Error, Result};
+use crate::loading::WeightSource;
+use crate::models::{
+    DecoderLayer, Embedding, FinalNorm, GdnForm, LayerState, Positions, TextModelSpec,
+};
+use crate::precision::Precision;
+
+/// A target model as a drafter evaluation runs it: geometry, where its
+/// weights and its lm_head come from, the dtype it computes in.
+#[derive(Clone, Copy)]
+pub struct TargetModel<'a> {
+    /// Geometry.
+    pub spec: &'a TextModelSpec,
+    /// Text-model tensors (embedding, layers, final norm).
+    pub weights: &'a dyn WeightSource,
+    /// Where `lm_head.weight` comes from (this path's, or a borrowed one).
+    pub head: &'a dyn WeightSource,
+    /// Compute dtype.
+    pub prec: Precision,
+}
+
+/// A hidden state a sweep keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capture {
+    /// Tap L: the output of decoder layer L before any norm (`hidden_states[L+1]`
+    /// for L < N−1; the raw last-layer output for L = N−1).
+    Tap(usize),
+    /// transformers' `hidden_states[i]` (i = N: final-normed).
+    Hidden(usize),
+}
+
+/// One sequence's decode state across sweeps: the per-layer caches and how
+/// its positions are laid out.
+pub struct Sequence {
+    /// Tokens of the prompt (positions past it carry `decode_shift`).
+    pub prompt_len: usize,
+    /// Delta-rule form of multi-token forwards (single tokens with a state
+    /// take the recurrent form, as transformers' decode does).
+    pub form: GdnForm,
+    /// Added to the positions of tokens after the prompt (0 normally; a stale
+    /// rope offset when emulating one).
+    pub decode_shift: usize,
+    states: Vec<LayerState>,
+    len: usize,
+    /// Tokens held before the tentative block now in the state.
+    block_start: Option<usize>,
+}
+
+impl Sequence {
+    /// An empty sequence for `spec`'s layers.
+    pub fn new(
+        spec: &TextModelSpec,
+        prompt_len: usize,
+        form: GdnForm,
+        decode_shift: usize,
+    ) -> Self {
+        Self {
+            prompt_len,
+            form,
+            decode_shift,
+            states: spec
+                .layer_types
+                .iter()
+                .map(|&t| LayerState::fresh(spec, t))
+                .collect(),
+            len: 0,
+            block_start: None,
+        }
+    }
+
+    /// Tokens held in the state (the next token's position before any shift).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing has been fed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Keeps the first `n` tokens of the tentative block fed last (KV caches
+    /// cropped, Gated DeltaNet states advanced by exactly those tokens).
+    ///
+    /// Errors ([`Error::Input`]): no tentative block, or `n` beyond it.
+    pub fn commit(&mut self, n: usize) -> Result<()> {
+        let start = self
+            .block_start
+            .take()
+            .ok_or_else(|| Error::Input("commit without a tentative block".into()))?;
+        if start + n > self.len {
+            return Err(Error::Input(format!(
+                "commit of {n} tokens, but the block holds {}",
+                self.len - start
+            )));
+        }
+        for s in self.states.iter_mut() {
+            s.commit(start, start + n)?;
+        }
+        self.len = start + n;
+        Ok(())
+    }
+
+    /// Absolute positions of `t` new tokens.
+    fn positions(&self, t: usize) -> Vec<usize> {
+        (self.len..self.len + t)
+            .map(|p| {
+                if p >= self.prompt_len {
+                    p + self.decode_shift
+                } else {
+                    p
+                }
+            })
+            .collect()
+    }
+}
+
+/// One sequence's part of a sweep.
+pub struct Step<'s> {
+    /// The sequence (its state advanced by the sweep).
+    pub seq: &'s mut Sequence,
+    /// Token ids fed.
+    pub ids: &'s [u32],
+    /// Feed them tentatively (a verification block, committed later).
+    pub tentative: bool,
+    /// Rows (of `ids`) whose logits are wanted.
+    pub logits: Range<usize>,
+}
+
+/// What a sweep gives one sequence.
+pub struct StepOut {
+    /// One `[T, H]` per requested [`Capture`], in order.
+    pub captures: Vec<Tensor>,
+    /// `[rows, V]` logits of the requested rows (`None` when none asked).
+    pub logits: Option<Tensor>,
+}
+
+impl TargetModel<'_> {
+    /// Runs every step's tokens through every decoder layer (one layer's
+    /// weights loaded at a time, shared by all steps), then the final norm
+    /// and the LM head (vocabulary chunks, each read once for all steps).
+    ///
+    /// Errors: an id out of range, a capture outside the model, a tensor failure.
+    pub fn sweep(&self, steps: &mut [Step], capture: &[Capture]) -> Result<Vec<StepOut>> {
+        let spec = self.spec;
+        let n = spec.num_layers();
+        for c in capture {
+            if matches!(*c, Capture::Tap(l) if l >= n) || matches!(*c, Capture::Hidden(i) if i > n)
+            {
+                return Err(Error::Input(format!(
+                    "{c:?} is outside the target's {n} decoder layers"
+                )));
+            }
+        }
+        let mut pos = Vec::with_capacity(steps.len());
+        let mut h = Vec::with_capacity(steps.len());
+        let mut kept: Vec<Vec<Option<Tensor>>> = Vec::with_capacity(steps.len());
+        for s in steps.iter_mut() {
+            let p = s.seq.positions(s.ids.len());
+            let (cos, sin) = spec.rotary.cos_sin(&p, &spec.device)?;
+            pos.push(Positions { cos, sin });
+            let e = Embedding::gather(self.weights, self.prec, s.ids)?;
+            let mut k = vec![None; capture.len()];
+            keep(&mut k, capture, |c| c == Capture::Hidden(0), &e);
+            kept.push(k);
+            h.push(e);
+            if s.tentative {
+                s.seq.block_start = Some(s.seq.len);
+                s.seq
+                    .states
+                    .iter_mut()
+                    .for_each(LayerState::begin_tentative);
+            }
+        }
+        for l in 0..n {
+            let layer = DecoderLayer::load(spec, self.weights, l, self.prec)?;
+            for (j, s) in steps.iter_mut().enumerate() {
+                let form = if s.ids.len() == 1 && s.seq.len > 0 {
+                    GdnForm::Recurrent
+                } else {
+                    s.seq.form
+                };
+                let st = Some(&mut s.seq.states[l]);
+                h[j] = layer.forward(&h[j], spec, &pos[j], form, st)?;
+                let is =
+                    |c: Capture| c == Capture::Tap(l) || (l + 1 < n && c == Capture::Hidden(l + 1));
+                keep(&mut kept[j], capture, is, &h[j]);
+            }
+        }
+        let norm = FinalNorm::load(spec, self.weights, self.prec)?;
+        let mut rows = Vec::new();
+        for (j, s) in steps.iter_mut().enumerate() {
+            s.seq.len += s.ids.len();
+            let normed = norm.forward(&h[j])?;
+            keep(&mut kept[j], capture, |c| c == Capture::Hidden(n), &normed);
+            let r = &s.logits;
+            if r.end > r.start {
+                rows.push((j, normed.narrow(0, r.start, r.end - r.start)?));
+            }
+        }
+        let mut logits: Vec<Option<Tensor>> = vec![None; steps.len()];
+        if !rows.is_empty() {
+            let inputs: Vec<Tensor> = rows.iter().map(|(_, t)| t.clone()).collect();
+            let out = crate::models::LmHead::forward_streamed(self.head, self.prec, &[&inputs])?;
+            for ((j, _), l) in rows.iter().zip(out.into_iter().next().unwrap_or_default()) {
+                logits[*j] = Some(l);
+            }
+        }
+        Ok(kept
+            .into_iter()
+            .zip(logits)
+            .map(|(k, logits)| StepOut {
+                captures: k
+                    .into_iter()
+                    .map(|t| t.expect("every capture is filled"))
+                    .collect(),
+                logits,
+            })
+            .collect())
+    }
+}
+
+/// Stores `t` for every capture `is` selects.
+fn keep(
+    kept: &mut [Option<Tensor>],
+    capture: &[Capture],
+    is: impl Fn(Capture) -> bool,
+    t: &Tensor,
+) {
+    for (slot, &c) in kept.iter_mut().zip(capture) {
+        if is(c) {
+            *slot = Some(t.clone());
+        }
+    }
+}
+
+/// Greedy token of every row of `logits` (`[T, V]`): the argmax, lowest id on ties.
+///
+/// Errors: a tensor failure.
+pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+    Ok(logits.argmax(candle_core::D::Minus1)?.to_vec1::<u32>()?)
+}

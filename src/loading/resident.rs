@@ -1,0 +1,102 @@
+//! A loading path's weights held resident in their stored dtype (bf16, f16
+//! or f32, on the run's device) and widened to f32 — rounded to the compute
+//! dtype — only when a layer asks for them: the "resident" mode of a drafter
+//! evaluation's memory plan. Numerically the same as reading the mapped
+//! checkpoint each time ([`TensorView`]); the whole model is never widened.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Tensor};
+
+use crate::error::Result;
+use crate::loading::{select_rows, TensorView, WeightSource};
+use crate::precision::Precision;
+
+/// The stored-dtype tensors of one view, loaded once.
+pub struct Resident {
+    view: TensorView,
+    stored: HashMap<String, Tensor>,
+    bytes: u64,
+}
+
+impl Resident {
+    /// Loads every tensor of `names` that the checkpoint holds (MISSING ones
+    /// stay generated on demand by the view).
+    ///
+    /// Errors: shard I/O, an unknown name, a non-float dtype.
+    pub fn load(view: &TensorView, names: &[String]) -> Result<Self> {
+        let mut stored = HashMap::new();
+        let mut bytes = 0u64;
+        for n in names {
+            if stored.contains_key(n) {
+                continue;
+            }
+            if let Some(t) = view.stored(n)? {
+                bytes += (t.elem_count() * t.dtype().size_in_bytes()) as u64;
+                stored.insert(n.clone(), t);
+            }
+        }
+        Ok(Self {
+            view: view.clone(),
+            stored,
+            bytes,
+        })
+    }
+
+    /// Bytes held (stored dtype).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// `t` (stored dtype) as f32 rounded to `prec`: exact widening, then the
+    /// rounding `Precision::round` does unless it is the identity.
+    fn widen(t: &Tensor, prec: Precision) -> Result<Tensor> {
+        let stored = match t.dtype() {
+            DType::BF16 => "BF16",
+            DType::F16 => "F16",
+            DType::F32 => "F32",
+            _ => "F64",
+        };
+        let w = t.to_dtype(DType::F32)?;
+        if prec.is_exact_for(stored) {
+            Ok(w)
+        } else {
+            prec.round(&w)
+        }
+    }
+}
+
+impl WeightSource for Resident {
+    fn tensor(&self, name: &str) -> Result<Tensor> {
+        self.tensor_in(name, Precision::F32)
+    }
+
+    fn tensor_in(&self, name: &str, prec: Precision) -> Result<Tensor> {
+        match self.stored.get(name) {
+            Some(t) => Self::widen(t, prec),
+            None => self.view.tensor_in(name, prec),
+        }
+    }
+
+    fn rows(&self, name: &str, ids: &[u32], prec: Precision) -> Result<Tensor> {
+        match self.stored.get(name) {
+            Some(t) => Self::widen(&select_rows(t, name, ids)?, prec),
+            None => self.view.rows(name, ids, prec),
+        }
+    }
+
+    fn row_range(&self, name: &str, start: usize, len: usize, prec: Precision) -> Result<Tensor> {
+        match self.stored.get(name) {
+            Some(t) => Self::widen(&t.narrow(0, start, len)?, prec),
+            None => self.view.row_range(name, start, len, prec),
+        }
+    }
+
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.view.shape(name)
+    }
+
+    fn identity(&self, name: &str) -> String {
+        self.view.identity(name)
+    }
+}

@@ -1,0 +1,272 @@
+//! The drafter's `config.json`, as `DFlashDraftModel` reads it.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// Attention layout of one draft layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DraftLayerType {
+    /// No mask: the block sees every context row and itself bidirectionally.
+    FullAttention,
+    /// Causal within the block, window over context + block.
+    SlidingAttention,
+}
+
+/// The drafter's `config.json`, as `DFlashDraftModel` reads it (fields under
+/// `dflash_config` win over the top level, as in the wheel's `_draft_value`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DflashConfig {
+    /// `hidden_size` (must equal the target's).
+    pub hidden_size: usize,
+    /// `intermediate_size` of the draft MLPs.
+    pub intermediate_size: usize,
+    /// Draft layers.
+    pub num_hidden_layers: usize,
+    /// Attention heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (defaults to the attention heads).
+    pub num_key_value_heads: usize,
+    /// `head_dim` (defaults to hidden / heads).
+    pub head_dim: usize,
+    /// `rms_norm_eps`.
+    pub rms_norm_eps: f64,
+    /// Rope base (default rope only).
+    pub rope_theta: f64,
+    /// Draft block length B.
+    pub block_size: usize,
+    /// Target decoder layers whose outputs are tapped (`hidden_states[L+1]`).
+    pub target_layer_ids: Vec<usize>,
+    /// Token whose target embedding fills the masked block slots.
+    pub mask_token_id: u32,
+    /// Per draft layer: full or sliding attention.
+    pub layer_types: Vec<DraftLayerType>,
+    /// Window of the sliding layers.
+    pub sliding_window: Option<usize>,
+    /// `output_multiplier` (default 1).
+    pub output_multiplier: f64,
+    /// `final_logit_softcapping` (none by default).
+    pub final_logit_softcapping: Option<f64>,
+}
+
+fn get<'a>(cfg: &'a Value, name: &str) -> Option<&'a Value> {
+    cfg.get("dflash_config")
+        .and_then(|d| d.get(name))
+        .filter(|v| !v.is_null())
+        .or_else(|| cfg.get(name).filter(|v| !v.is_null()))
+}
+
+impl DflashConfig {
+    /// Parses a drafter `config.json`.
+    ///
+    /// Errors ([`Error::Config`], naming the file and field): not JSON; a
+    /// DFlash2 (or other non-v1) config; no `target_layer_ids` (the fallback
+    /// formula silently picks wrong taps, sglang#37475, so it is refused); no
+    /// `mask_token_id`; a missing or mistyped dimension; a rope scaling other
+    /// than default; unknown `layer_types`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let cfg: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::Config(format!("{}: not valid JSON: {e}", path.display())))?;
+        Self::from_value(&cfg).map_err(|e| match e {
+            Error::Config(m) => Error::Config(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// As [`Self::from_file`] on a parsed value.
+    pub fn from_value(cfg: &Value) -> Result<Self> {
+        let bad = |m: String| Error::Config(m);
+        if !cfg.is_object() {
+            return Err(bad("drafter config is not a JSON object".into()));
+        }
+        let arch = cfg
+            .get("architectures")
+            .and_then(Value::as_array)
+            .and_then(|a| a.first())
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let v2_markers = [
+            "selector_top_k",
+            "attention_conv",
+            "mlp_conv",
+            "candidate_selector",
+            "conv_kernel_size",
+        ];
+        if arch.contains("DFlash2") || v2_markers.iter().any(|k| get(cfg, k).is_some()) {
+            return Err(bad(format!(
+                "this is a DFlash2-style drafter ({}); hsparity implements DFlash v1 (DFlashDraftModel) only",
+                if arch.is_empty() { "has DFlash2 fields" } else { arch }
+            )));
+        }
+        let usize_of = |name: &str| -> Result<usize> {
+            match get(cfg, name) {
+                Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| {
+                    bad(format!("{name} must be a non-negative integer, found {v}"))
+                }),
+                None => Err(bad(format!("missing {name}"))),
+            }
+        };
+        let hidden_size = usize_of("hidden_size")?;
+        let num_attention_heads = usize_of("num_attention_heads")?;
+        let head_dim = match get(cfg, "head_dim") {
+            Some(_) => usize_of("head_dim")?,
+            None => hidden_size / num_attention_heads.max(1),
+        };
+        let num_hidden_layers = usize_of("num_hidden_layers")?;
+        let target_layer_ids = target_layer_ids(cfg)?;
+        let mask_token_id = u32::try_from(usize_of("mask_token_id")?)
+            .map_err(|_| bad("mask_token_id does not fit a token id".into()))?;
+        let block_size = match get(cfg, "block_size") {
+            Some(_) => usize_of("block_size")?,
+            None => 16,
+        };
+        if block_size < 2 {
+            return Err(bad(format!(
+                "block_size {block_size}: a block needs the anchor plus at least one draft slot"
+            )));
+        }
+        let rope_theta = rope_theta(cfg)?;
+        let layer_types = layer_types(cfg, num_hidden_layers)?;
+        let sliding_window = match get(cfg, "sliding_window") {
+            Some(_) => Some(usize_of("sliding_window")?),
+            None => None,
+        };
+        if sliding_window == Some(0) {
+            return Err(bad(
+                "sliding_window = 0: a window must hold at least one position".into(),
+            ));
+        }
+        if head_dim % 2 != 0 {
+            return Err(bad(format!(
+                "head_dim = {head_dim}: rotary embedding needs an even head_dim"
+            )));
+        }
+        if layer_types.contains(&DraftLayerType::SlidingAttention) && sliding_window.is_none() {
+            return Err(bad("sliding_attention layers but no sliding_window".into()));
+        }
+        let num_key_value_heads = match get(cfg, "num_key_value_heads") {
+            Some(_) => usize_of("num_key_value_heads")?,
+            None => num_attention_heads,
+        };
+        if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
+            return Err(bad(format!(
+                "num_attention_heads {num_attention_heads} is not a multiple of num_key_value_heads {num_key_value_heads}"
+            )));
+        }
+        Ok(Self {
+            hidden_size,
+            intermediate_size: usize_of("intermediate_size")?,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps: get(cfg, "rms_norm_eps")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-6),
+            rope_theta,
+            block_size,
+            target_layer_ids,
+            mask_token_id,
+            layer_types,
+            sliding_window,
+            output_multiplier: get(cfg, "output_multiplier")
+                .and_then(Value::as_f64)
+                .unwrap_or(1.0),
+            final_logit_softcapping: get(cfg, "final_logit_softcapping")
+                .and_then(Value::as_f64)
+                .filter(|x| *x > 0.0),
+        })
+    }
+}
+
+/// `rope_theta` from `rope_parameters{rope_theta, rope_type}` or the legacy
+/// top-level `rope_theta` + `rope_scaling` (default 10000).
+///
+/// Errors ([`Error::Config`]): a rope type other than default; a non-number theta.
+fn rope_theta(cfg: &Value) -> Result<f64> {
+    let bad = Error::Config;
+    // Rope: rope_parameters{rope_theta, rope_type} | rope_theta + rope_scaling.
+    let params = cfg.get("rope_parameters").filter(|v| v.is_object());
+    let scaling = cfg.get("rope_scaling").filter(|v| v.is_object());
+    for p in [params, scaling].into_iter().flatten() {
+        let ty = p
+            .get("rope_type")
+            .or_else(|| p.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        if ty != "default" {
+            return Err(bad(format!(
+                "rope_type {ty:?} is not implemented (hsparity implements default rope for drafters)"
+            )));
+        }
+    }
+    Ok(params
+        .and_then(|p| p.get("rope_theta"))
+        .or_else(|| cfg.get("rope_theta"))
+        .map(|v| {
+            v.as_f64()
+                .ok_or_else(|| bad(format!("rope_theta must be a number, found {v}")))
+        })
+        .transpose()?
+        .unwrap_or(10000.0))
+}
+
+/// `layer_types` (every layer full attention when absent).
+///
+/// Errors ([`Error::Config`]): a list of the wrong length or an unknown entry.
+fn layer_types(cfg: &Value, num_hidden_layers: usize) -> Result<Vec<DraftLayerType>> {
+    let bad = Error::Config;
+    Ok(match cfg.get("layer_types").filter(|v| !v.is_null()) {
+        Some(Value::Array(a)) => {
+            if a.len() != num_hidden_layers {
+                return Err(bad(format!(
+                    "layer_types has {} entries, num_hidden_layers is {num_hidden_layers}",
+                    a.len()
+                )));
+            }
+            a.iter()
+                .map(|t| match t.as_str() {
+                    Some("full_attention") => Ok(DraftLayerType::FullAttention),
+                    Some("sliding_attention") => Ok(DraftLayerType::SlidingAttention),
+                    _ => Err(bad(format!(
+                        "layer_types entry {t}: expected full_attention or sliding_attention"
+                    ))),
+                })
+                .collect::<Result<_>>()?
+        }
+        Some(v) => return Err(bad(format!("layer_types must be a list, found {v}"))),
+        None => vec![DraftLayerType::FullAttention; num_hidden_layers],
+    })
+}
+
+/// `target_layer_ids` (top level or `dflash_config`): required.
+///
+/// Errors ([`Error::Config`]): absent (the fallback formula
+/// `build_target_layer_ids` silently picks taps the drafter may not have
+/// been trained on, sglang#37475), empty, or not layer indices.
+fn target_layer_ids(cfg: &Value) -> Result<Vec<usize>> {
+    let bad = Error::Config;
+    Ok(match get(cfg, "target_layer_ids") {
+        Some(Value::Array(a)) if !a.is_empty() => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|v| v as usize)
+                    .ok_or_else(|| bad(format!("target_layer_ids entry {x} is not a layer index")))
+            })
+            .collect::<Result<_>>()?,
+        Some(v) => return Err(bad(format!("target_layer_ids must be a non-empty list, found {v}"))),
+        None => {
+            return Err(bad(
+                "no target_layer_ids (top level or dflash_config): the fallback formula \
+                 build_target_layer_ids silently picks taps the drafter may not have been trained on \
+                 (sglang#37475), so hsparity requires the list"
+                    .into(),
+            ))
+        }
+    })
+}

@@ -1,0 +1,294 @@
+//! DFlash v1 block-diffusion drafter (`DFlashDraftModel`, z-lab `dflash/model.py`
+//! @44947fb L185-345; the `dflash` 0.1.0 wheel's forward is identical).
+//!
+//! The drafter has no embedding and no LM head: the block `[anchor, M, …, M]`
+//! is embedded with the **target's** `embed_tokens` and its outputs go through
+//! the target's `lm_head`. Target hidden states at `target_layer_ids` enter
+//! only as extra keys/values: `c = hidden_norm(fc(ctx))` is projected by every
+//! layer's `k_proj`/`v_proj` (then `k_norm` and rope at the context rows'
+//! absolute positions) and prepended to the block's own keys/values. Full
+//! layers attend without a mask; sliding layers are causal within the block and
+//! windowed (`_attention_mask` of the wheel).
+
+mod config;
+mod weights;
+
+use candle_core::{Device, Tensor};
+
+use crate::error::{Error, Result};
+use crate::loading::WeightSource;
+use crate::models::layers::attention::repeat_kv;
+use crate::models::layers::linear;
+use crate::models::layers::mlp::Mlp;
+use crate::models::layers::norm::PlainRmsNorm;
+use crate::models::layers::rope::Rotary;
+use crate::precision::Precision;
+pub use config::{DflashConfig, DraftLayerType};
+pub use weights::DrafterWeights;
+
+/// Checks that `name` exists with shape `want` (from its header, not read).
+fn check_shape(src: &dyn WeightSource, name: &str, want: &[usize]) -> Result<()> {
+    match src.shape(name) {
+        Some(s) if s == want => Ok(()),
+        Some(s) => Err(Error::Checkpoint(format!(
+            "drafter tensor {name}: expected shape {want:?}, found {s:?}"
+        ))),
+        None => src.tensor(name).map(drop),
+    }
+}
+
+/// One draft layer, widened to f32 (rounded to the drafter's dtype) for one forward.
+struct DraftLayer {
+    input_layernorm: PlainRmsNorm,
+    q_proj: Tensor,
+    k_proj: Tensor,
+    v_proj: Tensor,
+    o_proj: Tensor,
+    q_norm: PlainRmsNorm,
+    k_norm: PlainRmsNorm,
+    post_attention_layernorm: PlainRmsNorm,
+    mlp: Mlp,
+    layer_type: DraftLayerType,
+}
+
+/// A drafter: its config and its weights in their stored dtype; each layer
+/// is widened to f32 (rounded to the compute dtype `prec`) when a forward
+/// uses it and dropped after, so the drafter is never held widened.
+pub struct Drafter {
+    /// Its config.
+    pub cfg: DflashConfig,
+    weights: DrafterWeights,
+    rotary: Rotary,
+    prec: Precision,
+}
+
+impl Drafter {
+    /// Builds the drafter for a target with `target_hidden` hidden size,
+    /// checking every tensor's shape against the config (headers only).
+    ///
+    /// Errors: a missing tensor; `fc.weight` not `[H, K·H]` with K =
+    /// `len(target_layer_ids)`; the drafter's hidden size differs from the
+    /// target's (the taps could not feed `fc`); any other shape mismatch.
+    pub fn load(
+        cfg: DflashConfig,
+        weights: DrafterWeights,
+        target_hidden: usize,
+        prec: Precision,
+    ) -> Result<Self> {
+        let h = cfg.hidden_size;
+        if h != target_hidden {
+            return Err(Error::Config(format!(
+                "drafter hidden_size {h} differs from the target's hidden_size {target_hidden}: its fc cannot read the target's hidden states"
+            )));
+        }
+        let k = cfg.target_layer_ids.len();
+        check_shape(&weights, "fc.weight", &[h, k * h]).map_err(|e| match e {
+            Error::Checkpoint(m) => Error::Checkpoint(format!(
+                "{m} (fc in-features must be len(target_layer_ids) x hidden_size = {k} x {h})"
+            )),
+            other => other,
+        })?;
+        let (nh, nkv, hd, inter) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+        );
+        for n in ["hidden_norm.weight", "norm.weight"] {
+            check_shape(&weights, n, &[h])?;
+        }
+        for i in 0..cfg.num_hidden_layers {
+            for (n, shape) in [
+                ("input_layernorm.weight", vec![h]),
+                ("post_attention_layernorm.weight", vec![h]),
+                ("self_attn.q_norm.weight", vec![hd]),
+                ("self_attn.k_norm.weight", vec![hd]),
+                ("self_attn.q_proj.weight", vec![nh * hd, h]),
+                ("self_attn.k_proj.weight", vec![nkv * hd, h]),
+                ("self_attn.v_proj.weight", vec![nkv * hd, h]),
+                ("self_attn.o_proj.weight", vec![h, nh * hd]),
+                ("mlp.gate_proj.weight", vec![inter, h]),
+                ("mlp.up_proj.weight", vec![inter, h]),
+                ("mlp.down_proj.weight", vec![h, inter]),
+            ] {
+                check_shape(&weights, &format!("layers.{i}.{n}"), &shape)?;
+            }
+        }
+        Ok(Self {
+            rotary: Rotary::new(cfg.rope_theta, hd),
+            cfg,
+            weights,
+            prec,
+        })
+    }
+
+    /// Loads `config.json` + weights from a drafter folder.
+    pub fn load_dir(dir: &std::path::Path, target_hidden: usize, prec: Precision) -> Result<Self> {
+        let cfg = DflashConfig::from_file(&dir.join("config.json"))?;
+        let w = DrafterWeights::load_dir(dir)?;
+        Self::load(cfg, w, target_hidden, prec)
+    }
+
+    /// Bytes of the weights as held (stored dtype).
+    pub fn stored_bytes(&self) -> u64 {
+        self.weights.bytes()
+    }
+
+    /// A weight widened and rounded to the compute dtype.
+    fn w(&self, name: &str) -> Result<Tensor> {
+        self.prec.round(&self.weights.tensor(name)?)
+    }
+
+    /// Layer `i` widened for one forward.
+    fn layer(&self, i: usize) -> Result<DraftLayer> {
+        let (p, eps, src) = (self.prec, self.cfg.rms_norm_eps, &self.weights);
+        let n = |s: &str| format!("layers.{i}.{s}");
+        let norm = |s: &str| PlainRmsNorm::load(src, &n(s), eps, p);
+        Ok(DraftLayer {
+            input_layernorm: norm("input_layernorm")?,
+            q_proj: self.w(&n("self_attn.q_proj.weight"))?,
+            k_proj: self.w(&n("self_attn.k_proj.weight"))?,
+            v_proj: self.w(&n("self_attn.v_proj.weight"))?,
+            o_proj: self.w(&n("self_attn.o_proj.weight"))?,
+            q_norm: norm("self_attn.q_norm")?,
+            k_norm: norm("self_attn.k_norm")?,
+            post_attention_layernorm: norm("post_attention_layernorm")?,
+            mlp: Mlp::new(
+                self.w(&n("mlp.gate_proj.weight"))?,
+                self.w(&n("mlp.up_proj.weight"))?,
+                self.w(&n("mlp.down_proj.weight"))?,
+                p,
+            ),
+            layer_type: self.cfg.layer_types[i],
+        })
+    }
+
+    /// `forward`: `noise`: `[B, H]` (block tokens embedded by the target),
+    /// `ctx`: `[C, K·H]` target features for positions `ctx_start..ctx_start+C`,
+    /// block at positions `block_start..block_start+B` (in DFlash
+    /// `ctx_start + C == block_start`). Returns the final-normed `[B, H]`.
+    pub fn forward(
+        &self,
+        noise: &Tensor,
+        ctx: &Tensor,
+        ctx_start: usize,
+        block_start: usize,
+    ) -> Result<Tensor> {
+        let p = self.prec;
+        let (b, c) = (noise.dim(0)?, ctx.dim(0)?);
+        let (nh, nkv, hd) = (
+            self.cfg.num_attention_heads,
+            self.cfg.num_key_value_heads,
+            self.cfg.head_dim,
+        );
+        let hidden_norm =
+            PlainRmsNorm::load(&self.weights, "hidden_norm", self.cfg.rms_norm_eps, p)?;
+        let c_proj = hidden_norm.forward(&linear(ctx, &self.w("fc.weight")?, p)?)?;
+        let positions: Vec<usize> = (ctx_start..ctx_start + c)
+            .chain(block_start..block_start + b)
+            .collect();
+        let (cos, sin) = self.rotary.cos_sin(&positions, ctx.device())?;
+        let (cos_q, sin_q) = (cos.narrow(0, c, b)?, sin.narrow(0, c, b)?);
+        let scale = (hd as f64).powf(-0.5);
+        // One sliding-window mask per forward, shared by the sliding layers.
+        let sliding = if self
+            .cfg
+            .layer_types
+            .contains(&DraftLayerType::SlidingAttention)
+        {
+            Some(self.sliding_mask(b, c, ctx.device())?)
+        } else {
+            None
+        };
+        let mut x = noise.clone();
+        for i in 0..self.cfg.num_hidden_layers {
+            let layer = self.layer(i)?;
+            let h = layer.input_layernorm.forward(&x)?;
+            let q = layer
+                .q_norm
+                .forward(&linear(&h, &layer.q_proj, p)?.reshape((b, nh, hd))?)?;
+            let kv_in = Tensor::cat(&[&c_proj, &h], 0)?;
+            let k = layer
+                .k_norm
+                .forward(&linear(&kv_in, &layer.k_proj, p)?.reshape((c + b, nkv, hd))?)?;
+            let v = linear(&kv_in, &layer.v_proj, p)?.reshape((c + b, nkv, hd))?;
+            let q = q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
+            let k = k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
+            let v = v.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
+            let q = self.rotary.apply(&q, &cos_q, &sin_q, p)?;
+            let k = self.rotary.apply(&k, &cos, &sin, p)?;
+            let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
+            let mut scores = p.round(&(p.round(&q.matmul(&k.t()?.contiguous()?)?)? * scale)?)?;
+            if let (DraftLayerType::SlidingAttention, Some(mask)) = (layer.layer_type, &sliding) {
+                scores = scores.broadcast_add(mask)?;
+            }
+            let probs = p.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
+            let a = p.round(&probs.matmul(&v)?)?;
+            let a = a.squeeze(0)?.transpose(0, 1)?.reshape((b, nh * hd))?;
+            x = p.round(&(x + linear(&a, &layer.o_proj, p)?)?)?;
+            let h2 = layer.post_attention_layernorm.forward(&x)?;
+            let m = layer.mlp.forward(&h2)?;
+            x = p.round(&(x + m)?)?;
+        }
+        PlainRmsNorm::load(&self.weights, "norm", self.cfg.rms_norm_eps, p)?.forward(&x)
+    }
+
+    /// The wheel's `_attention_mask(is_causal=True, sliding_window=W)` over
+    /// `[C + B]` keys for `B` block queries (query i sits at key index C + i).
+    fn sliding_mask(&self, b: usize, c: usize, device: &Device) -> Result<Tensor> {
+        let w = self.cfg.sliding_window.unwrap_or(usize::MAX);
+        let s = c + b;
+        let mut m = vec![0f32; b * s];
+        for i in 0..b {
+            let qp = c + i;
+            for kp in 0..s {
+                if kp > qp || qp - kp >= w {
+                    m[i * s + kp] = f32::NEG_INFINITY;
+                }
+            }
+        }
+        Ok(Tensor::from_vec(m, (b, s), device)?)
+    }
+
+    /// Draft logits from final-normed outputs with the target's `lm_head`
+    /// (`[V, H]`): `compute_logits` (output multiplier and softcap when set).
+    pub fn logits(&self, y: &Tensor, lm_head: &Tensor) -> Result<Tensor> {
+        self.scale_logits(linear(y, lm_head, self.prec)?)
+    }
+
+    /// As [`Self::logits`] with the target's `lm_head.weight` read from `head`
+    /// in vocabulary chunks (rounded to the target's `head_prec`), never held
+    /// whole: each logit is the same dot product, so the result is bitwise
+    /// that of [`Self::logits`] on the whole (rounded) weight.
+    ///
+    /// Errors: the head cannot be read; shapes disagree.
+    pub fn logits_from(
+        &self,
+        y: &Tensor,
+        head: &dyn WeightSource,
+        head_prec: Precision,
+    ) -> Result<Tensor> {
+        let mut parts = Vec::new();
+        crate::models::text_model::for_each_vocab_chunk(
+            head,
+            "lm_head.weight",
+            head_prec,
+            |_, w| {
+                parts.push(linear(y, w, self.prec)?);
+                Ok(())
+            },
+        )?;
+        self.scale_logits(Tensor::cat(&parts, 1)?)
+    }
+
+    /// `compute_logits`' output multiplier and softcap.
+    fn scale_logits(&self, mut l: Tensor) -> Result<Tensor> {
+        if self.cfg.output_multiplier != 1.0 {
+            l = (l * self.cfg.output_multiplier)?;
+        }
+        if let Some(cap) = self.cfg.final_logit_softcapping {
+            l = ((l / cap)?.tanh()? * cap)?;
+        }
+        Ok(l)
+    }
+}

@@ -1,0 +1,367 @@
+//! How triage runs its suspects: suspects that read the same weights in the
+//! same dtype with the same lm_head form a group whose lanes advance
+//! together in one DFlash loop (one sweep per round for all of them) and one
+//! teacher-forced sweep over the baseline's tokens; tap suspects read the
+//! baseline's forward.
+
+use std::time::Instant;
+
+use candle_core::Tensor;
+
+use super::suspects::{self, Head, Recipe, Taps, Weights};
+use crate::drafter::eval::PromptTau;
+use crate::drafter::generate::{dflash_loop, Lane};
+use crate::drafter::target::{Capture, TargetModel};
+use crate::drafter::{concat_taps, replay_all, teacher_forced, Forced, Replay};
+use crate::error::Result;
+use crate::loading::resident::Resident;
+use crate::loading::WeightSource;
+use crate::models::dflash::Drafter;
+use crate::models::GdnForm;
+use crate::progress;
+use crate::session::{weights_key, Session};
+
+/// What a suspect's run gives: its tap features on the baseline trajectory,
+/// and its DFlash and DDTree replays on its own trajectory.
+pub struct Outcome {
+    /// Per prompt `[T, K·H]`, on the baseline's tokens.
+    pub feats_on_base: Vec<Tensor>,
+    /// DFlash per prompt.
+    pub dflash: Vec<PromptTau>,
+    /// DDTree per prompt.
+    pub ddtree: Vec<PromptTau>,
+    /// Seconds of the run.
+    pub wall_s: f64,
+    /// Sweeps of the run.
+    pub sweeps: usize,
+}
+
+/// One lane of a group run: a suspect (or the baseline) and how it runs.
+pub struct LaneSpec {
+    /// Index into the plan; `None` for the baseline.
+    pub suspect: Option<usize>,
+    /// Delta-rule form.
+    pub form: GdnForm,
+    /// Positions after the prompt shifted by this.
+    pub decode_shift: usize,
+}
+
+/// Runs that read the same weights in the same dtype with the same lm_head:
+/// their lanes advance together in one DFlash loop (one sweep per round for
+/// all of them) and one teacher-forced sweep over the baseline's tokens.
+pub struct Group<'a> {
+    /// The target every lane runs on.
+    pub target: TargetModel<'a>,
+    /// The lanes (the baseline's first in its group).
+    pub lanes: Vec<LaneSpec>,
+}
+
+/// What the baseline's run leaves for the suspects.
+pub struct Base {
+    /// Prompt + greedy continuation per prompt.
+    pub tokens: Vec<Vec<u32>>,
+    /// Per prompt: `hidden_states[0..=N]`, then the raw last-layer output.
+    pub hidden: Vec<Vec<Tensor>>,
+    /// Its tap features (teacher-forced over its tokens).
+    pub feats: Vec<Tensor>,
+}
+
+/// The group's lanes × prompts through the DFlash loop, then one
+/// teacher-forced sweep over the baseline's tokens (`base`; `None` for the
+/// baseline's own group, whose tokens it generates). Returns per lane its
+/// outcome, and the baseline when this is its group.
+pub fn run_group(
+    g: &Group,
+    drafter: &Drafter,
+    prompts: &[Vec<u32>],
+    replay: Replay,
+    base: Option<&Base>,
+) -> Result<(Vec<Outcome>, Option<Base>)> {
+    let t0 = Instant::now();
+    let np = prompts.len();
+    let lanes: Vec<Lane> = g
+        .lanes
+        .iter()
+        .flat_map(|l| {
+            prompts.iter().map(move |p| Lane {
+                prompt: p.clone(),
+                form: l.form,
+                decode_shift: l.decode_shift,
+            })
+        })
+        .collect();
+    let gen = dflash_loop(&g.target, drafter, &lanes, replay.max_new, &|_| {})?;
+    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let base_tokens: Vec<Vec<u32>> = match base {
+        Some(b) => b.tokens.clone(),
+        None => gen.tokens[..np].to_vec(),
+    };
+    // Divergence on the baseline's tokens: each lane's taps; the baseline's
+    // own lane keeps every hidden state (the tap suspects read them).
+    let n = g.target.spec.num_layers();
+    let taps = &drafter.cfg.target_layer_ids;
+    let all: Vec<Capture> = (0..=n)
+        .map(Capture::Hidden)
+        .chain([Capture::Tap(n - 1)])
+        .collect();
+    let tap_caps: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();
+    let mut seqs = Vec::new();
+    for l in &g.lanes {
+        for (t, &pl) in base_tokens.iter().zip(&lens) {
+            seqs.push(Forced {
+                tokens: t,
+                prompt_len: pl,
+                form: l.form,
+                decode_shift: l.decode_shift,
+            });
+        }
+    }
+    let own_base = base.is_none();
+    let caps = if own_base { &all } else { &tap_caps };
+    let outs = teacher_forced(&g.target, &seqs, caps, false)?;
+    let mut outcomes = Vec::new();
+    let mut new_base = None;
+    for (j, l) in g.lanes.iter().enumerate() {
+        let range = j * np..(j + 1) * np;
+        let feats_on_base = if own_base {
+            outs[range.clone()]
+                .iter()
+                .map(|o| {
+                    suspects::select(&o.captures[..=n], &o.captures[n + 1], taps, Taps::Offset(0))
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            outs[range.clone()]
+                .iter()
+                .map(|o| concat_taps(&o.captures))
+                .collect::<Result<Vec<_>>>()?
+        };
+        let (dflash, ddtree) = replay_all(
+            drafter,
+            &g.target,
+            &gen.tokens[range.clone()],
+            &lens,
+            &gen.features[range.clone()],
+            replay,
+        )?;
+        if l.suspect.is_none() {
+            new_base = Some(Base {
+                tokens: base_tokens.clone(),
+                hidden: outs[range].iter().map(|o| o.captures.clone()).collect(),
+                feats: feats_on_base.clone(),
+            });
+        }
+        outcomes.push(Outcome {
+            feats_on_base,
+            dflash,
+            ddtree,
+            wall_s: 0.0,
+            sweeps: gen.sweeps + 1,
+        });
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    outcomes.iter_mut().for_each(|o| o.wall_s = wall);
+    Ok((outcomes, new_base))
+}
+
+/// A suspect's weights and head as a [`TargetModel`] (`base`: the
+/// baseline's weights source). Returns the target and, for another path,
+/// the resident copy it reads from (kept alive by the caller).
+fn target_of<'a>(
+    session: &'a Session,
+    base: &'a dyn WeightSource,
+    recipe: &'a Recipe,
+    resident: &'a Option<Resident>,
+) -> Option<TargetModel<'a>> {
+    let Recipe::Model {
+        weights,
+        prec,
+        head,
+        ..
+    } = recipe
+    else {
+        return None;
+    };
+    let w: &dyn WeightSource = match (weights, resident) {
+        (Weights::Base, _) => base,
+        (Weights::Path(_), Some(r)) => r,
+        (Weights::Path(p), None) => &p.view,
+    };
+    let h: &dyn WeightSource = match head {
+        Head::Base => base,
+        Head::Own => w,
+        Head::Made(m) => m,
+    };
+    Some(TargetModel {
+        spec: &session.spec,
+        weights: w,
+        head: h,
+        prec: *prec,
+    })
+}
+
+/// The groups of a triage run: the baseline's first (its lane first), then
+/// one per distinct target; every model suspect is a lane of one group.
+pub fn build<'a>(
+    session: &'a Session,
+    base_target: TargetModel<'a>,
+    recipes: &'a [Recipe],
+    residents: &'a [Option<Resident>],
+) -> Vec<Group<'a>> {
+    let key_of = |t: &TargetModel| weights_key(t.spec, t.weights, Some(t.head), t.prec);
+    let mut groups = vec![Group {
+        target: base_target,
+        lanes: vec![LaneSpec {
+            suspect: None,
+            form: GdnForm::Chunked,
+            decode_shift: 0,
+        }],
+    }];
+    let mut keys = vec![key_of(&base_target)];
+    for (i, r) in recipes.iter().enumerate() {
+        let Recipe::Model {
+            form, decode_shift, ..
+        } = r
+        else {
+            continue;
+        };
+        let Some(t) = target_of(session, base_target.weights, r, &residents[i]) else {
+            continue;
+        };
+        let lane = LaneSpec {
+            suspect: Some(i),
+            form: *form,
+            decode_shift: *decode_shift,
+        };
+        let k = key_of(&t);
+        match keys.iter().position(|x| *x == k) {
+            Some(g) => groups[g].lanes.push(lane),
+            None => {
+                keys.push(k);
+                groups.push(Group {
+                    target: t,
+                    lanes: vec![lane],
+                });
+            }
+        }
+    }
+    groups
+}
+
+/// What running every group gave.
+pub struct Ran {
+    /// Per suspect (plan order) its outcome; `None` for tap suspects.
+    pub outcomes: Vec<Option<Outcome>>,
+    /// Per suspect: the other runs of its group.
+    pub shared: Vec<Vec<String>>,
+    /// The baseline's forward, for the tap suspects.
+    pub base: Base,
+    /// The baseline's own outcome.
+    pub baseline: Outcome,
+}
+
+/// Runs every group (the baseline's first: the others need its tokens).
+/// `names`: the suspects' names.
+///
+/// Errors: as [`run_group`].
+pub fn run_all(
+    groups: &[Group],
+    drafter: &Drafter,
+    prompts: &[Vec<u32>],
+    replay: Replay,
+    names: &[String],
+    quiet: bool,
+) -> Result<Ran> {
+    let pb = progress::single(groups.len() as u64, "runs", quiet);
+    let mut outcomes: Vec<Option<Outcome>> = (0..names.len()).map(|_| None).collect();
+    let mut shared: Vec<Vec<String>> = vec![Vec::new(); names.len()];
+    let (mut base, mut baseline) = (None, None);
+    for g in groups {
+        let label = |l: &LaneSpec| {
+            l.suspect
+                .map_or("baseline".to_string(), |i| names[i].clone())
+        };
+        let lane_names: Vec<String> = g.lanes.iter().map(label).collect();
+        pb.set_message(lane_names.join(", "));
+        let (outs, b) = run_group(g, drafter, prompts, replay, base.as_ref())?;
+        if b.is_some() {
+            base = b;
+        }
+        for (l, o) in g.lanes.iter().zip(outs) {
+            let me = label(l);
+            let others = lane_names.iter().filter(|n| **n != me).cloned().collect();
+            match l.suspect {
+                Some(i) => {
+                    shared[i] = others;
+                    outcomes[i] = Some(o);
+                }
+                None => baseline = Some(o),
+            }
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok(Ran {
+        outcomes,
+        shared,
+        base: base.expect("the baseline's group runs first"),
+        baseline: baseline.expect("the baseline lane runs"),
+    })
+}
+
+/// The tap suspects' outcomes: other hidden states of the baseline's
+/// forward fed to the drafter over the baseline's tokens (a suspect whose
+/// taps fall outside the model is skipped with a note).
+///
+/// Errors: a replay failure.
+#[allow(clippy::too_many_arguments)]
+pub fn tap_outcomes(
+    session: &Session,
+    drafter: &Drafter,
+    base_target: &TargetModel,
+    base: &Base,
+    recipes: &[Recipe],
+    replay: Replay,
+    outcomes: &mut [Option<Outcome>],
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let n = session.spec.num_layers();
+    let taps = &drafter.cfg.target_layer_ids;
+    for (i, r) in recipes.iter().enumerate() {
+        let Recipe::Taps(mode) = r else { continue };
+        let feats: Result<Vec<Tensor>> = base
+            .hidden
+            .iter()
+            .map(|h| suspects::select(&h[..=n], &h[n + 1], taps, *mode))
+            .collect();
+        match feats {
+            Ok(f) => {
+                let (dflash, ddtree) = replay_all(
+                    drafter,
+                    base_target,
+                    &base.tokens,
+                    &session.prompt_lens(),
+                    &f,
+                    replay,
+                )?;
+                outcomes[i] = Some(Outcome {
+                    feats_on_base: f,
+                    dflash,
+                    ddtree,
+                    wall_s: 0.0,
+                    sweeps: 0,
+                });
+            }
+            Err(e) => notes.push(format!("{}: skipped ({e})", describe(*mode))),
+        }
+    }
+    Ok(())
+}
+
+/// The description of a tap suspect from its mode.
+fn describe(mode: Taps) -> String {
+    match mode {
+        Taps::Offset(k) => super::Suspect::TapOffset(k).description(),
+        Taps::NormedLast => super::Suspect::NormedLastTap.description(),
+    }
+}
