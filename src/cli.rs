@@ -19,10 +19,12 @@ use crate::loading::LoadingPath;
 use crate::models::GdnForm;
 use crate::output::{ReportFolder, ReportSettings};
 use crate::precision::Precision;
-use crate::prompts::{parse_ids, PromptOptions};
 use crate::report::{self, Document};
 use crate::session::Target;
 use crate::triage::TriageSettings;
+
+mod prompt_args;
+use prompt_args::PromptArgs;
 
 /// `hsparity`.
 #[derive(Parser)]
@@ -133,34 +135,6 @@ fn distinct(paths: Vec<LoadingPath>) -> Result<Vec<LoadingPath>> {
         }
     }
     Ok(paths)
-}
-
-/// The prompt options every verb that runs the model takes.
-#[derive(Args)]
-struct PromptArgs {
-    /// Prompt text (needs tokenizer.json); repeatable.
-    #[arg(long = "prompt")]
-    prompt: Vec<String>,
-    /// Prompt as token ids, e.g. 1,2,3; repeatable (use --prompt-ids=... for a value starting with '-').
-    #[arg(long = "prompt-ids")]
-    prompt_ids: Vec<String>,
-    /// JSONL file: one {"text": ...} or {"input_ids": [...]} per line.
-    #[arg(long)]
-    prompts: Option<PathBuf>,
-}
-
-impl PromptArgs {
-    fn options(&self) -> Result<PromptOptions> {
-        Ok(PromptOptions {
-            texts: self.prompt.clone(),
-            ids: self
-                .prompt_ids
-                .iter()
-                .map(|s| parse_ids(s))
-                .collect::<Result<_>>()?,
-            file: self.prompts.clone(),
-        })
-    }
 }
 
 /// The target of a run: checkpoint and prompts.
