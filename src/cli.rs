@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::commands::{compare, diff, drafter, dump, inventory, triage};
+use crate::commands::{compare, diff, drafter, dump, inventory, prompts, triage};
 use crate::device::DeviceSpec;
 use crate::drafter::eval::EndRule;
 use crate::drafter::{DrafterSettings, Replay};
@@ -53,6 +53,8 @@ enum Command {
     Triage(TriageArgs),
     /// Write one loading path's hidden states to safetensors (hsparity.dump.v1, see README).
     Dump(DumpArgs),
+    /// What a run would feed the model: each prompt's text after the chat template, and its token ids.
+    Prompts(PromptsArgs),
 }
 
 impl ValueEnum for LoadingPath {
@@ -391,6 +393,15 @@ struct DumpArgs {
     run: RunArgs,
 }
 
+#[derive(Args)]
+struct PromptsArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
 /// The command line as typed, quoted for a shell.
 fn command_line() -> String {
     std::env::args_os()
@@ -516,6 +527,14 @@ pub fn run(cli: Cli) -> Result<u8> {
                     .unwrap_or(0)
             );
             Ok(0)
+        }
+        Command::Prompts(a) => {
+            let rep = prompts::run(&prompts::PromptsOptions {
+                checkpoint: a.target.checkpoint.clone(),
+                prompts: a.target.prompts.options()?,
+                command_line: command_line(),
+            })?;
+            finish(&rep, a.json, None)
         }
     }
 }
