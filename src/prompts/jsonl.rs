@@ -152,4 +152,3 @@ pub(super) fn read_jsonl(
     }
     Ok(out)
 }
-

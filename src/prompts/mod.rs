@@ -305,7 +305,11 @@ pub fn collect(
     };
     let mut prompts = Vec::new();
     for (i, t) in opts.texts.iter().enumerate() {
-        prompts.push(text_prompt(t.clone(), format!("--prompt #{}", i + 1), false)?);
+        prompts.push(text_prompt(
+            t.clone(),
+            format!("--prompt #{}", i + 1),
+            false,
+        )?);
     }
     for (i, ids) in opts.ids.iter().enumerate() {
         prompts.push(Prompt {

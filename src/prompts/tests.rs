@@ -109,7 +109,12 @@ fn malformed_prompt_files() {
         e
     };
     let e = run(b"{\"input_ids\": [1]}\n[1, 2]\n");
-    assert!(e.contains(":2: line 2: expected an object {\"text\": \u{2026}} or {\"input_ids\": [\u{2026}]}"), "{e}");
+    assert!(
+        e.contains(
+            ":2: line 2: expected an object {\"text\": \u{2026}} or {\"input_ids\": [\u{2026}]}"
+        ),
+        "{e}"
+    );
     assert!(run(b"5\n").contains("line 1: expected an object"));
     assert!(run(b"\xff\xfe{}").contains("not UTF-8"));
     assert!(run(b"{\"input_ids\": \"12\"}").contains("input_ids: invalid type"));
@@ -126,4 +131,96 @@ fn malformed_prompt_files() {
     };
     let p = resolve(&opts, None, lim).unwrap();
     assert_eq!(p[0].origin, format!("{}:1", f.display()));
+}
+
+fn tiny() -> (PathBuf, PathBuf, PromptLimits) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-qwen3_5");
+    let tok = dir.join("tokenizer.json");
+    let lim = PromptLimits {
+        vocab_size: 384,
+        max_tokens: 512,
+    };
+    (dir, tok, lim)
+}
+
+#[test]
+fn prompts_come_in_option_order_with_their_origins() {
+    let (dir, tok, lim) = tiny();
+    let tmp = tempfile::tempdir().unwrap();
+    let msgs = tmp.path().join("m.jsonl");
+    std::fs::write(
+        &msgs,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}\n",
+    )
+    .unwrap();
+    let opts = PromptOptions {
+        texts: vec!["a".into()],
+        ids: vec![vec![1, 2]],
+        messages: Some(msgs.clone()),
+        chat: true,
+        prompt_set: Some(PromptSetSpec::parse("mbpp:1").unwrap()),
+        enable_thinking: Some(false),
+        ..Default::default()
+    };
+    let r = resolve_in(&opts, Some(&dir), Some(&tok), lim).unwrap();
+    let got: Vec<(&str, bool)> = r
+        .prompts
+        .iter()
+        .map(|p| (p.kind(), p.chat.is_some()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("text", true),
+            ("ids", false),
+            ("messages", true),
+            ("prompt-set", true)
+        ]
+    );
+    assert_eq!(r.prompts[0].origin, "--prompt #1");
+    assert_eq!(r.prompts[2].origin, format!("{}:1", msgs.display()));
+    assert!(r.prompts[3].origin.starts_with("mbpp row "));
+    assert_eq!(r.prompts[1].fed_text(), None);
+    assert_eq!(r.prompts[0].text(), Some("a"), "the text as given");
+    assert_ne!(r.prompts[0].fed_text(), Some("a"), "the rendering");
+    let t = r.rendering.template.unwrap();
+    assert_eq!(t.path, dir.join("chat_template.jinja"));
+    assert_eq!(r.rendering.enable_thinking, Some(false));
+    assert_eq!(r.rendering.prompt_set.unwrap().spec.n, Some(1));
+}
+
+#[test]
+fn violations_are_listed_not_raised_by_collect() {
+    let (dir, tok, _) = tiny();
+    let lim = PromptLimits {
+        vocab_size: 384,
+        max_tokens: 8,
+    };
+    let opts = PromptOptions {
+        texts: vec!["a".into()],
+        chat: true,
+        ..Default::default()
+    };
+    let r = collect(&opts, Some(&dir), Some(&tok), lim).unwrap();
+    let v = violations(&r.prompts, lim);
+    assert_eq!(v.len(), 1);
+    assert!(v[0].starts_with("prompt 0 (--prompt #1) has "), "{}", v[0]);
+    let e = resolve_in(&opts, Some(&dir), Some(&tok), lim).unwrap_err();
+    assert_eq!(e.to_string(), v[0]);
+}
+
+#[test]
+fn templates_need_a_directory_and_a_tokenizer() {
+    let (dir, _, lim) = tiny();
+    let opts = PromptOptions {
+        texts: vec!["a".into()],
+        chat: true,
+        ..Default::default()
+    };
+    let e = resolve(&opts, None, lim).unwrap_err().to_string();
+    assert!(e.contains("checkpoint directory"), "{e}");
+    let e = resolve_in(&opts, Some(&dir), None, lim)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no tokenizer.json"), "{e}");
 }

@@ -135,7 +135,10 @@ impl TargetFacts {
         let mut line = format!(
             "chat template {}{} (sha256 {}), enable_thinking {}",
             t.file,
-            t.name.as_ref().map(|n| format!(" [{n}]")).unwrap_or_default(),
+            t.name
+                .as_ref()
+                .map(|n| format!(" [{n}]"))
+                .unwrap_or_default(),
             &t.sha256[..t.sha256.len().min(16)],
             self.enable_thinking
         );
