@@ -594,3 +594,33 @@ fn the_verbs_feed_what_prompts_shows() {
     }
     assert_eq!(rep["environment"]["enable_thinking"], "unset");
 }
+
+/// The README's toy-pair demonstration is current: each `$ hsparity …` line
+/// of the prompts section, run as written, prints the lines the README shows
+/// after it (τ with `--enable-thinking true` and `false`, and the line that
+/// names the template and the flag).
+#[test]
+fn readme_thinking_demo_is_what_the_tool_prints() {
+    let readme = std::fs::read_to_string(common::repo_root().join("README.md")).unwrap();
+    let lines: Vec<&str> = readme.lines().collect();
+    let mut runs = 0;
+    for (i, l) in lines.iter().enumerate() {
+        let Some(cmd) = l.strip_prefix("$ hsparity ") else {
+            continue;
+        };
+        let shown: Vec<&str> = lines[i + 1..]
+            .iter()
+            .take_while(|x| !x.starts_with("$ ") && !x.starts_with("```"))
+            .copied()
+            .collect();
+        let mut args: Vec<&str> = cmd.split_whitespace().collect();
+        args.push("--quiet");
+        let (c, out, err) = run(&args);
+        assert_eq!(c, 0, "{cmd}: {err}");
+        let printed: Vec<&str> = out.lines().take(shown.len()).collect();
+        assert_eq!(printed, shown, "README.md:{}: {cmd}", i + 1);
+        assert!(shown.iter().any(|x| x.contains("enable_thinking")), "{cmd}");
+        runs += 1;
+    }
+    assert!(runs >= 2, "the README shows the true and false runs");
+}

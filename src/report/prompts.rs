@@ -63,7 +63,11 @@ pub fn build(
     let (verdict, summary) = if refused.is_empty() {
         (
             Verdict::Pass,
-            format!("{} prompts, {tokens} tokens; {how}", prompts.len()),
+            format!(
+                "{} prompt{}, {tokens} tokens; {how}",
+                prompts.len(),
+                if prompts.len() == 1 { "" } else { "s" }
+            ),
         )
     } else {
         (
