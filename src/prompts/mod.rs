@@ -9,7 +9,7 @@
 //! conversations (`--messages`, `--prompt-set`) are rendered with the chat
 //! template ([`crate::chat`], `--chat-template`, `--enable-thinking`,
 //! `--system`) and the rendered text encoded the same way, as
-//! `apply_chat_template(…, tokenize=True)` encodes it ([`templated`]).
+//! `apply_chat_template(…, tokenize=True)` encodes it (`prompts/templated.rs`).
 
 mod jsonl;
 mod templated;
