@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::commands::{compare, diff, drafter, dump, inventory, triage};
+use crate::commands::{compare, diff, drafter, dump, inventory, prompts, triage};
 use crate::device::DeviceSpec;
 use crate::drafter::eval::EndRule;
 use crate::drafter::{DrafterSettings, Replay};
@@ -19,10 +19,12 @@ use crate::loading::LoadingPath;
 use crate::models::GdnForm;
 use crate::output::{ReportFolder, ReportSettings};
 use crate::precision::Precision;
-use crate::prompts::{parse_ids, PromptOptions};
 use crate::report::{self, Document};
 use crate::session::Target;
 use crate::triage::TriageSettings;
+
+mod prompt_args;
+use prompt_args::PromptArgs;
 
 /// `hsparity`.
 #[derive(Parser)]
@@ -51,6 +53,8 @@ enum Command {
     Triage(TriageArgs),
     /// Write one loading path's hidden states to safetensors (hsparity.dump.v1, see README).
     Dump(DumpArgs),
+    /// What a run would feed the model: each prompt's text after the chat template, and its token ids.
+    Prompts(PromptsArgs),
 }
 
 impl ValueEnum for LoadingPath {
@@ -133,34 +137,6 @@ fn distinct(paths: Vec<LoadingPath>) -> Result<Vec<LoadingPath>> {
         }
     }
     Ok(paths)
-}
-
-/// The prompt options every verb that runs the model takes.
-#[derive(Args)]
-struct PromptArgs {
-    /// Prompt text (needs tokenizer.json); repeatable.
-    #[arg(long = "prompt")]
-    prompt: Vec<String>,
-    /// Prompt as token ids, e.g. 1,2,3; repeatable (use --prompt-ids=... for a value starting with '-').
-    #[arg(long = "prompt-ids")]
-    prompt_ids: Vec<String>,
-    /// JSONL file: one {"text": ...} or {"input_ids": [...]} per line.
-    #[arg(long)]
-    prompts: Option<PathBuf>,
-}
-
-impl PromptArgs {
-    fn options(&self) -> Result<PromptOptions> {
-        Ok(PromptOptions {
-            texts: self.prompt.clone(),
-            ids: self
-                .prompt_ids
-                .iter()
-                .map(|s| parse_ids(s))
-                .collect::<Result<_>>()?,
-            file: self.prompts.clone(),
-        })
-    }
 }
 
 /// The target of a run: checkpoint and prompts.
@@ -466,6 +442,15 @@ struct DumpArgs {
     run: RunArgs,
 }
 
+#[derive(Args)]
+struct PromptsArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
 /// The command line as typed, quoted for a shell.
 fn command_line() -> String {
     std::env::args_os()
@@ -592,6 +577,14 @@ pub fn run(cli: Cli) -> Result<u8> {
                     .unwrap_or(0)
             );
             Ok(0)
+        }
+        Command::Prompts(a) => {
+            let rep = prompts::run(&prompts::PromptsOptions {
+                checkpoint: a.target.checkpoint.clone(),
+                prompts: a.target.prompts.options()?,
+                command_line: command_line(),
+            })?;
+            finish(&rep, a.json, None)
         }
     }
 }

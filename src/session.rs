@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::loading::{self, LoadingPath, ResolvedPath, WeightSource};
 use crate::models::TextModelSpec;
 use crate::precision::Precision;
-use crate::prompts::{self, Prompt, PromptLimits, PromptOptions};
+use crate::prompts::{self, Prompt, PromptLimits, PromptOptions, Rendering};
 
 /// What names the target of a run (the shared target flags): the
 /// checkpoint, the prompts, the seed for tensors a loading path would
@@ -35,6 +35,9 @@ pub struct Session {
     pub spec: TextModelSpec,
     /// Prompts as run.
     pub prompts: Vec<Prompt>,
+    /// How their text was made (chat template, thinking flag, system turn,
+    /// prompt set).
+    pub rendering: Rendering,
     /// The device every path computes on (`--device`).
     pub device: DeviceSpec,
 }
@@ -44,7 +47,7 @@ impl Session {
     /// init with its seed) and the prompt set, computing on its device.
     ///
     /// Errors: anything [`Checkpoint::open`], [`loading::resolve`],
-    /// [`prompts::resolve`] or [`DeviceSpec::open`] return; no path given.
+    /// [`prompts::resolve_in`] or [`DeviceSpec::open`] return; no path given.
     pub fn open(target: &Target, paths: &[LoadingPath]) -> Result<Self> {
         let dev = target.device.open()?;
         let ckpt = Checkpoint::open(&target.checkpoint)?;
@@ -56,16 +59,18 @@ impl Session {
             .first()
             .ok_or_else(|| Error::Input("no loading path given".into()))?;
         let spec = TextModelSpec::new(&first.text_config)?.with_device(dev);
-        let limits = PromptLimits {
-            vocab_size: first.text_config.vocab_size,
-            max_tokens: first.text_config.max_position_embeddings,
-        };
-        let prompts = prompts::resolve(&target.prompts, ckpt.tokenizer.as_deref(), limits)?;
+        let resolved = prompts::resolve_in(
+            &target.prompts,
+            Some(&ckpt.source.dir),
+            ckpt.tokenizer.as_deref(),
+            PromptLimits::of(&first.text_config),
+        )?;
         Ok(Self {
             ckpt,
             paths,
             spec,
-            prompts,
+            prompts: resolved.prompts,
+            rendering: resolved.rendering,
             device: target.device,
         })
     }

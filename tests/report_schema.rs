@@ -2,7 +2,9 @@
 //! `docs/report.schema.json` (JSON Schema draft 2020-12, validated with boon):
 //! `compare` on the tiny checkpoint and on every divergence fixture, the files
 //! `compare` writes, `compare --drafter` on the toy pair, a run with NaN
-//! weights (metrics written as null), `diff` of two dumps, and the committed examples.
+//! weights (metrics written as null), `diff` of two dumps, `drafter` and
+//! `triage`, `prompts` and runs on chat-templated prompts, and the committed
+//! examples.
 
 mod common;
 
@@ -255,4 +257,69 @@ fn drafter_and_triage_reports_validate() {
     v.check("triage --json", &t);
     v.check_def("triage_report", "triage --json", &t);
     assert_eq!(t["kind"], "triage");
+}
+
+/// `prompts --json` (passing, and failing with prompts a run would refuse)
+/// and the verbs run on chat-templated prompts (`--chat`, `--prompt-set`,
+/// `--system`, `--enable-thinking`) validate; the environment names the
+/// template and the flag.
+#[test]
+fn templated_prompt_reports_validate() {
+    let v = Validator::new(&["prompts_report", "drafter_report", "environment"]);
+    let q = "fixtures/tiny-qwen3_5";
+    for args in [
+        &["prompts", q, "--json"][..],
+        &["prompts", q, "--prompt-ids", "1,2", "--json"],
+        &[
+            "prompts",
+            q,
+            "--prompt-set",
+            "mbpp:2",
+            "--system",
+            "Be brief.",
+            "--json",
+        ],
+        &[
+            "prompts",
+            q,
+            "--prompt-set",
+            "humaneval:4",
+            "--enable-thinking",
+            "true",
+            "--json",
+        ],
+    ] {
+        let (code, out, err) = hsparity(args);
+        assert!(code == 0 || code == 1, "{args:?}: {err}");
+        let r = json(&out, "prompts --json");
+        v.check(&format!("{args:?}"), &r);
+        v.check_def("prompts_report", &format!("{args:?}"), &r);
+        assert_eq!(r["kind"], "prompts");
+        assert_eq!(r["exit_code"], code);
+    }
+    let (code, out, err) = hsparity(&[
+        "drafter",
+        "fixtures/toy-pair/target",
+        "--drafter",
+        "fixtures/toy-pair/drafter",
+        "--prompts",
+        "fixtures/toy-pair/prompts.jsonl",
+        "--chat",
+        "--enable-thinking",
+        "false",
+        "--max-new-tokens",
+        "8",
+        "--json",
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let d = json(&out, "drafter --chat --json");
+    v.check("drafter --chat --json", &d);
+    v.check_def(
+        "environment",
+        "drafter --chat environment",
+        &d["environment"],
+    );
+    assert_eq!(d["environment"]["enable_thinking"], "false");
+    assert!(d["environment"]["chat_template"]["sha256"].is_string());
 }

@@ -129,6 +129,15 @@ report triage-toy triage $toy/target --drafter $toy/drafter --prompts $toy/promp
 report triage-toy-table triage $toy/target --drafter $toy/drafter --prompts $toy/prompts.jsonl --max-new-tokens 16 --observed-tau 3 --quiet
 report triage-toyq triage $toyq/target --drafter $toyq/drafter --prompts $toyq/prompts.jsonl --max-new-tokens 16 --json --quiet
 
+# prompts and chat-templated prompts
+run prompts-tiny prompts $tiny --json
+run prompts-tiny-chat prompts $tiny --chat --prompt "What is the capital of France?" --json
+run prompts-tiny-chat-table prompts $tiny --chat --prompt "What is the capital of France?" --enable-thinking false
+run prompts-qwen3-set prompts $fx/tiny-qwen3 --prompt-set gsm8k:2 --system "Be brief." --json
+run prompts-tiny-refused prompts $tiny --prompt-set humaneval:4
+run drafter-toy-chat drafter $toy/target --drafter $toy/drafter --prompts $toy/prompts.jsonl --chat --enable-thinking true --max-new-tokens 16 --json --quiet
+run drafter-toy-chat-table drafter $toy/target --drafter $toy/drafter --prompts $toy/prompts.jsonl --chat --enable-thinking false --max-new-tokens 16 --quiet
+
 # refused inputs (exit 2, one line)
 run bad-paths compare $tiny --paths causal-lm,nope --no-report
 run bad-dtype compare $tiny --dtype f64 --no-report
@@ -139,4 +148,8 @@ run bad-diff diff $tiny/config.json "$work/a.safetensors" --no-report
 run bad-inventory-paths inventory $tiny --paths causal-lm,causal-lm
 run bad-drafter-paths drafter $toy/target --drafter $toy/drafter --paths vlm,zz
 run bad-max-tau drafter $toy/target --drafter $toy/drafter --max-tau-gap=-1
+run bad-prompt-set prompts $tiny --prompt-set nope
+run bad-prompt-set-0 compare $tiny --prompt-set gsm8k:0 --no-report
+run bad-chat-no-template prompts $fx/divergence/fp16-disk --chat
+run bad-thinking-without-chat drafter $toy/target --drafter $toy/drafter --enable-thinking true
 echo "snapshot: $(ls "$out" | wc -l) files in $out"

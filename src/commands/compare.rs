@@ -364,7 +364,10 @@ fn prompt_infos(session: &Session) -> Vec<PromptInfo> {
             index: k,
             source: p.kind().into(),
             tokens: p.ids.len(),
-            preview: p.text().map(preview),
+            preview: p.fed_text().map(preview),
+            origin: p.origin.clone(),
+            chat: p.chat.is_some(),
+            rendered_sha256: p.rendered_sha256(),
         })
         .collect()
 }

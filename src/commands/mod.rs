@@ -7,4 +7,5 @@ pub mod diff;
 pub mod drafter;
 pub mod dump;
 pub mod inventory;
+pub mod prompts;
 pub mod triage;

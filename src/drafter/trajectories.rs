@@ -39,6 +39,7 @@ impl Trajectory {
             source: PromptSource::Ids,
             origin: self.origin.clone(),
             ids: self.prompt.clone(),
+            chat: None,
         }
     }
 }

@@ -78,12 +78,19 @@ pub struct PathRun {
 pub struct PromptInfo {
     /// Prompt index `k` (dump keys `p{k}.*`).
     pub index: usize,
-    /// `text`, `ids`, or `builtin`.
+    /// `text`, `ids`, `builtin`, `messages` or `prompt-set`.
     pub source: String,
     /// Number of tokens.
     pub tokens: usize,
-    /// The first characters of the text, when there is one.
+    /// The first characters of the text tokenised (the chat template's
+    /// rendering, else the text as given), when there is one.
     pub preview: Option<String>,
+    /// Where it was given: `--prompt #1`, `prompts.jsonl:3`, `gsm8k row 1101`, …
+    pub origin: String,
+    /// True when the chat template rendered its text.
+    pub chat: bool,
+    /// sha256 (64 hex digits) of the text tokenised; `null` for token ids.
+    pub rendered_sha256: Option<String>,
 }
 
 /// The members `compare`'s report adds to the envelope.

@@ -120,6 +120,9 @@ pub fn render(d: &DrafterReport) -> String {
         d.summary,
         drafter_line(d, &d.drafter.source)
     );
+    if let Some(line) = d.environment.rendering_line() {
+        out.push_str(&format!("prompts: {line}\n"));
+    }
     out.push_str(&tau_table(d).terminal().to_string());
     out.push_str(&format!("\nτ rule: {}\n", d.end_rule.describe()));
     for n in &d.notes {

@@ -95,7 +95,7 @@ fn environment(report: &CompareReport) -> String {
     let t = e.target.as_ref();
     let mut md = String::from("## Environment\n\n");
     md.push_str(&format!(
-        "| | |\n|---|---|\n| hsparity | {} |\n| checkpoint | `{}`{} |\n| config.json sha256 | `{}` |\n| prompts | {} ({} tokens), sha256 `{}` |\n| device | {} ({} threads), peak RSS {} |\n| Gated DeltaNet form | {} |\n| drafter taps | {} |\n\n",
+        "| | |\n|---|---|\n| hsparity | {} |\n| checkpoint | `{}`{} |\n| config.json sha256 | `{}` |\n| prompts | {} ({} tokens), sha256 `{}` |\n| device | {} ({} threads), peak RSS {} |\n| Gated DeltaNet form | {} |\n| drafter taps | {} |\n",
         e.hsparity_version,
         t.map(|t| t.checkpoint.as_str()).unwrap_or("-"),
         t.and_then(|t| t.revision.as_ref()).map(|r| format!(" @ `{r}`")).unwrap_or_default(),
@@ -113,6 +113,10 @@ fn environment(report: &CompareReport) -> String {
             format!("{:?} (◆ in the tables)", report.taps)
         }
     ));
+    if let Some(line) = e.rendering_line() {
+        md.push_str(&format!("| prompt rendering | {line} |\n"));
+    }
+    md.push('\n');
     let mut paths = Table::new(vec![
         Column::new("path"),
         Column::new("class"),

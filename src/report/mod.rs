@@ -20,6 +20,7 @@ pub mod format;
 pub mod inventory;
 pub mod json;
 pub mod markdown;
+pub mod prompts;
 pub mod svg;
 pub mod tabular;
 pub mod terminal;
@@ -30,14 +31,16 @@ use std::path::Path;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::parity::Verdict;
-use crate::prompts::Prompt;
+use crate::prompts::{Prompt, Rendering, Resolved};
 use crate::session::Session;
 
 pub use compare::CompareReport;
 pub use diff::DiffReport;
 pub use drafter::DrafterReport;
+pub use prompts::PromptsReport;
 pub use triage::TriageReport;
 
 /// Version of the JSON schema (`schema_version`).
@@ -59,6 +62,8 @@ pub enum Kind {
     Drafter,
     /// `hsparity triage`.
     Triage,
+    /// `hsparity prompts`.
+    Prompts,
 }
 
 /// The target a run read, when it read one (`diff` reads dumps only).
@@ -72,6 +77,151 @@ pub struct TargetFacts {
     pub config_sha256: String,
     /// sha256 over the prompts' token ids (hex, first 16 chars).
     pub prompts_sha256: String,
+    /// The chat template that rendered the prompts; `null` when none did.
+    pub chat_template: Option<TemplateFacts>,
+    /// `--enable-thinking` as given: `true`, `false`, or `unset` (not passed
+    /// to the template, which is not `false`).
+    pub enable_thinking: &'static str,
+    /// `--system`: the system turn put before each conversation, or `null`.
+    pub system: Option<String>,
+    /// `--prompt-set`: the built-in set, its data and selection, or `null`.
+    pub prompt_set: Option<PromptSetFacts>,
+    /// Every prompt: where it came from, its token count and the sha256 of
+    /// the text tokenised.
+    pub prompts: Vec<PromptFacts>,
+}
+
+impl TargetFacts {
+    /// The facts of `ckpt` run on `prompts` made as `rendering` says.
+    ///
+    /// Errors: `config.json` cannot be read again for its hash.
+    pub fn of(ckpt: &Checkpoint, prompts: &[Prompt], rendering: &Rendering) -> Result<Self> {
+        let src = &ckpt.source;
+        Ok(TargetFacts {
+            checkpoint: src.display.clone(),
+            revision: src.commit.clone().or_else(|| src.revision.clone()),
+            config_sha256: file_sha256(&ckpt.config_path)?,
+            prompts_sha256: prompts_sha256(prompts),
+            chat_template: rendering.template.as_ref().map(|t| TemplateFacts {
+                file: t.path.display().to_string(),
+                name: t.name.clone(),
+                sha256: t.sha256.clone(),
+            }),
+            enable_thinking: crate::chat::thinking_label(rendering.enable_thinking),
+            system: rendering.system.clone(),
+            prompt_set: rendering.prompt_set.as_ref().map(|s| PromptSetFacts {
+                name: s.spec.name,
+                n: s.spec.n,
+                file: s.source.file,
+                sha256: s.source.sha256.clone(),
+                records: s.source.records,
+                license: s.source.license,
+                upstream: s.source.upstream,
+                selection: s.selection.clone(),
+            }),
+            prompts: prompts
+                .iter()
+                .enumerate()
+                .map(|(k, p)| PromptFacts::of(k, p))
+                .collect(),
+        })
+    }
+
+    /// How the prompts were rendered, in words, when a chat template
+    /// rendered them (`None` otherwise): template file and sha256, the
+    /// thinking flag, the system turn, the prompt set.
+    pub fn rendering_line(&self) -> Option<String> {
+        let t = self.chat_template.as_ref()?;
+        let mut line = format!(
+            "chat template {}{} (sha256 {}), enable_thinking {}",
+            t.file,
+            t.name
+                .as_ref()
+                .map(|n| format!(" [{n}]"))
+                .unwrap_or_default(),
+            &t.sha256[..t.sha256.len().min(16)],
+            self.enable_thinking
+        );
+        if let Some(s) = &self.system {
+            line.push_str(&format!(", system turn {:?}", crate::text::preview(s)));
+        }
+        if let Some(s) = &self.prompt_set {
+            line.push_str(&format!(
+                ", prompt set {} ({} of {} records, {})",
+                s.name,
+                self.prompts.len(),
+                s.records,
+                s.license
+            ));
+        }
+        Some(line)
+    }
+}
+
+/// The chat template a run rendered its prompts with (`environment.chat_template`).
+#[derive(Debug, Clone, Serialize)]
+pub struct TemplateFacts {
+    /// The file: a `.jinja` file (the checkpoint's `chat_template.jinja`, or
+    /// `--chat-template`), or `tokenizer_config.json` for its
+    /// `chat_template` key.
+    pub file: String,
+    /// The template's name when the checkpoint has several (`default`, …).
+    pub name: Option<String>,
+    /// sha256 of the template text (64 hex digits).
+    pub sha256: String,
+}
+
+/// The built-in benchmark set a run used (`environment.prompt_set`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptSetFacts {
+    /// Set name (`gsm8k`, …).
+    pub name: &'static str,
+    /// `NAME:N`'s N (`--max-samples N` of z-lab/dflash `benchmark.py`), or `null`.
+    pub n: Option<usize>,
+    /// The data file (repository path; embedded in the binary).
+    pub file: &'static str,
+    /// sha256 of the data file (64 hex digits).
+    pub sha256: String,
+    /// Records the set has.
+    pub records: usize,
+    /// SPDX license of the data.
+    pub license: &'static str,
+    /// Where the data comes from.
+    pub upstream: &'static str,
+    /// How the records were chosen, in words.
+    pub selection: String,
+}
+
+/// One prompt as fed to the model (`environment.prompts[]`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptFacts {
+    /// Prompt index `k` (dump keys `p{k}.*`).
+    pub index: usize,
+    /// `text`, `ids`, `builtin`, `messages` or `prompt-set`.
+    pub source: &'static str,
+    /// Where it was given: `--prompt #1`, `prompts.jsonl:3`, `gsm8k row 1101`, …
+    pub origin: String,
+    /// True when the chat template rendered its text.
+    pub chat: bool,
+    /// Number of tokens.
+    pub tokens: usize,
+    /// sha256 (64 hex digits) of the text tokenised (the template's
+    /// rendering, or the text itself); `null` for token ids.
+    pub rendered_sha256: Option<String>,
+}
+
+impl PromptFacts {
+    /// The facts of prompt `k`.
+    pub fn of(k: usize, p: &Prompt) -> Self {
+        PromptFacts {
+            index: k,
+            source: p.kind(),
+            origin: p.origin.clone(),
+            chat: p.chat.is_some(),
+            tokens: p.ids.len(),
+            rendered_sha256: p.rendered_sha256(),
+        }
+    }
 }
 
 /// Facts needed to reproduce a run.
@@ -113,18 +263,37 @@ impl Environment {
     ///
     /// Errors: `config.json` cannot be read again for its hash.
     pub fn of_session(session: &Session, form: crate::models::GdnForm) -> Result<Self> {
-        let src = &session.ckpt.source;
         Ok(Environment {
-            target: Some(TargetFacts {
-                checkpoint: src.display.clone(),
-                revision: src.commit.clone().or_else(|| src.revision.clone()),
-                config_sha256: file_sha256(&session.ckpt.config_path)?,
-                prompts_sha256: prompts_sha256(&session.prompts),
-            }),
+            target: Some(TargetFacts::of(
+                &session.ckpt,
+                &session.prompts,
+                &session.rendering,
+            )?),
             device: session.device.to_string(),
             gdn_form: Some(form),
             ..Self::host()
         })
+    }
+
+    /// The environment of `prompts`, which resolves prompts on `ckpt` and
+    /// runs nothing (no device work, no delta-rule form).
+    ///
+    /// Errors: `config.json` cannot be read again for its hash.
+    pub fn of_prompts(ckpt: &Checkpoint, resolved: &Resolved) -> Result<Self> {
+        Ok(Environment {
+            target: Some(TargetFacts::of(
+                ckpt,
+                &resolved.prompts,
+                &resolved.rendering,
+            )?),
+            ..Self::host()
+        })
+    }
+
+    /// How the prompts were rendered, when a chat template rendered them
+    /// ([`TargetFacts::rendering_line`]).
+    pub fn rendering_line(&self) -> Option<String> {
+        self.target.as_ref().and_then(TargetFacts::rendering_line)
     }
 
     /// The environment of a run that read no checkpoint (on the host).

@@ -57,6 +57,9 @@ pub fn render(report: &CompareReport) -> String {
             .map(|f| f.describe())
             .unwrap_or("-")
     ));
+    if let Some(line) = report.environment.rendering_line() {
+        out.push_str(&format!("  prompts rendered with: {line}\n"));
+    }
     for pair in &report.pairs {
         out.push_str(&format!(
             "\n{} vs {} (rel L2 = ‖a−b‖/‖b‖; local = {}'s layer fed {}'s input)\n",

@@ -88,6 +88,9 @@ pub fn render(r: &TriageReport) -> String {
         r.summary,
         baseline_line(r, r.baseline.path.name())
     );
+    if let Some(line) = r.environment.rendering_line() {
+        out.push_str(&format!("prompts: {line}\n"));
+    }
     out.push_str(&variants_table(r).terminal().to_string());
     out.push_str(&format!(
         "\nwall time {:.1} s (tap variants reuse the baseline forward)\n",
@@ -107,6 +110,9 @@ pub fn markdown(r: &TriageReport) -> String {
         r.summary,
         baseline_line(r, &format!("`{}`", r.baseline.path.name()))
     );
+    if let Some(line) = r.environment.rendering_line() {
+        md.push_str(&format!("Prompts: {line}.\n\n"));
+    }
     md.push_str(&variants_table(r).markdown());
     for n in &r.notes {
         md.push_str(&format!("\n- {n}"));

@@ -1,0 +1,453 @@
+//! The prompts of a run: `--prompt TEXT`, `--prompt-ids 1,2,3`,
+//! `--prompts FILE.jsonl`, `--messages FILE.jsonl`, `--prompt-set NAME[:N]`,
+//! or a built-in set when none is given (text prompts when the checkpoint has
+//! `tokenizer.json`, deterministic token ids otherwise).
+//!
+//! Raw text is tokenised with the checkpoint's `tokenizer.json` without
+//! special tokens, so ids are what `tokenizer(text, add_special_tokens=False)`
+//! gives in Python. With `--chat` each text prompt becomes one user turn;
+//! conversations (`--messages`, `--prompt-set`) are rendered with the chat
+//! template ([`crate::chat`], `--chat-template`, `--enable-thinking`,
+//! `--system`) and the rendered text encoded the same way, as
+//! `apply_chat_template(…, tokenize=True)` encodes it (`prompts/templated.rs`).
+
+mod jsonl;
+mod templated;
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::chat::{Conversation, TemplateSource};
+use crate::checkpoint::config::TextConfig;
+use crate::error::{Error, Result};
+use crate::prompt_sets::{self, PromptSetSource, PromptSetSpec};
+pub use crate::text::preview;
+use jsonl::{read_jsonl, Tokenizer};
+use templated::Templating;
+
+/// Where a prompt came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptSource {
+    /// Text tokenised with `tokenizer.json` (`--prompt`, a `{"text"}` line of
+    /// `--prompts`; with `--chat` rendered as one user turn first).
+    Text(String),
+    /// Token ids given directly.
+    Ids,
+    /// Built-in prompt (text or ids).
+    Builtin(Option<String>),
+    /// A conversation of `--messages FILE.jsonl`.
+    Messages,
+    /// A record of the built-in benchmark set of this name (`--prompt-set`).
+    PromptSet(&'static str),
+}
+
+/// A prompt rendered with the chat template.
+#[derive(Debug, Clone)]
+pub struct ChatPrompt {
+    /// The conversation rendered (with `--system`'s turn when given).
+    pub conversation: Conversation,
+    /// The rendered text: what was tokenised.
+    pub text: String,
+}
+
+/// One prompt, tokenised.
+#[derive(Debug, Clone)]
+pub struct Prompt {
+    /// Origin of the prompt.
+    pub source: PromptSource,
+    /// Where it was given, for messages: `--prompt #2`, `--prompt-ids #1`
+    /// (1-based occurrence of the option), `prompts.jsonl:3` (file and line),
+    /// `built-in prompt #1`, `gsm8k row 1101`.
+    pub origin: String,
+    /// Token ids `[T]`.
+    pub ids: Vec<u32>,
+    /// The conversation and its rendering, when the chat template made the
+    /// text (`None` for raw text and token ids).
+    pub chat: Option<ChatPrompt>,
+}
+
+impl Prompt {
+    /// `text`, `ids`, `builtin`, `messages` or `prompt-set`.
+    pub fn kind(&self) -> &'static str {
+        match self.source {
+            PromptSource::Text(_) => "text",
+            PromptSource::Ids => "ids",
+            PromptSource::Builtin(_) => "builtin",
+            PromptSource::Messages => "messages",
+            PromptSource::PromptSet(_) => "prompt-set",
+        }
+    }
+
+    /// The text as given, when there is one (`--prompt`, a text line, a
+    /// built-in text; not a conversation).
+    pub fn text(&self) -> Option<&str> {
+        match &self.source {
+            PromptSource::Text(t) | PromptSource::Builtin(Some(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The text that was tokenised: the chat template's rendering, else the
+    /// text as given; `None` for token ids.
+    pub fn fed_text(&self) -> Option<&str> {
+        match &self.chat {
+            Some(c) => Some(&c.text),
+            None => self.text(),
+        }
+    }
+
+    /// sha256 (64 hex digits) of [`Self::fed_text`] as UTF-8, as Python's
+    /// `hashlib.sha256(text.encode()).hexdigest()`; `None` for token ids.
+    pub fn rendered_sha256(&self) -> Option<String> {
+        self.fed_text()
+            .map(|t| format!("{:x}", Sha256::digest(t.as_bytes())))
+    }
+}
+
+/// Prompt options as given on the command line.
+#[derive(Debug, Clone, Default)]
+pub struct PromptOptions {
+    /// `--prompt TEXT` (repeatable).
+    pub texts: Vec<String>,
+    /// `--prompt-ids 1,2,3` (repeatable).
+    pub ids: Vec<Vec<u32>>,
+    /// `--prompts FILE.jsonl`: lines `{"text": …}` or `{"input_ids": […]}`.
+    pub file: Option<PathBuf>,
+    /// `--messages FILE.jsonl`: one `{"messages": [{"role": …, "content":
+    /// …}, …]}` per line, rendered with the chat template.
+    pub messages: Option<PathBuf>,
+    /// `--chat`: every text prompt (`--prompt`, text lines of `--prompts`,
+    /// the built-in texts) becomes one user turn rendered with the template.
+    pub chat: bool,
+    /// `--chat-template FILE`: this template instead of the checkpoint's.
+    pub chat_template: Option<PathBuf>,
+    /// `--enable-thinking true|false`; `None` = not passed to the template
+    /// (which is not `false`).
+    pub enable_thinking: Option<bool>,
+    /// `--system TEXT`: a system turn put before every conversation.
+    pub system: Option<String>,
+    /// `--prompt-set NAME[:N]`: a built-in benchmark set.
+    pub prompt_set: Option<PromptSetSpec>,
+}
+
+impl PromptOptions {
+    /// True when some prompt is rendered with a chat template (`--chat`,
+    /// `--messages`, `--prompt-set`).
+    pub fn templated(&self) -> bool {
+        self.chat || self.messages.is_some() || self.prompt_set.is_some()
+    }
+
+    /// The first given flag that only means something with a template.
+    fn template_only_flag(&self) -> Option<&'static str> {
+        if self.chat_template.is_some() {
+            Some("--chat-template")
+        } else if self.enable_thinking.is_some() {
+            Some("--enable-thinking")
+        } else if self.system.is_some() {
+            Some("--system")
+        } else {
+            None
+        }
+    }
+}
+
+/// Limits a prompt must respect.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptLimits {
+    /// `vocab_size`: every id must be below it.
+    pub vocab_size: usize,
+    /// `max_position_embeddings`: the longest prompt allowed.
+    pub max_tokens: usize,
+}
+
+impl PromptLimits {
+    /// The limits of a text config (`vocab_size`, `max_position_embeddings`).
+    pub fn of(text: &TextConfig) -> Self {
+        PromptLimits {
+            vocab_size: text.vocab_size,
+            max_tokens: text.max_position_embeddings,
+        }
+    }
+}
+
+/// A built-in benchmark set as run: what was asked for, its data, and how
+/// its records were chosen.
+#[derive(Debug, Clone)]
+pub struct PromptSetRun {
+    /// `NAME[:N]`.
+    pub spec: PromptSetSpec,
+    /// The embedded data file, its sha256 and license.
+    pub source: PromptSetSource,
+    /// The selection, in words (z-lab/dflash `benchmark.py`'s).
+    pub selection: String,
+}
+
+/// How the prompts' text was made: the facts a report records.
+#[derive(Debug, Clone, Default)]
+pub struct Rendering {
+    /// The chat template, when one rendered prompts (the one used for
+    /// conversations without tools).
+    pub template: Option<TemplateSource>,
+    /// `--enable-thinking` as given (`None` = not passed).
+    pub enable_thinking: Option<bool>,
+    /// `--system`, when given.
+    pub system: Option<String>,
+    /// `--prompt-set`, when given.
+    pub prompt_set: Option<PromptSetRun>,
+}
+
+/// The prompts of a run and how their text was made.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The prompts, in order: `--prompt`, `--prompt-ids`, `--prompts`,
+    /// `--messages`, `--prompt-set` (or the built-in set).
+    pub prompts: Vec<Prompt>,
+    /// Template, thinking flag, system turn and prompt set.
+    pub rendering: Rendering,
+}
+
+/// Built-in text prompts: a short one, and one longer than the Gated DeltaNet
+/// chunk (64 tokens) and not a multiple of it for byte-level tokenizers.
+pub const BUILTIN_TEXTS: &[&str] = &[
+    "The capital of France is",
+    "Speculative decoding drafts several tokens with a small model and verifies them with the target in one forward pass. \
+     The drafter reads the target's hidden states at a few tap layers, so when two ways of loading the target disagree, \
+     acceptance falls even though both models look healthy in isolation.",
+];
+
+/// Built-in token-id prompts (16 and 100 tokens) for checkpoints without a
+/// tokenizer: a fixed linear-congruential sequence reduced modulo the vocabulary.
+pub fn builtin_ids(vocab_size: usize) -> Vec<Vec<u32>> {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    [16usize, 100]
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((x >> 33) % vocab_size as u64) as u32
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Resolves the prompts and checks them against `limits`, without a
+/// checkpoint directory (so without chat templates): the prompts of
+/// [`resolve_in`].
+///
+/// Errors: as [`resolve_in`].
+pub fn resolve(
+    opts: &PromptOptions,
+    tokenizer: Option<&Path>,
+    limits: PromptLimits,
+) -> Result<Vec<Prompt>> {
+    Ok(resolve_in(opts, None, tokenizer, limits)?.prompts)
+}
+
+/// Resolves the prompts of checkpoint `dir` ([`collect`]) and checks them
+/// against `limits` ([`violations`]: the first one is the error).
+///
+/// Errors ([`Error::Input`]): anything [`collect`] returns, an empty prompt,
+/// a token id `≥ vocab_size`, or a prompt longer than
+/// `max_position_embeddings`. Messages give the prompt's index (as in
+/// dumps, `p{k}`) and where it came from ([`Prompt::origin`]).
+pub fn resolve_in(
+    opts: &PromptOptions,
+    dir: Option<&Path>,
+    tokenizer: Option<&Path>,
+    limits: PromptLimits,
+) -> Result<Resolved> {
+    let resolved = collect(opts, dir, tokenizer, limits)?;
+    match violations(&resolved.prompts, limits).into_iter().next() {
+        Some(problem) => Err(Error::Input(problem)),
+        None => Ok(resolved),
+    }
+}
+
+/// The prompts `opts` name, rendered and tokenised, unchecked: in order
+/// `--prompt`, `--prompt-ids`, `--prompts`, `--messages`, `--prompt-set`;
+/// the built-in set when none is given (cut to `limits.max_tokens`).
+///
+/// Errors ([`Error::Input`], one line naming the flag, file and line or
+/// prompt): a text prompt without `tokenizer.json`; an unreadable,
+/// non-UTF-8 or malformed prompts or messages file (a line that is not JSON,
+/// has no user turn, …); a template-only flag without a templated prompt;
+/// no chat template, or one that does not parse, raises or fails;
+/// `--system` before a conversation's own system turn; `--chat` that
+/// renders nothing (token ids only).
+pub fn collect(
+    opts: &PromptOptions,
+    dir: Option<&Path>,
+    tokenizer: Option<&Path>,
+    limits: PromptLimits,
+) -> Result<Resolved> {
+    let tok = Tokenizer::new(tokenizer);
+    let chat = Templating::open(opts, dir, tokenizer)?;
+    let text_prompt = |text: String, origin: String, builtin: bool| -> Result<Prompt> {
+        let source = if builtin {
+            PromptSource::Builtin(Some(text.clone()))
+        } else {
+            PromptSource::Text(text.clone())
+        };
+        match (&chat, opts.chat) {
+            (Some(c), true) => c.prompt(Conversation::user(&text, &origin), source, &tok),
+            _ => Ok(Prompt {
+                ids: tok.encode(&text, &origin)?,
+                source,
+                origin,
+                chat: None,
+            }),
+        }
+    };
+    let mut prompts = Vec::new();
+    for (i, t) in opts.texts.iter().enumerate() {
+        prompts.push(text_prompt(
+            t.clone(),
+            format!("--prompt #{}", i + 1),
+            false,
+        )?);
+    }
+    for (i, ids) in opts.ids.iter().enumerate() {
+        prompts.push(Prompt {
+            source: PromptSource::Ids,
+            ids: ids.clone(),
+            origin: format!("--prompt-ids #{}", i + 1),
+            chat: None,
+        });
+    }
+    if let Some(f) = &opts.file {
+        prompts.extend(read_jsonl(f, |t, at| text_prompt(t, at, false))?);
+    }
+    let mut prompt_set = None;
+    if let Some(c) = &chat {
+        if let Some(f) = &opts.messages {
+            for conv in Conversation::read_jsonl(f)? {
+                prompts.push(c.prompt(conv, PromptSource::Messages, &tok)?);
+            }
+        }
+        if let Some(spec) = opts.prompt_set {
+            let set = prompt_sets::load(spec.name, spec.n)?;
+            for conv in set.conversations {
+                prompts.push(c.prompt(conv, PromptSource::PromptSet(spec.name), &tok)?);
+            }
+            prompt_set = Some(PromptSetRun {
+                spec,
+                source: set.source,
+                selection: set.selection,
+            });
+        }
+    }
+    if prompts.is_empty() {
+        prompts = builtin_prompts(tokenizer.is_some(), limits, |t, origin| {
+            text_prompt(t, origin, true)
+        })?;
+    }
+    if opts.chat && !prompts.iter().any(|p| p.chat.is_some()) {
+        return Err(Error::Input(
+            "--chat renders text prompts (--prompt, text lines of --prompts) as user turns, and every prompt given is token ids (--prompt-ids are fed as they are)".into(),
+        ));
+    }
+    Ok(Resolved {
+        prompts,
+        rendering: Rendering {
+            template: chat.as_ref().map(|c| c.source().clone()),
+            enable_thinking: opts.enable_thinking,
+            system: opts.system.clone(),
+            prompt_set,
+        },
+    })
+}
+
+/// The built-in set: text prompts (made by `text`) with a tokenizer, token
+/// ids otherwise; each cut to `limits.max_tokens` (the set is ours: fit it to
+/// small models instead of refusing).
+fn builtin_prompts(
+    has_tokenizer: bool,
+    limits: PromptLimits,
+    text: impl Fn(String, String) -> Result<Prompt>,
+) -> Result<Vec<Prompt>> {
+    let mut prompts: Vec<Prompt> = if has_tokenizer {
+        BUILTIN_TEXTS
+            .iter()
+            .enumerate()
+            .map(|(i, t)| text(t.to_string(), format!("built-in prompt #{}", i + 1)))
+            .collect::<Result<_>>()?
+    } else {
+        builtin_ids(limits.vocab_size)
+            .into_iter()
+            .enumerate()
+            .map(|(i, ids)| Prompt {
+                source: PromptSource::Builtin(None),
+                ids,
+                origin: format!("built-in prompt #{}", i + 1),
+                chat: None,
+            })
+            .collect()
+    };
+    for p in prompts.iter_mut() {
+        if p.ids.len() > limits.max_tokens {
+            p.ids.truncate(limits.max_tokens);
+            p.origin.push_str(&format!(
+                ", cut to max_position_embeddings = {}",
+                limits.max_tokens
+            ));
+        }
+    }
+    Ok(prompts)
+}
+
+/// What a run would refuse in `prompts`, one line each, in prompt order:
+/// an empty prompt, one longer than `max_position_embeddings`, a token id
+/// `≥ vocab_size`.
+pub fn violations(prompts: &[Prompt], limits: PromptLimits) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, p) in prompts.iter().enumerate() {
+        let o = &p.origin;
+        if p.ids.is_empty() {
+            out.push(format!("prompt {k} ({o}) has no tokens"));
+            continue;
+        }
+        if p.ids.len() > limits.max_tokens {
+            out.push(format!(
+                "prompt {k} ({o}) has {} tokens, more than the model allows (max_position_embeddings = {})",
+                p.ids.len(),
+                limits.max_tokens
+            ));
+        }
+        if let Some((pos, bad)) = p
+            .ids
+            .iter()
+            .enumerate()
+            .find(|(_, &i)| i as usize >= limits.vocab_size)
+        {
+            out.push(format!(
+                "prompt {k} ({o}): token id {bad} at position {pos} is out of range (vocab_size = {})",
+                limits.vocab_size
+            ));
+        }
+    }
+    out
+}
+
+/// Parses `1,2,3` into ids. Errors: a non-integer or negative entry.
+pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| {
+            x.parse::<u32>().map_err(|_| {
+                Error::Input(format!(
+                    "--prompt-ids {:?}: {x:?} is not a token id (non-negative integer below 2^32)",
+                    preview(s)
+                ))
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
