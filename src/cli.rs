@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::commands::{compare, diff, drafter, dump, inventory, prompts, triage};
 use crate::device::DeviceSpec;
 use crate::drafter::eval::EndRule;
+use crate::drafter::trajectories::GivenFile;
 use crate::drafter::{DrafterSettings, Replay};
 use crate::error::{Error, Result};
 use crate::loading::LoadingPath;
@@ -206,18 +207,42 @@ impl ReportArgs {
 /// What is replayed: tokens per prompt and the DDTree budget.
 #[derive(Args)]
 struct ReplayArgs {
-    /// Greedy tokens generated (and replayed) per prompt.
-    #[arg(long, default_value_t = 64)]
-    max_new_tokens: usize,
+    /// Greedy tokens generated (and replayed) per prompt [default: 64]; with --trajectories,
+    /// at most this many of each output are replayed (default: all the output allows).
+    #[arg(long)]
+    max_new_tokens: Option<usize>,
     /// DDTree node budget (DDTree-N).
     #[arg(long, default_value_t = 8)]
     ddtree_budget: usize,
 }
 
+/// Greedy tokens per prompt when `--max-new-tokens` is not given.
+const DEFAULT_MAX_NEW: usize = 64;
+
+/// Supplied greedy outputs to measure τ on (`--trajectories`).
+#[derive(Args)]
+struct TrajectoryArgs {
+    /// Measure τ on these greedy outputs (an engine's, at temperature 0) instead of generating:
+    /// one JSON object per line, {"prompt_ids": [...], "output_ids": [...]} ("prompt"/"output"
+    /// as text with a tokenizer). Their prompts are the run's unless prompt options are given,
+    /// which they must then match.
+    #[arg(long, value_name = "FILE.jsonl")]
+    trajectories: Option<PathBuf>,
+}
+
+impl TrajectoryArgs {
+    fn given(&self, replay: &ReplayArgs) -> Option<GivenFile> {
+        self.trajectories.as_ref().map(|f| GivenFile {
+            file: f.clone(),
+            max_new: replay.max_new_tokens,
+        })
+    }
+}
+
 impl ReplayArgs {
     fn replay(&self, rule: EndRule) -> Replay {
         Replay {
-            max_new: self.max_new_tokens,
+            max_new: self.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW),
             budget: self.ddtree_budget,
             rule,
         }
@@ -275,6 +300,8 @@ struct DrafterEvalArgs {
     replay: ReplayArgs,
     #[command(flatten)]
     budget: BudgetArgs,
+    #[command(flatten)]
+    trajectories: TrajectoryArgs,
     /// Exit 1 when τ on two paths differs by more than this.
     #[arg(long, default_value_t = 0.05)]
     max_tau_gap: f64,
@@ -290,6 +317,7 @@ impl DrafterEvalArgs {
             replay: self.replay.replay(self.end_rule),
             max_tau_gap: self.max_tau_gap,
             memory_budget: self.budget.memory_budget,
+            trajectories: self.trajectories.given(&self.replay),
         }
     }
 }
@@ -401,6 +429,8 @@ struct TriageArgs {
     replay: ReplayArgs,
     #[command(flatten)]
     budget: BudgetArgs,
+    #[command(flatten)]
+    trajectories: TrajectoryArgs,
     /// τ seen in the regressed eval: marks the variants consistent with it.
     #[arg(long)]
     observed_tau: Option<f64>,
@@ -553,6 +583,7 @@ pub fn run(cli: Cli) -> Result<u8> {
                     seed: a.run.seed,
                     quiet: a.run.quiet,
                     memory_budget: a.budget.memory_budget,
+                    trajectories: a.trajectories.given(&a.replay),
                 },
                 command_line: command_line(),
             })?;

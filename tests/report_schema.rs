@@ -257,6 +257,27 @@ fn drafter_and_triage_reports_validate() {
     v.check("triage --json", &t);
     v.check_def("triage_report", "triage --json", &t);
     assert_eq!(t["kind"], "triage");
+    // On supplied trajectories (one of them tampered, so a departure is
+    // listed): both reports carry the trajectory member.
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("t.jsonl");
+    std::fs::write(
+        &f,
+        "{\"prompt\": \"count 347: 347 348\", \"output\": \" 349 350 351 352 353 354 355 356 357\"}\n\
+         {\"prompt_ids\": [3, 4, 5], \"output_ids\": [6, 7, 8, 9, 10, 11, 12, 13, 14]}\n",
+    )
+    .unwrap();
+    let given = ["--trajectories", f.to_str().unwrap(), "--json", "--quiet"];
+    let (code, out, err) = hsparity(&[&["drafter"][..], &pair, &given].concat());
+    assert!(code == 0 || code == 1, "{err}");
+    let d = json(&out, "drafter --trajectories --json");
+    v.check_def("drafter_report", "drafter --trajectories --json", &d);
+    assert!(d["trajectories"]["paths"].is_array());
+    let (code, out, err) = hsparity(&[&["triage"][..], &pair, &given, &["--no-report"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let t = json(&out, "triage --trajectories --json");
+    v.check_def("triage_report", "triage --trajectories --json", &t);
+    assert!(t["trajectories"]["paths"][0]["checked"].as_u64().unwrap() > 0);
 }
 
 /// `prompts --json` (passing, and failing with prompts a run would refuse)

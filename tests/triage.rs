@@ -36,6 +36,7 @@ fn run() -> TriageReport {
             seed: 0,
             quiet: true,
             memory_budget: None,
+            trajectories: None,
         },
         command_line: String::new(),
     })

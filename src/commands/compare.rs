@@ -60,19 +60,26 @@ pub fn run(opts: &CompareOptions) -> Result<CompareReport> {
             opts.paths.len()
         )));
     }
-    let session = Session::open(&opts.target, &opts.paths)?;
+    let mut session = Session::open(&opts.target, &opts.paths)?;
     // The drafter is loaded and checked (config, taps, mask id, weights,
-    // positions) before the capture, and evaluated after it on this session.
+    // positions, supplied trajectories) before the capture, and evaluated
+    // after it on this session.
     let drafter = match &opts.drafter {
         Some(d) => {
             drafter::check_tau_gap(d.max_tau_gap)?;
-            let (dr, dprec) = drafter::load_checked(&session, &d.source, d.replay, 0)?;
-            Some((d, dr, dprec))
+            let given = drafter::attach_trajectories(
+                &mut session,
+                d.trajectories.as_ref(),
+                opts.target.prompts.names_prompts(),
+            )?;
+            let (dr, dprec, given) =
+                drafter::load_checked(&session, &d.source, d.replay, 0, given)?;
+            Some((d, dr, dprec, given))
         }
         None => None,
     };
     let taps = match (&drafter, opts.taps.is_empty()) {
-        (Some((_, dr, _)), true) => dr.cfg.target_layer_ids.clone(),
+        (Some((_, dr, _, _)), true) => dr.cfg.target_layer_ids.clone(),
         _ => opts.taps.clone(),
     };
     check_taps(&taps, session.spec.num_layers())?;
@@ -96,9 +103,16 @@ pub fn run(opts: &CompareOptions) -> Result<CompareReport> {
         ));
     }
     let drafter = match drafter {
-        Some((d, dr, dprec)) => {
-            let (eval, dnotes) =
-                drafter::paths::evaluate(&session, &dr, dprec, d, opts.dtype, opts.quiet)?;
+        Some((d, dr, dprec, given)) => {
+            let (eval, dnotes) = drafter::paths::evaluate(
+                &session,
+                &dr,
+                dprec,
+                d,
+                given.as_ref(),
+                opts.dtype,
+                opts.quiet,
+            )?;
             let env = Environment::of_session(&session, GdnForm::Chunked)?;
             let rep = crate::report::drafter::build(eval, env, opts.command_line.clone(), dnotes);
             append_drafter(&rep, &mut verdict, &mut summary);
@@ -350,7 +364,7 @@ fn append_drafter(d: &DrafterReport, verdict: &mut Verdict, summary: &mut String
     summary.push_str(&format!("; drafter τ {}", taus.join(" → ")));
     if d.verdict != Verdict::Pass {
         *verdict = Verdict::Fail;
-        summary.push_str(&format!(" (gap {:.3} > {})", d.tau_gap, d.max_tau_gap));
+        summary.push_str(&format!(" ({})", d.failures().join("; ")));
     }
 }
 

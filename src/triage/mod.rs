@@ -21,6 +21,7 @@ use crate::drafter::eval::{self, EndRule, PromptTau};
 use crate::drafter::paths::plan_for;
 use crate::drafter::plan::Residency;
 use crate::drafter::target::TargetModel;
+use crate::drafter::trajectories::{Given, GivenFile, PathDepartures, TrajectoryReport};
 use crate::drafter::{load_checked, Replay};
 use crate::error::Result;
 use crate::loading::resident::Resident;
@@ -50,6 +51,8 @@ pub struct TriageSettings {
     pub quiet: bool,
     /// `--memory-budget` (see [`crate::drafter::plan::MemoryPlan`]).
     pub memory_budget: Option<u64>,
+    /// `--trajectories`: every variant measured on supplied greedy outputs.
+    pub trajectories: Option<GivenFile>,
 }
 
 /// One suspect's outcome (a `variants[]` row of `triage --json`).
@@ -82,6 +85,11 @@ pub struct VariantResult {
     /// The other runs that shared those sweeps (batched as extra sequences).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shared_sweeps_with: Vec<String>,
+    /// With `--trajectories`: where this variant's argmax leaves the given
+    /// tokens (absent for variants reading the baseline's forward, whose
+    /// logits are the baseline's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub departures: Option<PathDepartures>,
 }
 
 /// The baseline the variants are measured against.
@@ -114,6 +122,9 @@ pub struct Triage {
     pub variants: Vec<VariantResult>,
     /// `--observed-tau`.
     pub observed_tau: Option<f64>,
+    /// The supplied trajectories and the baseline's departures from them
+    /// (`None` when every variant generated its own).
+    pub trajectories: Option<TrajectoryReport>,
     /// Whole run, seconds.
     pub wall_time_s: f64,
 }
@@ -210,16 +221,28 @@ fn plan(
 /// result, its summary sentence and notes. Suspects that read the same
 /// weights in the same dtype with the same lm_head as another run share its
 /// sweeps (extra sequences in the same DFlash loop); tap suspects read the
-/// baseline's forward.
+/// baseline's forward. With `given` trajectories (read into the session by
+/// [`crate::drafter::attach_trajectories`]) every variant is measured on
+/// them: one teacher-forced sweep per group, no generation.
 ///
 /// Errors: as the drafter loading ([`load_checked`]) and the model runs.
-pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, String, Vec<String>)> {
+pub fn run(
+    session: &Session,
+    settings: &TriageSettings,
+    given: Option<Given>,
+) -> Result<(Triage, String, Vec<String>)> {
     let t0 = Instant::now();
     let replay = Replay {
         rule: EndRule::GithubMain,
         ..settings.replay
     };
-    let (drafter, _) = load_checked(session, &settings.drafter, replay, settings.position_shift)?;
+    let (drafter, _, given) = load_checked(
+        session,
+        &settings.drafter,
+        replay,
+        settings.position_shift,
+        given,
+    )?;
     let mut notes = Vec::new();
     let base_path = &session.paths[0];
     let base_prec = base_path.dtype;
@@ -264,6 +287,7 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         &session.prompt_ids(),
         replay,
         &names,
+        given.as_ref(),
         settings.quiet,
     )?;
     let b = drafter.cfg.block_size;
@@ -315,17 +339,38 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
             wall_s: o.wall_s,
             sweeps: o.sweeps,
             shared_sweeps_with: ran.shared[i].clone(),
+            departures: given
+                .as_ref()
+                .filter(|_| !matches!(recipes[i], Recipe::Taps(_)))
+                .map(|g| PathDepartures::new(&s.name(), checked(g), &o.departures)),
         });
     }
     variants.sort_by(|a, b| b.delta_tau.abs().total_cmp(&a.delta_tau.abs()));
-    let summary = summarize(&baseline, &variants, settings.observed_tau);
+    let mut summary = summarize(&baseline, &variants, settings.observed_tau);
+    let trajectories = given.as_ref().map(|g| {
+        let base = PathDepartures::new("baseline", checked(g), &ran.baseline.departures);
+        notes.push(format!(
+            "τ of every variant is measured on the supplied trajectories, not on its own greedy continuation; {}",
+            base.describe()
+        ));
+        if base.first_failure.is_some() {
+            summary.push_str("; the given trajectory is not the baseline's greedy output");
+        }
+        TrajectoryReport::new(g, vec![base])
+    });
     let triage = Triage {
         baseline,
         variants,
         observed_tau: settings.observed_tau,
+        trajectories,
         wall_time_s: t0.elapsed().as_secs_f64(),
     };
     Ok((triage, summary, notes))
+}
+
+/// Output positions of the supplied trajectories (each is checked).
+fn checked(g: &Given) -> usize {
+    g.lines.iter().map(|t| t.output.len()).sum()
 }
 
 /// The summary sentence: the baseline τ, the costliest suspects, and those
