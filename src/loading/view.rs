@@ -51,7 +51,14 @@ pub struct TensorView {
     /// NaN/Inf counts of every checkpoint tensor scanned so far, by key (shared
     /// by clones): each key is scanned once, however often it is read.
     non_finite: Arc<Mutex<BTreeMap<String, NonFinite>>>,
+    /// Randomly initialised MISSING tensors, generated once per compute
+    /// dtype and held in it (what transformers holds), shared by clones: the
+    /// LM head's vocabulary chunks and embedding rows read them.
+    made: Arc<Mutex<MadeTensors>>,
 }
+
+/// MISSING tensors as generated, by name and compute dtype.
+type MadeTensors = HashMap<(String, Precision), Tensor>;
 
 impl TensorView {
     /// A view over `weights` with `(name, origin)` entries in state-dict order.
@@ -64,6 +71,7 @@ impl TensorView {
             seed: None,
             device: Device::Cpu,
             non_finite: Arc::default(),
+            made: Arc::default(),
         }
     }
 
@@ -238,6 +246,24 @@ impl TensorView {
         }
     }
 
+    /// MISSING tensor `name` initialised ([`init_tensor`]) and rounded to
+    /// `prec`, held in `prec`'s dtype (exact: the rounded values are
+    /// representable) on the view's device; generated on first use.
+    ///
+    /// Errors: as [`init_tensor`].
+    fn made(&self, name: &str, prec: Precision) -> Result<Tensor> {
+        let key = (name.to_string(), prec);
+        if let Some(t) = self.made.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(t);
+        }
+        // `tensor` places it; the cast to `prec` is exact after rounding.
+        let t = prec.round(&self.tensor(name)?)?.to_dtype(prec.dtype())?;
+        if let Ok(mut m) = self.made.lock() {
+            m.insert(key, t.clone());
+        }
+        Ok(t)
+    }
+
     /// Counts NaN/Inf of the whole tensor `key` from the mapped bytes (used when
     /// only part of it is materialised: embedding rows, LM-head chunks).
     fn scan_key_bytes(&self, key: &str) -> Result<()> {
@@ -294,7 +320,10 @@ impl WeightSource for TensorView {
                 self.scan_key_bytes(key)?;
                 self.place(self.weights.load_rows(key, ids, Some(prec))?)
             }
-            None => crate::loading::select_rows(&prec.round(&self.tensor(name)?)?, name, ids),
+            None => Ok(
+                crate::loading::select_rows(&self.made(name, prec)?, name, ids)?
+                    .to_dtype(candle_core::DType::F32)?,
+            ),
         }
     }
 
@@ -308,7 +337,10 @@ impl WeightSource for TensorView {
                 }
                 self.place(self.weights.load_row_range(key, start, len, Some(prec))?)
             }
-            None => Ok(prec.round(&self.tensor(name)?)?.narrow(0, start, len)?),
+            None => Ok(self
+                .made(name, prec)?
+                .narrow(0, start, len)?
+                .to_dtype(candle_core::DType::F32)?),
         }
     }
 
