@@ -263,7 +263,8 @@ pub struct Imported {
     pub hidden_size: usize,
     /// N, when known (from the options).
     pub num_layers: Option<usize>,
-    /// The dtype the engine stored (`bf16`, `f32`, `f16`, or `json-float` for SGLang JSON).
+    /// The dtype the engine stored (`bf16`, `f32`, `f16`, `f64`; SGLang JSON floats: `bf16` when every
+    /// value is a bf16 value, as `tensor.tolist()` of a bf16 tensor gives, else `json-float`).
     pub stored_dtype: String,
     /// Trailing rows removed, per prompt that had any.
     pub trimmed: Vec<Trim>,
