@@ -43,7 +43,7 @@ enum Command {
     Inventory(InventoryArgs),
     /// Run the same prompts through loading paths in lock-step; per-layer parity.
     Compare(CompareArgs),
-    /// Compare two dumps (hsparity.dump.v1, from hsparity or tools/dump_hidden_states.py).
+    /// Compare two dumps (hsparity.dump.v1, from hsparity, tools/dump_hidden_states.py or `import`).
     Diff(DiffArgs),
     /// DFlash drafter acceptance length τ (and DDTree-N) on each loading path.
     Drafter(DrafterArgs),
@@ -333,6 +333,9 @@ struct DiffArgs {
     /// Compare a's hidden_states[i] with b's hidden_states[i + OFFSET] (the other tap convention: ±1).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     tap_offset: i64,
+    /// For every hidden_states index of b, find the index of a it matches best (cosine) and report the offset.
+    #[arg(long)]
+    align: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -490,6 +493,7 @@ pub fn run(cli: Cli) -> Result<u8> {
                 a: a.a,
                 b: a.b,
                 tap_offset: a.tap_offset,
+                align: a.align,
                 command_line: command_line(),
             })?;
             finish(&rep, a.json, folder)

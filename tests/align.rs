@@ -24,8 +24,7 @@ fn golden_p0() -> BTreeMap<usize, Vec<Tensor>> {
     g.prompts[0]
         .hidden_states
         .iter()
-        .enumerate()
-        .map(|(i, t)| (i, vec![t.clone()]))
+        .map(|(&i, t)| (i, vec![t.clone()]))
         .collect()
 }
 

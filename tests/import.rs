@@ -32,7 +32,7 @@ fn golden() -> Dump {
 
 /// Golden `hidden_states[i]` of prompt k.
 fn gold(g: &Dump, k: usize, i: usize) -> &Tensor {
-    &g.prompts[k].hidden_states[i]
+    &g.prompts[k].hidden_states[&i]
 }
 
 /// Golden `last_layer_output` of prompt k.
@@ -42,7 +42,10 @@ fn gold_last(g: &Dump, k: usize) -> &Tensor {
 
 /// Golden `input_ids` of prompt k.
 fn gold_ids(g: &Dump, k: usize) -> Vec<i64> {
-    g.prompts[k].input_ids.clone()
+    g.prompts[k]
+        .input_ids
+        .clone()
+        .expect("the golden holds its ids")
 }
 
 fn opts(m: &Value) -> ImportOptions {

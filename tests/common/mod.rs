@@ -274,6 +274,21 @@ pub fn relative_max_abs(m: &hsparity::parity::Metrics) -> f64 {
     m.max_abs / m.max_ref_abs.max(1.0)
 }
 
+/// Asserts two prompts of dumps hold the same `hidden_states` indices; returns
+/// `(index, a, b)` in index order.
+pub fn paired_states<'a>(
+    what: &str,
+    a: &'a std::collections::BTreeMap<usize, candle_core::Tensor>,
+    b: &'a std::collections::BTreeMap<usize, candle_core::Tensor>,
+) -> Vec<(usize, &'a candle_core::Tensor, &'a candle_core::Tensor)> {
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "{what}: hidden_states indices differ"
+    );
+    a.iter().map(|(i, x)| (*i, x, &b[i])).collect()
+}
+
 /// Asserts two lists have the same length before they are zipped.
 pub fn same_len<A, B>(what: &str, a: &[A], b: &[B]) {
     assert_eq!(a.len(), b.len(), "{what}: lengths differ");
