@@ -3,14 +3,17 @@
 //! place each flag is parsed into a typed value ([`LoadingPath`],
 //! [`Precision`], [`GdnForm`], [`EndRule`], [`DeviceSpec`]). An unknown
 //! value is a clap error (exit 2). [`run`] dispatches to [`crate::commands`]
-//! and prints or writes what comes back; `main.rs` only calls it.
+//! and prints or writes what comes back; `main.rs` only calls it. The
+//! engine-capture flags (`import`, `drafter --features`) are in `engines`.
+
+mod engines;
 
 use std::path::PathBuf;
 
 use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::commands::{compare, diff, drafter, dump, inventory, triage};
+use crate::commands::{compare, diff, drafter, dump, features, inventory, triage};
 use crate::device::DeviceSpec;
 use crate::drafter::eval::EndRule;
 use crate::drafter::{DrafterSettings, Replay};
@@ -51,6 +54,8 @@ enum Command {
     Triage(TriageArgs),
     /// Write one loading path's hidden states to safetensors (hsparity.dump.v1, see README).
     Dump(DumpArgs),
+    /// Convert an engine's hidden states (SpecForge, vLLM, SGLang) to a dump, layer indices mapped to transformers'.
+    Import(engines::ImportArgs),
 }
 
 impl ValueEnum for LoadingPath {
@@ -367,6 +372,8 @@ struct DrafterArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
+    features: engines::FeaturesArgs,
+    #[command(flatten)]
     run: RunArgs,
 }
 
@@ -499,15 +506,27 @@ pub fn run(cli: Cli) -> Result<u8> {
             finish(&rep, a.json, folder)
         }
         Command::Drafter(a) => {
-            let rep = drafter::run(&drafter::DrafterOptions {
+            let opts = drafter::DrafterOptions {
                 target: a.target.target(&a.run)?,
                 paths: distinct(a.paths)?,
                 dtype: a.dtype.0,
                 drafter: a.eval.settings(a.drafter),
                 quiet: a.run.quiet,
                 command_line: command_line(),
-            })?;
-            finish(&rep, a.json, None)
+            };
+            match a.features.features {
+                Some(file) => {
+                    let (format, read) = a.features.read.options();
+                    let rep = features::run(&features::FeaturesOptions {
+                        drafter: opts,
+                        features: file,
+                        format,
+                        read,
+                    })?;
+                    finish(&rep, a.json, None)
+                }
+                None => finish(&drafter::run(&opts)?, a.json, None),
+            }
         }
         Command::Triage(a) => {
             let folder = a
@@ -547,5 +566,6 @@ pub fn run(cli: Cli) -> Result<u8> {
             );
             Ok(0)
         }
+        Command::Import(a) => engines::run_import(a),
     }
 }

@@ -6,5 +6,7 @@ pub mod compare;
 pub mod diff;
 pub mod drafter;
 pub mod dump;
+pub mod features;
+pub mod import;
 pub mod inventory;
 pub mod triage;
