@@ -59,6 +59,8 @@ pub struct DumpComparison {
     pub skipped: Skipped,
     /// False when a dump has no `input_ids` (then equal lengths were required).
     pub inputs_verified: bool,
+    /// True when a dump does not hold every index 0..=N (an engine's capture).
+    pub partial: bool,
     /// `--align`: for every index of `b`, the index of `a` it matches best.
     pub alignment: Option<Alignment>,
     /// What the reader should know (skipped indices, unverified inputs), one line each.
@@ -284,8 +286,15 @@ pub fn compare_dumps(
         .align
         .then(|| align(&rows_by_index(a), &rows_by_index(b)))
         .transpose()?;
-    let notes = notes_of(&pair, &skipped, (a, b), (a_name, b_name), last);
+    let partial = !(a.is_full() && b.is_full());
+    let shown = if partial {
+        skipped.clone()
+    } else {
+        Skipped::default()
+    };
+    let notes = notes_of(&pair, &shown, (a, b), (a_name, b_name), last);
     Ok(DumpComparison {
+        partial,
         pair,
         tap_offset,
         lower_dtype: lower,

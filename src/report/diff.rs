@@ -79,7 +79,7 @@ fn partial_summary(c: &DumpComparison) -> String {
         s.push_str(&format!("; last_layer_output {}", v.as_str()));
     }
     let n = c.skipped.a.len() + c.skipped.b.len();
-    if n > 0 {
+    if n > 0 && c.partial {
         s.push_str(&format!("; {n} indices held by one dump only skipped"));
     }
     if !c.inputs_verified {
