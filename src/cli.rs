@@ -525,6 +525,11 @@ pub fn run(cli: Cli) -> Result<u8> {
                     })?;
                     finish(&rep, a.json, None)
                 }
+                None if a.features.read.any() => Err(Error::Input(
+                    "--format, --target-layer-ids, --layer-ids, --keep-padding and --rank say how to read \
+                     --features FILE; give --features"
+                        .into(),
+                )),
                 None => finish(&drafter::run(&opts)?, a.json, None),
             }
         }

@@ -48,6 +48,15 @@ pub(super) struct ReadArgs {
 }
 
 impl ReadArgs {
+    /// True when any of these flags was given.
+    pub(super) fn any(&self) -> bool {
+        self.format.is_some()
+            || !self.target_layer_ids.is_empty()
+            || !self.layer_ids.is_empty()
+            || self.keep_padding
+            || self.rank.is_some()
+    }
+
     /// The format and the reader options these flags give.
     pub(super) fn options(&self) -> (Option<Format>, ImportOptions) {
         let list = |v: &Vec<usize>| (!v.is_empty()).then(|| v.clone());
