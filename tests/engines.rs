@@ -435,6 +435,16 @@ fn bad_engine_input_exits_2_with_one_line_naming_the_file_and_the_key() {
         e.contains("--features") && e.contains("--prompt-ids"),
         "{e}"
     );
+    // reading flags without --features
+    let e = refused(&[
+        "drafter",
+        TOY_TARGET,
+        "--drafter",
+        TOY_DRAFTER,
+        "--layer-ids",
+        "1",
+    ]);
+    assert!(e.contains("give --features"), "{e}");
 }
 
 #[test]
