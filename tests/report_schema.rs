@@ -3,7 +3,9 @@
 //! `compare` on the tiny checkpoint and on every divergence fixture, the files
 //! `compare` writes, `compare --drafter` on the toy pair, a run with NaN
 //! weights (metrics written as null), `diff` of two dumps, `drafter` and
-//! `triage`, `prompts` and runs on chat-templated prompts, and the committed
+//! `triage` (also on supplied trajectories), `prompts` and runs on
+//! chat-templated prompts, the engine-capture reports (`import`, `diff
+//! --align` on an imported dump, `drafter --features`), and the committed
 //! examples.
 
 mod common;
@@ -343,4 +345,92 @@ fn templated_prompt_reports_validate() {
     );
     assert_eq!(d["environment"]["enable_thinking"], "false");
     assert!(d["environment"]["chat_template"]["sha256"].is_string());
+}
+
+/// The engine-capture reports: `import --json` (every format), `diff --align`
+/// on an imported partial dump, and `drafter --features` on the toy pair's records.
+#[test]
+fn engine_capture_reports_validate() {
+    let v = Validator::new(&["import_report", "diff_report", "drafter_report"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("vllm.safetensors");
+    let out_s = out.to_str().unwrap();
+    let m = common::captures::manifest();
+    let n = common::captures::n_tiny(&m).to_string();
+    let ids = common::captures::usizes(&m["vllm"]["eagle_aux_hidden_state_layer_ids"])
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let vllm = "fixtures/engine-captures/vllm/0.safetensors";
+    let (code, stdout, err) = hsparity(&[
+        "import",
+        vllm,
+        "--layer-ids",
+        &ids,
+        "--num-layers",
+        &n,
+        "--out",
+        out_s,
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r = json(&stdout, "import --json");
+    v.check("import --json", &r);
+    v.check_def("import_report", "import --json", &r);
+    assert_eq!(r["kind"], "import");
+    // a dump of prompt 0 from hsparity itself, against the partial engine dump, with --align
+    let ids0 = m["sglang_dump"]["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let ours = tmp.path().join("ours.safetensors");
+    let (code, _, err) = hsparity(&[
+        "dump",
+        "fixtures/tiny-qwen3_5",
+        "--path",
+        "causal-lm",
+        "--prompt-ids",
+        &ids0,
+        "--out",
+        ours.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, stdout, err) = hsparity(&[
+        "diff",
+        ours.to_str().unwrap(),
+        out_s,
+        "--align",
+        "--json",
+        "--no-report",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let d = json(&stdout, "diff --align --json");
+    v.check("diff --align --json", &d);
+    v.check_def("diff_report", "diff --align --json", &d);
+    assert!(d["alignment"]["rows"]
+        .as_array()
+        .is_some_and(|r| !r.is_empty()));
+    assert!(d["pairs"][0]["last_layer_output"].is_object());
+    let (code, stdout, err) = hsparity(&[
+        "drafter",
+        "fixtures/toy-pair/target",
+        "--drafter",
+        "fixtures/toy-pair/drafter",
+        "--features",
+        "fixtures/engine-captures/toy-pair-specforge",
+        "--max-new-tokens",
+        "8",
+        "--json",
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let f = json(&stdout, "drafter --features --json");
+    v.check("drafter --features --json", &f);
+    v.check_def("drafter_report", "drafter --features --json", &f);
+    assert_eq!(f["features"]["format"], "specforge");
 }

@@ -1,10 +1,12 @@
 //! DFlash drafter evaluation: loading a drafter against a target and the
 //! checks that must pass before a long run ([`load_checked`]), the target's
-//! tap features ([`features`]), the replay of DFlash and DDTree on a
+//! tap features ([`fn@features`]), the replay of DFlash and DDTree on a
 //! trajectory ([`replay_all`], over [`eval`]), and τ on every loading path of
-//! a session ([`paths::evaluate`]).
+//! a session ([`paths::evaluate`]), and τ on captured features next to the
+//! paths' own ([`features::evaluate`], `drafter --features`).
 
 pub mod eval;
+pub mod features;
 pub mod generate;
 pub mod paths;
 pub mod plan;

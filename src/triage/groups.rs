@@ -129,17 +129,7 @@ pub fn run_group(
         .chain([Capture::Tap(n - 1)])
         .collect();
     let tap_caps: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();
-    let mut seqs = Vec::new();
-    for l in &g.lanes {
-        for (t, &pl) in base_tokens.iter().zip(&lens) {
-            seqs.push(Forced {
-                tokens: t,
-                prompt_len: pl,
-                form: l.form,
-                decode_shift: l.decode_shift,
-            });
-        }
-    }
+    let seqs = forced_lanes(&g.lanes, &base_tokens, &lens);
     let own_base = base.is_none();
     let caps = if own_base { &all } else { &tap_caps };
     let outs = teacher_forced(&g.target, &seqs, caps, given.is_some())?;
@@ -208,6 +198,21 @@ pub fn run_group(
     let wall = t0.elapsed().as_secs_f64();
     outcomes.iter_mut().for_each(|o| o.wall_s = wall);
     Ok((outcomes, new_base))
+}
+
+/// Every lane × prompt as a teacher-forced sequence over `tokens`.
+fn forced_lanes<'t>(lanes: &[LaneSpec], tokens: &'t [Vec<u32>], lens: &[usize]) -> Vec<Forced<'t>> {
+    lanes
+        .iter()
+        .flat_map(|l| {
+            tokens.iter().zip(lens).map(move |(t, &pl)| Forced {
+                tokens: t,
+                prompt_len: pl,
+                form: l.form,
+                decode_shift: l.decode_shift,
+            })
+        })
+        .collect()
 }
 
 /// A suspect's weights and head as a [`TargetModel`] (`base`: the

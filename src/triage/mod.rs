@@ -246,33 +246,17 @@ pub fn run(
     let mut notes = Vec::new();
     let base_path = &session.paths[0];
     let base_prec = base_path.dtype;
-    let mem = plan_for(session, &drafter, settings.memory_budget);
-    let resident = |view: &crate::loading::TensorView| -> Result<Option<Resident>> {
-        match mem.mode {
-            Residency::Resident => Resident::load(view, view.names()).map(Some),
-            Residency::Streamed => Ok(None),
-        }
-    };
-    let resident_base = resident(&base_path.view)?;
-    let base_w: &dyn WeightSource = match &resident_base {
-        Some(r) => r,
-        None => &base_path.view,
-    };
     let suspects = plan(session, &drafter, base_prec, settings, &mut notes);
     let recipes: Vec<Recipe> = suspects
         .iter()
         .map(|s| s.recipe(session, base_prec, settings.seed))
         .collect::<Result<_>>()?;
-    let residents: Vec<Option<Resident>> = recipes
-        .iter()
-        .map(|r| match r {
-            Recipe::Model {
-                weights: Weights::Path(p),
-                ..
-            } => resident(&p.view),
-            _ => Ok(None),
-        })
-        .collect::<Result<_>>()?;
+    let mem = plan_for(session, &drafter, settings.memory_budget);
+    let (resident_base, residents) = hold(mem.mode, &base_path.view, &recipes)?;
+    let base_w: &dyn WeightSource = match &resident_base {
+        Some(r) => r,
+        None => &base_path.view,
+    };
     let base_target = TargetModel {
         spec: &session.spec,
         weights: base_w,
@@ -312,38 +296,21 @@ pub fn run(
         &mut outcomes,
         &mut notes,
     )?;
-    let h = base_path.text_config.hidden_size;
-    let tol = Tolerance::for_precision(base_prec);
+    let ctx = Measured {
+        base: &ran.base,
+        taps: &drafter.cfg.target_layer_ids,
+        h: base_path.text_config.hidden_size,
+        tol: Tolerance::for_precision(base_prec),
+        b: drafter.cfg.block_size,
+        baseline_tau: baseline.tau_macro,
+        observed: settings.observed_tau,
+        given: given.as_ref(),
+    };
     let mut variants = Vec::new();
     for (i, s) in suspects.iter().enumerate() {
-        let Some(o) = &outcomes[i] else { continue };
-        let (first_divergent, cos_min_at_taps) = tap_divergence(
-            &o.feats_on_base,
-            &ran.base.feats,
-            &drafter.cfg.target_layer_ids,
-            h,
-            &tol,
-        )?;
-        let tau_v = tau(&o.dflash, b);
-        variants.push(VariantResult {
-            name: s.name(),
-            description: s.description(),
-            first_divergent,
-            cos_min_at_taps,
-            tau_macro: tau_v,
-            delta_tau: tau_v - baseline.tau_macro,
-            ddtree_tau_macro: tau(&o.ddtree, b),
-            consistent_with_observed: settings
-                .observed_tau
-                .map(|o| (tau_v - o).abs() <= 0.25f64.max(0.1 * o)),
-            wall_s: o.wall_s,
-            sweeps: o.sweeps,
-            shared_sweeps_with: ran.shared[i].clone(),
-            departures: given
-                .as_ref()
-                .filter(|_| !matches!(recipes[i], Recipe::Taps(_)))
-                .map(|g| PathDepartures::new(&s.name(), checked(g), &o.departures)),
-        });
+        if let Some(o) = &outcomes[i] {
+            variants.push(ctx.result(s, &recipes[i], o, &ran.shared[i])?);
+        }
     }
     variants.sort_by(|a, b| b.delta_tau.abs().total_cmp(&a.delta_tau.abs()));
     let mut summary = summarize(&baseline, &variants, settings.observed_tau);
@@ -366,6 +333,86 @@ pub fn run(
         wall_time_s: t0.elapsed().as_secs_f64(),
     };
     Ok((triage, summary, notes))
+}
+
+/// Holds the baseline's weights and each other loading path's resident in
+/// their stored dtype under a resident plan (another path shares every
+/// tensor it reads from the same checkpoint key), or none under a streamed
+/// one.
+///
+/// Errors: shard I/O.
+fn hold(
+    mode: Residency,
+    base: &crate::loading::TensorView,
+    recipes: &[Recipe],
+) -> Result<(Option<Resident>, Vec<Option<Resident>>)> {
+    if mode == Residency::Streamed {
+        return Ok((None, recipes.iter().map(|_| None).collect()));
+    }
+    let b = Resident::load(base, base.names())?;
+    let others = recipes
+        .iter()
+        .map(|r| match r {
+            Recipe::Model {
+                weights: Weights::Path(p),
+                ..
+            } => Resident::load_sharing(&p.view, p.view.names(), Some(&b)).map(Some),
+            _ => Ok(None),
+        })
+        .collect::<Result<_>>()?;
+    Ok((Some(b), others))
+}
+
+/// What a variant's result is measured against.
+struct Measured<'a> {
+    base: &'a groups::Base,
+    taps: &'a [usize],
+    h: usize,
+    tol: Tolerance,
+    b: usize,
+    baseline_tau: f64,
+    observed: Option<f64>,
+    given: Option<&'a Given>,
+}
+
+impl Measured<'_> {
+    /// Suspect `s`'s row from its outcome `o` (`shared`: the runs it shared
+    /// sweeps with).
+    fn result(
+        &self,
+        s: &Suspect,
+        recipe: &Recipe,
+        o: &groups::Outcome,
+        shared: &[String],
+    ) -> Result<VariantResult> {
+        let (first_divergent, cos_min_at_taps) = tap_divergence(
+            &o.feats_on_base,
+            &self.base.feats,
+            self.taps,
+            self.h,
+            &self.tol,
+        )?;
+        let tau_v = tau(&o.dflash, self.b);
+        Ok(VariantResult {
+            name: s.name(),
+            description: s.description(),
+            first_divergent,
+            cos_min_at_taps,
+            tau_macro: tau_v,
+            delta_tau: tau_v - self.baseline_tau,
+            ddtree_tau_macro: tau(&o.ddtree, self.b),
+            consistent_with_observed: self
+                .observed
+                .map(|x| (tau_v - x).abs() <= 0.25f64.max(0.1 * x)),
+            wall_s: o.wall_s,
+            sweeps: o.sweeps,
+            shared_sweeps_with: shared.to_vec(),
+            departures: self
+                .given
+                .filter(|_| !matches!(recipe, Recipe::Taps(_)))
+                .map(|g| PathDepartures::new(&s.name(), checked(g), &o.departures)),
+        })
+    }
 }
 
 /// Output positions of the supplied trajectories (each is checked).
