@@ -89,8 +89,8 @@ What it writes
       tie row), the router's softmax / top-k / renormalisation / cast order against alternatives, ``grouped_mm``
       against a per-expert GEMM + f32 sum and against the eager loop, the experts implementation picked.
 
-``fixtures/qwen3.5-35b-a3b/`` -- ``config.json`` and ``tensors.json`` copied from the shared research data (the
-    published Qwen3.5-35B-A3B layout, 1811 tensors), and ``expected_counts.json``: per layout (the published
+``fixtures/qwen3.5-35b-a3b/`` -- reads the committed ``config.json`` (the published Qwen3.5-35B-A3B config) and
+    ``tensors.json`` (the published layout's names, dtypes and shapes, 1811 tensors) and writes ``expected_counts.json``: per layout (the published
     one; fused MTP; per-expert everything, each derived from the tensor list by LAYOUT_RULES) and per Auto
     class, the counts transformers gives on the meta device (``meta_counts``): state-dict tensors, checkpoint
     keys consumed / converted / converted-then-dropped / dropped / unexpected, missing, parameters converted,
@@ -1308,14 +1308,9 @@ def derive_35b_layout(specs: list, layout: str) -> list:
 
 
 def make_35b() -> dict | None:
-    src = REPO.parent / "shared" / "data" / "qwen3.5-35b-a3b"
     dst = REPO / A35_REL
-    if src.is_dir():
-        dst.mkdir(parents=True, exist_ok=True)
-        for name in ("config.json", "tensors.json"):
-            shutil.copyfile(src / name, dst / name)
     if not (dst / "tensors.json").exists():
-        log("35B-A3B reference data not found; expected_counts.json not regenerated")
+        log("fixtures/qwen3.5-35b-a3b/tensors.json not found; expected_counts.json not regenerated")
         return None
     cfg = AutoConfig.from_pretrained(str(dst))
     t = json.loads((dst / "tensors.json").read_text())
