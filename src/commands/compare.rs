@@ -188,7 +188,9 @@ fn paths_as_run(
                 tie: p.inventory.tied_lm_head,
                 lm_head: match p.view.origin("lm_head.weight") {
                     None => LmHeadOrigin::None,
-                    Some(WeightOrigin::Checkpoint { .. }) => LmHeadOrigin::Checkpoint,
+                    Some(WeightOrigin::Checkpoint { .. } | WeightOrigin::Converted { .. }) => {
+                        LmHeadOrigin::Checkpoint
+                    }
                     Some(WeightOrigin::Tied { key }) => LmHeadOrigin::Tied(key.clone()),
                     Some(WeightOrigin::Missing { init, .. }) => {
                         LmHeadOrigin::Missing(init.to_string())
@@ -290,11 +292,14 @@ fn attach_non_finite(session: &Session, paths_run: &mut [PathRun], notes: &mut V
             .view
             .names()
             .iter()
-            .filter_map(|n| match p.view.origin(n) {
+            .flat_map(|n| match p.view.origin(n) {
                 Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
-                    Some(key.as_str())
+                    vec![key.as_str()]
                 }
-                _ => None,
+                Some(WeightOrigin::Converted { param }) => {
+                    param.sources.iter().map(String::as_str).collect()
+                }
+                _ => Vec::new(),
             })
             .collect();
         run.non_finite_weights = seen

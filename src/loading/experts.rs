@@ -50,6 +50,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
 use candle_core::{Device, Tensor};
+use serde::Serialize;
 
 use crate::checkpoint::{TensorHeader, Weights};
 use crate::error::{Error, Result};
@@ -80,7 +81,8 @@ impl ConversionScope {
 }
 
 /// One of the two expert `WeightConverter`s of `mapping["qwen2_moe"]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FusionRule {
     /// gate and up projections → `mlp.experts.gate_up_proj` `[E, 2I, H]`.
     GateUp,
@@ -114,7 +116,7 @@ impl FusionRule {
 }
 
 /// One fused expert parameter of a [`ConversionPlan`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FusedParam {
     /// Its name in checkpoint naming: the per-expert keys' prefix +
     /// `mlp.experts.gate_up_proj` / `mlp.experts.down_proj`.

@@ -155,6 +155,9 @@ fn inventory(report: &CompareReport) -> String {
                 None => md.push_str(&format!("  - rule `{rule}`\n")),
             }
         }
+        if let Some(c) = &p.converted {
+            md.push_str(&format!("  - {}\n", c.describe()));
+        }
         for (label, names) in [
             ("unexpected (dropped, reported)", &p.unexpected_names),
             ("missing (newly initialised)", &p.missing_names),

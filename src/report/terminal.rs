@@ -28,11 +28,15 @@ pub fn render(report: &CompareReport) -> String {
     }
     for p in &report.inventory.paths {
         out.push_str(&format!(
-            "  {:<20} inventory: {} tensors = {} consumed + {} missing; {} dropped by rule, {} unexpected{}\n",
+            "  {:<20} inventory: {} tensors = {} consumed + {} missing; {}{} dropped by rule, {} unexpected{}\n",
             p.name,
             p.tensors,
             p.consumed,
             p.missing,
+            p.converted
+                .as_ref()
+                .map(|c| format!("converted {} keys → {} params; ", c.checkpoint_keys, c.parameters))
+                .unwrap_or_default(),
             p.dropped_by_rule,
             p.unexpected,
             if p.unexpected_names.is_empty() {

@@ -2,6 +2,8 @@
 //! the `hsparity` command, and the one closeness check with named tolerances.
 #![allow(dead_code)]
 
+pub mod moe;
+
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};

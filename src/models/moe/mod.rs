@@ -21,6 +21,13 @@
 //! 4. plus the shared expert `sigmoid(shared_expert_gate(h)) · shared_expert(h)`
 //!    ([`SharedExpert`]), the sum rounded.
 //!
+//! Streaming: a block loaded from a checkpoint ([`SparseMoeBlock::load`])
+//! holds its router and shared expert and reads each routed expert from the
+//! mapped checkpoint only when a token first routes to it (one expert's
+//! bytes: a row of a fused `[E, …]` tensor, or its per-expert keys), widened
+//! and rounded once, then kept while the block lives; experts no token picks
+//! are never converted.
+//!
 //! Bitwise parity with torch holds where the kernels agree: the top-k choice
 //! given the same logits (checked on tie-heavy rows), the renormalisation
 //! (sequential f32 sum, checked) and the slot sum. torch's vectorised `exp`
@@ -28,15 +35,20 @@
 //! last f32 bit, which shows as a rare 1-ulp difference in bf16
 //! (`tests/moe_block.rs` states the measured tolerances).
 
-use candle_core::{DType, Device, Tensor};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Tensor};
 
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 use crate::models::layers::mlp::Mlp;
 use crate::precision::Precision;
 
+pub mod router;
 pub mod topk;
 
+pub use router::{route, route_with, RouterSoftmax, Routing};
 pub use topk::topk_torch_cpu;
 
 /// `x · Wᵀ` (`nn.Linear`, no bias) for `x` `[T, in]`, `w` `[out, in]`,
@@ -49,143 +61,6 @@ fn shape_err(what: &str, got: &[usize], want: &str) -> Error {
     Error::Checkpoint(format!(
         "{what} has shape {got:?}, expected {want} for the MoE block"
     ))
-}
-
-/// The router's choice for `T` tokens: `top_k` experts per token in
-/// `torch.topk` order (descending probability; ties as torch on CPU) and
-/// their routing weights.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Routing {
-    /// `k`.
-    pub top_k: usize,
-    /// `[T · k]` expert ids, token-major (token `t`'s slots at `t·k .. t·k+k`).
-    pub indices: Vec<u32>,
-    /// `[T · k]` routing weights: renormalised in f32, rounded to the model
-    /// dtype (f32 storage), aligned with `indices`.
-    pub weights: Vec<f32>,
-}
-
-impl Routing {
-    /// Number of tokens `T`.
-    pub fn tokens(&self) -> usize {
-        self.indices.len().checked_div(self.top_k).unwrap_or(0)
-    }
-
-    /// Token `t`'s expert ids and weights, in slot order.
-    pub fn token(&self, t: usize) -> (&[u32], &[f32]) {
-        let r = t * self.top_k..(t + 1) * self.top_k;
-        (&self.indices[r.clone()], &self.weights[r])
-    }
-
-    /// The experts at least one token routes to, ascending (the ones a
-    /// streaming forward has to load).
-    pub fn experts_used(&self) -> Vec<usize> {
-        let mut v: Vec<usize> = self.indices.iter().map(|&e| e as usize).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    }
-
-    /// token × slot choices that differ from `other` (same `T` and `k`):
-    /// the per-layer routing agreement between two loading paths.
-    ///
-    /// Errors: different `T` or `k` ([`Error::Input`]).
-    pub fn slots_differing(&self, other: &Routing) -> Result<usize> {
-        if self.top_k != other.top_k || self.indices.len() != other.indices.len() {
-            return Err(Error::Input(format!(
-                "routings of {} tokens × top-{} and {} tokens × top-{} cannot be compared",
-                self.tokens(),
-                self.top_k,
-                other.tokens(),
-                other.top_k
-            )));
-        }
-        Ok(self
-            .indices
-            .iter()
-            .zip(&other.indices)
-            .filter(|(a, b)| a != b)
-            .count())
-    }
-
-    /// Tokens whose *set* of experts differs from `other`'s (slot order aside).
-    ///
-    /// Errors: as [`Self::slots_differing`].
-    pub fn tokens_with_other_experts(&self, other: &Routing) -> Result<usize> {
-        self.slots_differing(other)?;
-        Ok((0..self.tokens())
-            .filter(|&t| {
-                let (mut a, mut b) = (self.token(t).0.to_vec(), other.token(t).0.to_vec());
-                a.sort_unstable();
-                b.sort_unstable();
-                a != b
-            })
-            .count())
-    }
-
-    /// `[T, k]` u32 tensor of the expert ids on `device`.
-    pub fn indices_tensor(&self, device: &Device) -> Result<Tensor> {
-        Ok(Tensor::from_slice(
-            &self.indices,
-            (self.tokens(), self.top_k),
-            device,
-        )?)
-    }
-}
-
-/// `softmax(x, dtype=float32)` of one row: `exp(x - max) · (1 / Σ exp)`, the
-/// sum in index order (torch's `_vec_softmax_lastdim` structure; its
-/// vectorised `exp` and lane-wise sum can differ in the last f32 bit).
-fn softmax_row(x: &[f32], out: &mut Vec<f32>) {
-    out.clear();
-    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    out.extend(x.iter().map(|&v| (v - m).exp()));
-    let s: f32 = out.iter().fold(0.0, |a, &b| a + b);
-    let r = 1.0 / s;
-    out.iter_mut().for_each(|v| *v *= r);
-}
-
-/// `Qwen3_5MoeTopKRouter.forward` from its logits: `logits` `[T, E]` (values
-/// in the model dtype, f32 storage) → per token the `top_k` experts of
-/// `softmax(logits, dtype=float32)` in [`topk_torch_cpu`] order, their
-/// probabilities divided by their f32 sum (taken in slot order, as torch's
-/// `sum(dim=-1)` over `k` values does) and rounded to `prec`.
-///
-/// Errors: `logits` not 2-D or `top_k` not in `1..=E` ([`Error::Input`]).
-pub fn route(logits: &Tensor, top_k: usize, prec: Precision) -> Result<Routing> {
-    let (t, e) = logits.dims2().map_err(|_| {
-        Error::Input(format!(
-            "router logits have shape {:?}, expected [T, E]",
-            logits.dims()
-        ))
-    })?;
-    if top_k == 0 || top_k > e {
-        return Err(Error::Input(format!(
-            "num_experts_per_tok = {top_k} must be in 1..={e} (num_experts)"
-        )));
-    }
-    let rows = logits
-        .to_dtype(DType::F32)?
-        .to_device(&Device::Cpu)?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    let mut indices = Vec::with_capacity(t * top_k);
-    let mut weights = Vec::with_capacity(t * top_k);
-    let mut probs = Vec::with_capacity(e);
-    for row in rows.chunks_exact(e.max(1)).take(t) {
-        softmax_row(row, &mut probs);
-        let idx = topk_torch_cpu(&probs, top_k);
-        let sum = idx.iter().fold(0.0f32, |a, &i| a + probs[i]);
-        for &i in &idx {
-            indices.push(i as u32);
-            weights.push(prec.round_f32(probs[i] / sum));
-        }
-    }
-    Ok(Routing {
-        top_k,
-        indices,
-        weights,
-    })
 }
 
 /// One routed expert's weights, rounded to the model dtype.
@@ -319,24 +194,108 @@ pub struct MoeOutput {
     pub shared: Tensor,
 }
 
-/// `Qwen3_5MoeSparseMoeBlock` with every expert resident.
+/// A shared, lazily filled cache of widened experts (expert id → weights).
+type ExpertCache = Arc<Mutex<BTreeMap<usize, ExpertWeights>>>;
+
+/// Where a block's routed experts come from.
+#[derive(Clone)]
+enum ExpertStore {
+    /// Every expert resident: `gate_up_proj` `[E, 2I, H]`, `down_proj` `[E, H, I]`.
+    Resident { gate_up: Tensor, down: Tensor },
+    /// Read from the source when a token first routes to them, one expert at
+    /// a time (its bytes only), widened and rounded once, kept while the
+    /// block lives (cloned blocks share the cache).
+    Lazy {
+        src: Arc<dyn WeightSource + Send + Sync>,
+        gate_up: String,
+        down: String,
+        cache: ExpertCache,
+    },
+}
+
+impl std::fmt::Debug for ExpertStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExpertStore::Resident { gate_up, down } => f
+                .debug_struct("Resident")
+                .field("gate_up", &gate_up.dims())
+                .field("down", &down.dims())
+                .finish(),
+            ExpertStore::Lazy { gate_up, cache, .. } => f
+                .debug_struct("Lazy")
+                .field("gate_up", gate_up)
+                .field("widened", &cache.lock().map(|c| c.len()).unwrap_or(0))
+                .finish(),
+        }
+    }
+}
+
+/// `Qwen3_5MoeSparseMoeBlock`: router, routed experts (resident, or read
+/// lazily so that only the experts some token routes to are widened), and
+/// the gated shared expert.
 #[derive(Debug, Clone)]
 pub struct SparseMoeBlock {
     /// `gate.weight` `[E, H]`.
     router: Tensor,
-    /// `experts.gate_up_proj` `[E, 2I, H]`.
-    gate_up: Tensor,
-    /// `experts.down_proj` `[E, H, I]`.
-    down: Tensor,
+    experts: ExpertStore,
+    /// `[E, 2I, H]` of the experts.
+    experts_shape: [usize; 3],
     shared: SharedExpert,
     top_k: usize,
     prec: Precision,
+    softmax: RouterSoftmax,
+}
+
+/// Checks the router, the experts' `[E, 2I, H]` / `[E, H, I]` and the shared
+/// expert's shapes against each other and `top_k`; returns `[E, 2I, H]`.
+fn check_block(
+    router: &Tensor,
+    gate_up: &[usize],
+    down: &[usize],
+    shared: [&Tensor; 4],
+    top_k: usize,
+) -> Result<[usize; 3]> {
+    let (e, h) = router
+        .dims2()
+        .map_err(|_| shape_err("gate.weight", router.dims(), "[E, H]"))?;
+    if !(gate_up.len() == 3 && gate_up[0] == e && gate_up[1] % 2 == 0 && gate_up[2] == h) {
+        return Err(shape_err(
+            "experts.gate_up_proj",
+            gate_up,
+            &format!("[{e}, 2I, {h}]"),
+        ));
+    }
+    let i = gate_up[1] / 2;
+    if down != [e, h, i] {
+        return Err(shape_err(
+            "experts.down_proj",
+            down,
+            &format!("[{e}, {h}, {i}]"),
+        ));
+    }
+    let s = shared[0].dims().first().copied().unwrap_or(0);
+    for (what, t, want) in [
+        ("shared_expert.gate_proj.weight", shared[0], [s, h]),
+        ("shared_expert.up_proj.weight", shared[1], [s, h]),
+        ("shared_expert.down_proj.weight", shared[2], [h, s]),
+        ("shared_expert_gate.weight", shared[3], [1, h]),
+    ] {
+        if t.dims() != want {
+            return Err(shape_err(what, t.dims(), &format!("{want:?}")));
+        }
+    }
+    if top_k == 0 || top_k > e {
+        return Err(Error::Input(format!(
+            "num_experts_per_tok = {top_k} must be in 1..={e} (num_experts)"
+        )));
+    }
+    Ok([e, 2 * i, h])
 }
 
 impl SparseMoeBlock {
-    /// From loaded tensors, rounded to `prec`: router `[E, H]`, `gate_up`
-    /// `[E, 2I, H]`, `down` `[E, H, I]`, the shared expert's
-    /// `gate_proj`/`up_proj` `[S, H]` and `down_proj` `[H, S]`, and
+    /// From loaded tensors, rounded to `prec`, every expert resident: router
+    /// `[E, H]`, `gate_up` `[E, 2I, H]`, `down` `[E, H, I]`, the shared
+    /// expert's `gate_proj`/`up_proj` `[S, H]` and `down_proj` `[H, S]`, and
     /// `shared_expert_gate` `[1, H]`; `top_k` = `num_experts_per_tok`.
     ///
     /// Errors: inconsistent shapes ([`Error::Checkpoint`]), `top_k` not in
@@ -353,82 +312,102 @@ impl SparseMoeBlock {
         top_k: usize,
         prec: Precision,
     ) -> Result<Self> {
-        let (e, h) = router
-            .dims2()
-            .map_err(|_| shape_err("gate.weight", router.dims(), "[E, H]"))?;
-        let want_gu = |d: &[usize]| d.len() == 3 && d[0] == e && d[1] % 2 == 0 && d[2] == h;
-        if !want_gu(gate_up.dims()) {
-            return Err(shape_err(
-                "experts.gate_up_proj",
-                gate_up.dims(),
-                &format!("[{e}, 2I, {h}]"),
-            ));
-        }
-        let i = gate_up.dims()[1] / 2;
-        if down.dims() != [e, h, i] {
-            return Err(shape_err(
-                "experts.down_proj",
-                down.dims(),
-                &format!("[{e}, {h}, {i}]"),
-            ));
-        }
-        let s = shared_gate_proj.dims().first().copied().unwrap_or(0);
-        for (what, t, want) in [
-            ("shared_expert.gate_proj.weight", &shared_gate_proj, [s, h]),
-            ("shared_expert.up_proj.weight", &shared_up_proj, [s, h]),
-            ("shared_expert.down_proj.weight", &shared_down_proj, [h, s]),
-            ("shared_expert_gate.weight", &shared_expert_gate, [1, h]),
-        ] {
-            if t.dims() != want {
-                return Err(shape_err(what, t.dims(), &format!("{want:?}")));
-            }
-        }
-        if top_k == 0 || top_k > e {
-            return Err(Error::Input(format!(
-                "num_experts_per_tok = {top_k} must be in 1..={e} (num_experts)"
-            )));
-        }
+        let shared = [
+            &shared_gate_proj,
+            &shared_up_proj,
+            &shared_down_proj,
+            &shared_expert_gate,
+        ];
+        let experts_shape = check_block(&router, gate_up.dims(), down.dims(), shared, top_k)?;
         let mlp = Mlp::new(shared_gate_proj, shared_up_proj, shared_down_proj, prec);
         Ok(Self {
             router,
-            gate_up,
-            down,
+            experts: ExpertStore::Resident { gate_up, down },
+            experts_shape,
             shared: SharedExpert::new(mlp, shared_expert_gate, prec),
             top_k,
             prec,
+            softmax: RouterSoftmax::F32,
         })
     }
 
-    /// Loads `{prefix}.gate.weight`, `{prefix}.experts.gate_up_proj`,
-    /// `{prefix}.experts.down_proj`, `{prefix}.shared_expert.{gate,up,down}_proj.weight`
-    /// and `{prefix}.shared_expert_gate.weight` from `src` (names as the
-    /// model sees them after the loading path's conversion, e.g.
-    /// `prefix = "layers.0.mlp"`), rounded to `prec`.
+    /// Loads `{prefix}.gate.weight`, `{prefix}.shared_expert.*` and
+    /// `{prefix}.shared_expert_gate.weight` from `src` (names as the model
+    /// sees them after the loading path's conversion, e.g. `prefix =
+    /// "layers.0.mlp"`), rounded to `prec`. The experts
+    /// `{prefix}.experts.{gate_up_proj,down_proj}` are read lazily, expert by
+    /// expert, when `src` can be shared ([`WeightSource::share`]; the
+    /// checkpoint's tensor view can), else loaded at once.
     ///
-    /// Errors: as [`WeightSource::tensor_in`] and [`Self::new`].
+    /// Errors: as [`WeightSource::tensor_in`] and [`Self::new`]; a source
+    /// that cannot tell the experts' shapes ([`Error::Checkpoint`]).
     pub fn load(
         src: &dyn WeightSource,
         prefix: &str,
         top_k: usize,
         prec: Precision,
     ) -> Result<Self> {
-        let p = |s: &str| src.tensor_in(&format!("{prefix}.{s}"), prec);
-        Self::new(
+        let name = |s: &str| format!("{prefix}.{s}");
+        let p = |s: &str| src.tensor_in(&name(s), prec);
+        let (gate_up, down) = (name("experts.gate_up_proj"), name("experts.down_proj"));
+        let Some(shared_src) = src.share() else {
+            return Self::new(
+                p("gate.weight")?,
+                src.tensor_in(&gate_up, prec)?,
+                src.tensor_in(&down, prec)?,
+                p("shared_expert.gate_proj.weight")?,
+                p("shared_expert.up_proj.weight")?,
+                p("shared_expert.down_proj.weight")?,
+                p("shared_expert_gate.weight")?,
+                top_k,
+                prec,
+            );
+        };
+        let shape = |n: &str| {
+            src.shape(n).ok_or_else(|| {
+                Error::Checkpoint(format!("{n}: shape unknown to the weight source"))
+            })
+        };
+        let (router, sg, su, sd, gate) = (
             p("gate.weight")?,
-            p("experts.gate_up_proj")?,
-            p("experts.down_proj")?,
             p("shared_expert.gate_proj.weight")?,
             p("shared_expert.up_proj.weight")?,
             p("shared_expert.down_proj.weight")?,
             p("shared_expert_gate.weight")?,
+        );
+        let experts_shape = check_block(
+            &router,
+            &shape(&gate_up)?,
+            &shape(&down)?,
+            [&sg, &su, &sd, &gate],
+            top_k,
+        )?;
+        Ok(Self {
+            router,
+            experts: ExpertStore::Lazy {
+                src: shared_src,
+                gate_up,
+                down,
+                cache: Arc::default(),
+            },
+            experts_shape,
+            shared: SharedExpert::new(Mlp::new(sg, su, sd, prec), gate, prec),
             top_k,
             prec,
-        )
+            softmax: RouterSoftmax::F32,
+        })
+    }
+
+    /// The same block with the router's softmax taken as `softmax` says
+    /// (the weights are shared).
+    pub fn with_router_softmax(mut self, softmax: RouterSoftmax) -> Self {
+        self.softmax = softmax;
+        self
     }
 
     /// Number of experts `E`.
     pub fn num_experts(&self) -> usize {
-        self.router.dims()[0]
+        self.experts_shape[0]
     }
 
     /// `num_experts_per_tok`.
@@ -436,21 +415,53 @@ impl SparseMoeBlock {
         self.top_k
     }
 
+    /// Experts widened so far (all of them for a resident block).
+    pub fn experts_widened(&self) -> usize {
+        match &self.experts {
+            ExpertStore::Resident { .. } => self.num_experts(),
+            ExpertStore::Lazy { cache, .. } => cache.lock().map(|c| c.len()).unwrap_or(0),
+        }
+    }
+
     /// Router logits `[T, E]` = `h · gate.weightᵀ`, rounded to the model dtype.
     pub fn router_logits(&self, h: &Tensor) -> Result<Tensor> {
         linear(h, &self.router, self.prec)
     }
 
+    /// Expert `e`'s weights: a slice of the resident tensors, or read from
+    /// the source and widened on first use (then cached).
+    fn expert(&self, e: usize) -> Result<ExpertWeights> {
+        match &self.experts {
+            ExpertStore::Resident { gate_up, down } => Ok(ExpertWeights {
+                gate_up: gate_up.get(e)?,
+                down: down.get(e)?,
+            }),
+            ExpertStore::Lazy {
+                src,
+                gate_up,
+                down,
+                cache,
+            } => {
+                if let Some(w) = cache.lock().ok().and_then(|c| c.get(&e).cloned()) {
+                    return Ok(w);
+                }
+                let w = ExpertWeights {
+                    gate_up: src.expert(gate_up, e, self.prec)?,
+                    down: src.expert(down, e, self.prec)?,
+                };
+                if let Ok(mut c) = cache.lock() {
+                    c.insert(e, w.clone());
+                }
+                Ok(w)
+            }
+        }
+    }
+
     /// `[T, H]` → the block's output and its parts.
     pub fn forward(&self, h: &Tensor) -> Result<MoeOutput> {
         let router_logits = self.router_logits(h)?;
-        let routing = route(&router_logits, self.top_k, self.prec)?;
-        let routed = routed_experts(h, &routing, self.prec, &mut |e| {
-            Ok(ExpertWeights {
-                gate_up: self.gate_up.get(e)?,
-                down: self.down.get(e)?,
-            })
-        })?;
+        let routing = route_with(&router_logits, self.top_k, self.prec, self.softmax)?;
+        let routed = routed_experts(h, &routing, self.prec, &mut |e| self.expert(e))?;
         let shared = self.shared.forward(h)?;
         let output = self.prec.round(&(&routed + &shared)?)?;
         Ok(MoeOutput {
@@ -460,25 +471,5 @@ impl SparseMoeBlock {
             routed,
             shared,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn route_renormalises_and_rounds() {
-        let logits = Tensor::new(&[[1.0f32, 2.0, 3.0, 0.5]], &Device::Cpu).unwrap();
-        let r = route(&logits, 2, Precision::F32).unwrap();
-        assert_eq!(r.indices, [2, 1]);
-        let (a, b) = (1f32.exp(), 2f32.exp());
-        let want = b / (a + b); // e^3 / (e^3 + e^2) = e / (1 + e)
-        assert!(
-            (r.weights[0] - want).abs() < 1e-6 && (r.weights[0] + r.weights[1] - 1.0).abs() < 1e-6
-        );
-        let rb = route(&logits, 2, Precision::Bf16).unwrap();
-        assert_eq!(rb.weights[0], Precision::Bf16.round_f32(r.weights[0]));
-        assert!(route(&logits, 5, Precision::F32).is_err());
     }
 }
