@@ -10,6 +10,7 @@ use crate::capture::{self, CaptureOptions, HiddenKind, Observer, PathModel};
 use crate::drafter::{self, DrafterSettings};
 use crate::error::{Error, Result};
 use crate::loading::{self, LoadingPath, NonFinite, WeightOrigin, WeightSource};
+use crate::models::moe::Routing;
 use crate::models::GdnForm;
 use crate::parity::{incremental, IncrementalCheck, PairObserver, PairReport, Verdict};
 use crate::precision::Precision;
@@ -231,6 +232,15 @@ impl Observer for KeepFinal<'_> {
 
     fn logits(&mut self, logits: &[Option<Vec<Tensor>>]) -> Result<()> {
         self.inner.logits(logits)
+    }
+
+    fn routing(
+        &mut self,
+        layer: usize,
+        routing: &[Vec<Routing>],
+        local: &[Option<Vec<Routing>>],
+    ) -> Result<()> {
+        self.inner.routing(layer, routing, local)
     }
 }
 

@@ -233,6 +233,9 @@ fn pair_section(report: &CompareReport, pair: &PairReport) -> String {
     } else {
         md.push_str(&rows);
     }
+    if let Some(r) = super::compare::router_summary(pair) {
+        md.push_str(&format!("\n{}.\n", r.trim_end_matches('.')));
+    }
     if let Some(l) = &pair.logits {
         md.push_str(&format!(
             "\nLogits: cos min {}, max abs diff {}, rel L2 {}, bitwise {}, argmax agreement {:.4}{}.\n",

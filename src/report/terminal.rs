@@ -2,7 +2,7 @@
 //! paths, then one table per pair with a row per `hidden_states` index, the
 //! prefill-vs-incremental checks and the drafter's τ table.
 
-use super::compare::{incremental_table, pair_table, CompareReport};
+use super::compare::{incremental_table, pair_table, router_summary, CompareReport};
 use super::format::{cos, gib, max_abs_at, sci, yes_no};
 
 /// The whole terminal report.
@@ -68,6 +68,9 @@ pub fn render(report: &CompareReport) -> String {
         ));
         out.push_str(&pair_table(report, pair).terminal().to_string());
         out.push('\n');
+        if let Some(r) = router_summary(pair) {
+            out.push_str(&format!("{r}\n"));
+        }
         if let Some(l) = &pair.logits {
             out.push_str(&format!(
                 "logits: cos min {}, max abs diff {}, rel L2 {}, bitwise {}, argmax agreement {:.4}\n",
