@@ -65,7 +65,11 @@ impl Observer for Captured {
 
 fn capture(layout: &str, path: LoadingPath, prec: Precision) -> (Captured, Vec<Vec<u32>>) {
     let ckpt = format!("fixtures/moe/{layout}");
-    let target = common::target(&ckpt, Some(&format!("{ckpt}/prompts.jsonl")));
+    capture_dir(&ckpt, path, prec)
+}
+
+fn capture_dir(ckpt: &str, path: LoadingPath, prec: Precision) -> (Captured, Vec<Vec<u32>>) {
+    let target = common::target(ckpt, Some(&format!("{ckpt}/prompts.jsonl")));
     let session = Session::open(&target, &[path]).unwrap();
     let p = &session.paths[0];
     let mut obs = Captured::default();
@@ -233,4 +237,104 @@ fn layouts_and_paths_are_bitwise_identical() {
             assert_eq!(base.routing, o.routing, "{layout} {path}");
         }
     }
+}
+
+/// `fixtures/moe/divergence/fp16-disk`: F16 weights on disk with
+/// `text_config.dtype = bfloat16`, so `causal-lm` computes in bf16 and the
+/// VLM classes in f16. Each path matches transformers in its own dtype, and
+/// `compare` counts, layer by layer, exactly the router flips transformers'
+/// two paths make (`load_report.json`, `router_agreement_vs_causal_lm`).
+#[test]
+fn fp16_disk_paths_part_by_their_routers_as_in_transformers() {
+    let ckpt = "fixtures/moe/divergence/fp16-disk";
+    let dir = common::repo_root().join(ckpt);
+    let report = common::moe::json(&dir.join("golden/load_report.json"));
+    for p in report["paths"].as_array().unwrap() {
+        let path: LoadingPath = p["name"].as_str().unwrap().parse().unwrap();
+        let prec = match p["dtype"].as_str().unwrap() {
+            "bf16" => Precision::Bf16,
+            _ => Precision::F16,
+        };
+        let session = Session::open(&common::target(ckpt, None), &[path]).unwrap();
+        assert_eq!(
+            session.paths[0].dtype, prec,
+            "{path}: the dtype transformers loads"
+        );
+        let (ours, _) = capture_dir(ckpt, path, prec);
+        let gold = candle_core::safetensors::load(
+            dir.join(format!("golden/{path}.safetensors")),
+            &Device::Cpu,
+        )
+        .unwrap();
+        for (i, h) in ours.hidden.iter().enumerate() {
+            for (k, x) in h.iter().enumerate() {
+                assert_close(
+                    &format!("fp16-disk {path} p{k} hs[{i}]"),
+                    x,
+                    &gold[&format!("p{k}.hidden_states.{i}")],
+                    &HALF,
+                );
+            }
+        }
+        for (l, r) in ours.routing.iter().enumerate() {
+            for (k, x) in r.iter().enumerate() {
+                let want: Vec<u32> = f32s(&gold[&format!("p{k}.router.{l}.indices")])
+                    .iter()
+                    .map(|&v| v as u32)
+                    .collect();
+                assert_eq!(x.indices, want, "fp16-disk {path} p{k} layer {l}");
+            }
+        }
+    }
+    let prompts = format!("{ckpt}/prompts.jsonl");
+    let out = common::hsparity()
+        .args([
+            "compare",
+            ckpt,
+            "--prompts",
+            &prompts,
+            "--paths",
+            "causal-lm,vlm,image-text-to-text",
+            "--json",
+            "--no-report",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "dtype bf16 vs f16 fails the f32 tolerances"
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut flips = 0;
+    for pair in r["pairs"].as_array().unwrap() {
+        let b = pair["b"].as_str().unwrap();
+        let want = &report["router_agreement_vs_causal_lm"][b]["per_layer"];
+        for (l, w) in want.as_array().unwrap().iter().enumerate() {
+            let row = pair["hidden_states"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["index"] == l + 1)
+                .unwrap();
+            let got = &row["router"];
+            assert_eq!(got["slots"], w["slots"], "{b} layer {l}");
+            assert_eq!(
+                got["slots_differing"], w["slots_differing"],
+                "{b} layer {l}"
+            );
+            assert_eq!(
+                got["tokens_with_other_experts"], w["tokens_with_other_expert_set"],
+                "{b} layer {l}"
+            );
+            flips += got["slots_differing"].as_u64().unwrap();
+        }
+    }
+    assert!(flips > 0, "the fixture shows routing flips");
+    assert!(
+        r["summary"].as_str().unwrap().contains("router"),
+        "{}",
+        r["summary"]
+    );
 }

@@ -291,8 +291,10 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
                     })
                     .unwrap_or_default();
                 format!(
-                    "{} and {} diverge from hidden_states[{i}] ({at}{dtypes}{detail})",
-                    p.a, p.b
+                    "{} and {} diverge from hidden_states[{i}] ({at}{dtypes}{detail}){}",
+                    p.a,
+                    p.b,
+                    router_flips(p)
                 )
             }
             (_, _, None) => {
@@ -423,6 +425,36 @@ pub fn router_cause(pair: &PairReport) -> Option<String> {
         a.slots,
         a.tokens_with_other_experts
     ))
+}
+
+/// `; router choices differ from layer 3 (5 of 456 token×slot choices)` for a
+/// pair whose MoE routers flip somewhere, else empty.
+fn router_flips(pair: &PairReport) -> String {
+    let flips: Vec<_> = pair
+        .hidden_states
+        .iter()
+        .filter_map(|r| {
+            r.router
+                .filter(|a| a.slots_differing > 0)
+                .map(|a| (r.index, a))
+        })
+        .collect();
+    match flips.first() {
+        Some((i, _)) => {
+            let n: usize = flips.iter().map(|(_, a)| a.slots_differing).sum();
+            let total: usize = pair
+                .hidden_states
+                .iter()
+                .filter_map(|r| r.router)
+                .map(|a| a.slots)
+                .sum();
+            format!(
+                "; router choices differ from layer {} ({n} of {total} token×slot choices)",
+                i - 1
+            )
+        }
+        None => String::new(),
+    }
 }
 
 /// One line on the routers of an MoE pair (`None` for a dense pair).

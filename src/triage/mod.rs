@@ -259,11 +259,18 @@ fn plan(cx: &Context, settings: &TriageSettings, notes: &mut Vec<String>) -> Vec
             .filter(|&p| p != cx.base_prec)
             .map(Suspect::Dtype),
     );
-    plan.extend([
-        Suspect::Recurrent,
-        Suspect::TapOffset(-1),
-        Suspect::TapOffset(1),
-    ]);
+    plan.push(Suspect::Recurrent);
+    if cx.session.spec.moe.is_some() {
+        if cx.base_prec == Precision::F32 {
+            notes.push(
+                "router-dtype not run: the baseline computes in f32, where the router's softmax is f32 either way"
+                    .into(),
+            );
+        } else {
+            plan.push(Suspect::RouterDtype);
+        }
+    }
+    plan.extend([Suspect::TapOffset(-1), Suspect::TapOffset(1)]);
     let n_layers = cx.session.spec.num_layers();
     if cx.taps().iter().max() == Some(&(n_layers - 1)) {
         plan.push(Suspect::NormedLastTap);

@@ -9,7 +9,8 @@ use super::Context;
 use crate::drafter::eval::{self, PromptTau};
 use crate::error::{Error, Result};
 use crate::loading::{InitRule, LoadingPath, WeightSource};
-use crate::models::{GdnForm, LmHead};
+use crate::models::moe::RouterSoftmax;
+use crate::models::{GdnForm, LmHead, TextModel};
 use crate::precision::Precision;
 
 /// One suspect (a triage variant).
@@ -31,6 +32,8 @@ pub enum Suspect {
     MissingOn(LoadingPath),
     /// A random `lm_head` (no path misses anything: the commonest case emulated).
     RandomLmHead,
+    /// MoE targets: the router's softmax in the model dtype instead of f32.
+    RouterDtype,
 }
 
 /// What a suspect's run gives: its tap features on the baseline trajectory,
@@ -56,6 +59,7 @@ impl Suspect {
             Suspect::Positions(k) => format!("positions+{k}"),
             Suspect::MissingOn(p) => format!("missing-{p}"),
             Suspect::RandomLmHead => "missing-lm_head".into(),
+            Suspect::RouterDtype => "router-dtype".into(),
         }
     }
 
@@ -81,6 +85,10 @@ impl Suspect {
             ),
             Suspect::MissingOn(_) | Suspect::RandomLmHead => {
                 "MISSING tensors initialised as transformers would".into()
+            }
+            Suspect::RouterDtype => {
+                "MoE router softmax in the model dtype instead of f32 (softmax(logits) without dtype=torch.float)"
+                    .into()
             }
         }
     }
@@ -112,8 +120,22 @@ impl Suspect {
             }
             Suspect::MissingOn(p) => missing_on(cx, p).map(Some),
             Suspect::RandomLmHead => random_lm_head(cx, notes).map(Some),
+            Suspect::RouterDtype => router_dtype(cx).map(Some),
         }
     }
+}
+
+/// The baseline with every MoE router taking its softmax in the model dtype
+/// (probabilities, their top-k sum and the renormalisation rounded to it).
+fn router_dtype(cx: &Context) -> Result<Outcome> {
+    let spec = cx
+        .session
+        .spec
+        .clone()
+        .with_router_softmax(RouterSoftmax::ModelDtype);
+    let view = &cx.base_path().view;
+    let m = TextModel::load(&spec, view, Some(view), cx.base_prec)?;
+    cx.own_model(&m, GdnForm::Chunked)
 }
 
 /// The `vlm` path's own model (its dtype; lm_head borrowed from the baseline).
