@@ -244,7 +244,7 @@ fn converted_category_is_rendered() {
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(text.contains("converted (keys → params)"), "{text}");
     assert!(text.contains("96 → 8"), "{text}");
-    assert!(text.contains("24 more fused then dropped (mtp.layers.0.mlp.experts.gate_up_proj"));
+    assert!(text.contains("24 keys fused then dropped (mtp.layers.0.mlp.experts.gate_up_proj"));
     let dense = common::hsparity()
         .args(["inventory", "fixtures/tiny-qwen3_5"])
         .output()

@@ -100,7 +100,7 @@ impl Converted {
                 .flat_map(|d| d.reported_as.iter().map(String::as_str))
                 .collect();
             s.push_str(&format!(
-                "; {keys} more fused then dropped ({})",
+                "; {keys} keys fused then dropped ({})",
                 names.join(", ")
             ));
         }

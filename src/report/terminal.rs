@@ -26,26 +26,7 @@ pub fn render(report: &CompareReport) -> String {
             }
         ));
     }
-    for p in &report.inventory.paths {
-        out.push_str(&format!(
-            "  {:<20} inventory: {} tensors = {} consumed + {} missing; {}{} dropped by rule, {} unexpected{}\n",
-            p.name,
-            p.tensors,
-            p.consumed,
-            p.missing,
-            p.converted
-                .as_ref()
-                .map(|c| format!("converted {} keys → {} params; ", c.checkpoint_keys, c.parameters))
-                .unwrap_or_default(),
-            p.dropped_by_rule,
-            p.unexpected,
-            if p.unexpected_names.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", p.unexpected_names.iter().take(3).cloned().collect::<Vec<_>>().join(", "))
-            }
-        ));
-    }
+    out.push_str(&inventory_lines(report));
     let toks: Vec<String> = report
         .prompts
         .iter()
@@ -124,6 +105,32 @@ pub fn render(report: &CompareReport) -> String {
     }
     if let Some(b) = report.environment.peak_rss_bytes {
         out.push_str(&format!("peak RSS {}\n", gib(b)));
+    }
+    out
+}
+
+/// One line per path: tensors = consumed + missing, converted, dropped, unexpected.
+fn inventory_lines(report: &CompareReport) -> String {
+    let mut out = String::new();
+    for p in &report.inventory.paths {
+        out.push_str(&format!(
+            "  {:<20} inventory: {} tensors = {} consumed + {} missing; {}{} dropped by rule, {} unexpected{}\n",
+            p.name,
+            p.tensors,
+            p.consumed,
+            p.missing,
+            p.converted
+                .as_ref()
+                .map(|c| format!("converted {} keys → {} params; ", c.checkpoint_keys, c.parameters))
+                .unwrap_or_default(),
+            p.dropped_by_rule,
+            p.unexpected,
+            if p.unexpected_names.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", p.unexpected_names.iter().take(3).cloned().collect::<Vec<_>>().join(", "))
+            }
+        ));
     }
     out
 }
