@@ -338,3 +338,58 @@ fn fp16_disk_paths_part_by_their_routers_as_in_transformers() {
         r["summary"]
     );
 }
+
+/// Streaming: a layer loaded from the checkpoint widens only the experts its
+/// tokens route to (one token: its k experts), on a fused and on a
+/// per-expert layout, and the output equals the resident block's.
+#[test]
+fn only_routed_experts_are_widened() {
+    use hsparity::models::{DecoderLayer, FeedForward};
+    for layout in ["qwen3.6-fused", "per-expert"] {
+        let ckpt = format!("fixtures/moe/{layout}");
+        let session =
+            Session::open(&common::target(&ckpt, None), &[LoadingPath::CausalLm]).unwrap();
+        let view = &session.paths[0].view;
+        let layer = DecoderLayer::load(&session.spec, view, 0, Precision::Bf16).unwrap();
+        let FeedForward::SparseMoe(block) = &layer.mlp else {
+            panic!("{layout}: an MoE layer");
+        };
+        assert_eq!(
+            block.experts_widened(),
+            0,
+            "{layout}: nothing widened at load"
+        );
+        let h = Tensor::randn(0f32, 1.0, (1, 32), &Device::Cpu).unwrap();
+        let one = block.forward(&h).unwrap();
+        assert_eq!(block.experts_widened(), 3, "{layout}: one token, top-3");
+        let hs = Tensor::randn(0f32, 1.0, (16, 32), &Device::Cpu).unwrap();
+        let many = block.forward(&hs).unwrap();
+        let mut used = one.routing.experts_used();
+        used.extend(many.routing.experts_used());
+        used.sort_unstable();
+        used.dedup();
+        assert_eq!(block.experts_widened(), used.len(), "{layout}");
+        // The same block with every expert resident computes the same output.
+        let p = |n: &str| {
+            view.tensor_in(&format!("layers.0.mlp.{n}"), Precision::Bf16)
+                .unwrap()
+        };
+        let resident = hsparity::models::moe::SparseMoeBlock::new(
+            p("gate.weight"),
+            p("experts.gate_up_proj"),
+            p("experts.down_proj"),
+            p("shared_expert.gate_proj.weight"),
+            p("shared_expert.up_proj.weight"),
+            p("shared_expert.down_proj.weight"),
+            p("shared_expert_gate.weight"),
+            3,
+            Precision::Bf16,
+        )
+        .unwrap();
+        assert_eq!(
+            f32s(&resident.forward(&hs).unwrap().output),
+            f32s(&many.output),
+            "{layout}"
+        );
+    }
+}

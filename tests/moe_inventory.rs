@@ -251,3 +251,45 @@ fn converted_category_is_rendered() {
         .unwrap();
     assert!(!String::from_utf8_lossy(&dense.stdout).contains("converted"));
 }
+
+/// A text-only `qwen3_5_moe_text` checkpoint (what `Qwen3_5MoeForCausalLM.save_pretrained`
+/// writes: `model.layers.*`, experts per expert): `causal-lm` and `vlm`
+/// (`Qwen3_5MoeTextModel`, unscoped conversion, `lm_head.weight` UNEXPECTED)
+/// as transformers loads it; `image-text-to-text` does not apply.
+#[test]
+fn text_only_checkpoint_matches_transformers() {
+    let src = common::repo_root().join("fixtures/moe/text-only");
+    let report = json(&src.join("load_report.json"));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("text-only");
+    let specs = common::moe::specs_of(&json(&src.join("tensors.json"))["tensors"]);
+    common::write_sparse_checkpoint(&dir, &json(&src.join("config.json")), &specs, 1);
+    let ckpt = Checkpoint::open(dir.to_str().unwrap()).unwrap();
+    assert_eq!(ckpt.config.model_type, "qwen3_5_moe_text");
+    let inv = loading::inventory(&ckpt, &[]).unwrap();
+    let names: Vec<&str> = inv.paths.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["causal-lm", "vlm"]);
+    for p in &inv.paths {
+        let want = report["paths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == p.name.as_str())
+            .unwrap();
+        check_path(p, want, &format!("text-only {}", p.name));
+        assert_eq!(
+            p.converted.as_ref().unwrap().scope,
+            "unscoped",
+            "{}",
+            p.name
+        );
+    }
+    let itt = &report["paths"][2];
+    assert_eq!(itt["loaded"], false);
+    assert!(itt["error"]
+        .as_str()
+        .unwrap()
+        .contains("Unrecognized configuration class"));
+    assert_eq!(inv.not_applicable.len(), 1);
+    assert!(inv.not_applicable[0].starts_with("image-text-to-text"));
+}

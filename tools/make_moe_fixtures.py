@@ -1406,6 +1406,47 @@ def make_fp16_disk(fused_main: dict, mtp: dict, config_json: dict, prompts, prom
     return report
 
 
+@torch.no_grad()
+def make_text_only() -> dict:
+    """A text-only ``qwen3_5_moe_text`` checkpoint as ``Qwen3_5MoeForCausalLM.save_pretrained`` writes it for a
+    model built from the tiny text config (random weights, bf16), headers only (``config.json``,
+    ``tensors.json``), and what each Auto class does with it (``load_report.json``; the image-text-to-text
+    class has no mapping for this config and raises)."""
+    out = REPO / f"{MOE_REL}/text-only"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    mf.setup_determinism()
+    torch.manual_seed(SEED + 11)
+    model = AutoModelForCausalLM.from_config(moe_config().text_config).to(torch.bfloat16)
+    report = {"tool_version": f"transformers {transformers.__version__}",
+              "torch_version": torch.__version__.split("+")[0],
+              "describes": "Qwen3_5MoeForCausalLM(tiny text config).save_pretrained, loaded by each Auto class "
+                           "(dtype 'auto', eager)", "paths": []}
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        del model
+        config_json = json.loads((Path(d) / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps(config_json, indent=2, sort_keys=True) + "\n")
+        specs = sorted(checkpoint_specs_any(Path(d)))
+        mf.write_json(out / "tensors.json", {
+            "source": "tools/make_moe_fixtures.py: Qwen3_5MoeForCausalLM.save_pretrained of the tiny text config",
+            "tensors": [{"name": n, "dtype": t, "shape": sh} for n, t, sh in specs]})
+        report["checkpoint_tensors"] = len(specs)
+        for path_name, auto_name, auto_cls in PATHS:
+            model, info, records, routes, err = load_recorded(auto_cls, d, attn_implementation="eager")
+            if model is None and info is None:
+                report["paths"].append({"name": path_name, "auto_class": auto_name, "loaded": False,
+                                        "error_type": type(err).__name__,
+                                        "error": mf._ANSI.sub("", str(err)).strip().splitlines()[0]})
+                continue
+            report["paths"].append(path_report(path_name, auto_name, model, info, records, routes, err,
+                                               [n for n, _, _ in specs]))
+            del model
+    assert [p["loaded"] for p in report["paths"]] == [True, True, False], report["paths"]
+    mf.write_json(out / "load_report.json", report)
+    return report
+
+
 def make_random_drafter() -> dict:
     """A DFlash drafter for the tiny MoE target with random weights (N(0, 0.02), norms zero-centred at 1):
     it exercises ``drafter``, ``compare --drafter`` and ``triage`` on an MoE target; its tau means nothing."""
@@ -1501,6 +1542,9 @@ def main():
     fp16 = make_fp16_disk(fused_main, mtp, config_json, prompts, prompts_ids, tok_src)
     log("== divergence/fp16-disk: " + json.dumps(fp16["router_agreement_vs_causal_lm"]))
     make_random_drafter()
+    text_only = make_text_only()
+    log("== text-only: " + json.dumps([(p["name"], p.get("class"), p.get("state_dict_tensors"))
+                                       for p in text_only["paths"]]))
 
     per_expert = layout_tensors(fused_main, mtp, "per-expert")
     error_reports = {n: make_error_layout(n, per_expert, config_json) for n in ERROR_LAYOUTS}
@@ -1617,7 +1661,7 @@ def summary(reports, error_reports, facts, counts):
             if f.is_file():
                 total += f.stat().st_size
                 log(f"  {f.relative_to(REPO)}  {f.stat().st_size}  {hashlib.sha256(f.read_bytes()).hexdigest()[:16]}")
-    for layout in LAYOUTS + ["errors", "block", "divergence", "drafter-random"]:
+    for layout in LAYOUTS + ["errors", "block", "divergence", "drafter-random", "text-only"]:
         d = REPO / MOE_REL / layout
         log(f"  {d.relative_to(REPO)}: {sum(f.stat().st_size for f in d.rglob('*') if f.is_file())} bytes")
     log(f"total: {total} bytes ({total / 2**20:.2f} MiB)")
