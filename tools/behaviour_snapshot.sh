@@ -129,6 +129,20 @@ report triage-toy triage $toy/target --drafter $toy/drafter --prompts $toy/promp
 report triage-toy-table triage $toy/target --drafter $toy/drafter --prompts $toy/prompts.jsonl --max-new-tokens 16 --observed-tau 3 --quiet
 report triage-toyq triage $toyq/target --drafter $toyq/drafter --prompts $toyq/prompts.jsonl --max-new-tokens 16 --json --quiet
 
+# the MoE family (qwen3_5_moe): inventories with the converted category, the
+# router agreement of compare, drafter and triage with the random drafter
+moe=$fx/moe
+for c in $moe/qwen3.5-fused $moe/qwen3.6-fused $moe/per-expert $moe/divergence/fp16-disk; do
+  n=inventory-moe-$(basename "$c")
+  run "$n-json" inventory "$c" --json
+  run "$n-table" inventory "$c"
+done
+report compare-moe-per-expert compare $moe/per-expert --paths causal-lm,vlm,image-text-to-text --json --quiet
+report compare-moe-fp16-disk compare $moe/divergence/fp16-disk --prompts $moe/divergence/fp16-disk/prompts.jsonl --json --quiet
+report compare-moe-fp16-disk-table compare $moe/divergence/fp16-disk --prompts $moe/divergence/fp16-disk/prompts.jsonl --quiet
+run drafter-moe drafter $moe/qwen3.5-fused --drafter $moe/drafter-random --prompts $moe/qwen3.5-fused/prompts.jsonl --max-new-tokens 8 --json --quiet
+report triage-moe triage $moe/qwen3.5-fused --drafter $moe/drafter-random --prompts $moe/qwen3.5-fused/prompts.jsonl --max-new-tokens 8 --json --quiet
+
 # refused inputs (exit 2, one line)
 run bad-paths compare $tiny --paths causal-lm,nope --no-report
 run bad-dtype compare $tiny --dtype f64 --no-report

@@ -110,7 +110,7 @@ pub struct Qwen3_5MoeConfig {
 impl Qwen3_5MoeConfig {
     /// The shared text config of this MoE model (family
     /// [`Family::Qwen3_5Moe`]): these sizes (or their defaults) over `rest`,
-    /// the other fields read without [`SIZE_FIELDS`].
+    /// the other fields read without `SIZE_FIELDS`.
     pub fn into_text(self, rest: TextConfig) -> TextConfig {
         TextConfig {
             hidden_size: self.hidden_size.unwrap_or(2048),
