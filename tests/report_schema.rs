@@ -434,3 +434,59 @@ fn engine_capture_reports_validate() {
     v.check_def("drafter_report", "drafter --features --json", &f);
     assert_eq!(f["features"]["format"], "specforge");
 }
+
+/// The MoE layouts: compare reports carry a router agreement on every MoE
+/// layer's row and a converted category per path; `inventory --json`
+/// validates too.
+#[test]
+fn moe_reports_validate() {
+    let v = Validator::new(&["inventory"]);
+    for layout in ["qwen3.5-fused", "qwen3.6-fused", "per-expert"] {
+        let ckpt = format!("fixtures/moe/{layout}");
+        let prompts = format!("{ckpt}/prompts.jsonl");
+        let (code, out, err) = hsparity(&[
+            "compare",
+            &ckpt,
+            "--prompts",
+            &prompts,
+            "--json",
+            "--no-report",
+            "--quiet",
+        ]);
+        assert_eq!(code, 0, "{layout}: {err}");
+        let r = json(&out, layout);
+        v.check(&format!("compare --json ({layout})"), &r);
+        for pair in r["pairs"].as_array().unwrap() {
+            for row in pair["hidden_states"].as_array().unwrap() {
+                assert_eq!(
+                    row.get("router").is_some(),
+                    row["index"] != 0,
+                    "{layout}: router member on every layer row"
+                );
+            }
+        }
+        for p in r["inventory"]["paths"].as_array().unwrap() {
+            assert!(p["converted"].is_object(), "{layout}");
+        }
+        let (code, out, err) = hsparity(&["inventory", &ckpt, "--json"]);
+        assert_eq!(code, 0, "{err}");
+        v.check_def(
+            "inventory",
+            &format!("inventory --json ({layout})"),
+            &json(&out, layout),
+        );
+    }
+    // Dense pairs: no router member, no converted category.
+    let (_, out, _) = hsparity(&[
+        "compare",
+        "fixtures/tiny-qwen3_5",
+        "--json",
+        "--no-report",
+        "--quiet",
+    ]);
+    let r = json(&out, "tiny");
+    assert!(
+        !out.contains("\"router\"") && !out.contains("\"converted\""),
+        "dense: {r}"
+    );
+}

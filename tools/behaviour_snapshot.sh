@@ -151,6 +151,19 @@ run drafter-features drafter $toy/target --drafter $toy/drafter --features $caps
 run drafter-features-table drafter $toy/target --drafter $toy/drafter --features $caps/toy-pair-specforge --max-new-tokens 16 --quiet
 run bad-import import $caps/bad/specforge-int32-hidden-states.ckpt --target-layer-ids 1,3
 run bad-import-format import $caps/vllm --format gguf
+# the MoE family (qwen3_5_moe): inventories with the converted category, the
+# router agreement of compare, drafter and triage with the random drafter
+moe=$fx/moe
+for c in $moe/qwen3.5-fused $moe/qwen3.6-fused $moe/per-expert $moe/divergence/fp16-disk; do
+  n=inventory-moe-$(basename "$c")
+  run "$n-json" inventory "$c" --json
+  run "$n-table" inventory "$c"
+done
+report compare-moe-per-expert compare $moe/per-expert --paths causal-lm,vlm,image-text-to-text --json --quiet
+report compare-moe-fp16-disk compare $moe/divergence/fp16-disk --prompts $moe/divergence/fp16-disk/prompts.jsonl --json --quiet
+report compare-moe-fp16-disk-table compare $moe/divergence/fp16-disk --prompts $moe/divergence/fp16-disk/prompts.jsonl --quiet
+run drafter-moe drafter $moe/qwen3.5-fused --drafter $moe/drafter-random --prompts $moe/qwen3.5-fused/prompts.jsonl --max-new-tokens 8 --json --quiet
+report triage-moe triage $moe/qwen3.5-fused --drafter $moe/drafter-random --prompts $moe/qwen3.5-fused/prompts.jsonl --max-new-tokens 8 --json --quiet
 
 # refused inputs (exit 2, one line)
 run bad-paths compare $tiny --paths causal-lm,nope --no-report

@@ -10,6 +10,7 @@ use crate::capture::{self, CaptureOptions, HiddenKind, Observer, PathModel};
 use crate::drafter::{self, DrafterSettings};
 use crate::error::{Error, Result};
 use crate::loading::{self, LoadingPath, NonFinite, WeightOrigin, WeightSource};
+use crate::models::moe::Routing;
 use crate::models::GdnForm;
 use crate::parity::{incremental, IncrementalCheck, PairObserver, PairReport, Verdict};
 use crate::precision::Precision;
@@ -202,7 +203,9 @@ fn paths_as_run(
                 tie: p.inventory.tied_lm_head,
                 lm_head: match p.view.origin("lm_head.weight") {
                     None => LmHeadOrigin::None,
-                    Some(WeightOrigin::Checkpoint { .. }) => LmHeadOrigin::Checkpoint,
+                    Some(WeightOrigin::Checkpoint { .. } | WeightOrigin::Converted { .. }) => {
+                        LmHeadOrigin::Checkpoint
+                    }
                     Some(WeightOrigin::Tied { key }) => LmHeadOrigin::Tied(key.clone()),
                     Some(WeightOrigin::Missing { init, .. }) => {
                         LmHeadOrigin::Missing(init.to_string())
@@ -243,6 +246,15 @@ impl Observer for KeepFinal<'_> {
 
     fn logits(&mut self, logits: &[Option<Vec<Tensor>>]) -> Result<()> {
         self.inner.logits(logits)
+    }
+
+    fn routing(
+        &mut self,
+        layer: usize,
+        routing: &[Vec<Routing>],
+        local: &[Option<Vec<Routing>>],
+    ) -> Result<()> {
+        self.inner.routing(layer, routing, local)
     }
 }
 
@@ -304,11 +316,14 @@ fn attach_non_finite(session: &Session, paths_run: &mut [PathRun], notes: &mut V
             .view
             .names()
             .iter()
-            .filter_map(|n| match p.view.origin(n) {
+            .flat_map(|n| match p.view.origin(n) {
                 Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
-                    Some(key.as_str())
+                    vec![key.as_str()]
                 }
-                _ => None,
+                Some(WeightOrigin::Converted { param }) => {
+                    param.sources.iter().map(String::as_str).collect()
+                }
+                _ => Vec::new(),
             })
             .collect();
         run.non_finite_weights = seen

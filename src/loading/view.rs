@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
+use crate::loading::experts::{self, FusedParam};
 use crate::loading::spec::InitRule;
 use crate::loading::WeightSource;
 use crate::precision::Precision;
@@ -28,6 +29,13 @@ pub enum WeightOrigin {
     Tied {
         /// Checkpoint key whose values it shares.
         key: String,
+    },
+    /// Fused at load time from per-expert checkpoint keys (the expert
+    /// conversion of an MoE checkpoint, [`crate::loading::experts`]).
+    Converted {
+        /// The fused parameter: its name in checkpoint naming, rule, sources
+        /// in fusion order, shape.
+        param: FusedParam,
     },
     /// Absent from the checkpoint: transformers initialises it with `init`.
     Missing {
@@ -116,14 +124,18 @@ impl TensorView {
     }
 
     /// Bytes of the checkpoint tensors this view reads, in their stored
-    /// dtypes (each checkpoint key once; MISSING tensors take none).
+    /// dtypes (each checkpoint key once, a converted parameter's sources
+    /// included; MISSING tensors take none).
     pub fn stored_bytes(&self) -> u64 {
         let mut keys: Vec<&str> = self
             .entries
             .values()
-            .filter_map(|o| match o {
-                WeightOrigin::Checkpoint { key } | WeightOrigin::Tied { key } => Some(key.as_str()),
-                WeightOrigin::Missing { .. } => None,
+            .flat_map(|o| match o {
+                WeightOrigin::Checkpoint { key } | WeightOrigin::Tied { key } => vec![key.as_str()],
+                WeightOrigin::Converted { param } => {
+                    param.sources.iter().map(String::as_str).collect()
+                }
+                WeightOrigin::Missing { .. } => Vec::new(),
             })
             .collect();
         keys.sort_unstable();
@@ -233,7 +245,8 @@ impl TensorView {
         })
     }
 
-    /// The checkpoint key behind `name`, `None` for a missing (initialised) tensor.
+    /// The checkpoint key behind `name`, `None` for a missing (initialised)
+    /// or converted (fused at load) tensor.
     fn key(&self, name: &str) -> Result<Option<&str>> {
         match self.entries.get(name) {
             None => Err(Error::Checkpoint(format!(
@@ -242,7 +255,7 @@ impl TensorView {
             Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
                 Ok(Some(key))
             }
-            Some(WeightOrigin::Missing { .. }) => Ok(None),
+            Some(WeightOrigin::Missing { .. }) | Some(WeightOrigin::Converted { .. }) => Ok(None),
         }
     }
 
@@ -262,6 +275,19 @@ impl TensorView {
             m.insert(key, t.clone());
         }
         Ok(t)
+    }
+
+    /// The fused parameter behind `name`, when it is converted at load time.
+    fn converted(&self, name: &str) -> Option<&FusedParam> {
+        match self.entries.get(name) {
+            Some(WeightOrigin::Converted { param }) => Some(param),
+            _ => None,
+        }
+    }
+
+    /// Scans every source key of a converted parameter (once each).
+    fn scan_sources(&self, p: &FusedParam) -> Result<()> {
+        p.sources.iter().try_for_each(|k| self.scan_key_bytes(k))
     }
 
     /// Counts NaN/Inf of the whole tensor `key` from the mapped bytes (used when
@@ -284,6 +310,10 @@ impl WeightSource for TensorView {
         match self.entries.get(name) {
             Some(WeightOrigin::Missing { init, shape }) => {
                 self.place(init_tensor(name, *init, shape, self.seed)?)
+            }
+            Some(WeightOrigin::Converted { param }) => {
+                self.scan_sources(param)?;
+                self.place(experts::materialize(&self.weights, param, Precision::F32)?)
             }
             // The stored values: f32 rounding is the identity.
             _ => self.tensor_in(name, Precision::F32),
@@ -308,8 +338,35 @@ impl WeightSource for TensorView {
                 }
                 self.place(t)
             }
-            None => prec.round(&self.tensor(name)?),
+            None => match self.converted(name) {
+                Some(p) => {
+                    self.scan_sources(p)?;
+                    self.place(experts::materialize(&self.weights, p, prec)?)
+                }
+                None => prec.round(&self.tensor(name)?),
+            },
         }
+    }
+
+    /// Reads only expert `e`'s bytes: a row of a fused tensor on disk, or the
+    /// expert's per-expert keys of a converted parameter. The whole parameter
+    /// is scanned for NaN/Inf on its first expert read (from its bytes).
+    fn expert(&self, name: &str, e: usize, prec: Precision) -> Result<Tensor> {
+        if let Some(p) = self.converted(name) {
+            self.scan_sources(p)?;
+            return self.place(experts::materialize_expert(&self.weights, p, e, prec)?);
+        }
+        match self.key(name)? {
+            Some(key) => {
+                self.scan_key_bytes(key)?;
+                self.place(experts::fused_expert(&self.weights, key, e, prec)?)
+            }
+            None => Ok(self.tensor_in(name, prec)?.get(e)?),
+        }
+    }
+
+    fn share(&self) -> Option<std::sync::Arc<dyn WeightSource + Send + Sync>> {
+        Some(std::sync::Arc::new(self.clone()))
     }
 
     /// The rows are gathered from the mapped file; the whole table is still
@@ -349,6 +406,7 @@ impl WeightSource for TensorView {
             WeightOrigin::Checkpoint { key } | WeightOrigin::Tied { key } => {
                 self.weights.index().get(key).map(|t| t.shape.clone())
             }
+            WeightOrigin::Converted { param } => Some(param.shape.clone()),
             WeightOrigin::Missing { shape, .. } => Some(shape.clone()),
         }
     }
@@ -359,6 +417,7 @@ impl WeightSource for TensorView {
             Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
                 format!("ckpt:{key}")
             }
+            Some(WeightOrigin::Converted { param }) => format!("fused:{}", param.name),
             Some(WeightOrigin::Missing { init, shape }) => match init {
                 InitRule::Zeros | InitRule::Ones => format!("init:{init}:{shape:?}"),
                 _ => format!(

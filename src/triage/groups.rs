@@ -228,6 +228,7 @@ fn target_of<'a>(
         weights,
         prec,
         head,
+        spec,
         ..
     } = recipe
     else {
@@ -244,7 +245,7 @@ fn target_of<'a>(
         Head::Made(m) => m,
     };
     Some(TargetModel {
-        spec: &session.spec,
+        spec: spec.as_deref().unwrap_or(&session.spec),
         weights: w,
         head: h,
         prec: *prec,
@@ -271,7 +272,10 @@ pub fn build<'a>(
     let mut keys = vec![key_of(&base_target)];
     for (i, r) in recipes.iter().enumerate() {
         let Recipe::Model {
-            form, decode_shift, ..
+            form,
+            decode_shift,
+            spec,
+            ..
         } = r
         else {
             continue;
@@ -285,7 +289,9 @@ pub fn build<'a>(
             decode_shift: *decode_shift,
         };
         let k = key_of(&t);
-        match keys.iter().position(|x| *x == k) {
+        // A run with its own numerics (spec) never shares sweeps.
+        let shared = spec.is_none().then(|| keys.iter().position(|x| *x == k));
+        match shared.flatten() {
             Some(g) => groups[g].lanes.push(lane),
             None => {
                 keys.push(k);

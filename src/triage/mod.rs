@@ -182,11 +182,18 @@ fn plan(
             .filter(|&p| p != base_prec)
             .map(Suspect::Dtype),
     );
-    plan.extend([
-        Suspect::Recurrent,
-        Suspect::TapOffset(-1),
-        Suspect::TapOffset(1),
-    ]);
+    plan.push(Suspect::Recurrent);
+    if session.spec.moe.is_some() {
+        if base_prec == Precision::F32 {
+            notes.push(
+                "router-dtype not run: the baseline computes in f32, where the router's softmax is f32 either way"
+                    .into(),
+            );
+        } else {
+            plan.push(Suspect::RouterDtype);
+        }
+    }
+    plan.extend([Suspect::TapOffset(-1), Suspect::TapOffset(1)]);
     let n_layers = session.spec.num_layers();
     if drafter.cfg.target_layer_ids.iter().max() == Some(&(n_layers - 1)) {
         plan.push(Suspect::NormedLastTap);

@@ -8,7 +8,8 @@ use candle_core::{DType, Tensor};
 use crate::drafter::eval;
 use crate::error::{Error, Result};
 use crate::loading::{InitRule, LoadingPath, ResolvedPath, WeightSource};
-use crate::models::GdnForm;
+use crate::models::moe::RouterSoftmax;
+use crate::models::{GdnForm, TextModelSpec};
 use crate::precision::Precision;
 use crate::session::Session;
 
@@ -31,6 +32,8 @@ pub enum Suspect {
     MissingOn(LoadingPath),
     /// A random `lm_head` (no path misses anything: the commonest case emulated).
     RandomLmHead,
+    /// MoE targets: the router's softmax in the model dtype instead of f32.
+    RouterDtype,
 }
 
 /// Where a suspect's target weights come from.
@@ -66,6 +69,10 @@ pub enum Recipe {
         form: GdnForm,
         /// Positions after the prompt shifted by this.
         decode_shift: usize,
+        /// The model's geometry and numerics when they are not the
+        /// session's (the router's softmax dtype); such a run shares no
+        /// sweeps.
+        spec: Option<Box<TextModelSpec>>,
     },
     /// Other hidden states of the baseline's forward fed to the drafter.
     Taps(Taps),
@@ -92,6 +99,7 @@ impl Suspect {
             Suspect::Positions(k) => format!("positions+{k}"),
             Suspect::MissingOn(p) => format!("missing-{p}"),
             Suspect::RandomLmHead => "missing-lm_head".into(),
+            Suspect::RouterDtype => "router-dtype".into(),
         }
     }
 
@@ -118,6 +126,10 @@ impl Suspect {
             Suspect::MissingOn(_) | Suspect::RandomLmHead => {
                 "MISSING tensors initialised as transformers would".into()
             }
+            Suspect::RouterDtype => {
+                "MoE router softmax in the model dtype instead of f32 (softmax(logits) without dtype=torch.float)"
+                    .into()
+            }
         }
     }
 
@@ -132,6 +144,7 @@ impl Suspect {
             head,
             form,
             decode_shift,
+            spec: None,
         };
         Ok(match *self {
             Suspect::Vlm => {
@@ -184,6 +197,19 @@ impl Suspect {
                     0,
                 )
             }
+            Suspect::RouterDtype => Recipe::Model {
+                weights: Weights::Base,
+                prec: base_prec,
+                head: Head::Base,
+                form: GdnForm::Chunked,
+                decode_shift: 0,
+                spec: Some(Box::new(
+                    session
+                        .spec
+                        .clone()
+                        .with_router_softmax(RouterSoftmax::ModelDtype),
+                )),
+            },
         })
     }
 }

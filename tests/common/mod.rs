@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod captures;
+pub mod moe;
 
 use std::fs::File;
 use std::io::Write;
