@@ -143,7 +143,7 @@ impl Dump {
     /// disagree with its prompt's; prompts holding different indices or
     /// states, or ids in some prompts only.
     pub fn read(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::input::read(path)?;
         let bad = |m: String| Error::Format(format!("{}: {m}", path.display()));
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
             .map_err(|e| bad(format!("not a safetensors file: {e}")))?;

@@ -55,6 +55,9 @@ impl Session {
             .iter()
             .map(|&p| Ok(loading::resolve(&ckpt, p)?.seeded(target.seed, &dev)))
             .collect::<Result<Vec<_>>>()?;
+        paths
+            .iter()
+            .try_for_each(|p| check_missing_backed(&ckpt, p))?;
         let first = paths
             .first()
             .ok_or_else(|| Error::Input("no loading path given".into()))?;
@@ -91,6 +94,50 @@ impl Session {
     /// Errors: as [`loading::resolve`].
     pub fn resolve_extra(&self, path: LoadingPath, seed: u64) -> Result<ResolvedPath> {
         Ok(loading::resolve(&self.ckpt, path)?.seeded(seed, &self.spec.device))
+    }
+}
+
+/// MISSING tensors of a path may take, in f32, this many times the
+/// checkpoint's bytes on disk (plus [`MISSING_SLACK`]) before the run is
+/// refused: a path missing its LM head or most of its layers is run (a
+/// finding), one whose config sizes the missing part far beyond anything the
+/// checkpoint holds is not this checkpoint's model.
+pub const MISSING_FACTOR: u64 = 4;
+/// See [`MISSING_FACTOR`].
+pub const MISSING_SLACK: u64 = 256 << 20;
+
+/// Refuses, before anything is initialised, a path whose MISSING tensors
+/// would be generated larger than [`MISSING_FACTOR`] × the checkpoint's
+/// bytes on disk + [`MISSING_SLACK`].
+///
+/// Errors ([`Error::Config`]): naming the path, the bytes and the largest tensor.
+pub fn check_missing_backed(ckpt: &Checkpoint, p: &ResolvedPath) -> Result<()> {
+    let disk: u64 = ckpt.headers.shards.iter().map(|s| s.file_len).sum();
+    let limit = disk
+        .saturating_mul(MISSING_FACTOR)
+        .saturating_add(MISSING_SLACK);
+    let mut total = 0u64;
+    let mut largest: Option<(u64, &str, &[usize])> = None;
+    for name in p.view.names() {
+        if let Some(loading::WeightOrigin::Missing { shape, .. }) = p.view.origin(name) {
+            let bytes = crate::checkpoint::headers::checked_numel(shape)
+                .unwrap_or(u64::MAX)
+                .saturating_mul(4);
+            total = total.saturating_add(bytes);
+            if largest.is_none_or(|(b, _, _)| bytes > b) {
+                largest = Some((bytes, name, shape));
+            }
+        }
+    }
+    match largest {
+        Some((_, name, shape)) if total > limit => Err(Error::Config(format!(
+            "{}: on {}, the MISSING tensors would be initialised with {total} bytes (f32; largest {name} \
+             {shape:?}), more than {MISSING_FACTOR} x the checkpoint's {disk} bytes on disk: the config's \
+             sizes do not describe this checkpoint",
+            ckpt.config_path.display(),
+            p.path
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -469,8 +469,8 @@ pub fn detect(path: &Path) -> Result<Format> {
     let head = {
         use std::io::Read;
         let mut b = [0u8; 4];
-        let n = std::fs::File::open(path)
-            .and_then(|mut f| f.read(&mut b))
+        let n = crate::input::open(path)?
+            .read(&mut b)
             .map_err(|e| Error::io(path, e))?;
         b[..n].to_vec()
     };

@@ -35,7 +35,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Checkpoint;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::parity::Verdict;
 use crate::prompts::{Prompt, Rendering, Resolved};
 use crate::session::Session;
@@ -431,9 +431,7 @@ pub fn short_sha256(bytes: &[u8]) -> String {
 
 /// sha256 of a file (first 16 hex chars). Errors: unreadable file.
 pub fn file_sha256(path: &Path) -> Result<String> {
-    Ok(short_sha256(
-        &std::fs::read(path).map_err(|e| Error::io(path, e))?,
-    ))
+    Ok(short_sha256(&crate::input::read(path)?))
 }
 
 /// sha256 over the prompts' ids (little-endian u32, a separator per prompt).

@@ -68,7 +68,10 @@ impl DflashConfig {
     /// `mask_token_id`; a missing or mistyped dimension; a rope scaling other
     /// than default; unknown `layer_types`.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::input::read_to_string(path)?;
+        if let Some(m) = crate::input::bom_message(text.as_bytes()) {
+            return Err(Error::Config(format!("{}: {m}", path.display())));
+        }
         let cfg: Value = serde_json::from_str(&text)
             .map_err(|e| Error::Config(format!("{}: not valid JSON: {e}", path.display())))?;
         Self::from_value(&cfg).map_err(|e| match e {
