@@ -507,7 +507,7 @@ pub fn run(cli: Cli) -> Result<u8> {
                 quiet: a.run.quiet,
             };
             let target = a.target.target(&a.run)?;
-            let d = dump::run_to_file(&target, a.path, &opts, &a.out, a.force)?;
+            let (d, findings) = dump::run_to_file(&target, a.path, &opts, &a.out, a.force)?;
             eprintln!(
                 "wrote {} ({} prompts, {} hidden states each)",
                 a.out.display(),
@@ -517,7 +517,10 @@ pub fn run(cli: Cli) -> Result<u8> {
                     .map(|p| p.hidden_states.len())
                     .unwrap_or(0)
             );
-            Ok(0)
+            if !findings.is_empty() {
+                eprintln!("FAIL: {}", findings.join("; "));
+            }
+            Ok(u8::from(!findings.is_empty()))
         }
         Command::Prompts(a) => {
             let rep = prompts::run(&prompts::PromptsOptions {

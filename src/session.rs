@@ -2,10 +2,12 @@
 //! prompts tokenised, and the device — what `compare`, `dump`, `drafter` and
 //! `triage` start from.
 
+use std::collections::{BTreeMap, HashSet};
+
 use crate::checkpoint::Checkpoint;
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
-use crate::loading::{self, LoadingPath, ResolvedPath, WeightSource};
+use crate::loading::{self, LoadingPath, NonFinite, ResolvedPath, WeightOrigin, WeightSource};
 use crate::models::TextModelSpec;
 use crate::precision::Precision;
 use crate::prompts::{self, Prompt, PromptLimits, PromptOptions, Rendering};
@@ -88,12 +90,96 @@ impl Session {
         self.prompts.iter().map(|p| p.ids.len()).collect()
     }
 
+    /// What each path's weights hold that makes its results a finding
+    /// (exit 1) rather than parity, in path order: MISSING state-dict
+    /// entries (from the inventory) and the checkpoint tensors it reads that
+    /// hold NaN or ±Inf. NaN/Inf are counted as tensors are read (paths
+    /// sharing a tensor read it once, so what any path saw is merged): call
+    /// it after the run. Every verb that runs the model reports these the
+    /// same way (`compare`, `dump`, `drafter`, `triage`).
+    pub fn weight_findings(&self) -> Vec<WeightFindings> {
+        let seen: BTreeMap<String, NonFinite> =
+            self.paths.iter().flat_map(|p| p.view.non_finite()).collect();
+        self.paths
+            .iter()
+            .map(|p| {
+                let reads: HashSet<&str> = p
+                    .view
+                    .names()
+                    .iter()
+                    .flat_map(|n| match p.view.origin(n) {
+                        Some(WeightOrigin::Checkpoint { key } | WeightOrigin::Tied { key }) => {
+                            vec![key.as_str()]
+                        }
+                        Some(WeightOrigin::Converted { param }) => {
+                            param.sources.iter().map(String::as_str).collect()
+                        }
+                        _ => Vec::new(),
+                    })
+                    .collect();
+                WeightFindings {
+                    path: p.path.name().to_string(),
+                    missing: p.inventory.missing_names.clone(),
+                    non_finite: seen
+                        .iter()
+                        .filter(|(k, _)| reads.contains(k.as_str()))
+                        .map(|(k, v)| (k.clone(), *v))
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// [`Self::weight_findings`] as one phrase per path that has any.
+    pub fn findings(&self) -> Vec<String> {
+        self.weight_findings()
+            .iter()
+            .filter_map(WeightFindings::describe)
+            .collect()
+    }
+
     /// Resolves one more loading path on this session's checkpoint, seeded
     /// and placed like the others (triage's variants).
     ///
     /// Errors: as [`loading::resolve`].
     pub fn resolve_extra(&self, path: LoadingPath, seed: u64) -> Result<ResolvedPath> {
         Ok(loading::resolve(&self.ckpt, path)?.seeded(seed, &self.spec.device))
+    }
+}
+
+/// One path's weight findings ([`Session::weight_findings`]).
+#[derive(Debug, Clone, Default)]
+pub struct WeightFindings {
+    /// The loading path.
+    pub path: String,
+    /// MISSING (randomly initialised) state-dict entries.
+    pub missing: Vec<String>,
+    /// Checkpoint tensors the path reads that hold NaN or ±Inf, by key.
+    pub non_finite: BTreeMap<String, NonFinite>,
+}
+
+impl WeightFindings {
+    /// One phrase (`causal-lm: 1 MISSING tensor (lm_head.weight), weight K
+    /// holds 1 NaN and 1 Inf values`), `None` when there is nothing.
+    pub fn describe(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if !self.missing.is_empty() {
+            let shown: Vec<&str> = self.missing.iter().take(3).map(String::as_str).collect();
+            parts.push(format!(
+                "{} MISSING tensor{} (randomly initialised: {}{})",
+                self.missing.len(),
+                if self.missing.len() == 1 { "" } else { "s" },
+                shown.join(", "),
+                if self.missing.len() > 3 { ", …" } else { "" }
+            ));
+        }
+        for (k, nf) in &self.non_finite {
+            parts.push(format!(
+                "weight {k} holds {} NaN and {} Inf values",
+                nf.nan, nf.inf
+            ));
+        }
+        (!parts.is_empty()).then(|| format!("{}: {}", self.path, parts.join(", ")))
     }
 }
 

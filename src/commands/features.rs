@@ -139,5 +139,6 @@ pub fn run(o: &FeaturesOptions) -> Result<FeaturesReport> {
         Environment::of_session(&session, GdnForm::Chunked)?,
         d.command_line.clone(),
         notes,
-    ))
+    )
+    .with_findings(&session.findings()))
 }

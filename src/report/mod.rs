@@ -390,6 +390,29 @@ impl<B> Report<B> {
     }
 }
 
+impl<B> Report<B> {
+    /// The report failed by the target's weight findings (MISSING or
+    /// NaN/Inf weights, `session::Session::findings`), whatever it measured:
+    /// verdict fail, exit 1, the findings first in the summary. Unchanged
+    /// when `findings` is empty. What `compare` flags, `drafter`, `drafter
+    /// --features` and `triage` flag the same way.
+    pub fn with_findings(mut self, findings: &[String]) -> Self {
+        if findings.is_empty() {
+            return self;
+        }
+        let body = self
+            .summary
+            .strip_prefix("PASS: ")
+            .or_else(|| self.summary.strip_prefix("FAIL: "))
+            .unwrap_or(&self.summary)
+            .to_string();
+        self.verdict = Verdict::Fail;
+        self.exit_code = 1;
+        self.summary = tagged(Verdict::Fail, &format!("{}; {body}", findings.join("; ")));
+        self
+    }
+}
+
 impl<B> std::ops::Deref for Report<B> {
     type Target = B;
     fn deref(&self) -> &B {
