@@ -10,7 +10,7 @@ mod engines;
 
 use std::path::PathBuf;
 
-use clap::builder::PossibleValue;
+use clap::builder::{PossibleValue, RangedU64ValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::commands::{compare, diff, drafter, dump, features, inventory, prompts, triage};
@@ -135,8 +135,20 @@ impl ValueEnum for DtypeArg {
     }
 }
 
-/// Loading paths, comma-separated; a path named twice is refused.
+/// `--observed-tau`: a finite τ, 0..=1024 (NaN, ±Inf and negatives refused).
+fn observed_tau(s: &str) -> std::result::Result<f64, String> {
+    drafter_args::finite_in(s, 0.0, 1024.0)
+}
+
+/// Loading paths, comma-separated; an empty list (`--paths ""`) and a path
+/// named twice are refused.
 fn distinct(paths: Vec<LoadingPath>) -> Result<Vec<LoadingPath>> {
+    if paths.is_empty() {
+        return Err(Error::Input(
+            "--paths is empty: name at least one loading path (causal-lm, vlm, image-text-to-text)"
+                .into(),
+        ));
+    }
     for (i, p) in paths.iter().enumerate() {
         if paths[..i].contains(p) {
             return Err(Error::Input(format!("--paths names {p} twice")));
@@ -215,7 +227,7 @@ struct InventoryArgs {
     checkpoint: String,
     /// Loading paths, comma-separated (default: every path that applies).
     #[arg(long, value_enum, value_delimiter = ',')]
-    paths: Vec<LoadingPath>,
+    paths: Option<Vec<LoadingPath>>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -268,8 +280,8 @@ struct DiffArgs {
     a: PathBuf,
     /// Compared dump (safetensors).
     b: PathBuf,
-    /// Compare a's hidden_states[i] with b's hidden_states[i + OFFSET] (the other tap convention: ±1).
-    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    /// Compare a's hidden_states[i] with b's hidden_states[i + OFFSET] (the other tap convention: ±1), -1024..=1024.
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(-1024..=1024))]
     tap_offset: i64,
     /// For every hidden_states index of b, find the index of a it matches best (cosine) and report the offset.
     #[arg(long)]
@@ -323,11 +335,11 @@ struct TriageArgs {
     budget: BudgetArgs,
     #[command(flatten)]
     trajectories: TrajectoryArgs,
-    /// τ seen in the regressed eval: marks the variants consistent with it.
-    #[arg(long)]
+    /// τ seen in the regressed eval: marks the variants consistent with it (a finite number, 0..=1024).
+    #[arg(long, value_parser = observed_tau)]
     observed_tau: Option<f64>,
-    /// k of the "positions shifted by +k" variant.
-    #[arg(long, default_value_t = 16)]
+    /// k of the "positions shifted by +k" variant, 1..=65536.
+    #[arg(long, default_value_t = 16, value_parser = RangedU64ValueParser::<usize>::new().range(1..=65_536))]
     position_shift: usize,
     #[command(flatten)]
     report: ReportArgs,
@@ -400,11 +412,9 @@ fn finish<D: Document>(doc: &D, json: bool, folder: Option<ReportFolder>) -> Res
     if let Some(f) = folder {
         let mut files = vec![("report.json", text)];
         files.extend(doc.files()?);
+        let md = f.dir().join("report.md");
         f.write(&files)?;
-        eprintln!(
-            "report: {} (and report.json)",
-            f.dir().join("report.md").display()
-        );
+        eprintln!("report: {} (and report.json)", md.display());
     }
     Ok(doc.exit_code())
 }
@@ -415,7 +425,10 @@ fn finish<D: Document>(doc: &D, json: bool, folder: Option<ReportFolder>) -> Res
 pub fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Inventory(a) => {
-            let inv = inventory::run(&a.checkpoint, &distinct(a.paths)?)?;
+            let inv = inventory::run(
+                &a.checkpoint,
+                &a.paths.map(distinct).transpose()?.unwrap_or_default(),
+            )?;
             finish(&inv, a.json, None)
         }
         Command::Compare(a) => {

@@ -15,8 +15,9 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// What a file type is, in words, when it is not a regular file.
-fn kind_of(meta: &Metadata) -> Option<&'static str> {
+/// What a file type is, in words, when it is not a regular file (`None` for
+/// a regular file).
+pub(crate) fn kind_of(meta: &Metadata) -> Option<&'static str> {
     let t = meta.file_type();
     if t.is_file() {
         return None;
@@ -61,12 +62,6 @@ pub fn check_regular(path: &Path) -> Result<Metadata> {
         None => Ok(meta),
         Some(what) => Err(not_regular(path, what)),
     }
-}
-
-/// True when `path` is (after resolving symlinks) a regular file: what an
-/// optional input (a `tokenizer.json` beside a checkpoint) is taken as present by.
-pub fn is_regular(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.is_file())
 }
 
 /// Opens `path` for reading, refusing anything but a regular file. The open
