@@ -331,6 +331,19 @@ fn as_rows(t: Tensor, rows: &mut Option<usize>, name: &str, path: &Path) -> Resu
             }
         )));
     }
+    if t.dim(0)? == 0 || t.dim(1)? == 0 {
+        // Nothing would be compared, and an empty comparison is not parity.
+        return Err(Error::Format(format!(
+            "{}: {name} has shape {:?}: {}, so there is nothing to compare",
+            path.display(),
+            t.dims(),
+            if t.dim(0)? == 0 {
+                "an empty prompt (no tokens)"
+            } else {
+                "zero-width states"
+            }
+        )));
+    }
     rows.get_or_insert(t.dim(0)?);
     Ok(t.to_dtype(DType::F32)?)
 }
