@@ -98,8 +98,11 @@ impl Session {
     /// it after the run. Every verb that runs the model reports these the
     /// same way (`compare`, `dump`, `drafter`, `triage`).
     pub fn weight_findings(&self) -> Vec<WeightFindings> {
-        let seen: BTreeMap<String, NonFinite> =
-            self.paths.iter().flat_map(|p| p.view.non_finite()).collect();
+        let seen: BTreeMap<String, NonFinite> = self
+            .paths
+            .iter()
+            .flat_map(|p| p.view.non_finite())
+            .collect();
         self.paths
             .iter()
             .map(|p| {

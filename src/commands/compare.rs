@@ -2,7 +2,6 @@
 //! lock-step, per-layer parity, the prefill-vs-incremental check, and
 //! optionally the drafter's τ on every path.
 
-
 use candle_core::Tensor;
 
 use crate::capture::{self, CaptureOptions, HiddenKind, Observer, PathModel};
