@@ -36,7 +36,7 @@ use prompt_args::PromptArgs;
     name = "hsparity",
     version,
     about = "Do two ways of loading the same checkpoint produce the same hidden states?",
-    after_help = "Loading paths: causal-lm (AutoModelForCausalLM), vlm (AutoModel), image-text-to-text (AutoModelForImageTextToText).\nExit codes: 0 parity holds and inventories are clean; 1 a tolerance is exceeded or a path has missing (randomly initialised) or non-finite tensors; 2 bad input or usage."
+    after_help = "Loading paths: causal-lm (AutoModelForCausalLM), vlm (AutoModel), image-text-to-text (AutoModelForImageTextToText).\nExit codes: 0 parity holds and inventories are clean; 1 a tolerance is exceeded or a path has missing (randomly initialised) or non-finite tensors; 2 bad input or usage (one line on stderr, nothing written). Numeric options are refused outside the range their help gives."
 )]
 pub struct Cli {
     #[command(subcommand)]
