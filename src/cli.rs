@@ -419,6 +419,32 @@ fn finish<D: Document>(doc: &D, json: bool, folder: Option<ReportFolder>) -> Res
     Ok(doc.exit_code())
 }
 
+/// `dump`: writes the file, then exits 1 when the path's weights hold a
+/// finding (MISSING or NaN/Inf, as `compare` would fail them).
+fn run_dump(a: DumpArgs) -> Result<u8> {
+    let opts = dump::DumpOptions {
+        logits: !a.no_logits,
+        form: a.gdn_form,
+        dtype: a.dtype.0,
+        quiet: a.run.quiet,
+    };
+    let target = a.target.target(&a.run)?;
+    let (d, findings) = dump::run_to_file(&target, a.path, &opts, &a.out, a.force)?;
+    eprintln!(
+        "wrote {} ({} prompts, {} hidden states each)",
+        a.out.display(),
+        d.prompts.len(),
+        d.prompts
+            .first()
+            .map(|p| p.hidden_states.len())
+            .unwrap_or(0)
+    );
+    if !findings.is_empty() {
+        eprintln!("FAIL: {}", findings.join("; "));
+    }
+    Ok(u8::from(!findings.is_empty()))
+}
+
 /// Runs the parsed command line; returns the exit code (0 or 1).
 ///
 /// Errors: every bad input (the binary prints the message and exits 2).
@@ -512,29 +538,7 @@ pub fn run(cli: Cli) -> Result<u8> {
             })?;
             finish(&rep, a.json, folder)
         }
-        Command::Dump(a) => {
-            let opts = dump::DumpOptions {
-                logits: !a.no_logits,
-                form: a.gdn_form,
-                dtype: a.dtype.0,
-                quiet: a.run.quiet,
-            };
-            let target = a.target.target(&a.run)?;
-            let (d, findings) = dump::run_to_file(&target, a.path, &opts, &a.out, a.force)?;
-            eprintln!(
-                "wrote {} ({} prompts, {} hidden states each)",
-                a.out.display(),
-                d.prompts.len(),
-                d.prompts
-                    .first()
-                    .map(|p| p.hidden_states.len())
-                    .unwrap_or(0)
-            );
-            if !findings.is_empty() {
-                eprintln!("FAIL: {}", findings.join("; "));
-            }
-            Ok(u8::from(!findings.is_empty()))
-        }
+        Command::Dump(a) => run_dump(a),
         Command::Prompts(a) => {
             let rep = prompts::run(&prompts::PromptsOptions {
                 checkpoint: a.target.checkpoint.clone(),

@@ -308,11 +308,10 @@ impl ReportFolder {
         let tmp = b.tempdir_in(&parent).map_err(|e| Error::io(&parent, e))?;
         for (name, text) in files {
             let p = tmp.path().join(name);
-            let mut f =
-                std::fs::File::create(&p).map_err(|e| Error::io(&self.dir.join(name), e))?;
+            let mut f = std::fs::File::create(&p).map_err(|e| Error::io(self.dir.join(name), e))?;
             f.write_all(text.as_bytes())
                 .and_then(|()| f.sync_all())
-                .map_err(|e| Error::io(&self.dir.join(name), e))?;
+                .map_err(|e| Error::io(self.dir.join(name), e))?;
         }
         let claimed = self.created.last() == Some(&self.dir);
         if !(claimed && std::fs::rename(tmp.path(), &self.dir).is_ok()) {
