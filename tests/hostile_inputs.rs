@@ -189,6 +189,26 @@ fn pair_triage_args(target: &Path, extra: &[&str]) -> Vec<OsString> {
 
 const IDS: [&str; 2] = ["--prompt-ids", "1,2,3,4"];
 
+/// `dump <ckpt> --path causal-lm --out <out> [--force] -q` on [`IDS`].
+fn dump_run(ckpt: &Path, out: &Path, force: bool) -> Out {
+    let mut args: Vec<&OsStr> = vec![OsStr::new("dump"), s(ckpt)];
+    args.extend(["--path", "causal-lm", "--out"].map(OsStr::new));
+    args.push(s(out));
+    if force {
+        args.push(OsStr::new("--force"));
+    }
+    args.push(OsStr::new("-q"));
+    args.extend(IDS.map(OsStr::new));
+    run(args)
+}
+
+/// `compare <ckpt> --no-report` on [`IDS`].
+fn compare_run(ckpt: &Path) -> Out {
+    let mut args = vec![OsStr::new("compare"), s(ckpt), OsStr::new("--no-report")];
+    args.extend(IDS.map(OsStr::new));
+    run(args)
+}
+
 // ------------------------------------------------ 1. sizes vs allocation
 
 #[test]
@@ -216,9 +236,7 @@ fn alloc_compare_1e18_layers() {
             json!(1_000_000_000_000_000_000u64),
         );
     });
-    let o = run([OsStr::new("compare"), s(&d), OsStr::new("--no-report")]
-        .into_iter()
-        .chain(IDS.map(OsStr::new)));
+    let o = compare_run(&d);
     bad(&o, &["num_hidden_layers"]);
 }
 
@@ -234,17 +252,7 @@ fn alloc_dump_a_million_valid_layer_types() {
         );
     });
     let out = tmp.path().join("d.safetensors");
-    let o = run([
-        OsStr::new("dump"),
-        s(&d),
-        OsStr::new("--path"),
-        OsStr::new("causal-lm"),
-        OsStr::new("--out"),
-        s(&out),
-        OsStr::new("-q"),
-    ]
-    .into_iter()
-    .chain(IDS.map(OsStr::new)));
+    let o = dump_run(&d, &out, false);
     bad(&o, &["num_hidden_layers"]);
     assert!(!out.exists());
 }
@@ -317,17 +325,7 @@ fn utf8_diff_missing_inputs_named_lossily() {
 fn utf8_dump_out() {
     let tmp = tempfile::tempdir().unwrap();
     let out = non_utf8(tmp.path(), "d.safetensors");
-    let o = run([
-        OsStr::new("dump"),
-        OsStr::new(corpus::TINY),
-        OsStr::new("--path"),
-        OsStr::new("causal-lm"),
-        OsStr::new("--out"),
-        s(&out),
-        OsStr::new("-q"),
-    ]
-    .into_iter()
-    .chain(IDS.map(OsStr::new)));
+    let o = dump_run(Path::new(corpus::TINY), &out, false);
     ok(&o);
     assert!(out.is_file());
 }
@@ -391,9 +389,7 @@ fn irregular_config_is_a_directory_or_a_fifo() {
     );
     std::fs::remove_dir(d.join("config.json")).unwrap();
     mkfifo(&d.join("config.json"));
-    let o = run([OsStr::new("compare"), s(&d), OsStr::new("--no-report")]
-        .into_iter()
-        .chain(IDS.map(OsStr::new)));
+    let o = compare_run(&d);
     bad(&o, &["config.json", "named pipe"]);
 }
 
@@ -483,31 +479,11 @@ fn verdict_dump_on_nan_and_missing_weights() {
     let t = pair_copy(tmp.path(), "target");
     poke_bf16_nan(&t, "model.language_model.layers.1.mlp.up_proj.weight");
     let out = tmp.path().join("d.safetensors");
-    let o = run([
-        OsStr::new("dump"),
-        s(&t),
-        OsStr::new("--path"),
-        OsStr::new("causal-lm"),
-        OsStr::new("--out"),
-        s(&out),
-        OsStr::new("-q"),
-    ]
-    .into_iter()
-    .chain(IDS.map(OsStr::new)));
+    let o = dump_run(&t, &out, false);
     finding(&o, &["up_proj", "NaN"]);
     let m = target_missing_lm_head(&tmp.path().join("m"));
     let out = tmp.path().join("m.safetensors");
-    let o = run([
-        OsStr::new("dump"),
-        s(&m),
-        OsStr::new("--path"),
-        OsStr::new("causal-lm"),
-        OsStr::new("--out"),
-        s(&out),
-        OsStr::new("-q"),
-    ]
-    .into_iter()
-    .chain(IDS.map(OsStr::new)));
+    let o = dump_run(&m, &out, false);
     finding(&o, &["MISSING", "lm_head.weight"]);
     // compare and inventory say the same.
     let o = run([OsStr::new("inventory"), s(&m), OsStr::new("--json")]);
@@ -633,9 +609,7 @@ fn strict_headers_duplicate_names_and_metadata() {
         sh.header
             .insert("__metadata__".into(), json!({"format": 1}));
     });
-    let o = run([OsStr::new("compare"), s(&d), OsStr::new("--no-report")]
-        .into_iter()
-        .chain(IDS.map(OsStr::new)));
+    let o = compare_run(&d);
     bad(&o, &["__metadata__"]);
 }
 
@@ -821,18 +795,7 @@ fn report_force_replaces_regular_files_only() {
     let fifo = tmp.path().join("out.safetensors");
     mkfifo(&fifo);
     for target in [fifo.as_path(), Path::new("/dev/null")] {
-        let o = run([
-            OsStr::new("dump"),
-            OsStr::new(corpus::TINY),
-            OsStr::new("--path"),
-            OsStr::new("causal-lm"),
-            OsStr::new("--out"),
-            s(target),
-            OsStr::new("--force"),
-            OsStr::new("-q"),
-        ]
-        .into_iter()
-        .chain(IDS.map(OsStr::new)));
+        let o = dump_run(Path::new(corpus::TINY), target, true);
         bad(&o, &["--force replaces regular files only"]);
     }
     use std::os::unix::fs::FileTypeExt;
@@ -900,9 +863,7 @@ fn message_byte_order_marks() {
     );
     let d = tiny_copy(&tmp.path().join("i"));
     bom(&d.join("model.safetensors.index.json"));
-    let o = run([OsStr::new("compare"), s(&d), OsStr::new("--no-report")]
-        .into_iter()
-        .chain(IDS.map(OsStr::new)));
+    let o = compare_run(&d);
     bad(&o, &["model.safetensors.index.json", "byte-order mark"]);
     let dr = pair_copy(&tmp.path().join("d"), "drafter");
     bom(&dr.join("config.json"));
