@@ -135,6 +135,21 @@ impl ValueEnum for DtypeArg {
     }
 }
 
+/// A checkpoint or drafter argument (a directory or a Hub id): text, as Hub
+/// ids and the transformers loaders take it; a path that is not UTF-8 is
+/// refused naming it (lossily), not as an unnamed argument.
+pub(crate) fn dir_or_id() -> impl clap::builder::TypedValueParser<Value = String> {
+    use clap::builder::TypedValueParser;
+    clap::builder::OsStringValueParser::new().try_map(|s| {
+        s.into_string().map_err(|s| {
+            format!(
+                "{} is not UTF-8: give the directory by a UTF-8 path (a symlink to it), or a Hub id",
+                s.to_string_lossy()
+            )
+        })
+    })
+}
+
 /// `--observed-tau`: a finite τ, 0..=1024 (NaN, ±Inf and negatives refused).
 fn observed_tau(s: &str) -> std::result::Result<f64, String> {
     drafter_args::finite_in(s, 0.0, 1024.0)
@@ -161,6 +176,7 @@ fn distinct(paths: Vec<LoadingPath>) -> Result<Vec<LoadingPath>> {
 #[derive(Args)]
 struct TargetArgs {
     /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
+    #[arg(value_parser = dir_or_id())]
     checkpoint: String,
     #[command(flatten)]
     prompts: PromptArgs,
@@ -224,6 +240,7 @@ impl ReportArgs {
 #[derive(Args)]
 struct InventoryArgs {
     /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
+    #[arg(value_parser = dir_or_id())]
     checkpoint: String,
     /// Loading paths, comma-separated (default: every path that applies).
     #[arg(long, value_enum, value_delimiter = ',')]
@@ -260,7 +277,7 @@ struct CompareArgs {
     #[arg(long)]
     json: bool,
     /// Also evaluate this DFlash drafter (directory or Hub id) on every path.
-    #[arg(long)]
+    #[arg(value_parser = dir_or_id(), long)]
     drafter: Option<String>,
     /// Force the prefill-vs-incremental check (by default it runs for models up to 4 GiB of f32 weights; it reads every layer a second time).
     #[arg(long, conflicts_with = "no_incremental")]
@@ -298,7 +315,7 @@ struct DrafterArgs {
     #[command(flatten)]
     target: TargetArgs,
     /// DFlash v1 drafter: directory (config.json + safetensors) or Hub id.
-    #[arg(long)]
+    #[arg(value_parser = dir_or_id(), long)]
     drafter: String,
     /// Loading paths, comma-separated; the first is the reference of cross runs.
     #[arg(
@@ -327,7 +344,7 @@ struct TriageArgs {
     #[command(flatten)]
     target: TargetArgs,
     /// DFlash v1 drafter: directory or Hub id.
-    #[arg(long)]
+    #[arg(value_parser = dir_or_id(), long)]
     drafter: String,
     #[command(flatten)]
     replay: ReplayArgs,

@@ -360,7 +360,15 @@ fn utf8_import_and_messages() {
 fn utf8_checkpoint_argument() {
     let tmp = tempfile::tempdir().unwrap();
     let d = non_utf8(tmp.path(), "ckpt");
-    bad(&run([OsStr::new("inventory"), s(&d)]), &["UTF-8"]);
+    bad(
+        &run([OsStr::new("inventory"), s(&d)]),
+        &["ckpt\u{FFFD} is not UTF-8"],
+    );
+    let t = repo_root().join(PAIR).join("target");
+    bad(
+        &run(pair_drafter_args(&t, &non_utf8(tmp.path(), "drafter"))),
+        &["--drafter", "drafter\u{FFFD} is not UTF-8"],
+    );
 }
 
 // ------------------------------------------------ 3. inputs that are not regular files
