@@ -342,6 +342,9 @@ pub fn run_all(
         let lane_names: Vec<String> = g.lanes.iter().map(label).collect();
         pb.set_message(lane_names.join(", "));
         let (outs, b) = run_group(g, drafter, prompts, replay, base.as_ref(), given)?;
+        // A head made for this group's suspect (the random lm_head) is not
+        // needed by the next group.
+        g.target.head.release();
         if b.is_some() {
             base = b;
         }

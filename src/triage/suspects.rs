@@ -187,8 +187,8 @@ impl Suspect {
                     tc.initializer_range,
                     seed,
                     base_prec,
-                )?
-                .to_device(&session.spec.device)?;
+                    &session.spec.device,
+                );
                 model(
                     Weights::Base,
                     base_prec,
@@ -251,48 +251,84 @@ pub fn select(hs: &[Tensor], last: &Tensor, taps: &[usize], mode: Taps) -> Resul
 
 /// An lm_head made for a suspect (the random one), held in the compute
 /// dtype's storage (bf16/f16 when the target computes in half precision)
-/// and read in vocabulary chunks like a checkpoint's.
-pub struct MadeHead(Tensor);
+/// and read in vocabulary chunks like a checkpoint's. It is generated when
+/// its group first reads it and dropped when the group is done
+/// ([`WeightSource::release`]), so a 27B target's 2.5 GB random head is
+/// resident only while the suspect runs.
+pub struct MadeHead {
+    /// `[V, H]`.
+    shape: [usize; 2],
+    /// The init's standard deviation.
+    std: f64,
+    seed: u64,
+    prec: Precision,
+    device: candle_core::Device,
+    made: std::sync::Mutex<Option<Tensor>>,
+}
 
 impl MadeHead {
     /// `lm_head.weight [V, H]` drawn from normal(0, `std`) with `seed` (the
-    /// init transformers gives a MISSING lm_head), rounded to `prec`.
-    ///
-    /// Errors: a tensor failure.
-    pub fn random(v: usize, h: usize, std: f64, seed: u64, prec: Precision) -> Result<Self> {
-        let w = crate::loading::view::init_tensor(
-            "lm_head.weight",
-            InitRule::Normal { std },
-            &[v, h],
-            Some(seed),
-        )?;
-        Ok(Self(match prec {
-            Precision::F32 => w,
-            Precision::Bf16 => w.to_dtype(DType::BF16)?,
-            Precision::F16 => w.to_dtype(DType::F16)?,
-        }))
+    /// init transformers gives a MISSING lm_head), rounded to `prec`, on
+    /// `device`; nothing is generated yet.
+    pub fn random(
+        v: usize,
+        h: usize,
+        std: f64,
+        seed: u64,
+        prec: Precision,
+        device: &candle_core::Device,
+    ) -> Self {
+        Self {
+            shape: [v, h],
+            std,
+            seed,
+            prec,
+            device: device.clone(),
+            made: std::sync::Mutex::new(None),
+        }
     }
 
-    /// The same head on `device`.
+    /// The head in its storage dtype, generated on first use.
     ///
-    /// Errors: the device cannot hold it.
-    pub fn to_device(self, device: &candle_core::Device) -> Result<Self> {
-        Ok(Self(self.0.to_device(device)?))
+    /// Errors: a tensor failure; the device cannot hold it.
+    fn get(&self) -> Result<Tensor> {
+        let mut m = self
+            .made
+            .lock()
+            .map_err(|_| Error::Input("the random lm_head's lock is poisoned".into()))?;
+        if let Some(t) = m.as_ref() {
+            return Ok(t.clone());
+        }
+        let t = crate::loading::init::init_tensor_in(
+            "lm_head.weight",
+            InitRule::Normal { std: self.std },
+            &self.shape,
+            Some(self.seed),
+            self.prec,
+        )?
+        .to_device(&self.device)?;
+        *m = Some(t.clone());
+        Ok(t)
     }
 }
 
 impl WeightSource for MadeHead {
     fn tensor(&self, _name: &str) -> Result<Tensor> {
-        Ok(self.0.to_dtype(DType::F32)?)
+        Ok(self.get()?.to_dtype(DType::F32)?)
     }
     fn tensor_in(&self, name: &str, prec: Precision) -> Result<Tensor> {
         prec.round(&self.tensor(name)?)
     }
     fn row_range(&self, _name: &str, start: usize, len: usize, prec: Precision) -> Result<Tensor> {
-        prec.round(&self.0.narrow(0, start, len)?.to_dtype(DType::F32)?)
+        prec.round(&self.get()?.narrow(0, start, len)?.to_dtype(DType::F32)?)
     }
     fn shape(&self, _name: &str) -> Option<Vec<usize>> {
-        Some(self.0.dims().to_vec())
+        Some(self.shape.to_vec())
+    }
+    fn release(&self) {
+        if let Ok(mut m) = self.made.lock() {
+            *m = None;
+        }
     }
     fn identity(&self, name: &str) -> String {
         format!("synthetic:{name}")
