@@ -21,7 +21,7 @@ pub mod qwen3_5;
 pub mod spec;
 pub mod text_model;
 
-pub use decoder::{DecoderLayer, LayerState, Mixer};
+pub use decoder::{CacheCrop, DecoderLayer, LayerState, Mixer};
 pub use qwen3_5::gated_delta_net::GdnForm;
 pub use spec::{LayerGeometry, Positions, TextModelSpec};
 pub use text_model::{

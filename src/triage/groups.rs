@@ -87,6 +87,7 @@ pub fn run_group(
                 prompt: p.clone(),
                 form: l.form,
                 decode_shift: l.decode_shift,
+                faults: Default::default(),
             })
         })
         .collect();
@@ -113,6 +114,7 @@ pub fn run_group(
                 prompt_len: pl,
                 form: l.form,
                 decode_shift: l.decode_shift,
+                faults: Default::default(),
             });
         }
     }
