@@ -186,7 +186,9 @@ impl Attention {
 }
 
 /// `x` stored as fp8 e4m3 with [`FP8_KV_SCALE`] and read back (see [`KvCache::fp8`]).
-fn fp8_round_trip(x: &Tensor) -> Result<Tensor> {
+///
+/// Errors: a tensor failure.
+pub fn fp8_round_trip(x: &Tensor) -> Result<Tensor> {
     use candle_core::DType;
     let q = (x / FP8_KV_SCALE)?.to_dtype(DType::F8E4M3)?;
     Ok((q.to_dtype(DType::F32)? * FP8_KV_SCALE)?)
