@@ -4,6 +4,7 @@
 //! trajectory ([`replay_all`], over [`eval`]), and τ on every loading path of
 //! a session ([`paths::evaluate`]).
 
+pub mod bootstrap;
 pub mod eval;
 pub mod faults;
 pub mod generate;
