@@ -21,6 +21,7 @@ use crate::output::{ReportFolder, ReportSettings};
 use crate::precision::Precision;
 use crate::report::{self, Document};
 use crate::session::Target;
+use crate::triage::harness as triage_harness;
 use crate::triage::TriageSettings;
 
 mod prompt_args;
@@ -407,6 +408,13 @@ struct TriageArgs {
     /// k of the "positions shifted by +k" variant.
     #[arg(long, default_value_t = 16)]
     position_shift: usize,
+    /// Position K where gdn-state-reset drops the linear-attention state
+    /// (default: the middle of each prompt).
+    #[arg(long, value_name = "K")]
+    reset_at: Option<usize>,
+    /// P pad tokens of left-pad-unmasked (0: not run).
+    #[arg(long, value_name = "P", default_value_t = triage_harness::DEFAULT_LEFT_PAD)]
+    left_pad: usize,
     #[command(flatten)]
     report: ReportArgs,
     /// Print JSON.
@@ -553,6 +561,11 @@ pub fn run(cli: Cli) -> Result<u8> {
                     seed: a.run.seed,
                     quiet: a.run.quiet,
                     memory_budget: a.budget.memory_budget,
+                    harness: triage_harness::HarnessOptions {
+                        reset_at: a.reset_at,
+                        left_pad: a.left_pad,
+                        ..Default::default()
+                    },
                 },
                 command_line: command_line(),
             })?;

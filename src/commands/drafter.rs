@@ -36,8 +36,9 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
     let session = Session::open(&opts.target, &opts.paths)?;
     let settings = &opts.drafter;
     let (dr, dprec) = drafter::load_checked(&session, &settings.source, settings.replay, 0)?;
-    let (eval, notes) =
+    let (mut eval, notes) =
         drafter::paths::evaluate(&session, &dr, dprec, settings, opts.dtype, opts.quiet)?;
+    eval.tau_gap_interval = drafter::gap::gap(&eval, opts.target.seed);
     Ok(crate::report::drafter::build(
         eval,
         Environment::of_session(&session, GdnForm::Chunked)?,

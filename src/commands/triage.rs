@@ -24,7 +24,10 @@ pub struct TriageOptions {
 /// Errors: as [`Session::open`] and [`triage::run`].
 pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
     let session = Session::open(&opts.target, &[LoadingPath::CausalLm])?;
-    let (t, summary, notes) = triage::run(&session, &opts.settings)?;
+    // thinking-flipped renders the prompts again with the flag flipped.
+    let mut settings = opts.settings.clone();
+    settings.harness.prompts = opts.target.prompts.clone();
+    let (t, summary, notes) = triage::run(&session, &settings)?;
     Ok(crate::report::triage::build(
         t,
         summary,

@@ -110,7 +110,10 @@ impl Bootstrap {
         let means: Vec<f64> = (0..self.resamples)
             .map(|_| {
                 let s: f64 = (0..n)
-                    .map(|_| d[rand::distributions::Distribution::<i64>::sample(&pick, &mut rng) as usize])
+                    .map(|_| {
+                        d[rand::distributions::Distribution::<i64>::sample(&pick, &mut rng)
+                            as usize]
+                    })
                     .sum();
                 s / n as f64
             })

@@ -7,6 +7,7 @@
 pub mod bootstrap;
 pub mod eval;
 pub mod faults;
+pub mod gap;
 pub mod generate;
 pub mod paths;
 pub mod plan;

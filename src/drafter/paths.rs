@@ -34,6 +34,9 @@ pub struct DrafterEval {
     pub tau_gap: f64,
     /// `--max-tau-gap`.
     pub max_tau_gap: f64,
+    /// The largest gap with its 95 % interval (set by the verb, which knows
+    /// `--seed`: [`super::gap::gap`]).
+    pub tau_gap_interval: Option<super::gap::TauGap>,
     /// How the target's weights were held.
     pub plan: MemoryPlan,
     /// τ per loading path.
@@ -354,6 +357,7 @@ fn assemble(
         max_new_tokens: max_new,
         tau_gap,
         max_tau_gap: settings.max_tau_gap,
+        tau_gap_interval: None,
         plan,
         paths,
         cross,

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 
+use super::lanes::{self, Forcing, LaneEdit};
 use super::suspects::{self, Head, Recipe, Taps, Weights};
 use crate::drafter::eval::PromptTau;
 use crate::drafter::generate::{dflash_loop, Lane};
@@ -24,8 +25,22 @@ use crate::session::{weights_key, Session};
 /// What a suspect's run gives: its tap features on the baseline trajectory,
 /// and its DFlash and DDTree replays on its own trajectory.
 pub struct Outcome {
-    /// Per prompt `[T, K·H]`, on the baseline's tokens.
+    /// Per prompt `[T, K·H]`, on the baseline's tokens (the rows compared
+    /// with the baseline's from `base_skip` on); on its own tokens when
+    /// `reference` is set.
     pub feats_on_base: Vec<Tensor>,
+    /// What `feats_on_base` is compared with when not the baseline's
+    /// features: a correct forward over the suspect's own tokens.
+    pub reference: Option<Vec<Tensor>>,
+    /// Per prompt: the baseline's first compared row.
+    pub base_skip: Vec<usize>,
+    /// Per prompt: its prompt (as fed) + continuation.
+    pub tokens: Vec<Vec<u32>>,
+    /// Per prompt: its prompt's length as fed.
+    pub prompt_lens: Vec<usize>,
+    /// Per prompt: the DFlash loop's own acceptance lengths (empty for
+    /// suspects that read the baseline's forward).
+    pub loop_lengths: Vec<Vec<usize>>,
     /// DFlash per prompt.
     pub dflash: Vec<PromptTau>,
     /// DDTree per prompt.
@@ -36,6 +51,30 @@ pub struct Outcome {
     pub sweeps: usize,
 }
 
+impl Outcome {
+    /// The outcome of a suspect that reads the baseline's forward (tap and
+    /// drafter suspects): `feats` on its tokens, the replays `replayed`.
+    pub fn on_base(
+        feats: Vec<Tensor>,
+        base: &Base,
+        session: &Session,
+        replayed: crate::drafter::Replayed,
+    ) -> Self {
+        Outcome {
+            base_skip: vec![0; feats.len()],
+            feats_on_base: feats,
+            reference: None,
+            tokens: base.tokens.clone(),
+            prompt_lens: session.prompt_lens(),
+            loop_lengths: Vec::new(),
+            dflash: replayed.0,
+            ddtree: replayed.1,
+            wall_s: 0.0,
+            sweeps: 0,
+        }
+    }
+}
+
 /// One lane of a group run: a suspect (or the baseline) and how it runs.
 pub struct LaneSpec {
     /// Index into the plan; `None` for the baseline.
@@ -44,6 +83,8 @@ pub struct LaneSpec {
     pub form: GdnForm,
     /// Positions after the prompt shifted by this.
     pub decode_shift: usize,
+    /// Faults and prompt changes ([`LaneEdit`]).
+    pub edit: LaneEdit,
 }
 
 /// Runs that read the same weights in the same dtype with the same lm_head:
@@ -68,8 +109,9 @@ pub struct Base {
 
 /// The group's lanes × prompts through the DFlash loop, then one
 /// teacher-forced sweep over the baseline's tokens (`base`; `None` for the
-/// baseline's own group, whose tokens it generates). Returns per lane its
-/// outcome, and the baseline when this is its group.
+/// baseline's own group, whose tokens it generates) — for a lane measured on
+/// its own trajectory, a correct forward over its own tokens. Returns per
+/// lane its outcome, and the baseline when this is its group.
 pub fn run_group(
     g: &Group,
     drafter: &Drafter,
@@ -83,11 +125,11 @@ pub fn run_group(
         .lanes
         .iter()
         .flat_map(|l| {
-            prompts.iter().map(move |p| Lane {
-                prompt: p.clone(),
+            prompts.iter().enumerate().map(move |(k, p)| Lane {
+                prompt: l.edit.prompt(k, p),
                 form: l.form,
                 decode_shift: l.decode_shift,
-                faults: Default::default(),
+                faults: l.edit.faults(p.len()),
             })
         })
         .collect();
@@ -106,55 +148,88 @@ pub fn run_group(
         .chain([Capture::Tap(n - 1)])
         .collect();
     let tap_caps: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();
-    let mut seqs = Vec::new();
-    for l in &g.lanes {
-        for (t, &pl) in base_tokens.iter().zip(&lens) {
-            seqs.push(Forced {
-                tokens: t,
-                prompt_len: pl,
-                form: l.form,
-                decode_shift: l.decode_shift,
-                faults: Default::default(),
-            });
-        }
-    }
+    let forcings: Vec<Forcing> = g
+        .lanes
+        .iter()
+        .enumerate()
+        .flat_map(|(j, l)| {
+            let (base_tokens, lens, gen) = (&base_tokens, &lens, &gen);
+            (0..np).map(move |k| {
+                lanes::forcing_for(
+                    &l.edit,
+                    k,
+                    &base_tokens[k],
+                    lens[k],
+                    &gen.tokens[j * np + k],
+                )
+            })
+        })
+        .collect();
+    let seqs: Vec<Forced> = forcings
+        .iter()
+        .zip(g.lanes.iter().flat_map(|l| std::iter::repeat_n(l, np)))
+        .map(|(f, l)| Forced {
+            tokens: &f.tokens,
+            prompt_len: f.prompt_len,
+            form: l.form,
+            decode_shift: l.decode_shift,
+            faults: f.faults,
+        })
+        .collect();
     let own_base = base.is_none();
     let caps = if own_base { &all } else { &tap_caps };
     let outs = teacher_forced(&g.target, &seqs, caps, false)?;
     let mut outcomes = Vec::new();
-    let mut new_base = None;
+    let mut new_base: Option<Base> = None;
     for (j, l) in g.lanes.iter().enumerate() {
         let range = j * np..(j + 1) * np;
-        let feats_on_base = if own_base {
-            outs[range.clone()]
-                .iter()
-                .map(|o| {
+        let forced = outs[range.clone()]
+            .iter()
+            .map(|o| match own_base {
+                true => {
                     suspects::select(&o.captures[..=n], &o.captures[n + 1], taps, Taps::Offset(0))
-                })
-                .collect::<Result<Vec<_>>>()?
-        } else {
-            outs[range.clone()]
-                .iter()
-                .map(|o| concat_taps(&o.captures))
-                .collect::<Result<Vec<_>>>()?
-        };
+                }
+                false => concat_taps(&o.captures),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let own_lens: Vec<usize> = lanes[range.clone()]
+            .iter()
+            .map(|l| l.prompt.len())
+            .collect();
         let (dflash, ddtree) = replay_all(
             drafter,
             &g.target,
             &gen.tokens[range.clone()],
-            &lens,
+            &own_lens,
             &gen.features[range.clone()],
             replay,
         )?;
         if l.suspect.is_none() {
             new_base = Some(Base {
                 tokens: base_tokens.clone(),
-                hidden: outs[range].iter().map(|o| o.captures.clone()).collect(),
-                feats: feats_on_base.clone(),
+                hidden: outs[range.clone()]
+                    .iter()
+                    .map(|o| o.captures.clone())
+                    .collect(),
+                feats: forced.clone(),
             });
         }
+        let (feats_on_base, reference) = lanes::compared(
+            &l.edit,
+            forced,
+            &gen.features[range.clone()],
+            &forcings[range.clone()],
+        )?;
         outcomes.push(Outcome {
             feats_on_base,
+            reference,
+            base_skip: forcings[range.clone()]
+                .iter()
+                .map(|f| f.base_skip)
+                .collect(),
+            tokens: gen.tokens[range.clone()].to_vec(),
+            prompt_lens: own_lens,
+            loop_lengths: gen.acceptance_lengths[range].to_vec(),
             dflash,
             ddtree,
             wall_s: 0.0,
@@ -217,12 +292,16 @@ pub fn build<'a>(
             suspect: None,
             form: GdnForm::Chunked,
             decode_shift: 0,
+            edit: LaneEdit::default(),
         }],
     }];
     let mut keys = vec![key_of(&base_target)];
     for (i, r) in recipes.iter().enumerate() {
         let Recipe::Model {
-            form, decode_shift, ..
+            form,
+            decode_shift,
+            lane: edit,
+            ..
         } = r
         else {
             continue;
@@ -234,6 +313,7 @@ pub fn build<'a>(
             suspect: Some(i),
             form: *form,
             decode_shift: *decode_shift,
+            edit: edit.clone(),
         };
         let k = key_of(&t);
         match keys.iter().position(|x| *x == k) {
@@ -346,13 +426,7 @@ pub fn tap_outcomes(
                     &f,
                     replay,
                 )?;
-                outcomes[i] = Some(Outcome {
-                    feats_on_base: f,
-                    dflash,
-                    ddtree,
-                    wall_s: 0.0,
-                    sweeps: 0,
-                });
+                outcomes[i] = Some(Outcome::on_base(f, base, session, (dflash, ddtree)));
             }
             Err(e) => notes.push(format!("{}: skipped ({e})", describe(*mode))),
         }

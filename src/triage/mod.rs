@@ -9,7 +9,10 @@
 //! (tap offsets, the normed last tap) reuse the baseline's forward, so they
 //! cost no target compute.
 
+pub mod assess;
 mod groups;
+pub mod harness;
+pub mod lanes;
 pub mod suspects;
 
 use std::time::Instant;
@@ -17,6 +20,7 @@ use std::time::Instant;
 use candle_core::Tensor;
 use serde::Serialize;
 
+use crate::drafter::bootstrap::{Bootstrap, DeltaInterval};
 use crate::drafter::eval::{self, EndRule, PromptTau};
 use crate::drafter::paths::plan_for;
 use crate::drafter::plan::Residency;
@@ -30,7 +34,10 @@ use crate::models::GdnForm;
 use crate::parity::{Accumulator, Tolerance, Verdict};
 use crate::precision::Precision;
 use crate::session::Session;
-pub use suspects::{Head, Recipe, Suspect, Taps, Weights};
+use assess::PromptRun;
+pub use harness::{HarnessOptions, NotApplicable};
+use lanes::LaneEdit;
+pub use suspects::{Head, Recipe, Suspect, SuspectGroup, Taps, Weights};
 
 /// What to triage (besides the session's target).
 #[derive(Debug, Clone)]
@@ -50,6 +57,9 @@ pub struct TriageSettings {
     pub quiet: bool,
     /// `--memory-budget` (see [`crate::drafter::plan::MemoryPlan`]).
     pub memory_budget: Option<u64>,
+    /// `--reset-at`, `--left-pad` and the prompt options (the harness and
+    /// engine suspects).
+    pub harness: HarnessOptions,
 }
 
 /// One suspect's outcome (a `variants[]` row of `triage --json`).
@@ -57,6 +67,8 @@ pub struct TriageSettings {
 pub struct VariantResult {
     /// Short name ([`Suspect::name`]).
     pub name: String,
+    /// The kind of fault: loading, numerics, harness or engine.
+    pub group: SuspectGroup,
     /// What it emulates ([`Suspect::description`]).
     pub description: String,
     /// First tap (as a `hidden_states` index) whose features diverge from the
@@ -69,10 +81,26 @@ pub struct VariantResult {
     pub tau_macro: f64,
     /// τ(variant) − τ(baseline).
     pub delta_tau: f64,
+    /// 95 % interval on Δτ, paired bootstrap over prompts (`None` with one
+    /// prompt); `contains_zero`: not distinguishable with this many prompts.
+    pub delta_tau_interval: Option<DeltaInterval>,
     /// DDTree τ (macro).
     pub ddtree_tau_macro: f64,
-    /// With `--observed-tau`: |τ − observed| ≤ 0.25 or 10 %.
+    /// With `--observed-tau`: observed − τ(baseline) lies in the Δτ interval
+    /// (one prompt: |τ − observed| ≤ 0.25 or 10 %).
     pub consistent_with_observed: Option<bool>,
+    /// Where the divergence columns are measured: `baseline-trajectory`
+    /// (teacher-forced on the baseline's tokens) or `own-trajectory` (the
+    /// suspect's loop's features against a correct forward over its own
+    /// tokens: faults of the decode loop).
+    pub divergence_on: &'static str,
+    /// Per prompt: the first new token where its output leaves the
+    /// baseline's greedy continuation (`null`: never), for suspects that
+    /// generate their own continuation of the same text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub departs_from_greedy_at: Option<Vec<Option<usize>>>,
+    /// Per prompt: τ, acceptance lengths, its new tokens.
+    pub per_prompt: Vec<PromptRun>,
     /// Seconds this variant took (0 for variants reading the baseline's
     /// forward; the shared run's seconds for variants sharing sweeps).
     pub wall_s: f64,
@@ -103,6 +131,8 @@ pub struct Baseline {
     pub wall_s: f64,
     /// Sweeps over the target's layers of that run.
     pub sweeps: usize,
+    /// Per prompt: τ, acceptance lengths, its greedy continuation.
+    pub per_prompt: Vec<PromptRun>,
 }
 
 /// The members `triage`'s report adds to the envelope.
@@ -112,6 +142,14 @@ pub struct Triage {
     pub baseline: Baseline,
     /// Ranked by |delta_tau|, largest first.
     pub variants: Vec<VariantResult>,
+    /// Suspects that do not apply to this target, drafter or prompts, with
+    /// the reason.
+    pub not_applicable: Vec<NotApplicable>,
+    /// How the Δτ intervals were drawn.
+    pub uncertainty: Bootstrap,
+    /// The cheapest next check for the top suspect (the costliest one whose
+    /// interval excludes 0, else the costliest).
+    pub next_check: Option<String>,
     /// `--observed-tau`.
     pub observed_tau: Option<f64>,
     /// Whole run, seconds.
@@ -155,16 +193,21 @@ fn tap_divergence(
     Ok((first, cos_min))
 }
 
-/// The suspects that apply to this target and drafter, in report order
-/// (notes say why the others do not run).
+/// The suspects that apply to this target and drafter, in report order,
+/// each with its lane edit when it is a harness or engine suspect run on the
+/// target (the others: their own recipe), and those that do not apply.
+///
+/// Errors ([`crate::error::Error::Input`]): `--reset-at` outside a prompt.
 fn plan(
     session: &Session,
     drafter: &Drafter,
     base_prec: Precision,
     settings: &TriageSettings,
+    replay: Replay,
     notes: &mut Vec<String>,
-) -> Vec<Suspect> {
+) -> Result<(Vec<(Suspect, Option<LaneEdit>)>, Vec<NotApplicable>)> {
     let mut plan = vec![Suspect::Vlm];
+    let mut not_applicable = Vec::new();
     plan.extend(
         Precision::ALL
             .into_iter()
@@ -180,10 +223,13 @@ fn plan(
     if drafter.cfg.target_layer_ids.iter().max() == Some(&(n_layers - 1)) {
         plan.push(Suspect::NormedLastTap);
     } else {
-        notes.push(format!(
-            "normed-last-tap not run: no tap is on the last layer ({}), and only hidden_states[N] is final-normed",
-            n_layers - 1
-        ));
+        not_applicable.push(NotApplicable {
+            name: Suspect::NormedLastTap.name(),
+            reason: format!(
+                "no tap is on the last layer ({}), and only hidden_states[N] is final-normed",
+                n_layers - 1
+            ),
+        });
     }
     plan.extend([
         Suspect::Positions(1),
@@ -203,7 +249,11 @@ fn plan(
             plan.push(Suspect::RandomLmHead);
         }
     }
-    plan
+    let mut out: Vec<(Suspect, Option<LaneEdit>)> = plan.into_iter().map(|s| (s, None)).collect();
+    let h = harness::plan(session, drafter, replay, &settings.harness)?;
+    out.extend(h.suspects);
+    not_applicable.extend(h.not_applicable);
+    Ok((out, not_applicable))
 }
 
 /// Runs the triage matrix on `session` (opened on `causal-lm`). Returns the
@@ -219,7 +269,9 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         rule: EndRule::GithubMain,
         ..settings.replay
     };
-    let (drafter, _) = load_checked(session, &settings.drafter, replay, settings.position_shift)?;
+    // The left pads, like a position shift, move the last positions out.
+    let extra = settings.position_shift.max(settings.harness.left_pad);
+    let (drafter, _) = load_checked(session, &settings.drafter, replay, extra)?;
     let mut notes = Vec::new();
     let base_path = &session.paths[0];
     let base_prec = base_path.dtype;
@@ -235,10 +287,15 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         Some(r) => r,
         None => &base_path.view,
     };
-    let suspects = plan(session, &drafter, base_prec, settings, &mut notes);
-    let recipes: Vec<Recipe> = suspects
+    let (planned, not_applicable) =
+        plan(session, &drafter, base_prec, settings, replay, &mut notes)?;
+    let suspects: Vec<Suspect> = planned.iter().map(|(s, _)| *s).collect();
+    let recipes: Vec<Recipe> = planned
         .iter()
-        .map(|s| s.recipe(session, base_prec, settings.seed))
+        .map(|(s, edit)| match edit {
+            Some(e) => Ok(harness::lane_recipe(e, base_prec)),
+            None => s.recipe(session, base_prec, settings.seed),
+        })
         .collect::<Result<_>>()?;
     let residents: Vec<Option<Resident>> = recipes
         .iter()
@@ -267,6 +324,7 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         settings.quiet,
     )?;
     let b = drafter.cfg.block_size;
+    let max_new = replay.max_new;
     let baseline = Baseline {
         path: LoadingPath::CausalLm,
         dtype: base_prec,
@@ -276,6 +334,7 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         ddtree_tau_macro: tau(&ran.baseline.ddtree, b),
         wall_s: ran.baseline.wall_s,
         sweeps: ran.baseline.sweeps,
+        per_prompt: assess::per_prompt(&ran.baseline, max_new),
     };
     let mut outcomes = ran.outcomes;
     groups::tap_outcomes(
@@ -288,30 +347,64 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         &mut outcomes,
         &mut notes,
     )?;
+    harness::drafter_outcomes(
+        session,
+        &drafter,
+        &base_target,
+        &ran.base,
+        &recipes,
+        replay,
+        &mut outcomes,
+    )?;
     let h = base_path.text_config.hidden_size;
     let tol = Tolerance::for_precision(base_prec);
+    let boot = Bootstrap::seeded(settings.seed);
+    let base_lens = session.prompt_lens();
     let mut variants = Vec::new();
     for (i, s) in suspects.iter().enumerate() {
         let Some(o) = &outcomes[i] else { continue };
+        let reference: Vec<Tensor> = match &o.reference {
+            Some(r) => r.clone(),
+            None => ran
+                .base
+                .feats
+                .iter()
+                .zip(&o.base_skip)
+                .map(|(f, &k)| Ok(f.narrow(0, k, f.dim(0)? - k)?))
+                .collect::<Result<_>>()?,
+        };
         let (first_divergent, cos_min_at_taps) = tap_divergence(
             &o.feats_on_base,
-            &ran.base.feats,
+            &reference,
             &drafter.cfg.target_layer_ids,
             h,
             &tol,
         )?;
         let tau_v = tau(&o.dflash, b);
+        let iv = assess::interval(&boot, &o.dflash, &ran.baseline.dflash);
+        let own_text = planned[i].1.as_ref().map(LaneEdit::same_conversation_text);
         variants.push(VariantResult {
             name: s.name(),
+            group: s.group(),
             description: s.description(),
             first_divergent,
             cos_min_at_taps,
             tau_macro: tau_v,
             delta_tau: tau_v - baseline.tau_macro,
+            delta_tau_interval: iv,
             ddtree_tau_macro: tau(&o.ddtree, b),
             consistent_with_observed: settings
                 .observed_tau
-                .map(|o| (tau_v - o).abs() <= 0.25f64.max(0.1 * o)),
+                .map(|x| assess::consistent(x, baseline.tau_macro, tau_v, iv.as_ref())),
+            divergence_on: if o.reference.is_some() {
+                "own-trajectory"
+            } else {
+                "baseline-trajectory"
+            },
+            departs_from_greedy_at: (matches!(recipes[i], Recipe::Model { .. })
+                && own_text != Some(false))
+            .then(|| assess::departures(o, &ran.base.tokens, &base_lens, max_new)),
+            per_prompt: assess::per_prompt(o, max_new),
             wall_s: o.wall_s,
             sweeps: o.sweeps,
             shared_sweeps_with: ran.shared[i].clone(),
@@ -319,23 +412,47 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
     }
     variants.sort_by(|a, b| b.delta_tau.abs().total_cmp(&a.delta_tau.abs()));
     let summary = summarize(&baseline, &variants, settings.observed_tau);
+    let top = top_suspect(&variants).and_then(|v| suspects.iter().find(|s| s.name() == v.name));
+    let next_check = top.map(|s| {
+        assess::next_check(
+            s,
+            baseline.tau_macro,
+            &session.ckpt.source.display,
+            &settings.drafter,
+        )
+    });
     let triage = Triage {
         baseline,
         variants,
+        not_applicable,
+        uncertainty: boot,
+        next_check,
         observed_tau: settings.observed_tau,
         wall_time_s: t0.elapsed().as_secs_f64(),
     };
     Ok((triage, summary, notes))
 }
 
-/// The summary sentence: the baseline τ, the costliest suspects, and those
-/// consistent with the observed τ.
+/// The top suspect: the costliest one that lowers τ with an interval that
+/// excludes 0, else the costliest that lowers τ.
+fn top_suspect(variants: &[VariantResult]) -> Option<&VariantResult> {
+    let lowers = || variants.iter().filter(|v| v.delta_tau < 0.0);
+    lowers()
+        .find(|v| v.delta_tau_interval.is_some_and(|i| !i.contains_zero))
+        .or_else(|| lowers().next())
+}
+
+/// The summary sentence: the baseline τ, the costliest suspects with their
+/// intervals, and those consistent with the observed τ.
 fn summarize(baseline: &Baseline, variants: &[VariantResult], observed: Option<f64>) -> String {
     let top: Vec<String> = variants
         .iter()
         .filter(|v| v.delta_tau < 0.0)
         .take(3)
-        .map(|v| format!("{} (Δτ {:+.2})", v.name, v.delta_tau))
+        .map(|v| match v.delta_tau_interval {
+            Some(i) => format!("{} (Δτ {:+.2}, 95% {})", v.name, v.delta_tau, i.describe()),
+            None => format!("{} (Δτ {:+.2})", v.name, v.delta_tau),
+        })
         .collect();
     let mut summary = format!(
         "baseline causal-lm τ {:.2}; {}",
