@@ -104,6 +104,18 @@ Cases: 0 = first round of prompt 0 (C = prompt length, positions 0..); 1 = the t
 (C = start, all rows of positions < start); 2 = a window: only the 12 context rows of positions
 start-12..start-1 (position_ids do not start at 0). ``__metadata__`` describes them.
 
+``fixtures/toy-pair/golden/reference_generate_gdn_crop.json`` (also alone: ``--gdn-crop-only``, ~10 s): z-lab's own
+loop ``dflash.model.dflash_generate`` (the 0.1.0 wheel) on this Qwen3.5 pair, which is NOT lossless on transformers
+5.23.0: after each verification ``_crop_to`` calls ``DynamicCache.crop``, whose ``LinearAttentionCacheLayerMixin.crop``
+cuts the Gated DeltaNet conv state back to the kept tokens but leaves the recurrent state over every verified token
+(rejected drafts included), and does not raise although ``is_croppable`` is False. Two sets: ``held_out`` (the 15
+prompts, 64 new tokens, bf16 drafter) and ``noise`` (GDN_CROP_NOISE seeded random strings, GDN_CROP_NOISE_NEW new
+tokens, the drafter in float32 so that the many rejected drafts, which with this crop change the output, are not
+decided by exact bf16 ties). Per prompt: ``input_ids``, ``output_ids``, ``greedy_ids`` (full re-forward),
+``first_departure``, ``acceptance_lengths`` (the package's ``produced``), ``tau``; per set τ macro / pooled and
+``departing_prompts`` (asserted >= 2 for ``noise``); ``crop_facts`` (the crop measured on one block: conv state equal
+to the kept prefix's, recurrent state not).
+
 ``--family qwen3`` (``fixtures/toy-pair-qwen3/``)
 ===============================================
 

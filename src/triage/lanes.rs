@@ -196,3 +196,6 @@ pub fn compared(
         .collect::<Result<Vec<_>>>()?;
     Ok((rows, None))
 }
+
+#[cfg(test)]
+mod tests;
