@@ -408,8 +408,7 @@ struct TriageArgs {
     /// k of the "positions shifted by +k" variant.
     #[arg(long, default_value_t = 16)]
     position_shift: usize,
-    /// Position K where gdn-state-reset drops the linear-attention state
-    /// (default: the middle of each prompt).
+    /// Position K of gdn-state-reset (default: the middle of each prompt).
     #[arg(long, value_name = "K")]
     reset_at: Option<usize>,
     /// P pad tokens of left-pad-unmasked (0: not run).
@@ -561,11 +560,7 @@ pub fn run(cli: Cli) -> Result<u8> {
                     seed: a.run.seed,
                     quiet: a.run.quiet,
                     memory_budget: a.budget.memory_budget,
-                    harness: triage_harness::HarnessOptions {
-                        reset_at: a.reset_at,
-                        left_pad: a.left_pad,
-                        ..Default::default()
-                    },
+                    harness: triage_harness::HarnessOptions::new(a.reset_at, a.left_pad),
                 },
                 command_line: command_line(),
             })?;

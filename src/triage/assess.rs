@@ -6,10 +6,18 @@
 
 use serde::Serialize;
 
-use super::groups::Outcome;
-use super::suspects::Suspect;
+use candle_core::Tensor;
+
+use super::groups::{Outcome, Ran};
+use super::lanes::LaneEdit;
+use super::suspects::{Recipe, Suspect};
+use super::{Baseline, TriageSettings, VariantResult};
 use crate::drafter::bootstrap::{Bootstrap, DeltaInterval};
 use crate::drafter::eval::PromptTau;
+use crate::error::Result;
+use crate::models::dflash::Drafter;
+use crate::parity::Tolerance;
+use crate::session::Session;
 
 /// One prompt's run of a suspect (or the baseline): `per_prompt[]`.
 #[derive(Debug, Clone, Serialize)]
@@ -99,5 +107,94 @@ pub fn next_check(top: &Suspect, baseline_tau: f64, checkpoint: &str, drafter: &
         Suspect::Dtype(p) => format!("check the dtype your harness loads the target in (`hsparity inventory {checkpoint}` lists each path's); {p} costs what this row says"),
         Suspect::Recurrent => format!("check which delta-rule kernel your engine runs for multi-token forwards: {correct}"),
         Suspect::MissingOn(_) | Suspect::RandomLmHead => format!("`hsparity inventory {checkpoint}` lists what each loading path leaves MISSING"),
+    }
+}
+
+/// What scoring a suspect's outcome against the baseline needs.
+pub struct Scoring<'a> {
+    /// The run's session.
+    pub session: &'a Session,
+    /// The drafter.
+    pub drafter: &'a Drafter,
+    /// The baseline's results.
+    pub baseline: &'a Baseline,
+    /// Every group's run.
+    pub ran: &'a Ran,
+    /// How intervals are drawn.
+    pub boot: Bootstrap,
+    /// The triage settings (`--observed-tau`).
+    pub settings: &'a TriageSettings,
+    /// New tokens per prompt.
+    pub max_new: usize,
+}
+
+impl Scoring<'_> {
+    /// Suspect `i`'s row: divergence at the taps (against the baseline's
+    /// rows it compares with, or its own reference), τ, the Δτ interval,
+    /// consistency, departures, per-prompt runs.
+    ///
+    /// Errors: a tensor failure.
+    pub fn score(
+        &self,
+        i: usize,
+        s: &Suspect,
+        o: &Outcome,
+        edit: Option<&LaneEdit>,
+        recipe: &Recipe,
+    ) -> Result<VariantResult> {
+        let (ran, baseline, b) = (self.ran, self.baseline, self.drafter.cfg.block_size);
+        let reference: Vec<Tensor> = match &o.reference {
+            Some(r) => r.clone(),
+            None => ran
+                .base
+                .feats
+                .iter()
+                .zip(&o.base_skip)
+                .map(|(f, &k)| Ok(f.narrow(0, k, f.dim(0)? - k)?))
+                .collect::<Result<_>>()?,
+        };
+        let (first_divergent, cos_min_at_taps) = super::tap_divergence(
+            &o.feats_on_base,
+            &reference,
+            &self.drafter.cfg.target_layer_ids,
+            self.session.paths[0].text_config.hidden_size,
+            &Tolerance::for_precision(baseline.dtype),
+        )?;
+        let tau_v = super::tau(&o.dflash, b);
+        let iv = interval(&self.boot, &o.dflash, &ran.baseline.dflash);
+        let same_text = edit.is_none_or(LaneEdit::same_conversation_text);
+        let own_run = matches!(recipe, Recipe::Model { .. }) && same_text;
+        Ok(VariantResult {
+            name: s.name(),
+            group: s.group(),
+            description: s.description(),
+            first_divergent,
+            cos_min_at_taps,
+            tau_macro: tau_v,
+            delta_tau: tau_v - baseline.tau_macro,
+            delta_tau_interval: iv,
+            ddtree_tau_macro: super::tau(&o.ddtree, b),
+            consistent_with_observed: self
+                .settings
+                .observed_tau
+                .map(|x| consistent(x, baseline.tau_macro, tau_v, iv.as_ref())),
+            divergence_on: if o.reference.is_some() {
+                "own-trajectory"
+            } else {
+                "baseline-trajectory"
+            },
+            departs_from_greedy_at: own_run.then(|| {
+                departures(
+                    o,
+                    &ran.base.tokens,
+                    &self.session.prompt_lens(),
+                    self.max_new,
+                )
+            }),
+            per_prompt: per_prompt(o, self.max_new),
+            wall_s: o.wall_s,
+            sweeps: o.sweeps,
+            shared_sweeps_with: ran.shared[i].clone(),
+        })
     }
 }

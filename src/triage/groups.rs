@@ -107,6 +107,36 @@ pub struct Base {
     pub feats: Vec<Tensor>,
 }
 
+/// Every lane of `g` × every prompt, as the DFlash loop runs them.
+fn lanes_of(g: &Group, prompts: &[Vec<u32>]) -> Vec<Lane> {
+    g.lanes
+        .iter()
+        .flat_map(|l| {
+            prompts.iter().enumerate().map(move |(k, p)| Lane {
+                prompt: l.edit.prompt(k, p),
+                form: l.form,
+                decode_shift: l.decode_shift,
+                faults: l.edit.faults(p.len()),
+            })
+        })
+        .collect()
+}
+
+/// What every lane × prompt of `g` feeds teacher-forced: the baseline's
+/// `tokens` (prompts of `lens`) as its edit changes them, or its own
+/// generated tokens (`own`, lane-major).
+fn forcings_of(g: &Group, tokens: &[Vec<u32>], lens: &[usize], own: &[Vec<u32>]) -> Vec<Forcing> {
+    let np = tokens.len();
+    g.lanes
+        .iter()
+        .enumerate()
+        .flat_map(|(j, l)| {
+            (0..np)
+                .map(move |k| lanes::forcing_for(&l.edit, k, &tokens[k], lens[k], &own[j * np + k]))
+        })
+        .collect()
+}
+
 /// The group's lanes × prompts through the DFlash loop, then one
 /// teacher-forced sweep over the baseline's tokens (`base`; `None` for the
 /// baseline's own group, whose tokens it generates) — for a lane measured on
@@ -121,18 +151,7 @@ pub fn run_group(
 ) -> Result<(Vec<Outcome>, Option<Base>)> {
     let t0 = Instant::now();
     let np = prompts.len();
-    let lanes: Vec<Lane> = g
-        .lanes
-        .iter()
-        .flat_map(|l| {
-            prompts.iter().enumerate().map(move |(k, p)| Lane {
-                prompt: l.edit.prompt(k, p),
-                form: l.form,
-                decode_shift: l.decode_shift,
-                faults: l.edit.faults(p.len()),
-            })
-        })
-        .collect();
+    let lanes = lanes_of(g, prompts);
     let gen = dflash_loop(&g.target, drafter, &lanes, replay.max_new, &|_| {})?;
     let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
     let base_tokens: Vec<Vec<u32>> = match base {
@@ -148,23 +167,7 @@ pub fn run_group(
         .chain([Capture::Tap(n - 1)])
         .collect();
     let tap_caps: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();
-    let forcings: Vec<Forcing> = g
-        .lanes
-        .iter()
-        .enumerate()
-        .flat_map(|(j, l)| {
-            let (base_tokens, lens, gen) = (&base_tokens, &lens, &gen);
-            (0..np).map(move |k| {
-                lanes::forcing_for(
-                    &l.edit,
-                    k,
-                    &base_tokens[k],
-                    lens[k],
-                    &gen.tokens[j * np + k],
-                )
-            })
-        })
-        .collect();
+    let forcings = forcings_of(g, &base_tokens, &lens, &gen.tokens);
     let seqs: Vec<Forced> = forcings
         .iter()
         .zip(g.lanes.iter().flat_map(|l| std::iter::repeat_n(l, np)))

@@ -35,6 +35,18 @@ pub struct HarnessOptions {
     pub prompts: PromptOptions,
 }
 
+impl HarnessOptions {
+    /// `--reset-at` and `--left-pad`; the prompt options are filled by the
+    /// verb (`commands::triage`).
+    pub fn new(reset_at: Option<usize>, left_pad: usize) -> Self {
+        Self {
+            reset_at,
+            left_pad,
+            prompts: PromptOptions::default(),
+        }
+    }
+}
+
 impl Default for HarnessOptions {
     fn default() -> Self {
         Self {

@@ -205,7 +205,7 @@ fn plan(
     settings: &TriageSettings,
     replay: Replay,
     notes: &mut Vec<String>,
-) -> Result<(Vec<(Suspect, Option<LaneEdit>)>, Vec<NotApplicable>)> {
+) -> Result<harness::Planned> {
     let mut plan = vec![Suspect::Vlm];
     let mut not_applicable = Vec::new();
     plan.extend(
@@ -253,7 +253,10 @@ fn plan(
     let h = harness::plan(session, drafter, replay, &settings.harness)?;
     out.extend(h.suspects);
     not_applicable.extend(h.not_applicable);
-    Ok((out, not_applicable))
+    Ok(harness::Planned {
+        suspects: out,
+        not_applicable,
+    })
 }
 
 /// Runs the triage matrix on `session` (opened on `causal-lm`). Returns the
@@ -287,16 +290,12 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         Some(r) => r,
         None => &base_path.view,
     };
-    let (planned, not_applicable) =
-        plan(session, &drafter, base_prec, settings, replay, &mut notes)?;
+    let harness::Planned {
+        suspects: planned,
+        not_applicable,
+    } = plan(session, &drafter, base_prec, settings, replay, &mut notes)?;
     let suspects: Vec<Suspect> = planned.iter().map(|(s, _)| *s).collect();
-    let recipes: Vec<Recipe> = planned
-        .iter()
-        .map(|(s, edit)| match edit {
-            Some(e) => Ok(harness::lane_recipe(e, base_prec)),
-            None => s.recipe(session, base_prec, settings.seed),
-        })
-        .collect::<Result<_>>()?;
+    let recipes = recipes_of(&planned, session, base_prec, settings.seed)?;
     let residents: Vec<Option<Resident>> = recipes
         .iter()
         .map(|r| match r {
@@ -315,7 +314,7 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
     };
     let groups = groups::build(session, base_target, &recipes, &residents);
     let names: Vec<String> = suspects.iter().map(Suspect::name).collect();
-    let ran = groups::run_all(
+    let mut ran = groups::run_all(
         &groups,
         &drafter,
         &session.prompt_ids(),
@@ -336,7 +335,7 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         sweeps: ran.baseline.sweeps,
         per_prompt: assess::per_prompt(&ran.baseline, max_new),
     };
-    let mut outcomes = ran.outcomes;
+    let mut outcomes = std::mem::take(&mut ran.outcomes);
     groups::tap_outcomes(
         session,
         &drafter,
@@ -356,71 +355,25 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         replay,
         &mut outcomes,
     )?;
-    let h = base_path.text_config.hidden_size;
-    let tol = Tolerance::for_precision(base_prec);
     let boot = Bootstrap::seeded(settings.seed);
-    let base_lens = session.prompt_lens();
+    let ctx = assess::Scoring {
+        session,
+        drafter: &drafter,
+        baseline: &baseline,
+        ran: &ran,
+        boot,
+        settings,
+        max_new,
+    };
     let mut variants = Vec::new();
     for (i, s) in suspects.iter().enumerate() {
-        let Some(o) = &outcomes[i] else { continue };
-        let reference: Vec<Tensor> = match &o.reference {
-            Some(r) => r.clone(),
-            None => ran
-                .base
-                .feats
-                .iter()
-                .zip(&o.base_skip)
-                .map(|(f, &k)| Ok(f.narrow(0, k, f.dim(0)? - k)?))
-                .collect::<Result<_>>()?,
-        };
-        let (first_divergent, cos_min_at_taps) = tap_divergence(
-            &o.feats_on_base,
-            &reference,
-            &drafter.cfg.target_layer_ids,
-            h,
-            &tol,
-        )?;
-        let tau_v = tau(&o.dflash, b);
-        let iv = assess::interval(&boot, &o.dflash, &ran.baseline.dflash);
-        let own_text = planned[i].1.as_ref().map(LaneEdit::same_conversation_text);
-        variants.push(VariantResult {
-            name: s.name(),
-            group: s.group(),
-            description: s.description(),
-            first_divergent,
-            cos_min_at_taps,
-            tau_macro: tau_v,
-            delta_tau: tau_v - baseline.tau_macro,
-            delta_tau_interval: iv,
-            ddtree_tau_macro: tau(&o.ddtree, b),
-            consistent_with_observed: settings
-                .observed_tau
-                .map(|x| assess::consistent(x, baseline.tau_macro, tau_v, iv.as_ref())),
-            divergence_on: if o.reference.is_some() {
-                "own-trajectory"
-            } else {
-                "baseline-trajectory"
-            },
-            departs_from_greedy_at: (matches!(recipes[i], Recipe::Model { .. })
-                && own_text != Some(false))
-            .then(|| assess::departures(o, &ran.base.tokens, &base_lens, max_new)),
-            per_prompt: assess::per_prompt(o, max_new),
-            wall_s: o.wall_s,
-            sweeps: o.sweeps,
-            shared_sweeps_with: ran.shared[i].clone(),
-        });
+        if let Some(o) = &outcomes[i] {
+            variants.push(ctx.score(i, s, o, planned[i].1.as_ref(), &recipes[i])?);
+        }
     }
     variants.sort_by(|a, b| b.delta_tau.abs().total_cmp(&a.delta_tau.abs()));
     let summary = summarize(&baseline, &variants, settings.observed_tau);
-    let top = top_suspect(&variants).and_then(|v| suspects.iter().find(|s| s.name() == v.name));
-    let next_check = top.map(|s| {
-        assess::next_check(
-            s,
-            baseline.tau_macro,
-            &session.ckpt.source.display,
-            &settings.drafter,
-        )
-    });
+    let next_check = next_check(&variants, &suspects, &baseline, session, settings);
     let triage = Triage {
         baseline,
         variants,
@@ -431,6 +384,43 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         wall_time_s: t0.elapsed().as_secs_f64(),
     };
     Ok((triage, summary, notes))
+}
+
+/// Each planned suspect's recipe: a harness or engine suspect's lanes on the
+/// baseline's weights, else its own.
+///
+/// Errors: as [`Suspect::recipe`].
+fn recipes_of(
+    planned: &[(Suspect, Option<LaneEdit>)],
+    session: &Session,
+    prec: Precision,
+    seed: u64,
+) -> Result<Vec<Recipe>> {
+    planned
+        .iter()
+        .map(|(s, edit)| match edit {
+            Some(e) => Ok(harness::lane_recipe(e, prec)),
+            None => s.recipe(session, prec, seed),
+        })
+        .collect()
+}
+
+/// The next check for the top suspect ([`top_suspect`]), if any.
+fn next_check(
+    variants: &[VariantResult],
+    suspects: &[Suspect],
+    baseline: &Baseline,
+    session: &Session,
+    settings: &TriageSettings,
+) -> Option<String> {
+    let top = top_suspect(variants)?;
+    let s = suspects.iter().find(|s| s.name() == top.name)?;
+    Some(assess::next_check(
+        s,
+        baseline.tau_macro,
+        &session.ckpt.source.display,
+        &settings.drafter,
+    ))
 }
 
 /// The top suspect: the costliest one that lowers τ with an interval that
