@@ -28,20 +28,17 @@ fn golden() -> Value {
     .unwrap()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
+/// A JSON array of non-negative integers.
+fn nums<T: TryFrom<u64>>(v: &Value) -> Vec<T> {
     v.as_array()
         .unwrap()
         .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
+        .map(|x| T::try_from(x.as_u64().unwrap()).ok().unwrap())
         .collect()
 }
 
-fn lens(v: &Value) -> Vec<usize> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as usize)
-        .collect()
+fn ids(v: &Value) -> Vec<u32> {
+    nums(v)
 }
 
 /// Runs the wheel's loop on every prompt of a golden set with `crop`:
@@ -104,7 +101,7 @@ fn conv_only_crop_reproduces_dflash_generate() {
             assert_eq!(*toks, ids(&q["output_ids"]), "{name} prompt {k}: tokens");
             assert_eq!(
                 *acc,
-                lens(&q["acceptance_lengths"]),
+                nums::<usize>(&q["acceptance_lengths"]),
                 "{name} prompt {k}: rounds"
             );
             let greedy = ids(&q["greedy_ids"]);

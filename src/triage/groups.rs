@@ -38,9 +38,6 @@ pub struct Outcome {
     pub tokens: Vec<Vec<u32>>,
     /// Per prompt: its prompt's length as fed.
     pub prompt_lens: Vec<usize>,
-    /// Per prompt: the DFlash loop's own acceptance lengths (empty for
-    /// suspects that read the baseline's forward).
-    pub loop_lengths: Vec<Vec<usize>>,
     /// DFlash per prompt.
     pub dflash: Vec<PromptTau>,
     /// DDTree per prompt.
@@ -66,7 +63,6 @@ impl Outcome {
             reference: None,
             tokens: base.tokens.clone(),
             prompt_lens: session.prompt_lens(),
-            loop_lengths: Vec::new(),
             dflash: replayed.0,
             ddtree: replayed.1,
             wall_s: 0.0,
@@ -232,7 +228,6 @@ pub fn run_group(
                 .collect(),
             tokens: gen.tokens[range.clone()].to_vec(),
             prompt_lens: own_lens,
-            loop_lengths: gen.acceptance_lengths[range].to_vec(),
             dflash,
             ddtree,
             wall_s: 0.0,
@@ -394,9 +389,11 @@ pub fn run_all(
     })
 }
 
-/// The tap suspects' outcomes: other hidden states of the baseline's
-/// forward fed to the drafter over the baseline's tokens (a suspect whose
-/// taps fall outside the model is skipped with a note).
+/// The outcomes of the suspects that read the baseline's forward: the tap
+/// suspects (other hidden states fed to the drafter over the baseline's
+/// tokens; one whose taps fall outside the model is skipped with a note)
+/// and the drafter suspects (the baseline's features replayed with the
+/// drafter run differently).
 ///
 /// Errors: a replay failure.
 #[allow(clippy::too_many_arguments)]
@@ -413,7 +410,23 @@ pub fn tap_outcomes(
     let n = session.spec.num_layers();
     let taps = &drafter.cfg.target_layer_ids;
     for (i, r) in recipes.iter().enumerate() {
-        let Recipe::Taps(mode) = r else { continue };
+        let mode = match r {
+            Recipe::Taps(mode) => mode,
+            Recipe::Drafter(edit) => {
+                let d = edit.apply(drafter);
+                let lens = session.prompt_lens();
+                let replayed =
+                    replay_all(&d, base_target, &base.tokens, &lens, &base.feats, replay)?;
+                outcomes[i] = Some(Outcome::on_base(
+                    base.feats.clone(),
+                    base,
+                    session,
+                    replayed,
+                ));
+                continue;
+            }
+            Recipe::Model { .. } => continue,
+        };
         let feats: Result<Vec<Tensor>> = base
             .hidden
             .iter()

@@ -6,13 +6,11 @@
 
 use serde::Serialize;
 
-use super::groups::{Base, Outcome};
 use super::lanes::{LaneEdit, PromptEdit, ResetAt};
-use super::suspects::{DrafterEdit, Recipe, Suspect};
+use super::suspects::{Recipe, Suspect};
 use crate::checkpoint::config::LayerType;
 use crate::drafter::faults::Faults;
-use crate::drafter::target::TargetModel;
-use crate::drafter::{replay_all, Replay};
+use crate::drafter::Replay;
 use crate::error::{Error, Result};
 use crate::models::dflash::{DraftLayerType, Drafter};
 use crate::models::CacheCrop;
@@ -292,40 +290,4 @@ pub fn lane_recipe(edit: &LaneEdit, prec: crate::precision::Precision) -> Recipe
         decode_shift: 0,
         lane: edit.clone(),
     }
-}
-
-/// The drafter suspects' outcomes: the baseline's trajectory and features
-/// replayed with the drafter run differently (no target compute).
-///
-/// Errors: a replay failure.
-pub fn drafter_outcomes(
-    session: &Session,
-    drafter: &Drafter,
-    base_target: &TargetModel,
-    base: &Base,
-    recipes: &[Recipe],
-    replay: Replay,
-    outcomes: &mut [Option<Outcome>],
-) -> Result<()> {
-    for (i, r) in recipes.iter().enumerate() {
-        let Recipe::Drafter(edit) = r else { continue };
-        let d = match edit {
-            DrafterEdit::SlidingAsFull => drafter.sliding_as_full(),
-        };
-        let replayed = replay_all(
-            &d,
-            base_target,
-            &base.tokens,
-            &session.prompt_lens(),
-            &base.feats,
-            replay,
-        )?;
-        outcomes[i] = Some(Outcome::on_base(
-            base.feats.clone(),
-            base,
-            session,
-            replayed,
-        ));
-    }
-    Ok(())
 }

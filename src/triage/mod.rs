@@ -346,15 +346,6 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         &mut outcomes,
         &mut notes,
     )?;
-    harness::drafter_outcomes(
-        session,
-        &drafter,
-        &base_target,
-        &ran.base,
-        &recipes,
-        replay,
-        &mut outcomes,
-    )?;
     let boot = Bootstrap::seeded(settings.seed);
     let ctx = assess::Scoring {
         session,

@@ -135,6 +135,15 @@ pub enum DrafterEdit {
     SlidingAsFull,
 }
 
+impl DrafterEdit {
+    /// The drafter as this suspect runs it (sharing the weights).
+    pub fn apply(self, d: &crate::models::dflash::Drafter) -> crate::models::dflash::Drafter {
+        match self {
+            DrafterEdit::SlidingAsFull => d.sliding_as_full(),
+        }
+    }
+}
+
 /// How a variant turns hidden states into drafter features.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Taps {

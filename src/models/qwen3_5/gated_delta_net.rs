@@ -112,14 +112,9 @@ impl GdnState {
     /// those `n` tokens. All of the block (`n = T`) keeps the state the block
     /// forward computed. No tentative block: nothing to do.
     pub fn commit(&mut self, n: usize) {
-        let Some(b) = self.block.take() else {
+        let Some(b) = self.roll_conv_back(n) else {
             return;
         };
-        if n >= b.inputs.t {
-            return;
-        }
-        let (c, hist) = (b.channels, self.conv.len() / b.channels.max(1));
-        self.conv.copy_from_slice(&b.padded[n * c..(n + hist) * c]);
         self.recurrent = b.recurrent;
         if n > 0 {
             recurrent(&b.inputs.prefix(n), &mut self.recurrent);

@@ -13,7 +13,7 @@
 //!   path that restores the attention KV but not the linear-attention state
 //!   leaves them.
 
-use super::{chunked, recurrent, DeltaRuleInputs, GdnForm, GdnState};
+use super::{chunked, recurrent, Block, DeltaRuleInputs, GdnForm, GdnState};
 
 impl GdnState {
     /// Keeps the first `n` tokens of the tentative block the way
@@ -22,14 +22,21 @@ impl GdnState {
     /// recurrent state is left as the block forward computed it, over all
     /// of the block. No tentative block: nothing to do.
     pub fn commit_conv_only(&mut self, n: usize) {
-        let Some(b) = self.block.take() else {
-            return;
-        };
+        self.roll_conv_back(n);
+    }
+
+    /// Ends the tentative block keeping its first `n` tokens in the conv
+    /// history (what both crops do); returns the block when `n` is short of
+    /// it (the recurrent state is then the caller's to set), `None` when
+    /// there is no block or all of it is kept.
+    pub(super) fn roll_conv_back(&mut self, n: usize) -> Option<Box<Block>> {
+        let b = self.block.take()?;
         if n >= b.inputs.t {
-            return;
+            return None;
         }
         let (c, hist) = (b.channels, self.conv.len() / b.channels.max(1));
         self.conv.copy_from_slice(&b.padded[n * c..(n + hist) * c]);
+        Some(b)
     }
 
     /// The next forward drops the state before its row `row`: rows from
