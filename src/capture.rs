@@ -13,6 +13,7 @@ use candle_core::Tensor;
 use crate::checkpoint::config::LayerType;
 use crate::error::Result;
 use crate::loading::WeightSource;
+use crate::models::moe::Routing;
 use crate::models::{
     DecoderLayer, Embedding, FinalNorm, GdnForm, LmHead, Positions, TextModelSpec,
 };
@@ -103,6 +104,21 @@ pub trait Observer {
 
     /// Logits for paths with an LM head (`None` for the others).
     fn logits(&mut self, logits: &[Option<Vec<Tensor>>]) -> Result<()>;
+
+    /// The MoE routers' choices of decoder layer `layer` (reported after its
+    /// `hidden_states[layer + 1]`; only for layers with a sparse MoE block):
+    /// `routing[p][k]` is path p's choice on prompt k, `local[p]` (p ≥ 1,
+    /// with [`CaptureOptions::local`]) path p's layer on path 0's input. The
+    /// default ignores them.
+    fn routing(
+        &mut self,
+        layer: usize,
+        routing: &[Vec<Routing>],
+        local: &[Option<Vec<Routing>>],
+    ) -> Result<()> {
+        let _ = (layer, routing, local);
+        Ok(())
+    }
 }
 
 /// Loads one piece per path, sharing it between paths of the same group of
@@ -204,6 +220,22 @@ type PerPath = Vec<Vec<Tensor>>;
 /// Per path (`None` for path 0), per prompt: a layer fed path 0's input.
 type LocalPerPath = Vec<Option<Vec<Tensor>>>;
 
+/// Per prompt: a layer's outputs and its MoE router's choices (`None` for a
+/// dense layer).
+type Outputs = (Vec<Tensor>, Vec<Option<Routing>>);
+
+/// An earlier run of a layer: `(its inputs, its outputs, its routings)`.
+type Done<'a> = (&'a [Tensor], &'a [Tensor], &'a [Option<Routing>]);
+
+/// One decoder layer on every path: propagated outputs, local outputs, and
+/// the routers' choices of both (empty for a dense layer).
+struct LayerRun {
+    next: PerPath,
+    local: LocalPerPath,
+    routing: Vec<Vec<Routing>>,
+    local_routing: Vec<Option<Vec<Routing>>>,
+}
+
 /// Everything one capture shares across its steps.
 struct Run<'a> {
     spec: &'a TextModelSpec,
@@ -241,43 +273,41 @@ impl Run<'_> {
         Ok(states)
     }
 
-    /// Path p's layer over `inputs` (one per prompt), reusing the outputs of
-    /// an earlier run of the same layer (`done`: `(path, its inputs, its
-    /// outputs)`) on bitwise-equal inputs.
+    /// Path p's layer over `inputs` (one per prompt), reusing the outputs
+    /// (and routings) of an earlier run of the same layer (`done`) on
+    /// bitwise-equal inputs.
     fn forward(
         &self,
         layer: &DecoderLayer,
         p: usize,
         inputs: &[Tensor],
-        done: &[(usize, &[Tensor], &[Tensor])],
+        done: &[Done],
         local: bool,
-    ) -> Result<Vec<Tensor>> {
+    ) -> Result<Outputs> {
         let mut out = Vec::with_capacity(inputs.len());
+        let mut routes = Vec::with_capacity(inputs.len());
         for (k, (h, ps)) in inputs.iter().zip(&self.pos).enumerate() {
             let earlier = done
                 .iter()
                 .enumerate()
-                .map(|(j, (_, i, _))| (j, std::slice::from_ref(&i[k])));
-            out.push(match same_input(earlier, std::slice::from_ref(h))? {
-                Some(j) => done[j].2[k].clone(),
+                .map(|(j, (i, _, _))| (j, std::slice::from_ref(&i[k])));
+            let (o, r) = match same_input(earlier, std::slice::from_ref(h))? {
+                Some(j) => (done[j].1[k].clone(), done[j].2[k].clone()),
                 None => {
                     self.at_prompt(p, k, local);
-                    layer.forward(h, self.spec, ps, self.form, None)?
+                    layer.forward_routed(h, self.spec, ps, self.form, None)?
                 }
-            });
+            };
+            out.push(o);
+            routes.push(r);
         }
-        Ok(out)
+        Ok((out, routes))
     }
 
     /// Runs decoder layer `l` on every path: the propagated outputs (each
     /// path on its own history) and, with `local`, every path's layer on
-    /// path 0's input (`None` for path 0).
-    fn layer(
-        &self,
-        l: usize,
-        states: &[Vec<Tensor>],
-        local: bool,
-    ) -> Result<(PerPath, LocalPerPath)> {
+    /// path 0's input (`None` for path 0); the MoE routers' choices of both.
+    fn layer(&self, l: usize, states: &[Vec<Tensor>], local: bool) -> Result<LayerRun> {
         let names = self.spec.layer_tensor_names(l);
         let groups = share_groups(self.paths, &names);
         let layers = load_shared(self.paths, &groups, |s, p| {
@@ -287,32 +317,59 @@ impl Run<'_> {
             .loading
             .inc(group_bytes(self.paths, &names, &groups));
         let mut next: Vec<Vec<Tensor>> = Vec::with_capacity(self.paths.len());
+        let mut routes: Vec<Vec<Option<Routing>>> = Vec::with_capacity(self.paths.len());
         for p in 0..self.paths.len() {
-            let done: Vec<(usize, &[Tensor], &[Tensor])> = (0..p)
+            let done: Vec<Done> = (0..p)
                 .filter(|&q| groups[q] == groups[p])
-                .map(|q| (q, states[q].as_slice(), next[q].as_slice()))
+                .map(|q| {
+                    (
+                        states[q].as_slice(),
+                        next[q].as_slice(),
+                        routes[q].as_slice(),
+                    )
+                })
                 .collect();
-            let out = self.forward(&layers[p], p, &states[p], &done, false)?;
+            let (out, r) = self.forward(&layers[p], p, &states[p], &done, false)?;
             next.push(out);
+            routes.push(r);
         }
-        let mut locals = vec![None; self.paths.len()];
+        let n = self.paths.len();
+        let (mut locals, mut local_routes) = (vec![None; n], vec![None; n]);
         if local {
-            for p in 1..self.paths.len() {
+            for p in 1..n {
                 // Path p's layer on path 0's input: path 0's output when the
                 // layer is shared with path 0, else reuse any path q with the
                 // same layer already run on that input.
-                locals[p] = Some(if groups[p] == groups[0] {
-                    next[0].clone()
+                let (o, r) = if groups[p] == groups[0] {
+                    (next[0].clone(), routes[0].clone())
                 } else {
-                    let done: Vec<(usize, &[Tensor], &[Tensor])> = (0..self.paths.len())
+                    let done: Vec<Done> = (0..n)
                         .filter(|&q| q != p && groups[q] == groups[p])
-                        .map(|q| (q, states[q].as_slice(), next[q].as_slice()))
+                        .map(|q| {
+                            (
+                                states[q].as_slice(),
+                                next[q].as_slice(),
+                                routes[q].as_slice(),
+                            )
+                        })
                         .collect();
                     self.forward(&layers[p], p, &states[0], &done, true)?
-                });
+                };
+                locals[p] = Some(o);
+                local_routes[p] = r.into_iter().collect::<Option<Vec<_>>>();
             }
         }
-        Ok((next, locals))
+        // A dense layer has no router: its routings are all `None`.
+        let routing: Vec<Vec<Routing>> = routes
+            .into_iter()
+            .map(|r| r.into_iter().flatten().collect())
+            .collect();
+        Ok(LayerRun {
+            next,
+            local: locals,
+            routing,
+            local_routing: local_routes,
+        })
     }
 
     /// The final norm over the last layer's outputs (propagated and local).
@@ -439,7 +496,12 @@ pub fn run(
             .set_message(format!("layer {l} ({})", spec.layer_types[l].as_str()));
         progress.loading.set_message(format!("layer {l}"));
         progress.prompts.set_position(0);
-        let (next, local) = run.layer(l, &states, opts.local)?;
+        let LayerRun {
+            next,
+            local,
+            routing,
+            local_routing,
+        } = run.layer(l, &states, opts.local)?;
         states = next;
         if l + 1 < n {
             let kind = HiddenKind::Layer(spec.layer_types[l]);
@@ -449,6 +511,9 @@ pub fn run(
             let (normed, local) = run.final_norm(&states, &local)?;
             states = normed;
             obs.hidden_states(n, HiddenKind::FinalNorm, &states, &local)?;
+        }
+        if routing.iter().any(|r| !r.is_empty()) {
+            obs.routing(l, &routing, &local_routing)?;
         }
         progress.prompts.set_position(prompts.len() as u64);
         progress.layers.inc(1);

@@ -3,17 +3,19 @@
 //! place each flag is parsed into a typed value ([`LoadingPath`],
 //! [`Precision`], [`GdnForm`], [`EndRule`], [`DeviceSpec`]). An unknown
 //! value is a clap error (exit 2). [`run`] dispatches to [`crate::commands`]
-//! and prints or writes what comes back; `main.rs` only calls it.
+//! and prints or writes what comes back; `main.rs` only calls it. The
+//! engine-capture flags (`import`, `drafter --features`) are in `engines`.
+
+mod engines;
 
 use std::path::PathBuf;
 
 use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::commands::{compare, diff, drafter, dump, inventory, prompts, triage};
+use crate::commands::{compare, diff, drafter, dump, features, inventory, prompts, triage};
 use crate::device::DeviceSpec;
 use crate::drafter::eval::EndRule;
-use crate::drafter::{DrafterSettings, Replay};
 use crate::error::{Error, Result};
 use crate::loading::LoadingPath;
 use crate::models::GdnForm;
@@ -24,7 +26,9 @@ use crate::session::Target;
 use crate::triage::harness as triage_harness;
 use crate::triage::TriageSettings;
 
+mod drafter_args;
 mod prompt_args;
+use drafter_args::{BudgetArgs, DrafterEvalArgs, ReplayArgs, TrajectoryArgs};
 use prompt_args::PromptArgs;
 
 /// `hsparity`.
@@ -46,7 +50,7 @@ enum Command {
     Inventory(InventoryArgs),
     /// Run the same prompts through loading paths in lock-step; per-layer parity.
     Compare(CompareArgs),
-    /// Compare two dumps (hsparity.dump.v1, from hsparity or tools/dump_hidden_states.py).
+    /// Compare two dumps (hsparity.dump.v1, from hsparity, tools/dump_hidden_states.py or `import`).
     Diff(DiffArgs),
     /// DFlash drafter acceptance length τ (and DDTree-N) on each loading path.
     Drafter(DrafterArgs),
@@ -56,6 +60,8 @@ enum Command {
     Dump(DumpArgs),
     /// What a run would feed the model: each prompt's text after the chat template, and its token ids.
     Prompts(PromptsArgs),
+    /// Convert an engine's hidden states (SpecForge, vLLM, SGLang) to a dump, layer indices mapped to transformers'.
+    Import(engines::ImportArgs),
 }
 
 impl ValueEnum for LoadingPath {
@@ -204,97 +210,6 @@ impl ReportArgs {
     }
 }
 
-/// What is replayed: tokens per prompt and the DDTree budget.
-#[derive(Args)]
-struct ReplayArgs {
-    /// Greedy tokens generated (and replayed) per prompt.
-    #[arg(long, default_value_t = 64)]
-    max_new_tokens: usize,
-    /// DDTree node budget (DDTree-N).
-    #[arg(long, default_value_t = 8)]
-    ddtree_budget: usize,
-}
-
-impl ReplayArgs {
-    fn replay(&self, rule: EndRule) -> Replay {
-        Replay {
-            max_new: self.max_new_tokens,
-            budget: self.ddtree_budget,
-            rule,
-        }
-    }
-}
-
-/// A byte count: `123456`, `512M`, `16G`, `16GiB`, `1.5GiB` (K/M/G/T, binary).
-fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let shift = match unit
-        .trim()
-        .to_ascii_lowercase()
-        .trim_end_matches("ib")
-        .trim_end_matches('b')
-    {
-        "" => 0,
-        "k" => 10,
-        "m" => 20,
-        "g" => 30,
-        "t" => 40,
-        u => {
-            return Err(format!(
-                "unknown unit {u:?}: use K, M, G or T (binary), e.g. 16G"
-            ))
-        }
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size such as 16G or 17179869184"))?;
-    let bytes = v * (1u64 << shift) as f64;
-    if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
-        return Err(format!("{s:?}: expected a positive size below 16 EiB"));
-    }
-    Ok(bytes as u64)
-}
-
-/// Memory the target's stored weights may take to stay resident.
-#[derive(Args)]
-struct BudgetArgs {
-    /// Keep the target's weights resident (stored dtype) when they and the drafter fit this
-    /// many bytes (e.g. 16G); else stream them layer by layer every sweep. Default: 75% of
-    /// the available memory.
-    #[arg(long, value_parser = parse_bytes)]
-    memory_budget: Option<u64>,
-}
-
-/// A drafter evaluation's flags (`drafter`, `compare --drafter`).
-#[derive(Args)]
-struct DrafterEvalArgs {
-    #[command(flatten)]
-    replay: ReplayArgs,
-    #[command(flatten)]
-    budget: BudgetArgs,
-    /// Exit 1 when τ on two paths differs by more than this.
-    #[arg(long, default_value_t = 0.05)]
-    max_tau_gap: f64,
-    /// End-of-generation rule replayed: main (z-lab GitHub main) or wheel (the dflash 0.1.0 PyPI wheel).
-    #[arg(long, value_enum, default_value = "main")]
-    end_rule: EndRule,
-}
-
-impl DrafterEvalArgs {
-    fn settings(&self, source: String) -> DrafterSettings {
-        DrafterSettings {
-            source,
-            replay: self.replay.replay(self.end_rule),
-            max_tau_gap: self.max_tau_gap,
-            memory_budget: self.budget.memory_budget,
-        }
-    }
-}
-
 #[derive(Args)]
 struct InventoryArgs {
     /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
@@ -357,6 +272,9 @@ struct DiffArgs {
     /// Compare a's hidden_states[i] with b's hidden_states[i + OFFSET] (the other tap convention: ±1).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     tap_offset: i64,
+    /// For every hidden_states index of b, find the index of a it matches best (cosine) and report the offset.
+    #[arg(long)]
+    align: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -388,6 +306,8 @@ struct DrafterArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
+    features: engines::FeaturesArgs,
+    #[command(flatten)]
     run: RunArgs,
 }
 
@@ -402,6 +322,8 @@ struct TriageArgs {
     replay: ReplayArgs,
     #[command(flatten)]
     budget: BudgetArgs,
+    #[command(flatten)]
+    trajectories: TrajectoryArgs,
     /// τ seen in the regressed eval: marks the variants consistent with it.
     #[arg(long)]
     observed_tau: Option<f64>,
@@ -531,20 +453,38 @@ pub fn run(cli: Cli) -> Result<u8> {
                 a: a.a,
                 b: a.b,
                 tap_offset: a.tap_offset,
+                align: a.align,
                 command_line: command_line(),
             })?;
             finish(&rep, a.json, folder)
         }
         Command::Drafter(a) => {
-            let rep = drafter::run(&drafter::DrafterOptions {
+            let opts = drafter::DrafterOptions {
                 target: a.target.target(&a.run)?,
                 paths: distinct(a.paths)?,
                 dtype: a.dtype.0,
                 drafter: a.eval.settings(a.drafter),
                 quiet: a.run.quiet,
                 command_line: command_line(),
-            })?;
-            finish(&rep, a.json, None)
+            };
+            match a.features.features {
+                Some(file) => {
+                    let (format, read) = a.features.read.options();
+                    let rep = features::run(&features::FeaturesOptions {
+                        drafter: opts,
+                        features: file,
+                        format,
+                        read,
+                    })?;
+                    finish(&rep, a.json, None)
+                }
+                None if a.features.read.any() => Err(Error::Input(
+                    "--format, --target-layer-ids, --layer-ids, --keep-padding and --rank say how to read \
+                     --features FILE; give --features"
+                        .into(),
+                )),
+                None => finish(&drafter::run(&opts)?, a.json, None),
+            }
         }
         Command::Triage(a) => {
             let folder = a
@@ -561,6 +501,7 @@ pub fn run(cli: Cli) -> Result<u8> {
                     quiet: a.run.quiet,
                     memory_budget: a.budget.memory_budget,
                     harness: triage_harness::HarnessOptions::new(a.reset_at, a.left_pad),
+                    trajectories: a.trajectories.given(&a.replay),
                 },
                 command_line: command_line(),
             })?;
@@ -594,5 +535,6 @@ pub fn run(cli: Cli) -> Result<u8> {
             })?;
             finish(&rep, a.json, None)
         }
+        Command::Import(a) => engines::run_import(a),
     }
 }

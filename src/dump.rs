@@ -1,15 +1,21 @@
-//! Dump files: hidden states of one loading path in safetensors, the format of
-//! `hsparity.dump.v1` (README, "Dump format"), readable and writable from Python with
-//! `safetensors.torch`.
+//! Dump files: hidden states of one loading path (or one engine's capture) in
+//! safetensors, the format of `hsparity.dump.v1` (README, "Dump format"),
+//! readable and writable from Python with `safetensors.torch`.
 //!
 //! Keys for prompt `k`: `p{k}.input_ids` (I64 `[T]`), `p{k}.hidden_states.{i}`
-//! (F32 `[T, H]`, i = 0..=N, transformers' `output_hidden_states` entries, the
-//! last one final-normed), `p{k}.last_layer_output` (F32 `[T, H]`, raw output of
-//! the last decoder layer) and `p{k}.logits` (F32 `[T, V]`, paths with an LM
-//! head). `__metadata__` holds `format`, `checkpoint`, `loading_path`, `class`,
-//! `dtype`, `num_layers`, `tool_version`.
+//! (F32 `[T, H]`, transformers' `output_hidden_states` entries, the last one
+//! final-normed), `p{k}.last_layer_output` (F32 `[T, H]`, raw output of the
+//! last decoder layer), `p{k}.logits` (F32 `[T, V]`, paths with an LM head)
+//! and `p{k}.loss_mask` (I64 `[T]`, an imported training record's). A *full*
+//! dump (what `hsparity dump` and `tools/dump_hidden_states.py` write) holds
+//! every index i = 0..=N and the ids; a *partial* one (an engine's capture,
+//! converted by `hsparity import`) holds only some indices, and may lack
+//! `input_ids`. Every prompt of a dump holds the same indices. `__metadata__`
+//! holds `format`, `checkpoint`, `loading_path`, `class`, `dtype`,
+//! `num_layers`, `tool_version` (and, for an import, `source_format`,
+//! `hidden_states_indices`, `layer_mapping`, …); none of it is required to read.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
@@ -20,16 +26,35 @@ use crate::error::{Error, Result};
 pub const FORMAT: &str = "hsparity.dump.v1";
 
 /// Captured tensors for one prompt.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct DumpPrompt {
-    /// `[T]` token ids.
-    pub input_ids: Vec<i64>,
-    /// N+1 entries of `[T, H]` f32.
-    pub hidden_states: Vec<Tensor>,
+    /// `[T]` token ids; `None` in a file written without them (its inputs
+    /// cannot be verified).
+    pub input_ids: Option<Vec<i64>>,
+    /// `[T]` loss mask (0 on the prompt, 1 on the trained-on response), when recorded.
+    pub loss_mask: Option<Vec<i64>>,
+    /// `[T, H]` f32 by `hidden_states` index: 0..=N in a full dump, some of
+    /// them in a partial one.
+    pub hidden_states: BTreeMap<usize, Tensor>,
     /// `[T, H]` f32, when recorded.
     pub last_layer_output: Option<Tensor>,
     /// `[T, V]` f32, when recorded.
     pub logits: Option<Tensor>,
+}
+
+impl DumpPrompt {
+    /// T: the number of token rows.
+    pub fn rows(&self) -> usize {
+        if let Some(ids) = &self.input_ids {
+            return ids.len();
+        }
+        self.hidden_states
+            .values()
+            .chain(&self.last_layer_output)
+            .next()
+            .and_then(|t| t.dim(0).ok())
+            .unwrap_or(0)
+    }
 }
 
 /// `t` as f32 on the host (captures may live on a GPU).
@@ -47,13 +72,50 @@ pub struct Dump {
 }
 
 impl Dump {
-    /// Serialises to safetensors bytes (tensors as F32, ids as I64).
+    /// The `hidden_states` indices every prompt holds, ascending.
+    pub fn indices(&self) -> Vec<usize> {
+        self.prompts
+            .first()
+            .map(|p| p.hidden_states.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// N: the metadata's `num_layers`, else the last index of a dump holding
+    /// every index 0..=N (a full dump written without metadata), else unknown.
+    pub fn num_layers(&self) -> Option<usize> {
+        if let Some(n) = self.metadata.get("num_layers").and_then(|s| s.parse().ok()) {
+            return Some(n);
+        }
+        let idx = self.indices();
+        let contiguous = idx.iter().enumerate().all(|(j, &i)| i == j);
+        (contiguous && idx.len() > 1).then(|| idx.len() - 1)
+    }
+
+    /// True when the dump holds every index 0..=N.
+    pub fn is_full(&self) -> bool {
+        match self.num_layers() {
+            Some(n) => self.indices() == (0..=n).collect::<Vec<_>>(),
+            None => false,
+        }
+    }
+
+    /// True when the prompts carry their `input_ids`.
+    pub fn has_input_ids(&self) -> bool {
+        self.prompts.iter().all(|p| p.input_ids.is_some())
+    }
+
+    /// Serialises to safetensors bytes (tensors as F32, ids and masks as I64).
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut tensors: Vec<(String, Tensor)> = Vec::new();
+        let ints = |v: &Vec<i64>| Tensor::from_slice(v, v.len(), &Device::Cpu);
         for (k, p) in self.prompts.iter().enumerate() {
-            let ids = Tensor::from_slice(&p.input_ids, p.input_ids.len(), &Device::Cpu)?;
-            tensors.push((format!("p{k}.input_ids"), ids));
-            for (i, h) in p.hidden_states.iter().enumerate() {
+            if let Some(ids) = &p.input_ids {
+                tensors.push((format!("p{k}.input_ids"), ints(ids)?));
+            }
+            if let Some(m) = &p.loss_mask {
+                tensors.push((format!("p{k}.loss_mask"), ints(m)?));
+            }
+            for (i, h) in &p.hidden_states {
                 tensors.push((format!("p{k}.hidden_states.{i}"), host_f32(h)?));
             }
             if let Some(t) = &p.last_layer_output {
@@ -74,10 +136,12 @@ impl Dump {
         crate::output::write_atomic(path, &self.to_bytes()?, force)
     }
 
-    /// Reads a dump written by hsparity or by Python. Errors ([`Error::Format`]):
-    /// not a safetensors file, no `p0.input_ids`, a prompt without
-    /// `hidden_states.0`, a gap in the hidden-state indices, or a tensor whose
-    /// shape disagrees with its `input_ids`.
+    /// Reads a dump written by hsparity or by Python, full or partial.
+    /// Errors ([`Error::Format`]): not a safetensors file; no `p0.*` state;
+    /// prompts not numbered `p0, p1, …` without gaps; a prompt without any
+    /// state; a non-numeric index; float token ids; a tensor whose rows
+    /// disagree with its prompt's; prompts holding different indices or
+    /// states, or ids in some prompts only.
     pub fn read(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         let bad = |m: String| Error::Format(format!("{}: {m}", path.display()));
@@ -92,84 +156,181 @@ impl Dump {
             .map_err(|e| bad(format!("unreadable tensors: {e}")))?;
         let mut prompts = Vec::new();
         for k in 0.. {
-            let Some(ids) = all.remove(&format!("p{k}.input_ids")) else {
-                break;
-            };
-            if ids.dtype().is_float() {
-                return Err(bad(format!(
-                    "p{k}.input_ids has dtype {:?}: token ids must be integers (I64)",
-                    ids.dtype()
-                )));
+            match read_prompt(&mut all, k, path)? {
+                Some(p) => prompts.push(p),
+                None => break,
             }
-            let input_ids = ids.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?;
-            let t = input_ids.len();
-            let mut hidden_states = Vec::new();
-            for i in 0.. {
-                match all.remove(&format!("p{k}.hidden_states.{i}")) {
-                    Some(h) => {
-                        hidden_states.push(as_rows(h, t, &format!("p{k}.hidden_states.{i}"), path)?)
-                    }
-                    None => break,
-                }
-            }
-            if hidden_states.is_empty() {
-                return Err(bad(format!(
-                    "p{k} has input_ids but no p{k}.hidden_states.0"
-                )));
-            }
-            let last_layer_output = all
-                .remove(&format!("p{k}.last_layer_output"))
-                .map(|h| as_rows(h, t, &format!("p{k}.last_layer_output"), path))
-                .transpose()?;
-            let logits = all
-                .remove(&format!("p{k}.logits"))
-                .map(|h| as_rows(h, t, &format!("p{k}.logits"), path))
-                .transpose()?;
-            prompts.push(DumpPrompt {
-                input_ids,
-                hidden_states,
-                last_layer_output,
-                logits,
-            });
+        }
+        if let Some(stray) = all.keys().filter(|n| prompt_field(n).is_some()).min() {
+            return Err(bad(format!(
+                "{stray} but no p{}: prompts are numbered p0, p1, … without gaps",
+                prompts.len()
+            )));
         }
         if prompts.is_empty() {
             return Err(bad(
-                "no p0.input_ids: not an hsparity dump (hsparity.dump.v1: p{k}.input_ids and p{k}.hidden_states.{i}; see the README's dump format)".into(),
+                "no p0.hidden_states.{i} (nor p0.last_layer_output): not an hsparity dump (hsparity.dump.v1: \
+                 p{k}.hidden_states.{i}, with p{k}.input_ids; see the README's dump format)"
+                    .into(),
             ));
         }
-        let n0 = prompts[0].hidden_states.len();
-        if let Some((k, p)) = prompts
-            .iter()
-            .enumerate()
-            .find(|(_, p)| p.hidden_states.len() != n0)
-        {
-            return Err(bad(format!(
-                "p{k} has {} hidden states but p0 has {n0}: every prompt of a dump must come from the same model",
-                p.hidden_states.len()
-            )));
-        }
-        if let Some(stray) = all.keys().find(|n| n.contains("hidden_states.")) {
-            return Err(bad(format!(
-                "{stray} does not follow a contiguous p{{k}}.hidden_states.{{i}} sequence"
-            )));
-        }
+        check_prompts_agree(&prompts).map_err(bad)?;
         Ok(Dump { metadata, prompts })
     }
 }
 
-/// Accepts `[T, X]` or `[1, T, X]` (a Python batch dim), returns f32 `[T, X]`.
-fn as_rows(t: Tensor, rows: usize, name: &str, path: &Path) -> Result<Tensor> {
+/// `(k, field)` of a dump key `p{k}.{field}` with a known field, else `None`.
+fn prompt_field(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix('p')?;
+    let (k, field) = rest.split_once('.')?;
+    let k = k.parse().ok()?;
+    let known = ["input_ids", "loss_mask", "last_layer_output", "logits"].contains(&field)
+        || field.starts_with("hidden_states.");
+    known.then_some((k, field))
+}
+
+/// Integer ids (or a mask) as i64. Errors: a float tensor.
+fn ints(t: Tensor, name: &str, path: &Path) -> Result<Vec<i64>> {
+    if t.dtype().is_float() {
+        return Err(Error::Format(format!(
+            "{}: {name} has dtype {:?}: token ids must be integers (I64)",
+            path.display(),
+            t.dtype()
+        )));
+    }
+    Ok(t.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?)
+}
+
+/// Removes prompt `k`'s tensors from `all`; `None` when it has none.
+fn read_prompt(
+    all: &mut HashMap<String, Tensor>,
+    k: usize,
+    path: &Path,
+) -> Result<Option<DumpPrompt>> {
+    let names: Vec<String> = all
+        .keys()
+        .filter(|n| prompt_field(n).is_some_and(|(j, _)| j == k))
+        .cloned()
+        .collect();
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let mut p = DumpPrompt {
+        input_ids: all
+            .remove(&format!("p{k}.input_ids"))
+            .map(|t| ints(t, &format!("p{k}.input_ids"), path))
+            .transpose()?,
+        loss_mask: all
+            .remove(&format!("p{k}.loss_mask"))
+            .map(|t| ints(t, &format!("p{k}.loss_mask"), path))
+            .transpose()?,
+        ..Default::default()
+    };
+    let mut rows = p.input_ids.as_ref().map(Vec::len);
+    for name in &names {
+        let Some(i) = name.strip_prefix(&format!("p{k}.hidden_states.")) else {
+            continue;
+        };
+        let i: usize = i.parse().map_err(|_| {
+            Error::Format(format!(
+                "{}: {name}: the hidden_states index is not a number",
+                path.display()
+            ))
+        })?;
+        let t = all.remove(name).expect("listed");
+        p.hidden_states
+            .insert(i, as_rows(t, &mut rows, name, path)?);
+    }
+    for (field, slot) in [
+        ("last_layer_output", &mut p.last_layer_output),
+        ("logits", &mut p.logits),
+    ] {
+        let name = format!("p{k}.{field}");
+        if let Some(t) = all.remove(&name) {
+            *slot = Some(as_rows(t, &mut rows, &name, path)?);
+        }
+    }
+    if p.hidden_states.is_empty() && p.last_layer_output.is_none() {
+        return Err(Error::Format(format!(
+            "{}: p{k} holds no hidden state (p{k}.hidden_states.{{i}} or p{k}.last_layer_output)",
+            path.display()
+        )));
+    }
+    if let (Some(m), Some(t)) = (&p.loss_mask, rows) {
+        if m.len() != t {
+            return Err(Error::Format(format!(
+                "{}: p{k}.loss_mask has {} entries, the prompt {t} rows",
+                path.display(),
+                m.len()
+            )));
+        }
+    }
+    Ok(Some(p))
+}
+
+/// Every prompt holds the same indices and states, and ids in all or none.
+fn check_prompts_agree(prompts: &[DumpPrompt]) -> std::result::Result<(), String> {
+    let p0 = &prompts[0];
+    let i0: BTreeSet<usize> = p0.hidden_states.keys().copied().collect();
+    for (k, p) in prompts.iter().enumerate().skip(1) {
+        let ik: BTreeSet<usize> = p.hidden_states.keys().copied().collect();
+        if ik != i0 {
+            let what = if ik.len() != i0.len() {
+                format!(
+                    "p{k} has {} hidden states but p0 has {}",
+                    ik.len(),
+                    i0.len()
+                )
+            } else {
+                format!("p{k} holds hidden_states {ik:?} but p0 holds {i0:?}")
+            };
+            return Err(format!(
+                "{what}: every prompt of a dump must hold the same indices (from the same model)"
+            ));
+        }
+        for (field, a, b) in [
+            ("input_ids", p0.input_ids.is_some(), p.input_ids.is_some()),
+            (
+                "last_layer_output",
+                p0.last_layer_output.is_some(),
+                p.last_layer_output.is_some(),
+            ),
+            ("logits", p0.logits.is_some(), p.logits.is_some()),
+        ] {
+            if a != b {
+                return Err(format!(
+                    "p{} has {field} but p{} has not: every prompt of a dump holds the same tensors",
+                    if a { 0 } else { k },
+                    if a { k } else { 0 }
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Accepts `[T, X]` or `[1, T, X]` (a Python batch dim), returns f32 `[T, X]`;
+/// T must equal `rows` when known (the prompt's ids or its first state), and sets it otherwise.
+fn as_rows(t: Tensor, rows: &mut Option<usize>, name: &str, path: &Path) -> Result<Tensor> {
     let t = if t.rank() == 3 && t.dim(0)? == 1 {
         t.squeeze(0)?
     } else {
         t
     };
-    if t.rank() != 2 || t.dim(0)? != rows {
+    let ok = t.rank() == 2 && rows.is_none_or(|r| t.dim(0).is_ok_and(|d| d == r));
+    if !ok {
         return Err(Error::Format(format!(
-            "{}: {name} has shape {:?}, expected [{rows}, _] to match input_ids",
+            "{}: {name} has shape {:?}, expected [{}, _] to match {}",
             path.display(),
-            t.dims()
+            t.dims(),
+            rows.map(|r| r.to_string()).unwrap_or_else(|| "T".into()),
+            if rows.is_some() {
+                "the prompt's input_ids (or its first state)"
+            } else {
+                "[T, H]"
+            }
         )));
     }
+    rows.get_or_insert(t.dim(0)?);
     Ok(t.to_dtype(DType::F32)?)
 }

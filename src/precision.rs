@@ -123,6 +123,15 @@ impl Precision {
         )
     }
 
+    /// The candle dtype holding values of this precision.
+    pub fn dtype(self) -> DType {
+        match self {
+            Precision::F32 => DType::F32,
+            Precision::Bf16 => DType::BF16,
+            Precision::F16 => DType::F16,
+        }
+    }
+
     /// Rounds every element of `t` (f32) to this dtype, keeping f32 storage.
     pub fn round(self, t: &Tensor) -> Result<Tensor> {
         Ok(match self {

@@ -2,59 +2,57 @@
 //! wrong layer-index convention (the vLLM file of `fixtures/engine-captures/
 //! vllm-misindexed`, captured with the blanket +1 over its aux ids) is caught
 //! against transformers' own states and the offset reported; a correctly read
-//! one aligns at 0; synthetic cases pin the rule.
+//! one aligns at 0; synthetic cases pin the rule. Layer ids and N come from
+//! the generator's manifest.
+
+mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use candle_core::{Device, Tensor};
+use common::captures::{caps, manifest, n_tiny, usizes};
+use common::repo_root;
 use hsparity::dump::Dump;
 use hsparity::error::Error;
 use hsparity::import::{self, Format, ImportOptions};
 use hsparity::parity::align::align;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The golden transformers states of prompt 0 (12 tokens) of the tiny fixture, per index.
+/// The golden transformers states of prompt 0 of the tiny fixture, per index.
 fn golden_p0() -> BTreeMap<usize, Vec<Tensor>> {
-    let g = Dump::read(&root().join("fixtures/tiny-qwen3_5/golden/causal-lm.safetensors")).unwrap();
+    let g = Dump::read(&repo_root().join("fixtures/tiny-qwen3_5/golden/causal-lm.safetensors"))
+        .unwrap();
     g.prompts[0]
         .hidden_states
         .iter()
-        .enumerate()
-        .map(|(i, t)| (i, vec![t.clone()]))
+        .map(|(&i, t)| (i, vec![t.clone()]))
         .collect()
 }
 
 fn vllm(rel: &str, ids: Vec<usize>) -> BTreeMap<usize, Vec<Tensor>> {
     let o = ImportOptions {
         layer_ids: Some(ids),
-        num_layers: Some(6),
+        num_layers: Some(n_tiny(&manifest())),
         ..Default::default()
     };
-    import::read(
-        &root().join("fixtures/engine-captures").join(rel),
-        Format::Vllm,
-        &o,
-    )
-    .unwrap()
-    .rows_by_index()
+    import::read(&caps(rel), Format::Vllm, &o)
+        .unwrap()
+        .rows_by_index()
 }
 
 #[test]
 fn the_blanket_plus_one_vllm_capture_is_caught_with_offset_plus_one() {
-    // configured (and declared) with ids [1, 2, 3, 4]; the connector captured [2, 3, 4, 5]
-    let compared = vllm("vllm-misindexed", vec![1, 2, 3, 4]);
-    assert_eq!(
-        compared.keys().copied().collect::<Vec<_>>(),
-        vec![1, 2, 3, 4]
-    );
+    // configured (and declared) with some ids; the connector captured each one layer later
+    let m = manifest();
+    let declared = usizes(&m["vllm"]["misindexed_declared"]);
+    let captured = usizes(&m["vllm"]["misindexed_captured"]);
+    let shift = captured[0] as i64 - declared[0] as i64;
+    assert_eq!(shift, 1, "the fixture holds the blanket +1");
+    let compared = vllm("vllm-misindexed", declared.clone());
+    assert_eq!(compared.keys().copied().collect::<Vec<_>>(), declared);
     let a = align(&golden_p0(), &compared).unwrap();
-    assert_eq!(a.offset, Some(1), "{}", a.diagnosis());
-    for r in &a.rows {
-        assert_eq!(r.best, r.compared + 1);
+    assert_eq!(a.offset, Some(shift), "{}", a.diagnosis());
+    for (r, &c) in a.rows.iter().zip(&captured) {
+        assert_eq!(r.best, c);
         assert!(r.cos_mean > 0.9999, "{r:?}");
         // the label it was given matches clearly worse
         assert!(r.same_index_cos_mean.unwrap() < r.cos_mean - 1e-3, "{r:?}");
@@ -62,23 +60,32 @@ fn the_blanket_plus_one_vllm_capture_is_caught_with_offset_plus_one() {
     }
     let d = a.diagnosis();
     assert!(
-        d.contains("offset +1 on all 4 indices") && d.contains("hidden_states[i+1]"),
+        d.contains(&format!("offset +1 on all {} indices", declared.len()))
+            && d.contains("hidden_states[i+1]"),
         "{d}"
     );
 }
 
 #[test]
 fn a_correctly_read_capture_aligns_at_zero() {
-    let compared = vllm("vllm/0.safetensors", vec![0, 2, 4, 6]);
-    // id 6 is the pre-norm last layer, not an index: only 0, 2, 4 take part
-    assert_eq!(compared.keys().copied().collect::<Vec<_>>(), vec![0, 2, 4]);
+    let m = manifest();
+    let ids = usizes(&m["vllm"]["eagle_aux_hidden_state_layer_ids"]);
+    let n = n_tiny(&m);
+    let compared = vllm("vllm/0.safetensors", ids.clone());
+    // id N is the pre-norm last layer, not an index: only the others take part
+    let indexed: Vec<usize> = ids.iter().copied().filter(|&k| k != n).collect();
+    assert_eq!(compared.keys().copied().collect::<Vec<_>>(), indexed);
     let a = align(&golden_p0(), &compared).unwrap();
     assert_eq!(a.offset, Some(0), "{}", a.diagnosis());
     assert!(a
         .rows
         .iter()
         .all(|r| r.same_index_cos_mean == Some(r.cos_mean)));
-    assert!(a.diagnosis().starts_with("offset 0 on all 3 indices"));
+    let d = a.diagnosis();
+    assert!(
+        d.starts_with(&format!("offset 0 on all {} indices", indexed.len())),
+        "{d}"
+    );
 }
 
 fn t(seed: u64) -> Tensor {

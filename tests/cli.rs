@@ -241,7 +241,7 @@ fn dump_writes_the_design_format_and_refuses_overwrite() {
     assert_eq!(d.metadata["format"], "hsparity.dump.v1");
     assert_eq!(d.metadata["loading_path"], "vlm");
     assert_eq!(d.metadata["class"], "Qwen3_5Model");
-    assert_eq!(d.prompts[0].input_ids, vec![1, 2, 3, 4, 5]);
+    assert_eq!(d.prompts[0].input_ids, Some(vec![1, 2, 3, 4, 5]));
     assert_eq!(d.prompts[0].hidden_states.len(), 7);
     assert!(d.prompts[0].logits.is_none(), "AutoModel has no lm_head");
     assert_eq!(run(&[]).status.code(), Some(2));

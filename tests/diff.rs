@@ -213,11 +213,23 @@ fn malformed_or_mismatched_dumps_are_refused_and_dtype_names_normalised() {
     let (code, _, err) = diff(&[&a, short.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("p1 has 6 hidden states but p0 has 7"), "{err}");
-    // Different depths at offset 0: refused.
-    let shallow = tmp.path().join("shallow.safetensors");
-    rewrite_dump(&a, &shallow, |t, _| {
+    // An index missing from every prompt: a partial dump; the others are compared.
+    let partial = tmp.path().join("partial.safetensors");
+    rewrite_dump(&a, &partial, |t, _| {
         t.remove("p0.hidden_states.6");
         t.remove("p1.hidden_states.6");
+    });
+    let (code, v, err) = diff(&[&a, partial.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["pairs"][0]["hidden_states"].as_array().unwrap().len(), 6);
+    assert_eq!(v["skipped"]["a"], serde_json::json!([6]));
+    assert!(v["notes"].to_string().contains("skipped"), "{v}");
+    // Different depths (the metadata says so) at offset 0: refused.
+    let shallow = tmp.path().join("shallow.safetensors");
+    rewrite_dump(&a, &shallow, |t, m| {
+        t.remove("p0.hidden_states.6");
+        t.remove("p1.hidden_states.6");
+        m.insert("num_layers".into(), "5".into());
     });
     let (code, _, err) = diff(&[&a, shallow.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");

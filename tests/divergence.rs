@@ -145,23 +145,20 @@ fn hidden_states_match_goldens_in_the_dtype_transformers_picked() {
             );
             for (k, (o, g)) in ours.prompts.iter().zip(&gold.prompts).enumerate() {
                 assert_eq!(o.input_ids, g.input_ids);
-                same_len(
-                    &format!("{f}/{name} p{k}"),
-                    &o.hidden_states,
-                    &g.hidden_states,
-                );
                 // Goldens keep logits only where the fixture budget allows; where
                 // they do, ours must be there to be compared.
                 assert!(
                     g.logits.is_none() || o.logits.is_some(),
                     "{f}/{name} p{k}: logits"
                 );
-                let mut pairs: Vec<(String, &candle_core::Tensor, &candle_core::Tensor)> = o
-                    .hidden_states
-                    .iter()
-                    .zip(&g.hidden_states)
-                    .enumerate()
-                    .map(|(i, (a, b))| (format!("hidden_states[{i}]"), a, b))
+                let mut pairs: Vec<(String, &candle_core::Tensor, &candle_core::Tensor)> =
+                    common::paired_states(
+                        &format!("{f}/{name} p{k}"),
+                        &o.hidden_states,
+                        &g.hidden_states,
+                    )
+                    .into_iter()
+                    .map(|(i, a, b)| (format!("hidden_states[{i}]"), a, b))
                     .collect();
                 if let (Some(a), Some(b), false) = (&o.logits, &g.logits, random_head) {
                     pairs.push(("logits".into(), a, b));

@@ -62,12 +62,8 @@ fn check_path(path: LoadingPath, gold_name: &str, logits_from: Option<&str>) {
             o.input_ids, g.input_ids,
             "p{k}: tokenisation differs from Python's"
         );
-        assert_eq!(
-            o.hidden_states.len(),
-            g.hidden_states.len(),
-            "p{k}: hidden_states count"
-        );
-        for (i, (a, b)) in o.hidden_states.iter().zip(&g.hidden_states).enumerate() {
+        let what = format!("p{k}");
+        for (i, a, b) in common::paired_states(&what, &o.hidden_states, &g.hidden_states) {
             worst = worst.max(close(&format!("{gold_name} p{k} hidden_states[{i}]"), a, b));
         }
         worst = worst.max(close(
@@ -115,8 +111,8 @@ fn chunked_and_recurrent_forms_agree_within_1e3_relative() {
     let mut worst = 0f64;
     same_len("prompts", &c.prompts, &r.prompts);
     for (a, b) in c.prompts.iter().zip(&r.prompts) {
-        same_len("hidden states", &a.hidden_states, &b.hidden_states);
-        for (x, y) in a.hidden_states.iter().zip(&b.hidden_states) {
+        for (_, x, y) in common::paired_states("hidden states", &a.hidden_states, &b.hidden_states)
+        {
             let mut acc = Accumulator::default();
             acc.add(0, x, y).unwrap();
             let m = acc.finish();
@@ -134,8 +130,7 @@ fn paths_are_bitwise_identical_in_transformers_and_in_hsparity() {
     let bitwise = |what: &str, a: &Dump, b: &Dump| {
         same_len(what, &a.prompts, &b.prompts);
         for (k, (p, q)) in a.prompts.iter().zip(&b.prompts).enumerate() {
-            same_len(what, &p.hidden_states, &q.hidden_states);
-            for (i, (x, y)) in p.hidden_states.iter().zip(&q.hidden_states).enumerate() {
+            for (i, x, y) in common::paired_states(what, &p.hidden_states, &q.hidden_states) {
                 let mut acc = Accumulator::default();
                 acc.add(0, x, y).unwrap();
                 assert!(acc.finish().bitwise, "{what}: p{k} hidden_states[{i}]");

@@ -2,75 +2,72 @@
 //! (written by `tools/make_engine_captures.py` as each engine's writer writes
 //! it) imports with its engine's layer-index convention mapped to
 //! transformers' `hidden_states`, and the mapped states equal transformers'
-//! own (the goldens of `fixtures/tiny-qwen3_5`) within one bf16 rounding.
+//! own (the goldens of `fixtures/tiny-qwen3_5`).
 //!
-//! Tolerance: the engines store bf16; the fixture files hold the float32
-//! transformers states rounded to bf16 once. So each imported value must be
-//! *bitwise* the golden rounded to bf16 (round-to-nearest-even, as torch and
-//! candle both do), which bounds it by |x − g| ≤ 2⁻⁸·|g| (half a bf16 ulp:
-//! 8 significant bits, so half an ulp is 2⁻⁸ of the binade's lower end);
-//! both are asserted. Nothing looser is needed because
-//! the fixture's transformers run is asserted bitwise equal to the goldens by
-//! the generator.
+//! Every count (prompt lengths, padding, rows, layer ids, N, H) is read from
+//! the generator's `manifest.json`. Tolerance (`common::captures`): bitwise
+//! the golden rounded to bf16 where the engine ran the unpadded sequence
+//! ([`UNPADDED`]), within one bf16 ulp of the row's scale where it ran a
+//! right-padded batch ([`PADDED`]: SpecForge's short sample of a batch).
+
+mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
+use common::captures::{
+    assert_bf16_of, caps, file, files, h_tiny, i64s, manifest, n_tiny, num, stored_indices,
+    tiny_prompts, tolerance_of, usizes, Bf16Match, PADDED, UNPADDED,
+};
+use common::repo_root;
 use hsparity::dump::Dump;
 use hsparity::error::Error;
 use hsparity::import::{self, Format, ImportOptions, Imported, StateIndex};
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn caps(rel: &str) -> PathBuf {
-    root().join("fixtures/engine-captures").join(rel)
-}
-
 fn golden() -> Dump {
-    Dump::read(&root().join("fixtures/tiny-qwen3_5/golden/causal-lm.safetensors")).unwrap()
+    Dump::read(&repo_root().join("fixtures/tiny-qwen3_5/golden/causal-lm.safetensors")).unwrap()
 }
 
-fn manifest() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(caps("manifest.json")).unwrap()).unwrap()
+/// Golden `hidden_states[i]` of prompt k.
+fn gold(g: &Dump, k: usize, i: usize) -> &Tensor {
+    &g.prompts[k].hidden_states[&i]
 }
 
-const N: usize = 6;
+/// Golden `last_layer_output` of prompt k.
+fn gold_last(g: &Dump, k: usize) -> &Tensor {
+    g.prompts[k].last_layer_output.as_ref().unwrap()
+}
 
-fn opts() -> ImportOptions {
+/// Golden `input_ids` of prompt k.
+fn gold_ids(g: &Dump, k: usize) -> Vec<i64> {
+    g.prompts[k]
+        .input_ids
+        .clone()
+        .expect("the golden holds its ids")
+}
+
+fn opts(m: &Value) -> ImportOptions {
     ImportOptions {
-        num_layers: Some(N),
+        num_layers: Some(n_tiny(m)),
         ..Default::default()
     }
 }
 
-/// `imported` ([T, H]) equals the first T rows of `golden` rounded to bf16, bitwise and within 2^-8 relative.
-fn assert_bf16_of(imported: &Tensor, golden: &Tensor, what: &str) {
-    let (t, h) = imported.dims2().unwrap();
-    let g = golden.narrow(0, 0, t).unwrap();
-    assert_eq!(g.dims2().unwrap(), (t, h), "{what}: shape");
-    let rounded = g
-        .to_dtype(DType::BF16)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap();
-    let a = imported.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let r = rounded.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let gv = g.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    for (i, ((&x, &y), &z)) in a.iter().zip(&r).zip(&gv).enumerate() {
-        assert_eq!(
-            x.to_bits(),
-            y.to_bits(),
-            "{what}: element {i}: {x} is not bf16({z}) = {y}"
-        );
-        assert!(
-            ((x - z).abs() as f64) <= 2f64.powi(-8) * (z.abs() as f64),
-            "{what}: element {i}: |{x} - {z}| beyond half a bf16 ulp"
-        );
+fn dflash_taps(m: &Value) -> Vec<usize> {
+    usizes(&m["specforge"]["target_layer_ids"])
+}
+
+fn dflash_opts(m: &Value) -> ImportOptions {
+    ImportOptions {
+        target_layer_ids: Some(dflash_taps(m)),
+        ..opts(m)
     }
+}
+
+fn vllm_ids(m: &Value) -> Vec<usize> {
+    usizes(&m["vllm"]["eagle_aux_hidden_state_layer_ids"])
 }
 
 fn hidden(imp: &Imported) -> BTreeSet<StateIndex> {
@@ -89,69 +86,79 @@ fn one_line(e: &Error) -> String {
     s
 }
 
+/// `imp`'s state `i` of prompt k against the golden's (`hidden_states[j]` or `last_layer_output`).
+fn check_state(imp: &Imported, k: usize, i: StateIndex, g: &Dump, tol: &Bf16Match) {
+    let want = match i {
+        StateIndex::Hidden(j) => gold(g, k, j),
+        StateIndex::LastLayerOutput => gold_last(g, k),
+    };
+    assert_bf16_of(state(imp, k, i), want, tol, &format!("p{k} {i}"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // SpecForge
 // ---------------------------------------------------------------------------------------------
 
 #[test]
 fn specforge_dflash_records_map_tap_l_to_hidden_states_l_plus_1_and_trim_the_padding() {
-    let g = golden();
-    let o = ImportOptions {
-        target_layer_ids: Some(vec![1, 3]),
-        ..opts()
-    };
-    let imp = import::read(&caps("specforge-dflash"), Format::Specforge, &o).unwrap();
+    let (m, g) = (manifest(), golden());
+    let taps = dflash_taps(&m);
+    let imp = import::read(
+        &caps("specforge-dflash"),
+        Format::Specforge,
+        &dflash_opts(&m),
+    )
+    .unwrap();
     assert_eq!(imp.format, Format::Specforge);
     assert_eq!(imp.stored_dtype, "bf16");
-    assert_eq!(imp.hidden_size, 64);
-    assert_eq!(
-        hidden(&imp),
-        [StateIndex::Hidden(2), StateIndex::Hidden(4)]
-            .into_iter()
-            .collect()
-    );
-    assert_eq!(imp.mapping.layers[0].engine_id, Some(1));
+    assert_eq!(imp.hidden_size, h_tiny(&m));
+    let want: BTreeSet<StateIndex> = taps.iter().map(|t| StateIndex::Hidden(t + 1)).collect();
+    assert_eq!(hidden(&imp), want);
+    assert_eq!(imp.mapping.layers[0].engine_id, Some(taps[0]));
+    let h = h_tiny(&m);
     assert_eq!(
         imp.mapping.layers[1].stored_as,
-        "hidden_states[..., 64:128]"
+        format!("hidden_states[..., {h}:{}]", 2 * h)
     );
-    assert_eq!(imp.prompts.len(), 2);
-    // p0 (12 tokens) was right-padded to the batch maximum (103) and trimmed back
-    assert_eq!(imp.trimmed.len(), 1);
-    assert_eq!(
-        (
-            imp.trimmed[0].prompt,
-            imp.trimmed[0].rows_in_file,
-            imp.trimmed[0].rows_kept
-        ),
-        (0, 103, 12)
-    );
-    for (k, p) in imp.prompts.iter().enumerate() {
-        assert_eq!(p.input_ids, g.prompts[k].input_ids, "p{k} ids");
+    let entries = files(&m, "specforge-dflash/");
+    common::same_len("prompts", &imp.prompts, &entries);
+    // the short prompts were right-padded to the batch maximum and trimmed back
+    let padded: Vec<&&Value> = entries
+        .iter()
+        .filter(|f| num(&f["trailing_padding"]) > 0)
+        .collect();
+    assert!(!padded.is_empty(), "the fixture batch pads a prompt");
+    common::same_len("trims", &imp.trimmed, &padded);
+    for (t, f) in imp.trimmed.iter().zip(&padded) {
+        assert_eq!(
+            (t.prompt, t.rows_in_file, t.rows_kept),
+            (num(&f["prompt"]), num(&f["padded_to"]), num(&f["tokens"]))
+        );
+        let line = format!(
+            "trimmed p{}: {} -> {} rows",
+            t.prompt, t.rows_in_file, t.rows_kept
+        );
+        assert!(imp.summary().iter().any(|l| l.contains(&line)), "{line}");
+    }
+    for (k, (p, f)) in imp.prompts.iter().zip(&entries).enumerate() {
+        assert_eq!(p.input_ids, gold_ids(&g, k), "p{k} ids");
+        assert_eq!(p.input_ids.len(), num(&f["tokens"]));
         assert_eq!(p.loss_mask.as_ref().unwrap().len(), p.input_ids.len());
-        for i in [2, 4] {
-            assert_bf16_of(
-                state(&imp, k, StateIndex::Hidden(i)),
-                &g.prompts[k].hidden_states[i],
-                &format!("p{k} hs[{i}]"),
-            );
+        for i in stored_indices(f) {
+            check_state(&imp, k, i, &g, &tolerance_of(f));
         }
     }
-    assert!(
-        imp.summary()
-            .iter()
-            .any(|l| l.contains("trimmed p0: 103 -> 12 rows")),
-        "{:?}",
-        imp.summary()
-    );
+    // the padded record is not bitwise (and the manifest says so), the unpadded one is
+    assert_eq!(tolerance_of(padded[0]).name, PADDED.name);
 }
 
 #[test]
 fn specforge_keep_padding_keeps_the_rows_the_capture_ran() {
+    let m = manifest();
+    let f = file(&m, "specforge-dflash/rows_0-2000/data_0.ckpt");
     let o = ImportOptions {
-        target_layer_ids: Some(vec![1, 3]),
         keep_padding: true,
-        ..opts()
+        ..dflash_opts(&m)
     };
     let imp = import::read(
         &caps("specforge-dflash/rows_0-2000/data_0.ckpt"),
@@ -160,20 +167,20 @@ fn specforge_keep_padding_keeps_the_rows_the_capture_ran() {
     )
     .unwrap();
     assert!(imp.trimmed.is_empty());
-    assert_eq!(imp.prompts[0].input_ids.len(), 103);
-    assert!(imp.prompts[0].input_ids[12..].iter().all(|&i| i == 0));
+    let (tokens, padded_to) = (num(&f["tokens"]), num(&f["padded_to"]));
+    assert!(padded_to > tokens);
+    assert_eq!(imp.prompts[0].input_ids.len(), padded_to);
+    assert!(imp.prompts[0].input_ids[tokens..].iter().all(|&i| i == 0));
 }
 
 #[test]
 fn specforge_gzipped_records_read_like_the_plain_ones() {
-    let o = ImportOptions {
-        target_layer_ids: Some(vec![1, 3]),
-        ..opts()
-    };
+    let m = manifest();
+    let o = dflash_opts(&m);
     let a = import::read(&caps("specforge-dflash"), Format::Specforge, &o).unwrap();
     let b = import::read_auto(&caps("specforge-dflash-compressed"), &o).unwrap();
     assert_eq!(b.format, Format::Specforge);
-    assert_eq!(a.prompts.len(), b.prompts.len());
+    common::same_len("prompts", &a.prompts, &b.prompts);
     assert_eq!(a.mapping.layers, b.mapping.layers);
     for (p, q) in a.prompts.iter().zip(&b.prompts) {
         assert_eq!(p.input_ids, q.input_ids);
@@ -194,26 +201,25 @@ fn specforge_gzipped_records_read_like_the_plain_ones() {
 
 #[test]
 fn specforge_eagle3_record_aux_layers_plus_one_and_final_normed_hidden_state_at_n() {
-    let g = golden();
+    let (m, g) = (manifest(), golden());
+    let f = file(&m, "specforge-eagle3/rows_0-2000/data_0.ckpt");
+    let aux = usizes(&m["specforge"]["eagle3_aux_hidden_states_layers"]);
+    let n = n_tiny(&m);
     let o = ImportOptions {
-        target_layer_ids: Some(vec![0, 2, 4]),
-        ..opts()
+        target_layer_ids: Some(aux.clone()),
+        ..opts(&m)
     };
     let imp = import::read_auto(&caps("specforge-eagle3/rows_0-2000/data_0.ckpt"), &o).unwrap();
-    assert_eq!(
-        hidden(&imp),
-        [1, 3, 5, 6].map(StateIndex::Hidden).into_iter().collect()
-    );
-    for i in [1, 3, 5, 6] {
-        assert_bf16_of(
-            state(&imp, 0, StateIndex::Hidden(i)),
-            &g.prompts[0].hidden_states[i],
-            &format!("hs[{i}]"),
-        );
+    let mut want: BTreeSet<StateIndex> = aux.iter().map(|l| StateIndex::Hidden(l + 1)).collect();
+    want.insert(StateIndex::Hidden(n));
+    assert_eq!(hidden(&imp), want);
+    assert_eq!(stored_indices(f), want, "the generator found the same");
+    for i in want {
+        check_state(&imp, 0, i, &g, &tolerance_of(f));
     }
     // without N the final-normed state cannot be placed: it is skipped, and said so
     let o = ImportOptions {
-        target_layer_ids: Some(vec![0, 2, 4]),
+        target_layer_ids: Some(aux.clone()),
         ..Default::default()
     };
     let imp = import::read(
@@ -222,7 +228,10 @@ fn specforge_eagle3_record_aux_layers_plus_one_and_final_normed_hidden_state_at_
         &o,
     )
     .unwrap();
-    assert_eq!(imp.hidden_indices(), vec![1, 3, 5]);
+    assert_eq!(
+        imp.hidden_indices(),
+        aux.iter().map(|l| l + 1).collect::<Vec<_>>()
+    );
     assert!(
         imp.notes
             .iter()
@@ -234,10 +243,13 @@ fn specforge_eagle3_record_aux_layers_plus_one_and_final_normed_hidden_state_at_
 
 #[test]
 fn specforge_tap_on_the_last_layer_is_the_pre_norm_output_never_index_n() {
-    // The rule itself: with N = 4, tap 3 (the last layer) is last_layer_output, not hidden_states[4].
+    // The rule itself: with N = (last tap + 1), the last tap is last_layer_output, not hidden_states[N].
+    let m = manifest();
+    let taps = dflash_taps(&m);
+    let last = *taps.last().unwrap();
     let o = ImportOptions {
-        target_layer_ids: Some(vec![1, 3]),
-        num_layers: Some(4),
+        target_layer_ids: Some(taps.clone()),
+        num_layers: Some(last + 1),
         ..Default::default()
     };
     let imp = import::read(
@@ -246,30 +258,28 @@ fn specforge_tap_on_the_last_layer_is_the_pre_norm_output_never_index_n() {
         &o,
     )
     .unwrap();
-    assert_eq!(
-        hidden(&imp),
-        [StateIndex::Hidden(2), StateIndex::LastLayerOutput]
-            .into_iter()
-            .collect()
-    );
+    let mut want: BTreeSet<StateIndex> = taps[..taps.len() - 1]
+        .iter()
+        .map(|t| StateIndex::Hidden(t + 1))
+        .collect();
+    want.insert(StateIndex::LastLayerOutput);
+    assert_eq!(hidden(&imp), want);
 }
 
 #[test]
 fn toy_pair_training_record_holds_prompt_plus_response_with_the_drafter_taps() {
     let cfg: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("fixtures/toy-pair/drafter/config.json")).unwrap(),
+        &std::fs::read_to_string(repo_root().join("fixtures/toy-pair/drafter/config.json"))
+            .unwrap(),
     )
     .unwrap();
-    let taps: Vec<usize> = cfg["dflash_config"]["target_layer_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as usize)
-        .collect();
+    let taps = usizes(&cfg["dflash_config"]["target_layer_ids"]);
+    let m = manifest();
+    let toy = files(&m, "toy-pair-specforge");
     let o = ImportOptions {
         target_layer_ids: Some(taps.clone()),
-        num_layers: Some(4),
-        hidden_size: Some(64),
+        num_layers: Some(num(&toy[0]["num_layers"])),
+        hidden_size: Some(num(&toy[0]["hidden_size"])),
         ..Default::default()
     };
     let imp = import::read_auto(&caps("toy-pair-specforge"), &o).unwrap();
@@ -277,14 +287,7 @@ fn toy_pair_training_record_holds_prompt_plus_response_with_the_drafter_taps() {
         imp.hidden_indices(),
         taps.iter().map(|t| t + 1).collect::<Vec<_>>()
     );
-    let m = manifest();
-    let toy: Vec<&Value> = m["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["path"].as_str().unwrap().contains("toy-pair-specforge"))
-        .collect();
-    assert_eq!(imp.prompts.len(), toy.len());
+    common::same_len("records", &imp.prompts, &toy);
     assert!(imp.trimmed.is_empty());
     for (p, f) in imp.prompts.iter().zip(&toy) {
         assert!(p.source.ends_with(
@@ -293,10 +296,7 @@ fn toy_pair_training_record_holds_prompt_plus_response_with_the_drafter_taps() {
                 .unwrap()
                 .trim_start_matches("fixtures/engine-captures/")
         ));
-        let (pt, rt) = (
-            f["prompt_tokens"].as_u64().unwrap() as usize,
-            f["response_tokens"].as_u64().unwrap() as usize,
-        );
+        let (pt, rt) = (num(&f["prompt_tokens"]), num(&f["response_tokens"]));
         assert_eq!(p.input_ids.len(), pt + rt);
         let mask = p.loss_mask.as_ref().unwrap();
         assert!(mask[..pt].iter().all(|&m| m == 0) && mask[pt..].iter().all(|&m| m == 1));
@@ -309,53 +309,50 @@ fn toy_pair_training_record_holds_prompt_plus_response_with_the_drafter_taps() {
 
 #[test]
 fn vllm_aux_id_k_is_hidden_states_k_and_id_n_is_the_pre_norm_last_layer() {
-    let g = golden();
+    let (m, g) = (manifest(), golden());
+    let (ids, n) = (vllm_ids(&m), n_tiny(&m));
+    assert!(ids.contains(&n), "the fixture asks for id N");
     let o = ImportOptions {
-        layer_ids: Some(vec![0, 2, 4, 6]),
-        ..opts()
+        layer_ids: Some(ids.clone()),
+        ..opts(&m)
     };
     let imp = import::read_auto(&caps("vllm"), &o).unwrap();
     assert_eq!(imp.format, Format::Vllm);
-    assert_eq!(
-        hidden(&imp),
-        [
-            StateIndex::Hidden(0),
-            StateIndex::Hidden(2),
-            StateIndex::Hidden(4),
-            StateIndex::LastLayerOutput
-        ]
-        .into_iter()
-        .collect()
-    );
+    let want: BTreeSet<StateIndex> = ids
+        .iter()
+        .map(|&k| {
+            if k == n {
+                StateIndex::LastLayerOutput
+            } else {
+                StateIndex::Hidden(k)
+            }
+        })
+        .collect();
+    assert_eq!(hidden(&imp), want);
     assert!(
         imp.prompts
             .iter()
-            .all(|p| !p.hidden_states.contains_key(&N)),
+            .all(|p| !p.hidden_states.contains_key(&n)),
         "id N must never land at index N"
     );
-    assert_eq!(imp.prompts.len(), 2);
-    for (k, p) in imp.prompts.iter().enumerate() {
-        assert_eq!(p.input_ids, g.prompts[k].input_ids);
-        for i in [0, 2, 4] {
-            assert_bf16_of(
-                state(&imp, k, StateIndex::Hidden(i)),
-                &g.prompts[k].hidden_states[i],
-                &format!("p{k} hs[{i}]"),
-            );
+    let entries = files(&m, "vllm/");
+    common::same_len("requests", &imp.prompts, &entries);
+    for (k, (p, f)) in imp.prompts.iter().zip(&entries).enumerate() {
+        assert_eq!(p.input_ids, gold_ids(&g, k));
+        assert_eq!(p.input_ids.len(), num(&f["tokens"]));
+        assert_eq!(stored_indices(f), want);
+        for &i in &want {
+            check_state(&imp, k, i, &g, &tolerance_of(f));
         }
-        assert_bf16_of(
-            state(&imp, k, StateIndex::LastLayerOutput),
-            g.prompts[k].last_layer_output.as_ref().unwrap(),
-            &format!("p{k} last_layer_output"),
-        );
     }
 }
 
 #[test]
 fn vllm_older_l_t_h_layout_reads_the_same_states() {
+    let m = manifest();
     let o = ImportOptions {
-        layer_ids: Some(vec![0, 2, 4, 6]),
-        ..opts()
+        layer_ids: Some(vllm_ids(&m)),
+        ..opts(&m)
     };
     let new = import::read(&caps("vllm/0.safetensors"), Format::Vllm, &o).unwrap();
     let old = import::read(&caps("vllm-legacy-layout"), Format::Vllm, &o).unwrap();
@@ -378,8 +375,9 @@ fn vllm_older_l_t_h_layout_reads_the_same_states() {
 
 #[test]
 fn vllm_without_the_number_of_layers_is_refused_rather_than_misplacing_id_n() {
+    let m = manifest();
     let o = ImportOptions {
-        layer_ids: Some(vec![0, 2, 4, 6]),
+        layer_ids: Some(vllm_ids(&m)),
         ..Default::default()
     };
     let e = import::read(&caps("vllm"), Format::Vllm, &o).unwrap_err();
@@ -389,7 +387,7 @@ fn vllm_without_the_number_of_layers_is_refused_rather_than_misplacing_id_n() {
         s.contains("before the final norm") && s.contains("vllm"),
         "{s}"
     );
-    let e = import::read(&caps("vllm"), Format::Vllm, &opts()).unwrap_err();
+    let e = import::read(&caps("vllm"), Format::Vllm, &opts(&m)).unwrap_err();
     assert!(one_line(&e).contains("--layer-ids"), "{e}");
 }
 
@@ -399,27 +397,19 @@ fn vllm_without_the_number_of_layers_is_refused_rather_than_misplacing_id_n() {
 
 #[test]
 fn sglang_dump_files_stitch_prefill_and_decode_and_map_the_dumper_names() {
-    let g = golden();
-    let m = manifest();
-    let fed: Vec<i64> = m["sglang_dump"]["fed_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_i64().unwrap())
-        .collect();
-    let imp = import::read_auto(&caps("sglang-dump"), &opts()).unwrap();
+    let (m, g) = (manifest(), golden());
+    let fed = i64s(&m["sglang_dump"]["fed_ids"]);
+    let prompt = i64s(&m["sglang_dump"]["prompt_ids"]);
+    let t0 = prompt.len();
+    assert_eq!(t0, tiny_prompts(&m)[0]);
+    let imp = import::read_auto(&caps("sglang-dump"), &opts(&m)).unwrap();
     assert_eq!(imp.format, Format::SglangDump);
-    assert_eq!(
-        hidden(&imp),
-        [
-            StateIndex::Hidden(0),
-            StateIndex::Hidden(2),
-            StateIndex::Hidden(6),
-            StateIndex::LastLayerOutput
-        ]
-        .into_iter()
-        .collect()
-    );
+    let want: BTreeSet<StateIndex> = files(&m, "sglang-dump/")
+        .iter()
+        .filter(|f| f.get("stored_layers").is_some())
+        .flat_map(|f| stored_indices(f))
+        .collect();
+    assert_eq!(hidden(&imp), want);
     assert_eq!(
         imp.prompts.len(),
         1,
@@ -427,30 +417,29 @@ fn sglang_dump_files_stitch_prefill_and_decode_and_map_the_dumper_names() {
     );
     let p = &imp.prompts[0];
     assert_eq!(p.input_ids, fed);
-    assert_eq!(p.input_ids[..12], g.prompts[0].input_ids[..]);
-    for i in [0, 2, 6] {
-        let t = state(&imp, 0, StateIndex::Hidden(i));
+    assert_eq!(p.input_ids[..t0], gold_ids(&g, 0)[..]);
+    // the prefill rows are the prompt's forward (the golden); the decode rows have no golden
+    for &i in &want {
+        let t = state(&imp, 0, i);
         assert_eq!(t.dims2().unwrap().0, fed.len());
+        let want = match i {
+            StateIndex::Hidden(j) => gold(&g, 0, j),
+            StateIndex::LastLayerOutput => gold_last(&g, 0),
+        };
         assert_bf16_of(
-            &t.narrow(0, 0, 12).unwrap(),
-            &g.prompts[0].hidden_states[i],
-            &format!("hs[{i}]"),
+            &t.narrow(0, 0, t0).unwrap(),
+            want,
+            &UNPADDED,
+            &format!("{i}"),
         );
     }
-    assert_bf16_of(
-        &state(&imp, 0, StateIndex::LastLayerOutput)
-            .narrow(0, 0, 12)
-            .unwrap(),
-        g.prompts[0].last_layer_output.as_ref().unwrap(),
-        "last_layer_output",
-    );
     let layer2 = imp
         .mapping
         .layers
         .iter()
-        .find(|l| l.index == StateIndex::Hidden(2))
+        .find(|l| l.stored_as.contains(".input_layernorm.output.1"))
         .unwrap();
-    assert_eq!(layer2.engine_id, Some(2));
+    assert_eq!(layer2.index, StateIndex::Hidden(layer2.engine_id.unwrap()));
     assert!(
         imp.notes
             .iter()
@@ -464,7 +453,7 @@ fn sglang_dump_files_stitch_prefill_and_decode_and_map_the_dumper_names() {
         Format::SglangDump,
         &ImportOptions {
             rank: Some(1),
-            ..opts()
+            ..opts(&m)
         },
     )
     .unwrap();
@@ -478,8 +467,8 @@ fn sglang_dump_files_stitch_prefill_and_decode_and_map_the_dumper_names() {
                 && p.to_str().unwrap().contains("norm.output.0")
         })
         .unwrap();
-    let s0 = import::read_auto(&one, &opts()).unwrap();
-    assert_eq!(s0.prompts[0].input_ids, g.prompts[0].input_ids);
+    let s0 = import::read_auto(&one, &opts(&m)).unwrap();
+    assert_eq!(s0.prompts[0].input_ids, gold_ids(&g, 0));
     // the final-normed name needs N
     let e = import::read(
         &caps("sglang-dump"),
@@ -492,33 +481,29 @@ fn sglang_dump_files_stitch_prefill_and_decode_and_map_the_dumper_names() {
 
 #[test]
 fn sglang_generate_response_rows_are_the_final_normed_state_of_prompt_plus_fed_tokens() {
-    let g = golden();
+    let (m, g) = (manifest(), golden());
+    let n = n_tiny(&m);
     let req: Value =
         serde_json::from_str(&std::fs::read_to_string(caps("sglang-json/request.json")).unwrap())
             .unwrap();
     let resp: Value =
         serde_json::from_str(&std::fs::read_to_string(caps("sglang-json/response.json")).unwrap())
             .unwrap();
-    let ids: Vec<i64> = req["input_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_i64().unwrap())
-        .collect();
+    let ids = i64s(&req["input_ids"]);
+    let f = file(&m, "sglang-json/response.json");
+    assert_eq!(ids.len(), num(&f["prompt_tokens"]));
     let o = ImportOptions {
         prompt_ids: Some(vec![ids.clone()]),
-        ..opts()
+        ..opts(&m)
     };
     let imp = import::read_auto(&caps("sglang-json/response.json"), &o).unwrap();
     assert_eq!(imp.format, Format::SglangJson);
-    assert_eq!(imp.hidden_indices(), vec![N]);
+    assert_eq!(imp.stored_dtype, "bf16", "tolist() of a bf16 tensor");
+    assert_eq!(imp.hidden_indices(), vec![n]);
     let p = &imp.prompts[0];
-    let out: Vec<i64> = resp["output_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_i64().unwrap())
-        .collect();
+    let out = i64s(&resp["output_ids"]);
+    assert_eq!(p.input_ids, i64s(&f["input_ids"]));
+    assert_eq!(p.input_ids.len(), num(&f["rows"]));
     assert_eq!(p.input_ids[..ids.len()], ids[..]);
     assert_eq!(
         p.input_ids[ids.len()..],
@@ -526,23 +511,24 @@ fn sglang_generate_response_rows_are_the_final_normed_state_of_prompt_plus_fed_t
         "the last sampled token is never fed"
     );
     assert_bf16_of(
-        &state(&imp, 0, StateIndex::Hidden(N))
+        &state(&imp, 0, StateIndex::Hidden(n))
             .narrow(0, 0, ids.len())
             .unwrap(),
-        &g.prompts[0].hidden_states[N],
+        gold(&g, 0, n),
+        &UNPADDED,
         "hs[N]",
     );
     // the response has no prompt ids: refused without them, and with the wrong ones
     let e = import::read(
         &caps("sglang-json/response.json"),
         Format::SglangJson,
-        &opts(),
+        &opts(&m),
     )
     .unwrap_err();
     assert!(one_line(&e).contains("prompt ids"), "{e}");
     let o = ImportOptions {
-        prompt_ids: Some(vec![ids[..5].to_vec()]),
-        ..opts()
+        prompt_ids: Some(vec![ids[..ids.len() / 2].to_vec()]),
+        ..opts(&m)
     };
     let e = import::read(&caps("sglang-json/response.json"), Format::SglangJson, &o).unwrap_err();
     assert!(one_line(&e).contains("prefill rows"), "{e}");
@@ -552,73 +538,49 @@ fn sglang_generate_response_rows_are_the_final_normed_state_of_prompt_plus_fed_t
 // The manifest's indices (found by the generator by comparison) equal the importer's
 // ---------------------------------------------------------------------------------------------
 
-fn manifest_index(v: &Value) -> StateIndex {
-    match v {
-        Value::Number(n) => StateIndex::Hidden(n.as_u64().unwrap() as usize),
-        Value::String(s) if s == "last_layer_output" => StateIndex::LastLayerOutput,
-        other => panic!("manifest index {other}"),
-    }
-}
-
 #[test]
 fn every_manifest_file_imports_with_the_indices_the_generator_found() {
     let m = manifest();
-    let toy_taps = vec![1, 2];
     let mut checked = 0;
     for f in m["files"].as_array().unwrap() {
-        let Some(stored) = f.get("stored_layers").and_then(Value::as_object) else {
+        if f.get("stored_layers").is_none() {
             continue;
-        };
-        let path = root().join(f["path"].as_str().unwrap());
+        }
+        let path = repo_root().join(f["path"].as_str().unwrap());
         let fmt = Format::parse(f["format"].as_str().unwrap()).unwrap();
-        let expect: BTreeSet<StateIndex> = stored.values().map(manifest_index).collect();
-        let mut o = opts();
+        let expect = stored_indices(f);
+        let mut o = opts(&m);
         match fmt {
             Format::Specforge => {
                 let taps = f
                     .get("target_layer_ids")
                     .or_else(|| f.get("aux_hidden_states_layers"))
-                    .map(|v| {
-                        v.as_array()
-                            .unwrap()
-                            .iter()
-                            .map(|x| x.as_u64().unwrap() as usize)
-                            .collect()
-                    })
-                    .unwrap_or_else(|| toy_taps.clone());
+                    .map(usizes)
+                    .expect("the taps of the record");
                 o.target_layer_ids = Some(taps);
                 if let Some(n) = f.get("num_layers") {
-                    o.num_layers = Some(n.as_u64().unwrap() as usize);
+                    o.num_layers = Some(num(n));
                 }
             }
-            Format::Vllm => {
-                o.layer_ids = Some(
-                    f["eagle_aux_hidden_state_layer_ids"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|x| x.as_u64().unwrap() as usize)
-                        .collect(),
-                );
-            }
+            Format::Vllm => o.layer_ids = Some(usizes(&f["eagle_aux_hidden_state_layer_ids"])),
             Format::SglangDump => {}
             Format::SglangJson => {
-                o.prompt_ids = Some(vec![f["input_ids"].as_array().unwrap()
-                    [..f["prompt_tokens"].as_u64().unwrap() as usize]
-                    .iter()
-                    .map(|x| x.as_i64().unwrap())
-                    .collect()]);
+                o.prompt_ids = Some(vec![
+                    i64s(&f["input_ids"])[..num(&f["prompt_tokens"])].to_vec()
+                ]);
             }
         }
         assert_eq!(import::detect(&path).unwrap(), fmt, "{}", path.display());
         let imp = import::read(&path, fmt, &o).unwrap();
         let got: BTreeSet<StateIndex> = imp.indices().into_iter().collect();
         if f.get("deliberate_bug").is_some() {
-            // read with the declared (wrong) ids, every label is one too early: the generator found +1
+            // read with the declared (wrong) ids, every label is off by the bug: the generator found it
+            let shift = usizes(&f["captured_layer_ids"])[0]
+                - usizes(&f["eagle_aux_hidden_state_layer_ids"])[0];
             let shifted: BTreeSet<StateIndex> = got
                 .iter()
                 .map(|i| match i {
-                    StateIndex::Hidden(i) => StateIndex::Hidden(i + 1),
+                    StateIndex::Hidden(i) => StateIndex::Hidden(i + shift),
                     other => *other,
                 })
                 .collect();
@@ -634,7 +596,36 @@ fn every_manifest_file_imports_with_the_indices_the_generator_found() {
         }
         checked += 1;
     }
-    assert!(checked >= 30, "only {checked} manifest files checked");
+    let with_layers = m["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f.get("stored_layers").is_some())
+        .count();
+    assert_eq!(checked, with_layers);
+    // the identification evidence: bitwise where unpadded, within the bound where padded
+    for f in m["files"].as_array().unwrap() {
+        for (name, e) in f
+            .get("identification")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            let tol = tolerance_of(f);
+            assert!(
+                e["max_row_scale_bf16_ulps"].as_f64().unwrap() <= tol.row_scale_ulps,
+                "{} {name}: {e}",
+                f["path"]
+            );
+            assert_eq!(
+                e["bitwise"].as_bool().unwrap(),
+                e["elements_not_bitwise"].as_u64() == Some(0)
+            );
+            if tol.row_scale_ulps == 0.0 {
+                assert_eq!(e["bitwise"], true, "{} {name}", f["path"]);
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -697,7 +688,7 @@ fn an_ambiguous_folder_is_refused_with_the_choices() {
         "{s}"
     );
     // an hsparity dump is no engine file
-    let e = import::detect(&root().join("fixtures/tiny-qwen3_5/golden/causal-lm.safetensors"))
+    let e = import::detect(&repo_root().join("fixtures/tiny-qwen3_5/golden/causal-lm.safetensors"))
         .unwrap_err();
     let s = one_line(&e);
     assert!(
@@ -711,15 +702,18 @@ fn an_ambiguous_folder_is_refused_with_the_choices() {
 // Bad input: one line naming the file and the key
 // ---------------------------------------------------------------------------------------------
 
-fn dflash_opts() -> ImportOptions {
-    ImportOptions {
-        target_layer_ids: Some(vec![1, 3]),
-        ..opts()
-    }
-}
-
 #[test]
 fn malformed_specforge_records_name_the_file_and_the_key() {
+    let m = manifest();
+    let k = dflash_taps(&m).len();
+    let width = (k * h_tiny(&m) + 1).to_string();
+    let divide = format!("does not divide by the {k} target layer ids");
+    let bad = file(&m, "bad/specforge-rows-mismatch.ckpt");
+    let rows = format!(
+        "{} rows, input_ids {}",
+        usizes(&bad["keys"]["hidden_states"]["shape"])[1],
+        usizes(&bad["keys"]["input_ids"]["shape"])[0]
+    );
     for (file, needles) in [
         (
             "specforge-missing-hidden-states.ckpt",
@@ -735,21 +729,17 @@ fn malformed_specforge_records_name_the_file_and_the_key() {
         ),
         (
             "specforge-indivisible.ckpt",
-            &[
-                "key `hidden_states`",
-                "129",
-                "does not divide by the 2 target layer ids",
-            ][..],
+            &["key `hidden_states`", width.as_str(), divide.as_str()][..],
         ),
         (
             "specforge-rows-mismatch.ckpt",
-            &["key `hidden_states`", "3 rows, input_ids 4"][..],
+            &["key `hidden_states`", rows.as_str()][..],
         ),
     ] {
         let e = import::read(
             &caps(&format!("bad/{file}")),
             Format::Specforge,
-            &dflash_opts(),
+            &dflash_opts(&m),
         )
         .unwrap_err();
         assert!(matches!(e, Error::Format(_)), "{file}: {e:?}");
@@ -761,8 +751,8 @@ fn malformed_specforge_records_name_the_file_and_the_key() {
     }
     // a given hidden size that the record contradicts
     let o = ImportOptions {
-        hidden_size: Some(32),
-        ..dflash_opts()
+        hidden_size: Some(h_tiny(&m) / 2),
+        ..dflash_opts(&m)
     };
     let e = import::read(
         &caps("specforge-dflash/rows_0-2000/data_1.ckpt"),
@@ -770,9 +760,10 @@ fn malformed_specforge_records_name_the_file_and_the_key() {
         &o,
     )
     .unwrap_err();
-    assert!(one_line(&e).contains("hidden size given is 32"), "{e}");
+    let given = format!("hidden size given is {}", h_tiny(&m) / 2);
+    assert!(one_line(&e).contains(&given), "{e}");
     // the taps are not in the file
-    let e = import::read(&caps("specforge-dflash"), Format::Specforge, &opts()).unwrap_err();
+    let e = import::read(&caps("specforge-dflash"), Format::Specforge, &opts(&m)).unwrap_err();
     assert!(matches!(e, Error::Input(_)));
     assert!(one_line(&e).contains("--target-layer-ids"), "{e}");
 }
@@ -801,18 +792,20 @@ fn safetensors(path: &Path, entries: &[Entry]) {
     std::fs::write(path, out).unwrap();
 }
 
-fn i64s(v: &[i64]) -> Vec<u8> {
+fn le_bytes(v: &[i64]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 #[test]
 fn malformed_vllm_files_name_the_file_and_the_key() {
+    // synthetic files: 3 tokens, 2 layer ids, H = 4 (the shapes are the test's own)
+    let m = manifest();
     let d = tempfile::tempdir().unwrap();
     let o = ImportOptions {
         layer_ids: Some(vec![0, 2]),
-        ..opts()
+        ..opts(&m)
     };
-    let ids = i64s(&[5, 6, 7]);
+    let ids = le_bytes(&[5, 6, 7]);
     let f32s = vec![0u8; 3 * 2 * 4 * 4];
     let cases: Vec<(&str, Vec<Entry>, &[&str])> = vec![
         (
@@ -880,19 +873,19 @@ fn malformed_vllm_files_name_the_file_and_the_key() {
         }
     }
     // an id past N
+    let n = n_tiny(&m);
     let o = ImportOptions {
-        layer_ids: Some(vec![0, 7]),
-        ..opts()
+        layer_ids: Some(vec![0, n + 1]),
+        ..opts(&m)
     };
     let e = import::read(&caps("vllm"), Format::Vllm, &o).unwrap_err();
-    assert!(
-        one_line(&e).contains("layer id 7 does not exist in a 6-layer target"),
-        "{e}"
-    );
+    let want = format!("layer id {} does not exist in a {n}-layer target", n + 1);
+    assert!(one_line(&e).contains(&want), "{e}");
 }
 
 #[test]
 fn unknown_formats_and_non_regular_files_are_refused() {
+    let m = manifest();
     let d = tempfile::tempdir().unwrap();
     let txt = d.path().join("notes.txt");
     std::fs::write(&txt, "not a capture\n").unwrap();
@@ -904,9 +897,9 @@ fn unknown_formats_and_non_regular_files_are_refused() {
     );
     let e = Format::parse("gguf").unwrap_err();
     assert!(one_line(&e).contains("\"gguf\"") && e.to_string().contains("sglang-json"));
-    let e = import::read_auto(d.path(), &opts()).unwrap_err();
+    let e = import::read_auto(d.path(), &opts(&m)).unwrap_err();
     assert!(one_line(&e).contains("no engine capture files"), "{e}");
-    let e = import::read(Path::new("/dev/null"), Format::Specforge, &dflash_opts()).unwrap_err();
+    let e = import::read(Path::new("/dev/null"), Format::Specforge, &dflash_opts(&m)).unwrap_err();
     assert!(matches!(e, Error::Input(_)));
     assert!(
         one_line(&e).contains("/dev/null: not a regular file or directory"),
@@ -917,12 +910,12 @@ fn unknown_formats_and_non_regular_files_are_refused() {
     let e = import::read(
         &d.path().join("missing.ckpt"),
         Format::Specforge,
-        &dflash_opts(),
+        &dflash_opts(&m),
     )
     .unwrap_err();
     assert!(one_line(&e).contains("missing.ckpt"), "{e}");
     // a text file given as a SpecForge record
-    let e = import::read(&txt, Format::Specforge, &dflash_opts()).unwrap_err();
+    let e = import::read(&txt, Format::Specforge, &dflash_opts(&m)).unwrap_err();
     assert!(one_line(&e).contains("not a torch zip pickle"), "{e}");
     // a truncated gzip
     let gz = std::fs::read(caps(
@@ -931,12 +924,13 @@ fn unknown_formats_and_non_regular_files_are_refused() {
     .unwrap();
     let cut = d.path().join("data_9.ckpt.gz");
     std::fs::write(&cut, &gz[..gz.len() / 2]).unwrap();
-    let e = import::read(&cut, Format::Specforge, &dflash_opts()).unwrap_err();
+    let e = import::read(&cut, Format::Specforge, &dflash_opts(&m)).unwrap_err();
     assert!(one_line(&e).contains("data_9.ckpt.gz"), "{e}");
 }
 
 #[test]
 fn sglang_json_without_hidden_states_names_the_key() {
+    let m = manifest();
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("response.json");
     std::fs::write(
@@ -946,7 +940,7 @@ fn sglang_json_without_hidden_states_names_the_key() {
     .unwrap();
     let o = ImportOptions {
         prompt_ids: Some(vec![vec![3, 4]]),
-        ..opts()
+        ..opts(&m)
     };
     let e = import::read(&p, Format::SglangJson, &o).unwrap_err();
     let s = one_line(&e);

@@ -238,6 +238,40 @@ fn tiny_model_routers_from_golden_logits() {
                 checked += r.indices.len();
             }
         }
-        assert_eq!(checked, 4 * 3 * (11 + 25)); // layers x top-k x tokens of p0 and p1
+        let tokens: usize = (0..2)
+            .map(|k| g[&format!("p{k}.input_ids")].dims()[0])
+            .sum();
+        assert_eq!(checked, 4 * 3 * tokens); // layers x top-k x tokens of p0 and p1
+    }
+}
+
+/// The `router-dtype` suspect (softmax in the model dtype instead of f32)
+/// from transformers' logits against the same ops in torch
+/// (`{d}.router_model_dtype.*`): indices exact; bf16 weights exact (the
+/// generator's facts: 89 of 256 differ from transformers' own router).
+#[test]
+fn router_softmax_in_model_dtype_from_torch_logits() {
+    use hsparity::models::moe::{route_with, RouterSoftmax};
+    let g = load("fixtures/moe/block/moe_block.safetensors");
+    for (d, prec) in [("f32", Precision::F32), ("bf16", Precision::Bf16)] {
+        let logits = as_f32(&g[&format!("{d}.router_logits")]);
+        let r = route_with(&logits, 4, prec, RouterSoftmax::ModelDtype).unwrap();
+        let key = |s: &str| format!("{d}.router_model_dtype.{s}");
+        assert_eq!(r.indices, ids(&g[&key("topk_indices")]), "{d}");
+        let want = f32s(&g[&key("routing_weights")]);
+        let (n, max, _) = diff(&r.weights, &want);
+        match prec {
+            Precision::Bf16 => assert_eq!(n, 0, "bf16: {n} weights differ (max {max:e})"),
+            _ => assert!(max <= 4.0 * f32::EPSILON, "f32: max {max:e}"),
+        }
+        let reference = route(&logits, 4, prec).unwrap();
+        let (changed, _, _) = diff(&r.weights, &reference.weights);
+        println!(
+            "{d}: the suspect changes {changed} of {} routing weights",
+            want.len()
+        );
+        if prec == Precision::Bf16 {
+            assert!(changed > 0, "in bf16 the suspect changes weights");
+        }
     }
 }

@@ -6,6 +6,8 @@
 //! meta device (`fixtures/qwen3.5-35b-a3b/expected_counts.json`). All written
 //! by `tools/make_moe_fixtures.py`.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -299,92 +301,19 @@ fn broken_layouts_are_refused_naming_the_expert() {
     }
 }
 
-/// The three Qwen3.5-35B-A3B layouts, derived from the published tensor list
-/// by the rules `expected_counts.json` states.
-fn derive_35b(specs: &[TensorHeader], layout: &str) -> Vec<TensorHeader> {
-    let mk = |name: String, dtype: &str, shape: Vec<usize>| TensorHeader {
-        name,
-        dtype: dtype.to_string(),
-        shape,
-        data_offsets: (0, 0),
-        shard: 0,
-    };
-    let is_per_expert_mtp = |n: &str| {
-        n.starts_with("mtp.")
-            && n.contains(".mlp.experts.")
-            && n.split('.')
-                .rev()
-                .nth(2)
-                .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit()))
-    };
-    match layout {
-        "qwen3.5-fused" => specs.to_vec(),
-        "qwen3.6-fused" => {
-            let per: Vec<&TensorHeader> = specs
-                .iter()
-                .filter(|t| is_per_expert_mtp(&t.name))
-                .collect();
-            let e = per.len() / 3;
-            let g0 = per
-                .iter()
-                .find(|t| t.name.ends_with("experts.0.gate_proj.weight"))
-                .unwrap();
-            let (i, h) = (g0.shape[0], g0.shape[1]);
-            let base = g0.name.trim_end_matches("0.gate_proj.weight").to_string();
-            let mut out = Vec::new();
-            for t in specs {
-                if is_per_expert_mtp(&t.name) {
-                    if t.name == g0.name {
-                        out.push(mk(
-                            format!("{base}gate_up_proj"),
-                            &t.dtype,
-                            vec![e, 2 * i, h],
-                        ));
-                        out.push(mk(format!("{base}down_proj"), &t.dtype, vec![e, h, i]));
-                    }
-                    continue;
-                }
-                out.push(t.clone());
-            }
-            out
-        }
-        "per-expert" => {
-            let mut out = Vec::new();
-            for t in specs {
-                let main = t.name.starts_with("model.language_model.");
-                if main && t.name.ends_with("mlp.experts.gate_up_proj") {
-                    let base = t.name.trim_end_matches("gate_up_proj");
-                    let (e, i2, h) = (t.shape[0], t.shape[1], t.shape[2]);
-                    for x in 0..e {
-                        out.push(mk(
-                            format!("{base}{x}.gate_proj.weight"),
-                            &t.dtype,
-                            vec![i2 / 2, h],
-                        ));
-                        out.push(mk(
-                            format!("{base}{x}.up_proj.weight"),
-                            &t.dtype,
-                            vec![i2 / 2, h],
-                        ));
-                    }
-                } else if main && t.name.ends_with("mlp.experts.down_proj") {
-                    let base = t.name.trim_end_matches("down_proj");
-                    let (e, h, i) = (t.shape[0], t.shape[1], t.shape[2]);
-                    for x in 0..e {
-                        out.push(mk(
-                            format!("{base}{x}.down_proj.weight"),
-                            &t.dtype,
-                            vec![h, i],
-                        ));
-                    }
-                } else {
-                    out.push(t.clone());
-                }
-            }
-            out
-        }
-        other => panic!("layout {other}"),
-    }
+/// One of the three Qwen3.5-35B-A3B layouts as headers
+/// ([`common::moe::derive_35b`]).
+fn derive_35b(specs: &[common::Spec], layout: &str) -> Vec<TensorHeader> {
+    common::moe::derive_35b(specs, layout)
+        .into_iter()
+        .map(|(name, dtype, shape)| TensorHeader {
+            name,
+            dtype,
+            shape,
+            data_offsets: (0, 0),
+            shard: 0,
+        })
+        .collect()
 }
 
 /// The 35B-A3B counts per layout and path: the conversion plan gives
@@ -396,7 +325,7 @@ fn derive_35b(specs: &[TensorHeader], layout: &str) -> Vec<TensorHeader> {
 fn qwen3_5_35b_a3b_plan_matches_meta_device_counts() {
     let d = root().join("fixtures/qwen3.5-35b-a3b");
     let cfg = json(&d.join("config.json"));
-    let published = headers_from_json(&json(&d.join("tensors.json"))["tensors"]);
+    let (_, published) = common::moe::load_35b();
     assert_eq!(published.len(), 1811);
     let counts = json(&d.join("expected_counts.json"));
     let e = num_experts(&cfg);

@@ -70,9 +70,11 @@ fn hidden_states_and_tied_logits_match_transformers() {
         same_len(path, &ours.prompts, &gold.prompts);
         for (o, g) in ours.prompts.iter().zip(&gold.prompts) {
             assert_eq!(o.input_ids, g.input_ids);
-            same_len(path, &o.hidden_states, &g.hidden_states);
             let mut pairs: Vec<(&candle_core::Tensor, &candle_core::Tensor)> =
-                o.hidden_states.iter().zip(&g.hidden_states).collect();
+                common::paired_states(path, &o.hidden_states, &g.hidden_states)
+                    .into_iter()
+                    .map(|(_, a, b)| (a, b))
+                    .collect();
             pairs.push((
                 o.last_layer_output.as_ref().unwrap(),
                 g.last_layer_output.as_ref().unwrap(),

@@ -3,7 +3,9 @@
 //! `compare` on the tiny checkpoint and on every divergence fixture, the files
 //! `compare` writes, `compare --drafter` on the toy pair, a run with NaN
 //! weights (metrics written as null), `diff` of two dumps, `drafter` and
-//! `triage`, `prompts` and runs on chat-templated prompts, and the committed
+//! `triage` (also on supplied trajectories), `prompts` and runs on
+//! chat-templated prompts, the engine-capture reports (`import`, `diff
+//! --align` on an imported dump, `drafter --features`), and the committed
 //! examples.
 
 mod common;
@@ -257,6 +259,27 @@ fn drafter_and_triage_reports_validate() {
     v.check("triage --json", &t);
     v.check_def("triage_report", "triage --json", &t);
     assert_eq!(t["kind"], "triage");
+    // On supplied trajectories (one of them tampered, so a departure is
+    // listed): both reports carry the trajectory member.
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("t.jsonl");
+    std::fs::write(
+        &f,
+        "{\"prompt\": \"count 347: 347 348\", \"output\": \" 349 350 351 352 353 354 355 356 357\"}\n\
+         {\"prompt_ids\": [3, 4, 5], \"output_ids\": [6, 7, 8, 9, 10, 11, 12, 13, 14]}\n",
+    )
+    .unwrap();
+    let given = ["--trajectories", f.to_str().unwrap(), "--json", "--quiet"];
+    let (code, out, err) = hsparity(&[&["drafter"][..], &pair, &given].concat());
+    assert!(code == 0 || code == 1, "{err}");
+    let d = json(&out, "drafter --trajectories --json");
+    v.check_def("drafter_report", "drafter --trajectories --json", &d);
+    assert!(d["trajectories"]["paths"].is_array());
+    let (code, out, err) = hsparity(&[&["triage"][..], &pair, &given, &["--no-report"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let t = json(&out, "triage --trajectories --json");
+    v.check_def("triage_report", "triage --trajectories --json", &t);
+    assert!(t["trajectories"]["paths"][0]["checked"].as_u64().unwrap() > 0);
 }
 
 /// `prompts --json` (passing, and failing with prompts a run would refuse)
@@ -322,4 +345,148 @@ fn templated_prompt_reports_validate() {
     );
     assert_eq!(d["environment"]["enable_thinking"], "false");
     assert!(d["environment"]["chat_template"]["sha256"].is_string());
+}
+
+/// The engine-capture reports: `import --json` (every format), `diff --align`
+/// on an imported partial dump, and `drafter --features` on the toy pair's records.
+#[test]
+fn engine_capture_reports_validate() {
+    let v = Validator::new(&["import_report", "diff_report", "drafter_report"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("vllm.safetensors");
+    let out_s = out.to_str().unwrap();
+    let m = common::captures::manifest();
+    let n = common::captures::n_tiny(&m).to_string();
+    let ids = common::captures::usizes(&m["vllm"]["eagle_aux_hidden_state_layer_ids"])
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let vllm = "fixtures/engine-captures/vllm/0.safetensors";
+    let (code, stdout, err) = hsparity(&[
+        "import",
+        vllm,
+        "--layer-ids",
+        &ids,
+        "--num-layers",
+        &n,
+        "--out",
+        out_s,
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r = json(&stdout, "import --json");
+    v.check("import --json", &r);
+    v.check_def("import_report", "import --json", &r);
+    assert_eq!(r["kind"], "import");
+    // a dump of prompt 0 from hsparity itself, against the partial engine dump, with --align
+    let ids0 = m["sglang_dump"]["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let ours = tmp.path().join("ours.safetensors");
+    let (code, _, err) = hsparity(&[
+        "dump",
+        "fixtures/tiny-qwen3_5",
+        "--path",
+        "causal-lm",
+        "--prompt-ids",
+        &ids0,
+        "--out",
+        ours.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, stdout, err) = hsparity(&[
+        "diff",
+        ours.to_str().unwrap(),
+        out_s,
+        "--align",
+        "--json",
+        "--no-report",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let d = json(&stdout, "diff --align --json");
+    v.check("diff --align --json", &d);
+    v.check_def("diff_report", "diff --align --json", &d);
+    assert!(d["alignment"]["rows"]
+        .as_array()
+        .is_some_and(|r| !r.is_empty()));
+    assert!(d["pairs"][0]["last_layer_output"].is_object());
+    let (code, stdout, err) = hsparity(&[
+        "drafter",
+        "fixtures/toy-pair/target",
+        "--drafter",
+        "fixtures/toy-pair/drafter",
+        "--features",
+        "fixtures/engine-captures/toy-pair-specforge",
+        "--max-new-tokens",
+        "8",
+        "--json",
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let f = json(&stdout, "drafter --features --json");
+    v.check("drafter --features --json", &f);
+    v.check_def("drafter_report", "drafter --features --json", &f);
+    assert_eq!(f["features"]["format"], "specforge");
+}
+
+/// The MoE layouts: compare reports carry a router agreement on every MoE
+/// layer's row and a converted category per path; `inventory --json`
+/// validates too.
+#[test]
+fn moe_reports_validate() {
+    let v = Validator::new(&["inventory"]);
+    for layout in ["qwen3.5-fused", "qwen3.6-fused", "per-expert"] {
+        let ckpt = format!("fixtures/moe/{layout}");
+        let prompts = format!("{ckpt}/prompts.jsonl");
+        let (code, out, err) = hsparity(&[
+            "compare",
+            &ckpt,
+            "--prompts",
+            &prompts,
+            "--json",
+            "--no-report",
+            "--quiet",
+        ]);
+        assert_eq!(code, 0, "{layout}: {err}");
+        let r = json(&out, layout);
+        v.check(&format!("compare --json ({layout})"), &r);
+        for pair in r["pairs"].as_array().unwrap() {
+            for row in pair["hidden_states"].as_array().unwrap() {
+                assert_eq!(
+                    row.get("router").is_some(),
+                    row["index"] != 0,
+                    "{layout}: router member on every layer row"
+                );
+            }
+        }
+        for p in r["inventory"]["paths"].as_array().unwrap() {
+            assert!(p["converted"].is_object(), "{layout}");
+        }
+        let (code, out, err) = hsparity(&["inventory", &ckpt, "--json"]);
+        assert_eq!(code, 0, "{err}");
+        v.check_def(
+            "inventory",
+            &format!("inventory --json ({layout})"),
+            &json(&out, layout),
+        );
+    }
+    // Dense pairs: no router member, no converted category.
+    let (_, out, _) = hsparity(&[
+        "compare",
+        "fixtures/tiny-qwen3_5",
+        "--json",
+        "--no-report",
+        "--quiet",
+    ]);
+    let r = json(&out, "tiny");
+    assert!(
+        !out.contains("\"router\"") && !out.contains("\"converted\""),
+        "dense: {r}"
+    );
 }

@@ -169,3 +169,40 @@ fn a_cropped_block_leaves_the_state_of_the_kept_tokens() {
     ]);
     bitwise("whole block kept", &whole, &fed);
 }
+
+/// A MISSING, randomly initialised lm_head (fixtures/divergence/tied-top-level
+/// on causal-lm) read in vocabulary chunks and as gathered rows gives the
+/// values of the whole tensor rounded to the compute dtype, in every dtype
+/// (the view generates it once per dtype and serves chunks from that copy).
+#[test]
+fn chunks_of_a_missing_tensor_are_the_whole_tensors_rows() {
+    use hsparity::loading::{LoadingPath, WeightSource};
+    use hsparity::precision::Precision;
+    let c = Checkpoint::open("fixtures/divergence/tied-top-level").unwrap();
+    let p = loading::resolve(&c, LoadingPath::CausalLm)
+        .unwrap()
+        .seeded(7, &candle_core::Device::Cpu);
+    assert!(matches!(
+        p.view.origin("lm_head.weight"),
+        Some(hsparity::loading::view::WeightOrigin::Missing { .. })
+    ));
+    let whole = p.view.tensor("lm_head.weight").unwrap();
+    let v = whole.dim(0).unwrap();
+    for prec in Precision::ALL {
+        let want = prec.round(&whole).unwrap();
+        let (a, n) = (v / 3, v / 4);
+        let chunk = p.view.row_range("lm_head.weight", a, n, prec).unwrap();
+        bitwise(
+            &format!("{prec} chunk"),
+            &chunk,
+            &want.narrow(0, a, n).unwrap(),
+        );
+        let rows = p.view.rows("lm_head.weight", &[5, 0, 5], prec).unwrap();
+        let idx = Tensor::new(&[5u32, 0, 5], &candle_core::Device::Cpu).unwrap();
+        bitwise(
+            &format!("{prec} rows"),
+            &rows,
+            &want.index_select(&idx, 0).unwrap(),
+        );
+    }
+}

@@ -63,6 +63,7 @@ fn run_on(target: Target, drafter: &str, max_new: usize) -> TriageReport {
             quiet: true,
             memory_budget: None,
             harness: Default::default(),
+            trajectories: None,
         },
         command_line: String::new(),
     })
@@ -194,7 +195,12 @@ fn new_suspects_run_where_they_apply(r: &TriageReport) {
     let na: Vec<&str> = r.not_applicable.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(
         na,
-        ["normed-last-tap", "thinking-flipped", "drafter-swa-as-full"]
+        [
+            "router-dtype",
+            "normed-last-tap",
+            "thinking-flipped",
+            "drafter-swa-as-full"
+        ]
     );
     assert!(r.not_applicable.iter().all(|n| !n.reason.is_empty()));
     // fp8 K/V move the taps a little (tests/faults.rs: nothing before the
@@ -246,6 +252,7 @@ fn drafter_options(target: Target, drafter: &str, max_new: usize) -> DrafterOpti
             },
             max_tau_gap: 0.05,
             memory_budget: None,
+            trajectories: None,
         },
         quiet: true,
         command_line: String::new(),

@@ -112,6 +112,7 @@ report diff-ac diff "$work/a.safetensors" "$work/c.safetensors" --json
 report diff-ac-table diff "$work/a.safetensors" "$work/c.safetensors"
 report diff-offset diff "$work/a.safetensors" "$work/b.safetensors" --tap-offset 1 --json
 run dump-golden-prompts dump $tiny --path causal-lm --prompts $tiny/prompts.jsonl --out "$work/g.safetensors" --quiet
+run dump-golden-p0 dump $tiny --path causal-lm --prompt "The hidden state of the model." --out "$work/g0.safetensors" --quiet
 report diff-golden diff $tiny/golden/causal-lm.safetensors "$work/g.safetensors" --json
 report diff-golden-py diff $tiny/golden/vlm.safetensors $tiny/golden/py-dump-vlm.safetensors --json
 report diff-de diff "$work/e.safetensors" "$work/d.safetensors" --json
@@ -138,6 +139,32 @@ run prompts-qwen3-set prompts $fx/tiny-qwen3 --prompt-set gsm8k:2 --system "Be b
 run prompts-tiny-refused prompts $tiny --prompt-set humaneval:4
 run drafter-toy-chat drafter $toy/target --drafter $toy/drafter --prompts $toy/prompts.jsonl --chat --enable-thinking true --max-new-tokens 16 --json --quiet
 run drafter-toy-chat-table drafter $toy/target --drafter $toy/drafter --prompts $toy/prompts.jsonl --chat --enable-thinking false --max-new-tokens 16 --quiet
+# engine captures: import, diff of a partial dump (--align), drafter --features
+caps=$fx/engine-captures
+run import-specforge import $caps/specforge-dflash --target-layer-ids 1,3 --num-layers 6 --out "$work/sf.safetensors" --json
+run import-specforge-table import $caps/specforge-dflash --target-layer-ids 1,3 --num-layers 6
+run import-vllm import $caps/vllm-misindexed --layer-ids 1,2,3,4 --num-layers 6 --out "$work/mis.safetensors" --json
+run import-sglang import $caps/sglang-dump --num-layers 6 --json
+report diff-partial diff $tiny/golden/causal-lm.safetensors "$work/sf.safetensors" --json
+report diff-align diff "$work/g0.safetensors" "$work/mis.safetensors" --align --json
+report diff-align-table diff "$work/g0.safetensors" "$work/mis.safetensors" --align
+run drafter-features drafter $toy/target --drafter $toy/drafter --features $caps/toy-pair-specforge --max-new-tokens 16 --json --quiet
+run drafter-features-table drafter $toy/target --drafter $toy/drafter --features $caps/toy-pair-specforge --max-new-tokens 16 --quiet
+run bad-import import $caps/bad/specforge-int32-hidden-states.ckpt --target-layer-ids 1,3
+run bad-import-format import $caps/vllm --format gguf
+# the MoE family (qwen3_5_moe): inventories with the converted category, the
+# router agreement of compare, drafter and triage with the random drafter
+moe=$fx/moe
+for c in $moe/qwen3.5-fused $moe/qwen3.6-fused $moe/per-expert $moe/divergence/fp16-disk; do
+  n=inventory-moe-$(basename "$c")
+  run "$n-json" inventory "$c" --json
+  run "$n-table" inventory "$c"
+done
+report compare-moe-per-expert compare $moe/per-expert --paths causal-lm,vlm,image-text-to-text --json --quiet
+report compare-moe-fp16-disk compare $moe/divergence/fp16-disk --prompts $moe/divergence/fp16-disk/prompts.jsonl --json --quiet
+report compare-moe-fp16-disk-table compare $moe/divergence/fp16-disk --prompts $moe/divergence/fp16-disk/prompts.jsonl --quiet
+run drafter-moe drafter $moe/qwen3.5-fused --drafter $moe/drafter-random --prompts $moe/qwen3.5-fused/prompts.jsonl --max-new-tokens 8 --json --quiet
+report triage-moe triage $moe/qwen3.5-fused --drafter $moe/drafter-random --prompts $moe/qwen3.5-fused/prompts.jsonl --max-new-tokens 8 --json --quiet
 
 # refused inputs (exit 2, one line)
 run bad-paths compare $tiny --paths causal-lm,nope --no-report

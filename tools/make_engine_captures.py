@@ -15,7 +15,8 @@ The raw output of the last layer (before the final norm) is no ``hs`` index at a
 dumps' ``last_layer_output``.
 
 Sources of the tiny values: ``fixtures/tiny-qwen3_5`` (N = 6, H = 64) through ``AutoModelForCausalLM``
-in float32, eager attention, the two prompts of its ``prompts.jsonl`` (12 and 103 tokens); every
+in float32, eager attention, the two prompts of its ``prompts.jsonl`` (their lengths are in the manifest's
+``tiny.prompts``); every
 captured tensor is the float32 state rounded to bfloat16 (the engines capture in the model dtype,
 bf16 for Qwen3.5; rounding the fp32 state instead of computing in bf16 keeps the files comparable
 with the float32 goldens ``fixtures/tiny-qwen3_5/golden/causal-lm.safetensors`` to one bf16 rounding).
@@ -24,8 +25,12 @@ The toy-pair record comes from ``fixtures/toy-pair/target`` in its own dtype (bf
 
 What each file holds, and which ``hs`` index every stored layer is, goes to ``manifest.json``. The
 index is never typed in: the generator finds it by comparing every stored slice with all of the
-transformers states of the same tokens (``hs[0..N]`` and ``last_layer_output``) and records the one
-it equals bitwise (after the bf16 rounding).
+transformers states of the same tokens (``hs[0..N]`` and ``last_layer_output``) and records the nearest,
+with the evidence (``identification``): the distance to the golden rounded to bf16, in bf16 ulps of the
+row's scale, must be 0 (bitwise) where the engine ran the unpadded sequence and at most 1 where it ran a
+right-padded batch (the padded forward differs from the unpadded one by f32 round-off, so after the bf16
+rounding an element may land on the neighbouring bf16 value), and the runner-up must be at least
+``MARGIN_REL_L2`` away in relative L2. Whether each stored layer is bitwise is recorded.
 
 Writers reproduced (repository, file, function, commit; "stored copy" = read in a stored copy whose
 commit is not pinned):
@@ -43,8 +48,8 @@ SpecForge offline capture, DFlash (``specforge-dflash/``, ``specforge-dflash-com
     ``specforge/data/utils.py`` @01dd7144) and the *padded* row is what the SGLang capture runs
     (``OfflineSGLangCaptureBackend.capture_eagle3``: ``origin_input_ids=input_row.view(-1).tolist()``,
     ``specforge/offline_capture/sglang_backend/capture.py`` @e630ca4e), so a short sample ends in
-    id-0 / loss_mask-0 rows whose hidden states are real forward outputs on token 0. Here p0 (12 tokens)
-    and p1 (103) form one batch: p0 is padded to 103. Layer convention: SGLang ``set_dflash_layers_to_capture``
+    id-0 / loss_mask-0 rows whose hidden states are real forward outputs on token 0. Here p0 and p1 form
+    one batch: p0 is padded to p1's length (``specforge.batch_padded_to``). Layer convention: SGLang ``set_dflash_layers_to_capture``
     stores ``layers_to_capture = [L + 1 for L in layer_ids]`` ("SGLang captures 'before layer i'";
     sgl-project/sglang ``python/sglang/srt/models/qwen3.py``), so tap L is ``hs[L + 1]``.
 SpecForge offline capture, EAGLE-3 (``specforge-eagle3/``)
@@ -80,24 +85,31 @@ SGLang dumper (``sglang-dump/``)
     is replicated), ``DUMPER_EXP_NAME=hsparity_fixture``, a filter passing ``input_ids``, ``positions``,
     ``embed_tokens.output`` (= hs[0]), ``layers.2.input_layernorm.output.1`` (the fused add-norm's
     residual sum entering layer L = hs[L]), ``norm.output.0`` (= hs[N]) and ``norm.output.1`` (the
-    pre-norm last layer output); request p0 with ``max_new_tokens=2``: step 0 prefill (12 tokens),
-    step 1 one decode token (the second sampled token is never fed). Module names are
+    pre-norm last layer output); request p0 with ``max_new_tokens=2``: step 0 prefill (the prompt alone),
+    step 1 one decode token (the second sampled token is never fed), each row from the forward the engine
+    runs for it (``served``: the prefill over the prompt, a decode row as the last row of a forward over the
+    tokens fed so far). Module names are
     SGLang's Qwen3-family ``model.embed_tokens`` / ``model.layers.{i}`` / ``model.norm``.
 SGLang ``/generate`` with ``return_hidden_states`` (``sglang-json/``)
     ``request.json``: ``{"input_ids", "sampling_params", "return_hidden_states": true}`` (server started
     with ``--enable-return-hidden-states``); ``response.json``: ``text``, ``output_ids``, ``meta_info``
     with ``hidden_states`` = ``[prefill rows [T][H], one [H] row per decode step]`` (scheduler output
     processor: ``logits_output.hidden_states[...].cpu().tolist()``), the tensor fed to the LM head:
-    final-normed ``hs[N]``. p0 with ``max_new_tokens=3`` (12 + 2 rows).
+    final-normed ``hs[N]``. p0 with ``max_new_tokens=3`` (the prompt's rows + 2 decode rows, ``served``).
 SpecForge DFlash training record of the toy pair (``toy-pair-specforge/``)
     the DFlash record above for ``fixtures/toy-pair`` (N = 4, H = 64, taps from
     ``fixtures/toy-pair/drafter/config.json`` ``dflash_config.target_layer_ids``) over prompt + the
-    target's greedy response (64 new tokens, asserted equal to ``golden/reference_tau.json``'s
+    target's greedy response (max_new_tokens + block_size = 72 tokens, so that a replay of 64 new tokens
+    can verify full blocks to the end; the first 64 asserted equal to ``golden/reference_tau.json``'s
     ``causal-lm`` trajectories), ``loss_mask`` 1 on the response, one record per prompt for prompts
     0, 1, 2, 3 and 12 of ``fixtures/toy-pair/prompts.jsonl`` (one per corpus family; all 15 would be
     390 KB), ``data_{i}.ckpt`` with i the prompt's index there, ``--batch-size 1`` (no padding), bf16 as
-    computed. The manifest copies each prompt's golden ``causal-lm`` tau for the later
-    ``drafter --features`` test.
+    computed. The reference of ``drafter --features`` is computed here (``tau_on_record``): the dflash
+    0.1.0 ``DFlashDraftModel`` (bf16) replayed with the GitHub-main rule on the record's own taps over the
+    record's own tokens, drafting through the target's embeddings and LM head; its acceptance lengths and
+    tau go to the manifest next to the golden ``causal-lm`` ones of ``reference_tau.json`` (the Python
+    DFlash loop with full target re-forwards), and ``toy_pair.records_equal_golden_causal_lm_rounds``
+    says whether every round is the same.
 
 Determinism: one thread, fixed inputs, ``torch.save`` (its ``serialization_id`` is a content hash),
 gzip header ``mtime=0``, ``safetensors.torch.save_file`` without metadata, JSON with sorted keys
@@ -126,6 +138,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_fixtures import forward_dump, load, setup_determinism, write_json  # noqa: E402
+from train_toy_pair import BLOCK, DFlashDraftModel, draft_logits_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 OUT_REL = "fixtures/engine-captures"
@@ -176,6 +189,31 @@ def torch_save(obj, path: Path, compress: bool = False):
         torch.save(obj, path)
 
 
+# Identification (see the module docstring): the stored slice is matched against every transformers state of
+# the same tokens; the nearest one must lie within the bound of the golden rounded to bf16 in every element
+# (0 = bitwise where the engine ran the unpadded sequence; 1 bf16 ulp of the row's scale where it ran a padded
+# batch), and the runner-up must be at least MARGIN_REL_L2 away in relative L2 (the bf16 rounding alone is
+# below 2^-8).
+MARGIN_REL_L2 = 1e-2
+
+
+def row_ulp(golden: torch.Tensor) -> torch.Tensor:
+    """[T, 1]: the bf16 spacing at each row's largest |value| (one bf16 ulp of the row's scale)."""
+    m = golden.abs().amax(dim=-1, keepdim=True).clamp_min(2.0 ** -126)
+    return torch.exp2(torch.floor(torch.log2(m)) - 7)
+
+
+def bf16_ulps(stored: torch.Tensor, golden: torch.Tensor) -> float:
+    """max over elements of |stored - bf16(golden)| in bf16 ulps of the row's scale (``row_ulp``). The padded
+    forward's f32 round-off is absolute (about 2^-21 of the row's scale), so an element much smaller than its
+    row can move by several of its own ulps, never by one of the row's."""
+    return ((stored.float() - bf16(golden).float()).abs() / row_ulp(golden)).max().item()
+
+
+def rel_l2(stored: torch.Tensor, golden: torch.Tensor) -> float:
+    return ((stored.float() - golden).norm() / golden.norm().clamp_min(1e-30)).item()
+
+
 class Reference:
     """transformers states of one token sequence: hs[0..N] and the raw last layer output, float32 [T, H]."""
 
@@ -187,12 +225,31 @@ class Reference:
             yield i, h
         yield "last_layer_output", self.last
 
-    def identify(self, stored: torch.Tensor, rows: int) -> int | str:
-        """The transformers state that ``stored[:rows]`` (bf16) is bitwise, after rounding to bf16."""
-        s = stored[:rows].to(torch.bfloat16)
-        hits = [name for name, h in self.candidates() if torch.equal(s, bf16(h[:rows]))]
-        assert len(hits) == 1, f"stored slice matches {hits}"
-        return hits[0]
+    def identify(self, stored: torch.Tensor, rows, padded: bool = False) -> tuple[int | str, dict]:
+        """The transformers state nearest to ``stored`` (bf16) over ``rows`` (a prefix length or a list of row
+        indices), with the evidence: bitwise or not, its distance in bf16 ulps of the row's scale, the runner-up and
+        its margin. Asserts the bound (0 = bitwise unpadded, 1 padded) and the margin."""
+        sel = (lambda h: h[:rows]) if isinstance(rows, int) else (lambda h: h[rows])
+        s = stored[:rows] if isinstance(rows, int) else stored
+        scored = sorted(((bf16_ulps(s, sel(h)), rel_l2(s, sel(h)), name) for name, h in self.candidates()),
+                        key=lambda x: (x[0], x[1]))
+        (ulps, l2, best), (r_ulps, r_l2, runner) = scored[0], scored[1]
+        bound = 1 if padded else 0
+        assert ulps <= bound, f"nearest state {best} is {ulps} bf16 ulps away (bound {bound})"
+        assert r_l2 >= MARGIN_REL_L2 and l2 < 2.0 ** -8, f"{best} (rel L2 {l2}) vs runner-up {runner} ({r_l2})"
+        g = bf16(sel(dict(self.candidates())[best]))
+        differing = int((s.to(torch.bfloat16) != g).sum().item())
+        return best, {"bitwise": differing == 0, "elements_not_bitwise": differing,
+                      "max_abs_diff": (s.float() - g.float()).abs().max().item(),
+                      "max_row_scale_bf16_ulps": ulps, "bound_row_scale_bf16_ulps": bound, "rel_l2": round(l2, 8),
+                      "runner_up": runner, "runner_up_rel_l2": round(r_l2, 6),
+                      "runner_up_max_row_scale_bf16_ulps": round(r_ulps, 1)}
+
+
+def identified(pairs) -> dict:
+    """``{"stored_layers": {name: index}, "identification": {name: evidence}}`` from (name, identify result)."""
+    pairs = list(pairs)
+    return {"stored_layers": {n: r[0] for n, r in pairs}, "identification": {n: r[1] for n, r in pairs}}
 
 
 @torch.no_grad()
@@ -207,6 +264,18 @@ def greedy(model, ids: list[int], n: int, n_layers: int) -> list[int]:
     for _ in range(n):
         seq.append(int(torch.argmax(reference(model, seq, n_layers).logits[-1]).item()))
     return seq[len(ids):]
+
+
+def served(model, fed: list[int], prompt_len: int, n_layers: int) -> Reference:
+    """The states a serving engine computes for ``fed``: the prefill rows from a forward over the prompt alone
+    (bitwise the golden), then each decode row r from a forward over ``fed[:r + 1]`` (its last row; the engine's
+    cached decode step computes that row)."""
+    parts = [reference(model, fed[:prompt_len], n_layers)]
+    parts += [reference(model, fed[:r + 1], n_layers) for r in range(prompt_len, len(fed))]
+    rows = [p.hs for p in parts[:1]] + [[h[-1:] for h in p.hs] for p in parts[1:]]
+    hs = [torch.cat([r[i] for r in rows]) for i in range(n_layers + 1)]
+    last = torch.cat([parts[0].last] + [p.last[-1:] for p in parts[1:]])
+    return Reference(hs, last)
 
 
 def tensor_info(t) -> dict:
@@ -232,15 +301,16 @@ def specforge_records(model, prompts, n_layers, H):
             "loss_mask": torch.tensor(loss_mask, dtype=torch.long),
             "hidden_states": bf16(taps).cpu().clone().unsqueeze(0),
         }
-        stored = {}
-        for j, L in enumerate(DFLASH_TAPS):
-            sl = rec["hidden_states"][0, :, j * H:(j + 1) * H]
-            stored[f"hidden_states[..., {j * H}:{(j + 1) * H}] (tap {L})"] = true.identify(sl, len(ids))
+        # the padded rows differ from the unpadded forward by f32 round-off (another T, other GEMM blocking), so
+        # after the bf16 rounding a padded record is within one bf16 ulp of the golden, not bitwise
+        found = identified((f"hidden_states[..., {j * H}:{(j + 1) * H}] (tap {L})",
+                            true.identify(rec["hidden_states"][0, :, j * H:(j + 1) * H], len(ids), padded=pad > 0))
+                           for j, L in enumerate(DFLASH_TAPS))
         prefix_equal = all(torch.equal(ref.hs[i][: len(ids)], true.hs[i]) for i in range(n_layers + 1))
         records.append(rec)
         entries.append({
             "prompt": idx, "tokens": len(ids), "padded_to": T, "trailing_padding": pad,
-            "target_layer_ids": DFLASH_TAPS, "stored_layers": stored,
+            "target_layer_ids": DFLASH_TAPS, **found,
             "padded_forward_prefix_bitwise_equal_to_unpadded": prefix_equal,
         })
     return records, entries
@@ -272,14 +342,14 @@ def write_specforge(model, prompts, n_layers, H, out: Path) -> list[dict]:
     }
     path = rows_dir(out / "specforge-eagle3", 0) / "data_0.ckpt"
     torch_save(rec, path)
-    stored = {f"aux_hidden_state[..., {j * H}:{(j + 1) * H}] (aux layer {L})": ref.identify(
-        rec["aux_hidden_state"][0, :, j * H:(j + 1) * H], len(ids)) for j, L in enumerate(EAGLE3_AUX)}
-    stored["hidden_state"] = ref.identify(rec["hidden_state"][0], len(ids))
+    found = identified([(f"aux_hidden_state[..., {j * H}:{(j + 1) * H}] (aux layer {L})", ref.identify(
+        rec["aux_hidden_state"][0, :, j * H:(j + 1) * H], len(ids))) for j, L in enumerate(EAGLE3_AUX)]
+        + [("hidden_state", ref.identify(rec["hidden_state"][0], len(ids)))])
     files.append({
         "path": rel(path), "format": "specforge", "engine": "SpecForge offline capture (EAGLE-3)",
         "container": "torch zip pickle", "keys": {k: tensor_info(v) for k, v in rec.items()},
         "prompt": 0, "tokens": len(ids), "trailing_padding": 0, "aux_hidden_states_layers": EAGLE3_AUX,
-        "stored_layers": stored,
+        **found,
         "layer_convention": "aux layer L = hs[L+1]; hidden_state = final-normed hs[N]",
     })
     return files
@@ -291,7 +361,9 @@ def write_toy_specforge(out: Path) -> list[dict]:
     taps = list(draft_cfg["dflash_config"]["target_layer_ids"])
     golden = json.loads((toy / "golden" / "reference_tau.json").read_text())
     max_new = golden["settings"]["max_new_tokens"]
-    assert golden["settings"]["target_layer_ids"] == taps
+    block = golden["settings"]["block_size"]
+    assert golden["settings"]["target_layer_ids"] == taps and block == BLOCK
+    draft = DFlashDraftModel.from_pretrained(str(toy / "drafter"), dtype=torch.bfloat16).eval()
     setup_determinism()
     model = AutoModelForCausalLM.from_pretrained(str(toy / "target"), dtype="auto",
                                                  attn_implementation="eager").eval()
@@ -308,8 +380,9 @@ def write_toy_specforge(out: Path) -> list[dict]:
         ids = prompts[idx]
         traj = per_prompt[idx]["trajectory"]
         assert per_prompt[idx]["num_tokens"] == len(ids) and len(traj) == max_new
-        resp = greedy(model, ids, max_new, n_layers)
-        assert resp == traj, f"toy prompt {idx}: greedy response departs from reference_tau.json"
+        # the response holds max_new + B tokens: the replay's last anchors verify a full block past max_new
+        resp = greedy(model, ids, max_new + block, n_layers)
+        assert resp[:max_new] == traj, f"toy prompt {idx}: greedy response departs from reference_tau.json"
         seq = ids + resp
         ref = reference(model, seq, n_layers)
         rec = {
@@ -320,18 +393,47 @@ def write_toy_specforge(out: Path) -> list[dict]:
         }
         path = rows_dir(out / "toy-pair-specforge", idx) / f"data_{idx}.ckpt"
         torch_save(rec, path)
-        stored = {f"hidden_states[..., {j * H}:{(j + 1) * H}] (tap {L})": ref.identify(
-            rec["hidden_states"][0, :, j * H:(j + 1) * H], len(seq)) for j, L in enumerate(taps)}
+        found = identified((f"hidden_states[..., {j * H}:{(j + 1) * H}] (tap {L})", ref.identify(
+            rec["hidden_states"][0, :, j * H:(j + 1) * H], len(seq))) for j, L in enumerate(taps))
+        acc = tau_on_record(draft, model, rec, len(ids), max_new)
         files.append({
             "path": rel(path), "format": "specforge", "engine": "SpecForge offline capture (DFlash), training record",
             "container": "torch zip pickle", "keys": {k: tensor_info(v) for k, v in rec.items()},
             "prompt": idx, "prompt_tokens": len(ids), "response_tokens": len(resp), "tokens": len(seq),
-            "trailing_padding": 0, "target_layer_ids": taps, "stored_layers": stored,
+            "trailing_padding": 0, "target_layer_ids": taps, **found,
             "checkpoint": TOY + "/target", "loading_path": "causal-lm", "dtype": "bf16 (as computed)",
-            "num_layers": n_layers, "hidden_size": H, "golden_causal_lm_tau": per_prompt[idx]["tau"],
+            "num_layers": n_layers, "hidden_size": H, "block_size": block, "replay_max_new_tokens": max_new,
+            "acceptance_lengths_on_record": acc, "tau_on_record": sum(acc) / len(acc),
+            "golden_causal_lm_acceptance_lengths": per_prompt[idx]["acceptance_lengths"],
+            "golden_causal_lm_tau": per_prompt[idx]["tau"],
             "layer_convention": "SpecForge/SGLang tap L = hs[L+1]",
         })
-    return files
+    taus = [f["tau_on_record"] for f in files]
+    summary = {"prompts": TOY_PROMPTS, "block_size": block, "replay_max_new_tokens": max_new,
+               "tau_on_record_macro": sum(taus) / len(taus),
+               "records_equal_golden_causal_lm_rounds": all(
+                   f["acceptance_lengths_on_record"] == f["golden_causal_lm_acceptance_lengths"] for f in files)}
+    return files, summary
+
+
+@torch.no_grad()
+def tau_on_record(draft, model, rec, prompt_len: int, max_new: int) -> list[int]:
+    """The reference of ``drafter --features``: the dflash 0.1.0 drafter replayed (GitHub-main rule: full
+    blocks, record a+1, loop while start < prompt_len + max_new) on the record's own taps over the record's own
+    tokens, drafting through the target's embeddings and LM head (bf16, as the toy pair's reference loop)."""
+    seq = rec["input_ids"].tolist()
+    feats = rec["hidden_states"][0]
+    embed_w, lm_head = model.get_input_embeddings().weight, model.lm_head
+    start, acc = prompt_len, []
+    while start < prompt_len + max_new:
+        drafts = torch.argmax(draft_logits_for(draft, embed_w, lm_head, feats, seq, start, torch.bfloat16),
+                              dim=-1).tolist()
+        a = 0
+        while a < len(drafts) and drafts[a] == seq[start + 1 + a]:
+            a += 1
+        acc.append(a + 1)
+        start += a + 1
+    return acc
 
 
 # ------------------------------------------------------------------------------------------------
@@ -349,17 +451,17 @@ def write_vllm(model, prompts, n_layers, out: Path) -> list[dict]:
         path = out / folder / f"{req_id}.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(path))  # exactly the connector's call: no metadata
-        stored = {}
-        for j, k in enumerate(declared):
-            sl = tensors["hidden_states"][:, j] if layout == "TLH" else tensors["hidden_states"][j]
-            stored[f"hidden_states[{':, ' if layout == 'TLH' else ''}{j}] (declared id {k})"] = ref.identify(sl, len(ids))
+        found = identified(
+            (f"hidden_states[{':, ' if layout == 'TLH' else ''}{j}] (declared id {k})",
+             ref.identify(tensors["hidden_states"][:, j] if layout == "TLH" else tensors["hidden_states"][j], len(ids)))
+            for j, k in enumerate(declared))
         files.append({
             "path": rel(path), "format": "vllm", "engine": "vLLM extract_hidden_states (ExampleHiddenStatesConnector)",
             "container": "safetensors", "keys": {k: tensor_info(v) for k, v in tensors.items()},
             "layout": "[T, L, H]" if layout == "TLH" else "[L, T, H] (older connector)",
             "prompt": int(req_id), "tokens": len(ids), "trailing_padding": 0,
             "eagle_aux_hidden_state_layer_ids": declared, "captured_layer_ids": captured,
-            "stored_layers": stored,
+            **found,
             "layer_convention": "vLLM aux id k = hs[k] (0 = embeddings); id N = last layer output before the final norm",
         })
 
@@ -388,8 +490,8 @@ def sglang_static_meta(rank: int) -> dict:
 def write_sglang_dump(model, ids, n_layers, out: Path) -> list[dict]:
     new = greedy(model, ids, DUMP_NEW_TOKENS, n_layers)
     fed = ids + new[:-1]  # the last sampled token is never fed
-    ref = reference(model, fed, n_layers)
     T = len(ids)
+    ref = served(model, fed, T, n_layers)
     steps = [(0, list(range(0, T)))] + [(s, [T + s - 1]) for s in range(1, DUMP_NEW_TOKENS)]
     root = out / "sglang-dump" / SGLANG_EXP
     files = []
@@ -418,22 +520,15 @@ def write_sglang_dump(model, ids, n_layers, out: Path) -> list[dict]:
                          "container": "torch zip pickle", "keys": {"value": tensor_info(value), "meta": "dict"},
                          "step": step, "rank": rank, "name": name}
                 if value.is_floating_point():
-                    entry["stored_layers"] = {"value": ref.identify(value, len(rows)) if len(rows) == T
-                                              else _identify_rows(ref, value, rows)}
+                    entry.update(identified([("value", ref.identify(value, rows))]))
                 files.append(entry)
     return files, {"prompt_ids": ids, "fed_ids": fed, "sampled_ids": new}
-
-
-def _identify_rows(ref: Reference, value: torch.Tensor, rows: list[int]):
-    hits = [n for n, h in ref.candidates() if torch.equal(value.to(torch.bfloat16), bf16(h[rows]))]
-    assert len(hits) == 1, hits
-    return hits[0]
 
 
 def write_sglang_json(model, ids, n_layers, out: Path, tok: Tokenizer) -> list[dict]:
     new = greedy(model, ids, NEW_TOKENS, n_layers)
     fed = ids + new[:-1]
-    ref = reference(model, fed, n_layers)
+    ref = served(model, fed, len(ids), n_layers)
     final = bf16(ref.hs[n_layers])
     rows = [final[: len(ids)].tolist()] + [final[len(ids) + j].tolist() for j in range(NEW_TOKENS - 1)]
     request = {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0},
@@ -461,7 +556,7 @@ def write_sglang_json(model, ids, n_layers, out: Path, tok: Tokenizer) -> list[d
         "engine": "SGLang /generate with return_hidden_states", "container": "JSON",
         "request": rel(d / "request.json"), "prompt": 0, "prompt_tokens": len(ids),
         "output_ids": new, "rows": len(fed), "input_ids": fed,
-        "stored_layers": {"meta_info.hidden_states": ref.identify(back, len(fed))},
+        **identified([("meta_info.hidden_states", ref.identify(back, len(fed)))]),
         "layer_convention": "the tensor fed to the LM head: final-normed hs[N] (one row per fed token)",
     }]
 
@@ -533,7 +628,8 @@ def main():
     dump_files, dump_ids = write_sglang_dump(model, prompts[0], n_layers, out)
     files += dump_files
     files += write_sglang_json(model, prompts[0], n_layers, out, tok)
-    files += write_toy_specforge(out)
+    toy_files, toy_summary = write_toy_specforge(out)
+    files += toy_files
     files += write_bad(prompts, H, out)
 
     for f in files:
@@ -547,17 +643,28 @@ def main():
         "index_convention": "stored_layers values are transformers hidden_states indices (0 = embeddings, "
                             "l+1 = output of decoder layer l, N = final-normed) or 'last_layer_output' (the raw "
                             "last layer output, before the final norm; no hidden_states index); each was found "
-                            "by comparing the stored slice bitwise with every transformers state (bf16-rounded)",
+                            "as the nearest of every transformers state of the same tokens (see identification_rule)",
+        "identification_rule": "nearest transformers state by max |stored - bf16(state)| in bf16 ulps of the "
+                               "row's scale (the bf16 spacing at the row's largest |state|); bound: 0 (bitwise) "
+                               "where the engine ran the unpadded sequence, 1 where it ran a right-padded batch "
+                               "(the padded forward differs from the unpadded one by f32 round-off, absolute at "
+                               "about 2^-21 of the row's scale, before the bf16 rounding); margin: the runner-up "
+                               f"is at least {MARGIN_REL_L2} away in relative L2 while the nearest is below 2^-8. "
+                               "Per stored layer, identification records bitwise, max_bf16_ulps, rel_l2 and the "
+                               "runner-up",
         "tiny": {"checkpoint": TINY, "num_layers": n_layers, "hidden_size": H, "loading_path": "causal-lm",
                  "compute_dtype": "float32, stored as bfloat16", "prompts": [len(p) for p in prompts],
                  "golden": TINY + "/golden/causal-lm.safetensors"},
-        "specforge": {"target_layer_ids": DFLASH_TAPS, "eagle3_aux_hidden_states_layers": EAGLE3_AUX},
+        "specforge": {"target_layer_ids": DFLASH_TAPS, "eagle3_aux_hidden_states_layers": EAGLE3_AUX,
+                      "batch_padded_to": max(len(p) for p in prompts)},
         "vllm": {"eagle_aux_hidden_state_layer_ids": VLLM_IDS, "misindexed_declared": VLLM_DECLARED,
                  "misindexed_captured": VLLM_BUGGY},
         "sglang_dump": {"dir": f"{OUT_REL}/sglang-dump/{SGLANG_EXP}", "tp_size": SGLANG_TP,
                         "max_new_tokens": DUMP_NEW_TOKENS, **dump_ids,
                         "env": {"DUMPER_ENABLE": "1", "DUMPER_DIR": "<dir>", "DUMPER_EXP_NAME": SGLANG_EXP,
                                 "DUMPER_NON_INTRUSIVE_MODE": "all"}},
+        "toy_pair": {"target": TOY + "/target", "drafter": TOY + "/drafter",
+                     "records": OUT_REL + "/toy-pair-specforge", **toy_summary},
         "files": files,
     }
     write_json(out / "manifest.json", manifest)

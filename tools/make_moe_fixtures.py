@@ -89,8 +89,8 @@ What it writes
       tie row), the router's softmax / top-k / renormalisation / cast order against alternatives, ``grouped_mm``
       against a per-expert GEMM + f32 sum and against the eager loop, the experts implementation picked.
 
-``fixtures/qwen3.5-35b-a3b/`` -- ``config.json`` and ``tensors.json`` copied from the shared research data (the
-    published Qwen3.5-35B-A3B layout, 1811 tensors), and ``expected_counts.json``: per layout (the published
+``fixtures/qwen3.5-35b-a3b/`` -- reads the committed ``config.json`` (the published Qwen3.5-35B-A3B config) and
+    ``tensors.json`` (the published layout's names, dtypes and shapes, 1811 tensors) and writes ``expected_counts.json``: per layout (the published
     one; fused MTP; per-expert everything, each derived from the tensor list by LAYOUT_RULES) and per Auto
     class, the counts transformers gives on the meta device (``meta_counts``): state-dict tensors, checkpoint
     keys consumed / converted / converted-then-dropped / dropped / unexpected, missing, parameters converted,
@@ -1189,7 +1189,12 @@ def block_golden(out: Path) -> dict:
             "can_use_native_grouped_mm_on_cpu": bool(hf_moe._can_use_grouped_mm(
                 x[0], b.experts.gate_up_proj.transpose(-2, -1), torch.zeros(E, dtype=torch.int32))),
         }
+        p_model = torch.softmax(logits, dim=-1)  # the router-dtype suspect: softmax in the model dtype
+        v_m, i_m = torch.topk(p_model, cfg.num_experts_per_tok, dim=-1)
+        w_m = (v_m / v_m.sum(dim=-1, keepdim=True)).to(logits.dtype)
         tensors |= {
+            f"{dname}.router_model_dtype.topk_indices": i_m.to(torch.int64).contiguous(),
+            f"{dname}.router_model_dtype.routing_weights": w_m.float().contiguous(),
             f"{dname}.router_logits": logits.float().contiguous(),
             f"{dname}.topk_indices": idx.to(torch.int64).contiguous(),
             f"{dname}.routing_weights": scores.float().contiguous(),
@@ -1308,14 +1313,9 @@ def derive_35b_layout(specs: list, layout: str) -> list:
 
 
 def make_35b() -> dict | None:
-    src = REPO.parent / "shared" / "data" / "qwen3.5-35b-a3b"
     dst = REPO / A35_REL
-    if src.is_dir():
-        dst.mkdir(parents=True, exist_ok=True)
-        for name in ("config.json", "tensors.json"):
-            shutil.copyfile(src / name, dst / name)
     if not (dst / "tensors.json").exists():
-        log("35B-A3B reference data not found; expected_counts.json not regenerated")
+        log("fixtures/qwen3.5-35b-a3b/tensors.json not found; expected_counts.json not regenerated")
         return None
     cfg = AutoConfig.from_pretrained(str(dst))
     t = json.loads((dst / "tensors.json").read_text())
@@ -1351,6 +1351,139 @@ def make_35b() -> dict | None:
         result["layouts"][layout] = entry
     mf.write_json(dst / "expected_counts.json", result)
     return result
+
+
+# ------------------------------------------------------------------------------------------------
+# A dtype divergence on the MoE family, and a random-weight DFlash drafter
+# ------------------------------------------------------------------------------------------------
+FP16_DISK_REL = f"{MOE_REL}/divergence/fp16-disk"
+DRAFTER_REL = f"{MOE_REL}/drafter-random"
+DRAFTER_TAPS = [1, 3]  # decoder layers; 3 is the last, so the normed-last-tap suspect applies
+
+
+def make_fp16_disk(fused_main: dict, mtp: dict, config_json: dict, prompts, prompts_ids, tok_src: Path) -> dict:
+    """The Qwen3.5 layout with its BF16 weights stored as F16 (F32 tensors kept), the published config
+    (``text_config.dtype = "bfloat16"``, no top-level ``dtype``): ``causal-lm`` loads bf16 (text_config.dtype),
+    the VLM classes f16 (the first weight on disk). Goldens per class in the dtype it loads with, and the
+    routers' top-k agreement between the paths per layer: the MoE way two paths part."""
+    ckpt = REPO / FP16_DISK_REL
+    shutil.rmtree(ckpt, ignore_errors=True)
+    (ckpt / "golden").mkdir(parents=True)
+    tensors = {k: (v if v.dtype == torch.float32 else v.to(torch.float16).contiguous())
+               for k, v in layout_tensors(fused_main, mtp, "qwen3.5-fused").items()}
+    write_checkpoint(ckpt, tensors, config_json)
+    for fname in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(tok_src / fname, ckpt / fname)
+    with open(ckpt / "prompts.jsonl", "w") as f:
+        for p in prompts:
+            f.write(json.dumps(p, ensure_ascii=False) + "\n")
+    report = {"tool_version": f"transformers {transformers.__version__}",
+              "torch_version": torch.__version__.split("+")[0],
+              "checkpoint": FP16_DISK_REL,
+              "describes": "qwen3.5-fused with BF16 weights stored as F16 (A_log, linear_attn.norm F32); "
+                           "text_config.dtype bfloat16, no top-level dtype",
+              "load_arguments": "from_pretrained(checkpoint, attn_implementation='eager')  # dtype 'auto'",
+              "prompt_token_counts": [len(p) for p in prompts_ids], "paths": []}
+    goldens = {}
+    for path_name, auto_name, auto_cls in PATHS:
+        model, _, _, _, err = load_recorded(auto_cls, FP16_DISK_REL, attn_implementation="eager")
+        assert err is None, (path_name, err)
+        dts = {p.dtype for p in model.parameters()}
+        assert len(dts) == 1, dts
+        dname = {torch.bfloat16: "bf16", torch.float16: "f16"}[dts.pop()]
+        t = golden_dump(model, prompts_ids, path_name, FP16_DISK_REL, dname)
+        goldens[path_name] = t
+        mf.save_safetensors(ckpt / "golden" / f"{path_name}.safetensors", t,
+                            golden_metadata(model, path_name, FP16_DISK_REL, dname))
+        report["paths"].append({"name": path_name, "auto_class": auto_name, "class": type(model).__name__,
+                                "dtype": dname})
+        del model
+    assert [p["dtype"] for p in report["paths"]] == ["bf16", "f16", "f16"], report["paths"]
+    report["router_agreement_vs_causal_lm"] = {
+        other: routing_agreement(goldens["causal-lm"], goldens[other], len(prompts_ids))
+        for other in ("vlm", "image-text-to-text")}
+    mf.write_json(ckpt / "golden" / "load_report.json", report)
+    return report
+
+
+@torch.no_grad()
+def make_text_only() -> dict:
+    """A text-only ``qwen3_5_moe_text`` checkpoint as ``Qwen3_5MoeForCausalLM.save_pretrained`` writes it for a
+    model built from the tiny text config (random weights, bf16), headers only (``config.json``,
+    ``tensors.json``), and what each Auto class does with it (``load_report.json``; the image-text-to-text
+    class has no mapping for this config and raises)."""
+    out = REPO / f"{MOE_REL}/text-only"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    mf.setup_determinism()
+    torch.manual_seed(SEED + 11)
+    model = AutoModelForCausalLM.from_config(moe_config().text_config).to(torch.bfloat16)
+    report = {"tool_version": f"transformers {transformers.__version__}",
+              "torch_version": torch.__version__.split("+")[0],
+              "describes": "Qwen3_5MoeForCausalLM(tiny text config).save_pretrained, loaded by each Auto class "
+                           "(dtype 'auto', eager)", "paths": []}
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        del model
+        config_json = json.loads((Path(d) / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps(config_json, indent=2, sort_keys=True) + "\n")
+        specs = sorted(checkpoint_specs_any(Path(d)))
+        mf.write_json(out / "tensors.json", {
+            "source": "tools/make_moe_fixtures.py: Qwen3_5MoeForCausalLM.save_pretrained of the tiny text config",
+            "tensors": [{"name": n, "dtype": t, "shape": sh} for n, t, sh in specs]})
+        report["checkpoint_tensors"] = len(specs)
+        for path_name, auto_name, auto_cls in PATHS:
+            model, info, records, routes, err = load_recorded(auto_cls, d, attn_implementation="eager")
+            if model is None and info is None:
+                report["paths"].append({"name": path_name, "auto_class": auto_name, "loaded": False,
+                                        "error_type": type(err).__name__,
+                                        "error": mf._ANSI.sub("", str(err)).strip().splitlines()[0]})
+                continue
+            report["paths"].append(path_report(path_name, auto_name, model, info, records, routes, err,
+                                               [n for n, _, _ in specs]))
+            del model
+    assert [p["loaded"] for p in report["paths"]] == [True, True, False], report["paths"]
+    mf.write_json(out / "load_report.json", report)
+    return report
+
+
+def make_random_drafter() -> dict:
+    """A DFlash drafter for the tiny MoE target with random weights (N(0, 0.02), norms zero-centred at 1):
+    it exercises ``drafter``, ``compare --drafter`` and ``triage`` on an MoE target; its tau means nothing."""
+    out = REPO / DRAFTER_REL
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    tc = MOE_TEXT_CONFIG
+    H, V, heads, kv, hd, inter = tc["hidden_size"], tc["vocab_size"], 2, 1, 16, 48
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "dtype": "bfloat16",
+           "block_size": 8, "dflash_config": {"block_size": 8, "mask_token_id": 1,
+                                              "target_layer_ids": DRAFTER_TAPS},
+           "hidden_size": H, "intermediate_size": inter, "num_hidden_layers": 1, "num_attention_heads": heads,
+           "num_key_value_heads": kv, "head_dim": hd, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+           "max_position_embeddings": tc["max_position_embeddings"], "vocab_size": V,
+           "num_target_layers": tc["num_hidden_layers"], "layer_types": ["full_attention"],
+           "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "tie_word_embeddings": False,
+           "attention_bias": False, "use_sliding_window": False}
+    gen = torch.Generator().manual_seed(SEED + 7)
+
+    def w(*shape):
+        return (torch.randn(*shape, generator=gen) * 0.02).to(torch.bfloat16)
+
+    def ones(n):
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    K = len(DRAFTER_TAPS)
+    t = {"fc.weight": w(H, K * H), "hidden_norm.weight": ones(H), "norm.weight": ones(H)}
+    p = "layers.0."
+    t |= {p + "input_layernorm.weight": ones(H), p + "post_attention_layernorm.weight": ones(H),
+          p + "self_attn.q_proj.weight": w(heads * hd, H), p + "self_attn.k_proj.weight": w(kv * hd, H),
+          p + "self_attn.v_proj.weight": w(kv * hd, H), p + "self_attn.o_proj.weight": w(H, heads * hd),
+          p + "self_attn.q_norm.weight": ones(hd), p + "self_attn.k_norm.weight": ones(hd),
+          p + "mlp.gate_proj.weight": w(inter, H), p + "mlp.up_proj.weight": w(inter, H),
+          p + "mlp.down_proj.weight": w(H, inter)}
+    mf.save_safetensors(out / "model.safetensors", t, {"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return {"taps": DRAFTER_TAPS, "tensors": len(t)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1405,6 +1538,13 @@ def main():
             for name, v in t.items():
                 assert torch.equal(v, ref[key][name]), (layout, key, name)
     check_layout_facts(reports)
+
+    fp16 = make_fp16_disk(fused_main, mtp, config_json, prompts, prompts_ids, tok_src)
+    log("== divergence/fp16-disk: " + json.dumps(fp16["router_agreement_vs_causal_lm"]))
+    make_random_drafter()
+    text_only = make_text_only()
+    log("== text-only: " + json.dumps([(p["name"], p.get("class"), p.get("state_dict_tensors"))
+                                       for p in text_only["paths"]]))
 
     per_expert = layout_tensors(fused_main, mtp, "per-expert")
     error_reports = {n: make_error_layout(n, per_expert, config_json) for n in ERROR_LAYOUTS}
@@ -1521,7 +1661,7 @@ def summary(reports, error_reports, facts, counts):
             if f.is_file():
                 total += f.stat().st_size
                 log(f"  {f.relative_to(REPO)}  {f.stat().st_size}  {hashlib.sha256(f.read_bytes()).hexdigest()[:16]}")
-    for layout in LAYOUTS + ["errors", "block"]:
+    for layout in LAYOUTS + ["errors", "block", "divergence", "drafter-random", "text-only"]:
         d = REPO / MOE_REL / layout
         log(f"  {d.relative_to(REPO)}: {sum(f.stat().st_size for f in d.rglob('*') if f.is_file())} bytes")
     log(f"total: {total} bytes ({total / 2**20:.2f} MiB)")

@@ -10,6 +10,7 @@ use crate::capture::{self, CaptureOptions, HiddenKind, Observer, PathModel};
 use crate::drafter::{self, DrafterSettings};
 use crate::error::{Error, Result};
 use crate::loading::{self, LoadingPath, NonFinite, WeightOrigin, WeightSource};
+use crate::models::moe::Routing;
 use crate::models::GdnForm;
 use crate::parity::{incremental, IncrementalCheck, PairObserver, PairReport, Verdict};
 use crate::precision::Precision;
@@ -60,19 +61,26 @@ pub fn run(opts: &CompareOptions) -> Result<CompareReport> {
             opts.paths.len()
         )));
     }
-    let session = Session::open(&opts.target, &opts.paths)?;
+    let mut session = Session::open(&opts.target, &opts.paths)?;
     // The drafter is loaded and checked (config, taps, mask id, weights,
-    // positions) before the capture, and evaluated after it on this session.
+    // positions, supplied trajectories) before the capture, and evaluated
+    // after it on this session.
     let drafter = match &opts.drafter {
         Some(d) => {
             drafter::check_tau_gap(d.max_tau_gap)?;
-            let (dr, dprec) = drafter::load_checked(&session, &d.source, d.replay, 0)?;
-            Some((d, dr, dprec))
+            let given = drafter::attach_trajectories(
+                &mut session,
+                d.trajectories.as_ref(),
+                opts.target.prompts.names_prompts(),
+            )?;
+            let (dr, dprec, given) =
+                drafter::load_checked(&session, &d.source, d.replay, 0, given)?;
+            Some((d, dr, dprec, given))
         }
         None => None,
     };
     let taps = match (&drafter, opts.taps.is_empty()) {
-        (Some((_, dr, _)), true) => dr.cfg.target_layer_ids.clone(),
+        (Some((_, dr, _, _)), true) => dr.cfg.target_layer_ids.clone(),
         _ => opts.taps.clone(),
     };
     check_taps(&taps, session.spec.num_layers())?;
@@ -96,9 +104,16 @@ pub fn run(opts: &CompareOptions) -> Result<CompareReport> {
         ));
     }
     let drafter = match drafter {
-        Some((d, dr, dprec)) => {
-            let (mut eval, dnotes) =
-                drafter::paths::evaluate(&session, &dr, dprec, d, opts.dtype, opts.quiet)?;
+        Some((d, dr, dprec, given)) => {
+            let (mut eval, dnotes) = drafter::paths::evaluate(
+                &session,
+                &dr,
+                dprec,
+                d,
+                given.as_ref(),
+                opts.dtype,
+                opts.quiet,
+            )?;
             eval.tau_gap_interval = drafter::gap::gap(&eval, opts.target.seed);
             let env = Environment::of_session(&session, GdnForm::Chunked)?;
             let rep = crate::report::drafter::build(eval, env, opts.command_line.clone(), dnotes);
@@ -189,7 +204,9 @@ fn paths_as_run(
                 tie: p.inventory.tied_lm_head,
                 lm_head: match p.view.origin("lm_head.weight") {
                     None => LmHeadOrigin::None,
-                    Some(WeightOrigin::Checkpoint { .. }) => LmHeadOrigin::Checkpoint,
+                    Some(WeightOrigin::Checkpoint { .. } | WeightOrigin::Converted { .. }) => {
+                        LmHeadOrigin::Checkpoint
+                    }
                     Some(WeightOrigin::Tied { key }) => LmHeadOrigin::Tied(key.clone()),
                     Some(WeightOrigin::Missing { init, .. }) => {
                         LmHeadOrigin::Missing(init.to_string())
@@ -230,6 +247,15 @@ impl Observer for KeepFinal<'_> {
 
     fn logits(&mut self, logits: &[Option<Vec<Tensor>>]) -> Result<()> {
         self.inner.logits(logits)
+    }
+
+    fn routing(
+        &mut self,
+        layer: usize,
+        routing: &[Vec<Routing>],
+        local: &[Option<Vec<Routing>>],
+    ) -> Result<()> {
+        self.inner.routing(layer, routing, local)
     }
 }
 
@@ -291,11 +317,14 @@ fn attach_non_finite(session: &Session, paths_run: &mut [PathRun], notes: &mut V
             .view
             .names()
             .iter()
-            .filter_map(|n| match p.view.origin(n) {
+            .flat_map(|n| match p.view.origin(n) {
                 Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
-                    Some(key.as_str())
+                    vec![key.as_str()]
                 }
-                _ => None,
+                Some(WeightOrigin::Converted { param }) => {
+                    param.sources.iter().map(String::as_str).collect()
+                }
+                _ => Vec::new(),
             })
             .collect();
         run.non_finite_weights = seen
@@ -356,10 +385,7 @@ fn append_drafter(d: &DrafterReport, verdict: &mut Verdict, summary: &mut String
         .unwrap_or_default();
     if d.verdict != Verdict::Pass {
         *verdict = Verdict::Fail;
-        summary.push_str(&format!(
-            " (gap {:.3} > {}{interval})",
-            d.tau_gap, d.max_tau_gap
-        ));
+        summary.push_str(&format!(" ({})", d.failures().join("; ")));
     } else if !interval.is_empty() {
         summary.push_str(&format!(" (gap {:.3}{interval})", d.tau_gap));
     }

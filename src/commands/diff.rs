@@ -1,12 +1,14 @@
 //! `hsparity diff A.safetensors B.safetensors`: parity between two dumps
 //! captured anywhere (hsparity, `tools/dump_hidden_states.py` on a training
-//! machine, another runtime), with the same metrics and verdicts as `compare`.
+//! machine, an engine's capture converted by `hsparity import`), with the
+//! same metrics and verdicts as `compare`; `--align` finds, for every index
+//! of B, the index of A it matches best.
 
 use std::path::{Path, PathBuf};
 
 use crate::dump::Dump;
 use crate::error::Result;
-use crate::parity::dumps::compare_dumps;
+use crate::parity::dumps::{compare_dumps, DiffSettings};
 use crate::report::DiffReport;
 
 /// Options of `diff`.
@@ -18,24 +20,36 @@ pub struct DiffOptions {
     pub b: PathBuf,
     /// b's index = a's index + `tap_offset` (the other tap convention: ±1).
     pub tap_offset: i64,
+    /// Also find, for every index of b, the index of a it matches best.
+    pub align: bool,
     /// The command line, for the report.
     pub command_line: String,
 }
 
+/// How a dump is named in the report: its path and what wrote it.
+fn name(p: &Path, d: &Dump) -> String {
+    match (
+        d.metadata.get("loading_path"),
+        d.metadata.get("source_format"),
+    ) {
+        (Some(lp), _) => format!("{} ({lp})", p.display()),
+        (None, Some(engine)) => format!("{} ({engine})", p.display()),
+        _ => p.display().to_string(),
+    }
+}
+
 /// Reads both dumps and compares them. Errors: unreadable or malformed dump,
-/// different prompts (input-equality gate), a tap offset with no overlap.
+/// different prompts (input-equality gate), nothing in common to compare.
 pub fn run(opts: &DiffOptions) -> Result<DiffReport> {
     let (a, b) = (opts.a.as_path(), opts.b.as_path());
     let da = Dump::read(a)?;
     let db = Dump::read(b)?;
-    let name = |p: &Path, d: &Dump| {
-        d.metadata
-            .get("loading_path")
-            .map(|lp| format!("{} ({lp})", p.display()))
-            .unwrap_or_else(|| p.display().to_string())
-    };
     let (na, nb) = (name(a, &da), name(b, &db));
-    let c = compare_dumps(&da, &db, &na, &nb, opts.tap_offset)?;
+    let settings = DiffSettings {
+        tap_offset: opts.tap_offset,
+        align: opts.align,
+    };
+    let c = compare_dumps(&da, &db, &na, &nb, settings)?;
     Ok(crate::report::diff::build(
         c,
         (&na, &nb),

@@ -29,15 +29,29 @@ pub struct DrafterOptions {
 
 /// Runs the drafter evaluation.
 ///
-/// Errors: as [`Session::open`] and [`drafter::load_checked`]; a bad
+/// Errors: as [`Session::open`], [`drafter::attach_trajectories`] and
+/// [`drafter::load_checked`]; a bad
 /// `--max-tau-gap`; no loading path with an `lm_head` to draft through.
 pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
     drafter::check_tau_gap(opts.drafter.max_tau_gap)?;
-    let session = Session::open(&opts.target, &opts.paths)?;
+    let mut session = Session::open(&opts.target, &opts.paths)?;
     let settings = &opts.drafter;
-    let (dr, dprec) = drafter::load_checked(&session, &settings.source, settings.replay, 0)?;
-    let (mut eval, notes) =
-        drafter::paths::evaluate(&session, &dr, dprec, settings, opts.dtype, opts.quiet)?;
+    let given = drafter::attach_trajectories(
+        &mut session,
+        settings.trajectories.as_ref(),
+        opts.target.prompts.names_prompts(),
+    )?;
+    let (dr, dprec, given) =
+        drafter::load_checked(&session, &settings.source, settings.replay, 0, given)?;
+    let (mut eval, notes) = drafter::paths::evaluate(
+        &session,
+        &dr,
+        dprec,
+        settings,
+        given.as_ref(),
+        opts.dtype,
+        opts.quiet,
+    )?;
     eval.tau_gap_interval = drafter::gap::gap(&eval, opts.target.seed);
     Ok(crate::report::drafter::build(
         eval,

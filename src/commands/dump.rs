@@ -36,13 +36,13 @@ struct Collect {
 impl Observer for Collect {
     fn hidden_states(
         &mut self,
-        _: usize,
+        index: usize,
         _: HiddenKind,
         states: &[Vec<Tensor>],
         _: &[Option<Vec<Tensor>>],
     ) -> Result<()> {
         for (p, h) in self.dump.prompts.iter_mut().zip(&states[0]) {
-            p.hidden_states.push(h.clone());
+            p.hidden_states.insert(index, h.clone());
         }
         Ok(())
     }
@@ -77,10 +77,8 @@ pub fn run(target: &Target, path: LoadingPath, opts: &DumpOptions) -> Result<Dum
         .prompts
         .iter()
         .map(|pr| DumpPrompt {
-            input_ids: pr.ids.iter().map(|&i| i as i64).collect(),
-            hidden_states: Vec::new(),
-            last_layer_output: None,
-            logits: None,
+            input_ids: Some(pr.ids.iter().map(|&i| i as i64).collect()),
+            ..Default::default()
         })
         .collect();
     let meta = &mut obs.dump.metadata;

@@ -6,6 +6,8 @@ pub mod compare;
 pub mod diff;
 pub mod drafter;
 pub mod dump;
+pub mod features;
+pub mod import;
 pub mod inventory;
 pub mod prompts;
 pub mod triage;

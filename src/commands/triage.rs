@@ -21,13 +21,19 @@ pub struct TriageOptions {
 
 /// Runs the triage matrix on the `causal-lm` baseline.
 ///
-/// Errors: as [`Session::open`] and [`triage::run`].
+/// Errors: as [`Session::open`], [`crate::drafter::attach_trajectories`]
+/// and [`triage::run`].
 pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
-    let session = Session::open(&opts.target, &[LoadingPath::CausalLm])?;
+    let mut session = Session::open(&opts.target, &[LoadingPath::CausalLm])?;
+    let given = crate::drafter::attach_trajectories(
+        &mut session,
+        opts.settings.trajectories.as_ref(),
+        opts.target.prompts.names_prompts(),
+    )?;
     // thinking-flipped renders the prompts again with the flag flipped.
     let mut settings = opts.settings.clone();
     settings.harness.prompts = opts.target.prompts.clone();
-    let (t, summary, notes) = triage::run(&session, &settings)?;
+    let (t, summary, notes) = triage::run(&session, &settings, given)?;
     Ok(crate::report::triage::build(
         t,
         summary,

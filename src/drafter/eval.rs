@@ -52,7 +52,15 @@ impl Serialize for EndRule {
 }
 
 impl EndRule {
-    /// The sentence reports print.
+    /// Its `--end-rule` value.
+    pub fn flag(self) -> &'static str {
+        match self {
+            EndRule::GithubMain => "main",
+            EndRule::Wheel => "wheel",
+        }
+    }
+
+    /// The rule as a sentence (what reports record).
     pub fn describe(self) -> &'static str {
         match self {
             EndRule::GithubMain => END_RULE,

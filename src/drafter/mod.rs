@@ -1,12 +1,14 @@
 //! DFlash drafter evaluation: loading a drafter against a target and the
 //! checks that must pass before a long run ([`load_checked`]), the target's
-//! tap features ([`features`]), the replay of DFlash and DDTree on a
+//! tap features ([`fn@features`]), the replay of DFlash and DDTree on a
 //! trajectory ([`replay_all`], over [`eval`]), and τ on every loading path of
-//! a session ([`paths::evaluate`]).
+//! a session ([`paths::evaluate`]), and τ on captured features next to the
+//! paths' own ([`features::evaluate`], `drafter --features`).
 
 pub mod bootstrap;
 pub mod eval;
 pub mod faults;
+pub mod features;
 pub mod gap;
 pub mod generate;
 pub mod paths;
@@ -23,6 +25,7 @@ use crate::session::Session;
 use candle_core::Tensor;
 use eval::{DraftTarget, EndRule, PromptTau};
 use target::{Capture, Sequence, Step, StepOut, TargetModel};
+use trajectories::{Given, GivenFile};
 
 /// What a replay walks: new tokens per prompt, the DDTree node budget, and
 /// the end-of-generation rule (DFlash and DDTree walk the anchors under it).
@@ -48,6 +51,8 @@ pub struct DrafterSettings {
     /// Bytes the stored weights may take to stay resident (`--memory-budget`;
     /// `None`: a share of the available memory, see [`plan::MemoryPlan`]).
     pub memory_budget: Option<u64>,
+    /// `--trajectories`: τ on supplied greedy outputs instead of generating.
+    pub trajectories: Option<trajectories::GivenFile>,
 }
 
 /// DFlash and DDTree-N results per prompt of one replay.
@@ -173,36 +178,61 @@ pub fn check_tau_gap(gap: f64) -> Result<()> {
 /// Loads `source` for the session's target on its device and checks it
 /// against the run: taps and mask id ([`load_drafter`]), positions for
 /// `replay.max_new` tokens plus `extra` ([`check_positions`]) and the end rule
-/// ([`check_end_rule`]). What `drafter`, `compare --drafter` and `triage`
-/// share, done before any long computation.
+/// ([`check_end_rule`]) — or, with supplied trajectories (`given`), that
+/// every output is long enough for one round ([`Given::with_replay`]). What
+/// `drafter`, `compare --drafter` and `triage` share, done before any long
+/// computation. Returns the drafter, its dtype and the trajectories with
+/// their replayed lengths.
 ///
-/// Errors: as those three.
+/// Errors: as those.
 pub fn load_checked(
     session: &Session,
     source: &str,
     replay: Replay,
     extra: usize,
-) -> Result<(Drafter, Precision)> {
+    given: Option<Given>,
+) -> Result<(Drafter, Precision, Option<Given>)> {
     let tc = &session.paths[0].text_config;
     let (drafter, dprec) =
         load_drafter(source, tc, session.spec.num_layers(), &session.spec.device)?;
-    check_positions(
-        &session.prompts,
-        replay.max_new,
-        drafter.cfg.block_size,
-        extra,
-        tc.max_position_embeddings,
-    )?;
-    check_end_rule(replay.max_new, replay.rule)?;
-    Ok((drafter, dprec))
+    let b = drafter.cfg.block_size;
+    let given = match given {
+        Some(g) => Some(g.with_replay(b, replay.rule)?),
+        None => {
+            check_positions(
+                &session.prompts,
+                replay.max_new,
+                b,
+                extra,
+                tc.max_position_embeddings,
+            )?;
+            check_end_rule(replay.max_new, replay.rule)?;
+            None
+        }
+    };
+    Ok((drafter, dprec, given))
+}
+
+/// Reads `--trajectories` (when given) into `session`: its prompts become
+/// the run's unless prompt options named them (`prompts_named`), in which
+/// case they must match ([`trajectories::attach`]).
+///
+/// Errors: as [`trajectories::attach`].
+pub fn attach_trajectories(
+    session: &mut Session,
+    file: Option<&GivenFile>,
+    prompts_named: bool,
+) -> Result<Option<Given>> {
+    file.map(|f| trajectories::attach(session, f, prompts_named))
+        .transpose()
 }
 
 /// Replays DFlash and DDTree-`budget` on every prompt's trajectory with the
-/// features `feats[k]`, drafting through `target`'s embedding and LM head.
-/// Returns the DFlash and the DDTree results per prompt.
+/// features `feats[k]`, drafting through `target`'s embedding and LM head,
+/// over `r.max_new` new tokens each. Returns the DFlash and the DDTree
+/// results per prompt.
 ///
-/// Errors: a trajectory shorter than the replay needs; mismatched counts; a
-/// tensor failure.
+/// Errors: as [`replay_upto`].
 pub fn replay_all(
     drafter: &Drafter,
     target: &TargetModel,
@@ -211,11 +241,30 @@ pub fn replay_all(
     feats: &[Tensor],
     r: Replay,
 ) -> Result<Replayed> {
-    if tokens.len() != prompt_lens.len() || tokens.len() != feats.len() {
+    let max_new = vec![r.max_new; tokens.len()];
+    replay_upto(drafter, target, tokens, prompt_lens, &max_new, feats, r)
+}
+
+/// [`replay_all`] over `max_new[k]` new tokens of prompt k (supplied
+/// trajectories of different lengths).
+///
+/// Errors: a trajectory shorter than the replay needs; mismatched counts; a
+/// tensor failure.
+pub fn replay_upto(
+    drafter: &Drafter,
+    target: &TargetModel,
+    tokens: &[Vec<u32>],
+    prompt_lens: &[usize],
+    max_new: &[usize],
+    feats: &[Tensor],
+    r: Replay,
+) -> Result<Replayed> {
+    let n = tokens.len();
+    if prompt_lens.len() != n || feats.len() != n || max_new.len() != n {
         return Err(Error::Input(format!(
-            "replay needs one prompt length and one feature tensor per trajectory: {} trajectories, {} lengths, {} feature tensors",
-            tokens.len(),
+            "replay needs one prompt length, one length and one feature tensor per trajectory: {n} trajectories, {} prompt lengths, {} lengths, {} feature tensors",
             prompt_lens.len(),
+            max_new.len(),
             feats.len()
         )));
     }
@@ -227,11 +276,9 @@ pub fn replay_all(
     };
     let mut dfl = Vec::new();
     let mut tree = Vec::new();
-    for ((toks, &n), f) in tokens.iter().zip(prompt_lens).zip(feats) {
-        dfl.push(eval::replay_dflash(&t, toks, n, f, r.max_new, r.rule)?);
-        tree.push(eval::replay_ddtree(
-            &t, toks, n, f, r.max_new, r.budget, r.rule,
-        )?);
+    for (((toks, &n), f), &m) in tokens.iter().zip(prompt_lens).zip(feats).zip(max_new) {
+        dfl.push(eval::replay_dflash(&t, toks, n, f, m, r.rule)?);
+        tree.push(eval::replay_ddtree(&t, toks, n, f, m, r.budget, r.rule)?);
     }
     Ok((dfl, tree))
 }

@@ -30,6 +30,7 @@
 pub mod sglang_dump;
 pub mod sglang_json;
 pub mod specforge;
+pub mod to_dump;
 pub mod torch_zip;
 pub mod vllm;
 
@@ -145,14 +146,23 @@ pub struct ImportOptions {
     pub rank: Option<usize>,
 }
 
-/// Where a stored state lands in transformers' convention.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// Where a stored state lands in transformers' convention. Serialised as
+/// the index (a number) or `"last_layer_output"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum StateIndex {
     /// `hidden_states[i]`.
     Hidden(usize),
     /// The raw output of the last decoder layer, before the final norm (no `hidden_states` index).
     LastLayerOutput,
+}
+
+impl Serialize for StateIndex {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            StateIndex::Hidden(i) => s.serialize_u64(*i as u64),
+            StateIndex::LastLayerOutput => s.serialize_str("last_layer_output"),
+        }
+    }
 }
 
 impl fmt::Display for StateIndex {
@@ -263,7 +273,8 @@ pub struct Imported {
     pub hidden_size: usize,
     /// N, when known (from the options).
     pub num_layers: Option<usize>,
-    /// The dtype the engine stored (`bf16`, `f32`, `f16`, or `json-float` for SGLang JSON).
+    /// The dtype the engine stored (`bf16`, `f32`, `f16`, `f64`; SGLang JSON floats: `bf16` when every
+    /// value is a bf16 value, as `tensor.tolist()` of a bf16 tensor gives, else `json-float`).
     pub stored_dtype: String,
     /// Trailing rows removed, per prompt that had any.
     pub trimmed: Vec<Trim>,

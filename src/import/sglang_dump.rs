@@ -28,14 +28,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use candle_core::Tensor;
+mod steps;
 
-use super::torch_zip;
-use super::{
-    as_2d, check_width, files_under, Format, ImportOptions, Imported, ImportedPrompt, IndexMapping,
-    LayerMapping, StateIndex,
-};
+use super::{files_under, ImportOptions, Imported, StateIndex};
 use crate::error::{Error, Result};
+use steps::{Reader, Steps};
 
 /// The tags of a dumper file name (`step=0___rank=1___…___layer_id=3.pt`).
 #[derive(Debug, Clone)]
@@ -218,31 +215,26 @@ pub fn state_of(
     Ok(None)
 }
 
-struct Seq {
-    ids: Vec<i64>,
-    states: BTreeMap<StateIndex, Vec<Tensor>>,
-    extended_at: Option<u64>,
-    steps: Vec<u64>,
+/// The rank read: [`ImportOptions::rank`] when present in the dump, else the lowest.
+fn choose_rank(dir: &Path, files: &[DumpFile], opts: &ImportOptions) -> Result<u64> {
+    let ranks: BTreeSet<u64> = files.iter().map(|f| f.rank).collect();
+    match opts.rank {
+        Some(r) if !ranks.contains(&(r as u64)) => Err(Error::Input(format!(
+            "{}: no files of rank {r} (ranks present: {ranks:?})",
+            dir.display()
+        ))),
+        Some(r) => Ok(r as u64),
+        None => {
+            ranks.iter().next().copied().ok_or_else(|| {
+                Error::Input(format!("{}: no SGLang dumper files here", dir.display()))
+            })
+        }
+    }
 }
 
-/// Reads a dump folder (or one dump file and the files of its step).
-pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
-    let (dir, files, only_step) = collect(path)?;
-    let ranks: BTreeSet<u64> = files.iter().map(|f| f.rank).collect();
-    let rank = match opts.rank {
-        Some(r) if !ranks.contains(&(r as u64)) => {
-            return Err(Error::Input(format!(
-                "{}: no files of rank {r} (ranks present: {ranks:?})",
-                dir.display()
-            )))
-        }
-        Some(r) => r as u64,
-        None => *ranks.iter().next().ok_or_else(|| {
-            Error::Input(format!("{}: no SGLang dumper files here", dir.display()))
-        })?,
-    };
-    // step -> rank -> name -> file
-    let mut by_step: BTreeMap<u64, BTreeMap<u64, BTreeMap<String, DumpFile>>> = BTreeMap::new();
+/// Groups the files by step and rank; one file per name and pass.
+fn by_step(files: Vec<DumpFile>) -> Result<Steps> {
+    let mut by_step = Steps::new();
     for f in files {
         let slot = by_step
             .entry(f.step)
@@ -260,267 +252,45 @@ pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
         }
         slot.insert(f.name.clone(), f);
     }
-    let mut notes = Vec::new();
-    let mut skipped: BTreeSet<String> = BTreeSet::new();
-    let mut width = None;
-    let mut dtype = String::new();
-    let mut seqs: Vec<Seq> = Vec::new();
-    let mut layers: Option<Vec<LayerMapping>> = None;
-    let mut rank_diffs: BTreeMap<u64, f64> = BTreeMap::new();
+    Ok(by_step)
+}
+
+/// Reads a dump folder (or one dump file and the files of its step).
+pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
+    let (dir, files, only_step) = collect(path)?;
+    let rank = choose_rank(&dir, &files, opts)?;
+    let by_step = by_step(files)?;
+    let mut r = Reader {
+        dir,
+        opts,
+        rank,
+        only_step,
+        notes: Vec::new(),
+        skipped: BTreeSet::new(),
+        width: None,
+        dtype: String::new(),
+        seqs: Vec::new(),
+        layers: None,
+        rank_diffs: BTreeMap::new(),
+    };
+    let first_step = by_step.keys().next().copied();
     for (&step, per_rank) in &by_step {
         let Some(files) = per_rank.get(&rank) else {
-            notes.push(format!(
-                "step {step}: no files of rank {rank}, step skipped"
+            r.notes.push(format!(
+                "step {step} has no files of rank {rank}, step skipped"
             ));
             continue;
         };
-        let load = |f: &DumpFile, key_what: &str| -> Result<torch_zip::RawTensor> {
-            let rec = torch_zip::read_record(&f.path)?;
-            rec.tensor("value", &f.path)?.cloned().ok_or_else(|| {
-                Error::Format(format!(
-                    "{}: no `value` key ({key_what}; the dumper saves {{\"value\", \"meta\"}}); keys found: {:?}",
-                    f.path.display(),
-                    rec.keys()
-                ))
-            })
-        };
-        let ids_file = files.get("input_ids").ok_or_else(|| {
-            Error::Format(format!(
-                "{}: step {step} rank {rank} has no `input_ids` dump (name=input_ids, a core field: let \
-                 DUMPER_FILTER pass it)",
-                dir.display()
-            ))
-        })?;
-        let ids = load(ids_file, "input_ids")?
-            .to_i64(&format!("{}: key `value`", ids_file.path.display()))?;
-        let t = ids.len();
-        let positions: Vec<i64> = match files.get("positions") {
-            Some(f) => {
-                let p =
-                    load(f, "positions")?.to_i64(&format!("{}: key `value`", f.path.display()))?;
-                if p.len() != t {
-                    return Err(Error::Format(format!(
-                        "{}: {} positions for {t} input_ids",
-                        f.path.display(),
-                        p.len()
-                    )));
-                }
-                p
-            }
-            None => {
-                if step == *by_step.keys().next().expect("a step") {
-                    notes.push(
-                        "no `positions` dumps: every step is read as a new sequence from position 0".into(),
-                    );
-                }
-                (0..t as i64).collect()
-            }
-        };
-        // states of this step
-        let mut states: BTreeMap<StateIndex, (Tensor, String, Option<usize>)> = BTreeMap::new();
-        for (name, f) in files {
-            if name == "input_ids" || name == "positions" {
-                continue;
-            }
-            let index = match state_of(name, opts.num_layers) {
-                Ok(Some(i)) => i,
-                Ok(None) => {
-                    skipped.insert(name.clone());
-                    continue;
-                }
-                Err(m) => return Err(Error::Input(format!("{}: {m}", f.path.display()))),
-            };
-            let layer_tag = match f.tags.get("layer_id") {
-                None => None,
-                Some(v) => Some(v.parse::<usize>().map_err(|_| {
-                    Error::Format(format!(
-                        "{}: tag layer_id={v} is not a number",
-                        f.path.display()
-                    ))
-                })?),
-            };
-            if let (StateIndex::Hidden(l), Some(tag)) = (index, layer_tag) {
-                if l != 0 && tag != l {
-                    return Err(Error::Format(format!(
-                        "{}: name says layer {l}, tag layer_id={tag}",
-                        f.path.display()
-                    )));
-                }
-            }
-            let what = format!("{}: key `value`", f.path.display());
-            let raw = load(f, name)?;
-            if dtype.is_empty() {
-                dtype = raw.storage.short_float_name().unwrap_or("?").to_string();
-            }
-            let v = as_2d(raw.to_f32(&what)?, &what)?;
-            let (r, w) = v.dims2()?;
-            if r != t {
-                return Err(Error::Format(format!(
-                    "{what} has {r} rows, the step's input_ids {t}"
-                )));
-            }
-            check_width(w, opts, &mut width, &what)?;
-            if let Some(prev) = states.get(&index) {
-                return Err(Error::Format(format!(
-                    "{}: {name} and {} both map to {index}",
-                    f.path.display(),
-                    prev.1
-                )));
-            }
-            // other ranks: the residual stream is replicated, so they must agree
-            for (&other, files_r) in per_rank {
-                if other == rank {
-                    continue;
-                }
-                if let Some(g) = files_r.get(name) {
-                    let gv = as_2d(load(g, name)?.to_f32(&what)?, &what)?;
-                    if gv.dims() != v.dims() {
-                        return Err(Error::Format(format!(
-                            "{}: shape {:?} on rank {other}, {:?} on rank {rank}: a sharded tensor, not the \
-                             replicated residual stream",
-                            g.path.display(),
-                            gv.dims(),
-                            v.dims()
-                        )));
-                    }
-                    let d = (&gv - &v)?
-                        .abs()?
-                        .flatten_all()?
-                        .max(0)?
-                        .to_scalar::<f32>()? as f64;
-                    let e = rank_diffs.entry(other).or_insert(0.0);
-                    *e = e.max(d);
-                }
-            }
-            states.insert(index, (v, name.clone(), layer_tag));
-        }
+        let (ids, positions) = r.ids_and_positions(step, files, first_step == Some(step))?;
+        let states = r.step_states(files, per_rank, ids.len())?;
         if states.is_empty() {
-            notes.push(format!(
+            r.notes.push(format!(
                 "step {step}: no residual-stream state dumped, step skipped"
             ));
             continue;
         }
-        let this_layers: Vec<LayerMapping> = states
-            .iter()
-            .map(|(i, (_, name, tag))| LayerMapping {
-                stored_as: name.clone(),
-                engine_id: *tag,
-                index: *i,
-            })
-            .collect();
-        match &layers {
-            None => layers = Some(this_layers),
-            Some(l) if *l != this_layers => {
-                return Err(Error::Format(format!(
-                    "{}: step {step} holds {:?}, earlier steps {:?}: every forward pass must dump the same tensors",
-                    dir.display(),
-                    this_layers.iter().map(|x| x.stored_as.clone()).collect::<Vec<_>>(),
-                    l.iter().map(|x| x.stored_as.clone()).collect::<Vec<_>>()
-                )))
-            }
-            Some(_) => {}
-        }
-        // runs of consecutive positions
-        let mut start = 0;
-        while start < t {
-            let mut end = start + 1;
-            while end < t && positions[end] == positions[end - 1] + 1 {
-                end += 1;
-            }
-            let p0 = positions[start];
-            let slice = |x: &Tensor| x.narrow(0, start, end - start);
-            let continues = seqs
-                .iter()
-                .position(|s| s.ids.len() as i64 == p0 && s.extended_at != Some(step));
-            let target = if p0 == 0 || (only_step.is_some() && continues.is_none()) {
-                if p0 != 0 {
-                    notes.push(format!(
-                        "step {step} read alone: its rows start at position {p0} (a decode step or a cached prefix)"
-                    ));
-                }
-                seqs.push(Seq {
-                    ids: Vec::new(),
-                    states: BTreeMap::new(),
-                    extended_at: None,
-                    steps: Vec::new(),
-                });
-                seqs.len() - 1
-            } else {
-                continues.ok_or_else(|| {
-                        Error::Format(format!(
-                            "{}: step {step} rows start at position {p0}, but no earlier forward pass left a \
-                             sequence of {p0} tokens (the dump starts mid-request, or a cached prefix was \
-                             skipped: run the server with --disable-radix-cache)",
-                            dir.display()
-                        ))
-                    })?
-            };
-            let s = &mut seqs[target];
-            s.ids.extend_from_slice(&ids[start..end]);
-            for (i, (v, _, _)) in &states {
-                s.states.entry(*i).or_default().push(slice(v)?);
-            }
-            s.extended_at = Some(step);
-            s.steps.push(step);
-            start = end;
-        }
+        r.check_layers(step, &states)?;
+        r.stitch(step, (&ids, &positions), &states)?;
     }
-    if !skipped.is_empty() {
-        notes.push(format!(
-            "{} dumped name(s) are no residual-stream state and were skipped: {}",
-            skipped.len(),
-            skipped.iter().cloned().collect::<Vec<_>>().join(", ")
-        ));
-    }
-    for (r, d) in &rank_diffs {
-        notes.push(if *d == 0.0 {
-            format!("rank {r}: bitwise equal to rank {rank} (replicated residual stream)")
-        } else {
-            format!("rank {r}: differs from rank {rank} by up to {d:.3e}; rank {rank} imported")
-        });
-    }
-    let mut prompts = Vec::new();
-    for s in seqs {
-        let mut p = ImportedPrompt {
-            source: dir.clone(),
-            input_ids: s.ids,
-            loss_mask: None,
-            hidden_states: BTreeMap::new(),
-            last_layer_output: None,
-        };
-        for (i, parts) in s.states {
-            p.insert(i, Tensor::cat(&parts, 0)?);
-        }
-        if s.steps.len() > 1 {
-            notes.push(format!(
-                "p{}: {} tokens from steps {:?} (prefill + decode)",
-                prompts.len(),
-                p.input_ids.len(),
-                s.steps
-            ));
-        }
-        prompts.push(p);
-    }
-    if prompts.is_empty() {
-        return Err(Error::Format(format!(
-            "{}: no residual-stream state among the dumped names ({})",
-            dir.display(),
-            skipped.iter().cloned().collect::<Vec<_>>().join(", ")
-        )));
-    }
-    Ok(Imported {
-        format: Format::SglangDump,
-        path: path.to_path_buf(),
-        mapping: IndexMapping {
-            format: Format::SglangDump,
-            convention: Format::SglangDump.convention().into(),
-            layers: layers.unwrap_or_default(),
-        },
-        prompts,
-        hidden_size: width.unwrap_or(0),
-        num_layers: opts.num_layers,
-        stored_dtype: dtype,
-        trimmed: Vec::new(),
-        notes,
-    })
+    r.finish(path)
 }

@@ -54,6 +54,110 @@ fn row(v: &Value, what: &str) -> Result<Vec<f32>> {
         .collect()
 }
 
+/// The rows of one response's `meta_info.hidden_states`: the prefill rows, then one per decode
+/// step. Returns the rows and how many are prefill.
+fn rows_of(r: &Value, k: usize, path: &Path) -> Result<(Vec<Vec<f32>>, usize)> {
+    let at = format!(
+        "{}: response {k} key `meta_info.hidden_states`",
+        path.display()
+    );
+    let hs = r.pointer("/meta_info/hidden_states").ok_or_else(|| {
+        Error::Format(format!(
+            "{}: response {k}: no `meta_info.hidden_states` key (request with \"return_hidden_states\": true \
+             on a server started with --enable-return-hidden-states)",
+            path.display()
+        ))
+    })?;
+    let parts = hs
+        .as_array()
+        .ok_or_else(|| Error::Format(format!("{at} is not a list")))?;
+    let Some(first) = parts.first() else {
+        return Err(Error::Format(format!("{at} is empty")));
+    };
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    // prefill: a list of rows (a single-token prompt may come as one row)
+    match first.as_array().and_then(|a| a.first()) {
+        Some(Value::Array(_)) => {
+            for (i, x) in first.as_array().expect("array").iter().enumerate() {
+                rows.push(row(x, &format!("{at}[0][{i}]"))?);
+            }
+        }
+        _ => rows.push(row(first, &format!("{at}[0]"))?),
+    }
+    let prefill = rows.len();
+    for (j, x) in parts.iter().enumerate().skip(1) {
+        // a decode row is [H] (some versions wrap it as [[H]])
+        let x = match x.as_array().map(|a| a.as_slice()) {
+            Some([inner @ Value::Array(_)]) => inner,
+            _ => x,
+        };
+        rows.push(row(x, &format!("{at}[{j}]"))?);
+    }
+    let w = rows[0].len();
+    if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| r.len() != w) {
+        return Err(Error::Format(format!(
+            "{at}: row {i} has {} values, row 0 has {w}",
+            r.len()
+        )));
+    }
+    Ok((rows, prefill))
+}
+
+/// The token sequence of one response: the prompt ids sent, then the `decode` output
+/// tokens that were fed back (checked against the prefill rows and `meta_info.prompt_tokens`).
+fn fed_ids(
+    r: &Value,
+    (k, path): (usize, &Path),
+    prompt: &[i64],
+    (prefill, decode): (usize, usize),
+) -> Result<Vec<i64>> {
+    let at = |key: &str| format!("{}: response {k} key `{key}`", path.display());
+    if prefill != prompt.len() {
+        return Err(Error::Input(format!(
+            "{}: {prefill} prefill rows but {} prompt ids were given for response {k}",
+            path.display(),
+            prompt.len()
+        )));
+    }
+    if let Some(pt) = r
+        .pointer("/meta_info/prompt_tokens")
+        .and_then(Value::as_u64)
+    {
+        if pt as usize != prompt.len() {
+            return Err(Error::Input(format!(
+                "{}: meta_info.prompt_tokens is {pt}, {} prompt ids were given for response {k}",
+                path.display(),
+                prompt.len()
+            )));
+        }
+    }
+    let mut ids = prompt.to_vec();
+    if decode > 0 {
+        let out = r
+            .get("output_ids")
+            .and_then(Value::as_array)
+            .ok_or_else(|| {
+                Error::Format(format!(
+                "{}: no `output_ids` key: the {decode} decode row(s) cannot be given their tokens",
+                path.display()
+            ))
+            })?;
+        if out.len() < decode {
+            return Err(Error::Format(format!(
+                "{}: {decode} decode rows but {} output_ids",
+                at("output_ids"),
+                out.len()
+            )));
+        }
+        for x in &out[..decode] {
+            ids.push(x.as_i64().ok_or_else(|| {
+                Error::Format(format!("{} holds {x}, not a token id", at("output_ids")))
+            })?);
+        }
+    }
+    Ok(ids)
+}
+
 /// Reads a response JSON (object or list).
 pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
@@ -84,108 +188,26 @@ pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
     let mut width = None;
     let mut prompts = Vec::new();
     let mut notes = Vec::new();
+    let mut bf16_exact = true;
     for (k, (r, prompt)) in rs.into_iter().zip(sent).enumerate() {
-        let at = |key: &str| format!("{}: response {k} key `{key}`", path.display());
-        let hs = r.pointer("/meta_info/hidden_states").ok_or_else(|| {
-            Error::Format(format!(
-                "{}: response {k}: no `meta_info.hidden_states` key (request with \"return_hidden_states\": true \
-                 on a server started with --enable-return-hidden-states)",
-                path.display()
-            ))
-        })?;
-        let parts = hs.as_array().ok_or_else(|| {
-            Error::Format(format!("{} is not a list", at("meta_info.hidden_states")))
-        })?;
-        let Some(first) = parts.first() else {
-            return Err(Error::Format(format!(
-                "{} is empty",
-                at("meta_info.hidden_states")
-            )));
-        };
-        let mut rows: Vec<Vec<f32>> = Vec::new();
-        // prefill: a list of rows (a single-token prompt may come as one row)
-        match first.as_array().and_then(|a| a.first()) {
-            Some(Value::Array(_)) => {
-                for (i, x) in first.as_array().expect("array").iter().enumerate() {
-                    rows.push(row(
-                        x,
-                        &format!("{}[0][{i}]", at("meta_info.hidden_states")),
-                    )?);
-                }
-            }
-            _ => rows.push(row(
-                first,
-                &format!("{}[0]", at("meta_info.hidden_states")),
-            )?),
-        }
-        let prefill = rows.len();
-        for (j, x) in parts.iter().enumerate().skip(1) {
-            // a decode row is [H] (some versions wrap it as [[H]])
-            let x = match x.as_array().map(|a| a.as_slice()) {
-                Some([inner @ Value::Array(_)]) => inner,
-                _ => x,
-            };
-            rows.push(row(x, &format!("{}[{j}]", at("meta_info.hidden_states")))?);
-        }
-        if prefill != prompt.len() {
-            return Err(Error::Input(format!(
-                "{}: {prefill} prefill rows but {} prompt ids were given for response {k}",
-                path.display(),
-                prompt.len()
-            )));
-        }
-        if let Some(pt) = r
-            .pointer("/meta_info/prompt_tokens")
-            .and_then(Value::as_u64)
-        {
-            if pt as usize != prompt.len() {
-                return Err(Error::Input(format!(
-                    "{}: meta_info.prompt_tokens is {pt}, {} prompt ids were given for response {k}",
-                    path.display(),
-                    prompt.len()
-                )));
-            }
-        }
+        let (rows, prefill) = rows_of(r, k, path)?;
         let decode = rows.len() - prefill;
-        let mut ids = prompt.clone();
-        if decode > 0 {
-            let out = r.get("output_ids").and_then(Value::as_array).ok_or_else(|| {
-                Error::Format(format!(
-                    "{}: no `output_ids` key: the {decode} decode row(s) cannot be given their tokens",
-                    path.display()
-                ))
-            })?;
-            if out.len() < decode {
-                return Err(Error::Format(format!(
-                    "{}: {decode} decode rows but {} output_ids",
-                    at("output_ids"),
-                    out.len()
-                )));
-            }
-            for x in &out[..decode] {
-                ids.push(x.as_i64().ok_or_else(|| {
-                    Error::Format(format!("{} holds {x}, not a token id", at("output_ids")))
-                })?);
-            }
-        }
+        let ids = fed_ids(r, (k, path), prompt, (prefill, decode))?;
         let w = rows[0].len();
-        if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| r.len() != w) {
-            return Err(Error::Format(format!(
-                "{}: row {i} has {} values, row 0 has {w}",
-                at("meta_info.hidden_states"),
-                r.len()
-            )));
-        }
         check_width(
             w,
             opts,
             &mut width,
             &format!(
-                "{} (a row wider than H is the aux capture of an EAGLE-3/DFlash target, not the final state)",
-                at("meta_info.hidden_states")
+                "{}: response {k} key `meta_info.hidden_states` (a row wider than H is the aux capture of an \
+                 EAGLE-3/DFlash target, not the final state)",
+                path.display()
             ),
         )?;
         let flat: Vec<f32> = rows.concat();
+        bf16_exact &= flat
+            .iter()
+            .all(|&x| half::bf16::from_f32(x).to_f32().to_bits() == x.to_bits());
         let t = Tensor::from_vec(flat, (ids.len(), w), &Device::Cpu)?;
         let mut p = ImportedPrompt {
             source: path.to_path_buf(),
@@ -217,7 +239,7 @@ pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
         prompts,
         hidden_size: width.unwrap_or(0),
         num_layers: Some(n),
-        stored_dtype: "json-float".into(),
+        stored_dtype: if bf16_exact { "bf16" } else { "json-float" }.into(),
         trimmed: Vec::new(),
         notes,
     })

@@ -79,14 +79,14 @@ struct OneRecord {
     notes: Vec<String>,
 }
 
-fn read_one(file: &Path, opts: &ImportOptions, width: &mut Option<usize>) -> Result<OneRecord> {
-    let rec = torch_zip::read_record(file)?;
+/// `input_ids` `[T]` and the optional `loss_mask` `[T]` of a record.
+fn ids_and_mask(rec: &Record, file: &Path) -> Result<(Vec<i64>, Option<Vec<i64>>)> {
     let what = |k: &str| format!("{}: key `{k}`", file.display());
     let ids_t = rec.tensor("input_ids", file)?.ok_or_else(|| {
         missing(
             file,
             "input_ids",
-            &rec,
+            rec,
             "every SpecForge record holds input_ids",
         )
     })?;
@@ -113,15 +113,15 @@ fn read_one(file: &Path, opts: &ImportOptions, width: &mut Option<usize>) -> Res
             Some(v)
         }
     };
-    let mut prompt = ImportedPrompt {
-        source: file.to_path_buf(),
-        input_ids,
-        loss_mask,
-        hidden_states: Default::default(),
-        last_layer_output: None,
-    };
-    let mut layers = Vec::new();
-    let mut notes = Vec::new();
+    Ok((input_ids, loss_mask))
+}
+
+/// The key holding the concatenated taps, the tap list, and whether the record is EAGLE-3's.
+fn taps_key(
+    rec: &Record,
+    opts: &ImportOptions,
+    file: &Path,
+) -> Result<(&'static str, Vec<usize>, bool)> {
     let (key, taps, is_eagle3) = if rec.get("hidden_states").is_some() {
         let taps = opts.target_layer_ids.clone().ok_or_else(|| {
             Error::Input(format!(
@@ -145,7 +145,7 @@ fn read_one(file: &Path, opts: &ImportOptions, width: &mut Option<usize>) -> Res
         return Err(missing(
             file,
             "hidden_states",
-            &rec,
+            rec,
             "a DFlash record holds hidden_states, an EAGLE-3 record aux_hidden_state",
         ));
     };
@@ -155,6 +155,19 @@ fn read_one(file: &Path, opts: &ImportOptions, width: &mut Option<usize>) -> Res
             file.display()
         )));
     }
+    Ok((key, taps, is_eagle3))
+}
+
+/// Splits `key` (`[1, T, k·H]`) into its taps; returns the stored dtype.
+fn split_taps(
+    rec: &Record,
+    (key, taps): (&str, &[usize]),
+    opts: &ImportOptions,
+    (file, width): (&Path, &mut Option<usize>),
+    out: (&mut ImportedPrompt, &mut Vec<LayerMapping>),
+) -> Result<String> {
+    let what = |k: &str| format!("{}: key `{k}`", file.display());
+    let t = out.0.input_ids.len();
     let raw = rec.tensor(key, file)?.expect("present");
     let dtype = raw
         .storage
@@ -185,46 +198,89 @@ fn read_one(file: &Path, opts: &ImportOptions, width: &mut Option<usize>) -> Res
     )?;
     for (j, &tap) in taps.iter().enumerate() {
         let index = tap_index(tap, opts, file)?;
-        prompt.insert(index, cat.narrow(1, j * h, h)?.contiguous()?);
-        layers.push(LayerMapping {
+        out.0.insert(index, cat.narrow(1, j * h, h)?.contiguous()?);
+        out.1.push(LayerMapping {
             stored_as: format!("{key}[..., {}:{}]", j * h, (j + 1) * h),
             engine_id: Some(tap),
             index,
         });
     }
-    if is_eagle3 {
-        match rec.tensor("hidden_state", file)? {
-            None => notes.push(format!(
-                "{}: no `hidden_state` (the final-normed state) in this EAGLE-3 record",
-                file.display()
-            )),
-            Some(last) => {
-                let s = as_2d(last.to_f32(&what("hidden_state"))?, &what("hidden_state"))?;
-                let (r, w) = s.dims2()?;
-                if r != t {
-                    return Err(Error::Format(format!(
-                        "{} has {r} rows, input_ids {t}",
-                        what("hidden_state")
-                    )));
-                }
-                check_width(w, opts, width, &what("hidden_state"))?;
-                match opts.num_layers {
-                    Some(n) => {
-                        prompt.insert(StateIndex::Hidden(n), s);
-                        layers.push(LayerMapping {
-                            stored_as: "hidden_state".into(),
-                            engine_id: None,
-                            index: StateIndex::Hidden(n),
-                        });
-                    }
-                    None => notes.push(format!(
-                        "{}: `hidden_state` (final-normed, hidden_states[N]) skipped: the number of layers N is \
-                         not known (pass --num-layers)",
-                        file.display()
-                    )),
-                }
-            }
+    Ok(dtype)
+}
+
+/// EAGLE-3's `hidden_state` (final-normed) at `hidden_states[N]`, or a note why not.
+fn eagle3_final(
+    rec: &Record,
+    opts: &ImportOptions,
+    (file, width): (&Path, &mut Option<usize>),
+    out: (&mut ImportedPrompt, &mut Vec<LayerMapping>),
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let what = |k: &str| format!("{}: key `{k}`", file.display());
+    let t = out.0.input_ids.len();
+    let Some(last) = rec.tensor("hidden_state", file)? else {
+        notes.push(format!(
+            "{}: no `hidden_state` (the final-normed state) in this EAGLE-3 record",
+            file.display()
+        ));
+        return Ok(());
+    };
+    let s = as_2d(last.to_f32(&what("hidden_state"))?, &what("hidden_state"))?;
+    let (r, w) = s.dims2()?;
+    if r != t {
+        return Err(Error::Format(format!(
+            "{} has {r} rows, input_ids {t}",
+            what("hidden_state")
+        )));
+    }
+    check_width(w, opts, width, &what("hidden_state"))?;
+    match opts.num_layers {
+        Some(n) => {
+            out.0.insert(StateIndex::Hidden(n), s);
+            out.1.push(LayerMapping {
+                stored_as: "hidden_state".into(),
+                engine_id: None,
+                index: StateIndex::Hidden(n),
+            });
         }
+        None => notes.push(format!(
+            "{}: `hidden_state` (final-normed, hidden_states[N]) skipped: the number of layers N is \
+             not known (pass --num-layers)",
+            file.display()
+        )),
+    }
+    Ok(())
+}
+
+fn read_one(file: &Path, opts: &ImportOptions, width: &mut Option<usize>) -> Result<OneRecord> {
+    let rec = torch_zip::read_record(file)?;
+    let (input_ids, loss_mask) = ids_and_mask(&rec, file)?;
+    let t = input_ids.len();
+    let mut prompt = ImportedPrompt {
+        source: file.to_path_buf(),
+        input_ids,
+        loss_mask,
+        hidden_states: Default::default(),
+        last_layer_output: None,
+    };
+    let mut layers = Vec::new();
+    let mut notes = Vec::new();
+    let (key, taps, is_eagle3) = taps_key(&rec, opts, file)?;
+    let dtype = split_taps(
+        &rec,
+        (key, &taps),
+        opts,
+        (file, width),
+        (&mut prompt, &mut layers),
+    )?;
+    if is_eagle3 {
+        eagle3_final(
+            &rec,
+            opts,
+            (file, width),
+            (&mut prompt, &mut layers),
+            &mut notes,
+        )?;
     }
     let known = [
         "input_ids",

@@ -101,8 +101,8 @@ fn ids_of(view: &safetensors::tensor::TensorView<'_>, what: &str) -> Result<Vec<
     })
 }
 
-/// Reads one request file or every `*.safetensors` under a folder (prompts in request-id order).
-pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
+/// The layer ids and N, checked: given, non-empty, within `0..=N`, distinct.
+fn checked_ids(path: &Path, opts: &ImportOptions) -> Result<(Vec<usize>, usize)> {
     let ids = opts.layer_ids.clone().ok_or_else(|| {
         Error::Input(format!(
             "{}: vLLM files do not record which layers they hold: pass the \
@@ -129,13 +129,6 @@ pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
             path.display()
         )));
     }
-    let index = |k: usize| {
-        if k == n {
-            StateIndex::LastLayerOutput
-        } else {
-            StateIndex::Hidden(k)
-        }
-    };
     let mut dups = ids.clone();
     dups.sort();
     dups.dedup();
@@ -145,97 +138,127 @@ pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
             path.display()
         )));
     }
+    Ok((ids, n))
+}
+
+/// Where vLLM aux id `k` lands: `hidden_states[k]`, or the pre-norm last layer for `k = N`.
+fn index_of(k: usize, n: usize) -> StateIndex {
+    if k == n {
+        StateIndex::LastLayerOutput
+    } else {
+        StateIndex::Hidden(k)
+    }
+}
+
+/// The layouts seen: `[T, L, H]`, `[L, T, H]`, and files where T = L (taken as `[T, L, H]`).
+#[derive(Default)]
+struct Layouts {
+    tlh: usize,
+    lth: usize,
+    ambiguous: usize,
+    first_tlh: Option<bool>,
+}
+
+/// One request file: its prompt and stored dtype.
+fn read_request(
+    file: &Path,
+    (ids, n): (&[usize], usize),
+    opts: &ImportOptions,
+    width: &mut Option<usize>,
+    layouts: &mut Layouts,
+) -> Result<(ImportedPrompt, String)> {
+    let what = |k: &str| format!("{}: key `{k}`", file.display());
+    let bytes = std::fs::read(file).map_err(|e| Error::io(file, e))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| Error::Format(format!("{}: not a safetensors file: {e}", file.display())))?;
+    let get = |k: &str| {
+        st.tensor(k).map_err(|_| {
+            let mut v = st.names();
+            v.sort();
+            Error::Format(format!(
+                "{}: no `{k}` key (the connector writes hidden_states and token_ids); keys found: {v:?}",
+                file.display()
+            ))
+        })
+    };
+    let tok = get("token_ids")?;
+    let token_ids = ids_of(&tok, &what("token_ids"))?;
+    if tok.shape().iter().filter(|&&d| d != 1).count() > 1 {
+        return Err(Error::Format(format!(
+            "{} has shape {:?}, expected [T]",
+            what("token_ids"),
+            tok.shape()
+        )));
+    }
+    let hs = get("hidden_states")?;
+    let Some(dt) = float_dtype(hs.dtype()) else {
+        return Err(Error::Format(format!(
+            "{} has dtype {:?}: hidden states must be floating point (BF16, F16 or F32)",
+            what("hidden_states"),
+            hs.dtype()
+        )));
+    };
+    let shape = hs.shape().to_vec();
+    let (t, l) = (token_ids.len(), ids.len());
+    if shape.len() != 3 {
+        return Err(Error::Format(format!(
+            "{} has shape {shape:?}, expected [T, L, H] (or the older [L, T, H])",
+            what("hidden_states")
+        )));
+    }
+    let tensor =
+        Tensor::from_raw_buffer(hs.data(), dt, &shape, &Device::Cpu)?.to_dtype(DType::F32)?;
+    // [T, L, H] (current) or [L, T, H] (the first connector)
+    let tlh = if shape[0] == t && shape[1] == l {
+        if t == l {
+            layouts.ambiguous += 1;
+        } else {
+            layouts.tlh += 1;
+        }
+        true
+    } else if shape[0] == l && shape[1] == t {
+        layouts.lth += 1;
+        false
+    } else {
+        return Err(Error::Format(format!(
+            "{} has shape {shape:?}: with {t} token_ids and the {l} layer ids {ids:?} it should be \
+             [{t}, {l}, H] (or the older [{l}, {t}, H]); the layer id list does not match the file",
+            what("hidden_states")
+        )));
+    };
+    check_width(shape[2], opts, width, &what("hidden_states"))?;
+    layouts.first_tlh.get_or_insert(tlh);
+    let mut prompt = ImportedPrompt {
+        source: file.to_path_buf(),
+        input_ids: token_ids,
+        loss_mask: None,
+        hidden_states: Default::default(),
+        last_layer_output: None,
+    };
+    for (j, &k) in ids.iter().enumerate() {
+        let s = if tlh {
+            tensor.narrow(1, j, 1)?.squeeze(1)?
+        } else {
+            tensor.get(j)?
+        };
+        prompt.insert(index_of(k, n), s.contiguous()?);
+    }
+    Ok((prompt, short(hs.dtype())))
+}
+
+/// Reads one request file or every `*.safetensors` under a folder (prompts in request-id order).
+pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
+    let (ids, n) = checked_ids(path, opts)?;
     let files = request_files(path)?;
     let mut width = None;
     let mut prompts = Vec::new();
     let mut notes = Vec::new();
     let mut dtype = String::new();
-    let mut layouts = (0usize, 0usize, 0usize); // [T, L, H], [L, T, H], ambiguous
-    let mut first_tlh = None;
+    let mut layouts = Layouts::default();
     for file in &files {
-        let what = |k: &str| format!("{}: key `{k}`", file.display());
-        let bytes = std::fs::read(file).map_err(|e| Error::io(file, e))?;
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| {
-            Error::Format(format!("{}: not a safetensors file: {e}", file.display()))
-        })?;
-        let get = |k: &str| {
-            st.tensor(k).map_err(|_| {
-                Error::Format(format!(
-                    "{}: no `{k}` key (the connector writes hidden_states and token_ids); keys found: {:?}",
-                    file.display(),
-                    {
-                        let mut v = st.names();
-                        v.sort();
-                        v
-                    }
-                ))
-            })
-        };
-        let tok = get("token_ids")?;
-        let token_ids = ids_of(&tok, &what("token_ids"))?;
-        if tok.shape().iter().filter(|&&d| d != 1).count() > 1 {
-            return Err(Error::Format(format!(
-                "{} has shape {:?}, expected [T]",
-                what("token_ids"),
-                tok.shape()
-            )));
-        }
-        let hs = get("hidden_states")?;
-        let Some(dt) = float_dtype(hs.dtype()) else {
-            return Err(Error::Format(format!(
-                "{} has dtype {:?}: hidden states must be floating point (BF16, F16 or F32)",
-                what("hidden_states"),
-                hs.dtype()
-            )));
-        };
+        let (prompt, dt) = read_request(file, (&ids, n), opts, &mut width, &mut layouts)?;
         if dtype.is_empty() {
-            dtype = short(hs.dtype());
-        }
-        let shape = hs.shape().to_vec();
-        let t = token_ids.len();
-        let l = ids.len();
-        if shape.len() != 3 {
-            return Err(Error::Format(format!(
-                "{} has shape {shape:?}, expected [T, L, H] (or the older [L, T, H])",
-                what("hidden_states")
-            )));
-        }
-        let tensor =
-            Tensor::from_raw_buffer(hs.data(), dt, &shape, &Device::Cpu)?.to_dtype(DType::F32)?;
-        // [T, L, H] (current) or [L, T, H] (the first connector)
-        let tlh = if shape[0] == t && shape[1] == l {
-            if t == l {
-                layouts.2 += 1;
-            } else {
-                layouts.0 += 1;
-            }
-            true
-        } else if shape[0] == l && shape[1] == t {
-            layouts.1 += 1;
-            false
-        } else {
-            return Err(Error::Format(format!(
-                "{} has shape {shape:?}: with {t} token_ids and the {l} layer ids {ids:?} it should be \
-                 [{t}, {l}, H] (or the older [{l}, {t}, H]); the layer id list does not match the file",
-                what("hidden_states")
-            )));
-        };
-        check_width(shape[2], opts, &mut width, &what("hidden_states"))?;
-        first_tlh.get_or_insert(tlh);
-        let mut prompt = ImportedPrompt {
-            source: file.clone(),
-            input_ids: token_ids,
-            loss_mask: None,
-            hidden_states: Default::default(),
-            last_layer_output: None,
-        };
-        for (j, &k) in ids.iter().enumerate() {
-            let s = if tlh {
-                tensor.narrow(1, j, 1)?.squeeze(1)?
-            } else {
-                tensor.get(j)?
-            };
-            prompt.insert(index(k), s.contiguous()?);
+            dtype = dt;
         }
         prompts.push(prompt);
     }
@@ -243,25 +266,25 @@ pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
         .iter()
         .enumerate()
         .map(|(j, &k)| LayerMapping {
-            stored_as: if first_tlh == Some(false) {
+            stored_as: if layouts.first_tlh == Some(false) {
                 format!("hidden_states[{j}]")
             } else {
                 format!("hidden_states[:, {j}]")
             },
             engine_id: Some(k),
-            index: index(k),
+            index: index_of(k, n),
         })
         .collect();
-    if layouts.1 > 0 {
+    if layouts.lth > 0 {
         notes.push(format!(
             "{} file(s) in the older [L, T, H] layout (first ExampleHiddenStatesConnector), read as such",
-            layouts.1
+            layouts.lth
         ));
     }
-    if layouts.2 > 0 {
+    if layouts.ambiguous > 0 {
         notes.push(format!(
             "{} file(s) with T = L = {}: layout taken as the current [T, L, H]",
-            layouts.2,
+            layouts.ambiguous,
             ids.len()
         ));
     }

@@ -50,6 +50,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
 use candle_core::{Device, Tensor};
+use serde::Serialize;
 
 use crate::checkpoint::{TensorHeader, Weights};
 use crate::error::{Error, Result};
@@ -80,7 +81,8 @@ impl ConversionScope {
 }
 
 /// One of the two expert `WeightConverter`s of `mapping["qwen2_moe"]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FusionRule {
     /// gate and up projections → `mlp.experts.gate_up_proj` `[E, 2I, H]`.
     GateUp,
@@ -114,7 +116,7 @@ impl FusionRule {
 }
 
 /// One fused expert parameter of a [`ConversionPlan`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FusedParam {
     /// Its name in checkpoint naming: the per-expert keys' prefix +
     /// `mlp.experts.gate_up_proj` / `mlp.experts.down_proj`.
@@ -285,6 +287,169 @@ fn expert_range(set: &BTreeSet<usize>) -> String {
     out.join(", ")
 }
 
+/// One group's per-expert tensors: `(expert, projection)` → header.
+type Group<'h> = BTreeMap<(usize, Proj), &'h TensorHeader>;
+
+/// The per-expert keys `scope` covers, grouped by their prefix (everything
+/// before `mlp.experts.`).
+///
+/// Errors: two keys for the same expert and projection ([`Error::Checkpoint`]).
+fn group_expert_keys(
+    headers: &[TensorHeader],
+    scope: ConversionScope,
+) -> Result<BTreeMap<&str, Group<'_>>> {
+    let mut groups: BTreeMap<&str, Group<'_>> = BTreeMap::new();
+    for t in headers.iter().filter(|t| scope.covers(&t.name)) {
+        let Some((prefix, e, proj)) = parse_expert_key(&t.name) else {
+            continue;
+        };
+        if let Some(prev) = groups.entry(prefix).or_default().insert((e, proj), t) {
+            return Err(Error::Checkpoint(format!(
+                "tensors {} and {} are both expert {e}'s {} of {prefix}mlp.experts",
+                prev.name,
+                t.name,
+                proj.name()
+            )));
+        }
+    }
+    Ok(groups)
+}
+
+/// Refuses a group whose fused name is on disk as well.
+fn check_not_also_fused(experts: &str, g: &Group<'_>, names: &BTreeSet<&str>) -> Result<()> {
+    for rule in [FusionRule::GateUp, FusionRule::Down] {
+        let n = format!("{experts}.{}", rule.target());
+        if names.contains(n.as_str()) {
+            return Err(Error::Checkpoint(format!(
+                "{n} is on disk fused and per expert ({} …): transformers would load one of them into \
+                 the same parameter; keep one layout",
+                g.values().next().expect("non-empty group").name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an index gap (an index `>= num_experts`) or a missing expert.
+fn check_indices(experts: &str, g: &Group<'_>, num_experts: usize) -> Result<()> {
+    let present: BTreeSet<usize> = g.keys().map(|(e, _)| *e).collect();
+    let missing: BTreeSet<usize> = (0..num_experts).filter(|e| !present.contains(e)).collect();
+    if let Some(extra) = present.range(num_experts..).next() {
+        let first_missing = missing
+            .iter()
+            .next()
+            .map(|m| format!("expert {m} is missing and "))
+            .unwrap_or_default();
+        return Err(Error::Checkpoint(format!(
+            "{experts}: expert index gap: {first_missing}expert {extra} is present, but config.json has \
+             num_experts = {num_experts} (indices on disk: {}); transformers 5.23 stacks the experts in \
+             index order and loads them into the wrong slots without a warning",
+            expert_range(&present)
+        )));
+    }
+    if let Some(m) = missing.iter().next() {
+        return Err(Error::Checkpoint(format!(
+            "{experts}: expert {m} is missing ({} of {num_experts} experts on disk: {}); transformers \
+             5.23 fails with a size mismatch",
+            present.len(),
+            expert_range(&present)
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses an expert without one of its three projections.
+fn check_projections(experts: &str, g: &Group<'_>, num_experts: usize) -> Result<()> {
+    const ALL: [Proj; 3] = [Proj::Gate, Proj::Up, Proj::Down];
+    for e in 0..num_experts {
+        if let Some(proj) = ALL.into_iter().find(|p| !g.contains_key(&(e, *p))) {
+            let have: Vec<&str> = ALL
+                .into_iter()
+                .filter(|p| g.contains_key(&(e, *p)))
+                .map(Proj::name)
+                .collect();
+            return Err(Error::Checkpoint(format!(
+                "{experts}: expert {e} has {} but no {} ({experts}.{e}.{}.weight is missing); \
+                 transformers 5.23 fails the expert conversion",
+                have.join(" and "),
+                proj.name(),
+                proj.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `(I, H)` from expert 0's gate projection; refuses a projection of
+/// another shape (`gate`/`up` `[I, H]`, `down` `[H, I]`).
+fn check_shapes(experts: &str, g: &Group<'_>, num_experts: usize) -> Result<(usize, usize)> {
+    let gate0 = &g[&(0, Proj::Gate)].shape;
+    let [i, h] = gate0[..] else {
+        return Err(Error::Checkpoint(format!(
+            "{experts}: expert 0's gate_proj.weight has shape {gate0:?}, expected [I, H]"
+        )));
+    };
+    for e in 0..num_experts {
+        for (proj, want) in [
+            (Proj::Gate, [i, h]),
+            (Proj::Up, [i, h]),
+            (Proj::Down, [h, i]),
+        ] {
+            let t = g[&(e, proj)];
+            if t.shape[..] != want {
+                return Err(Error::Checkpoint(format!(
+                    "{experts}: expert {e}'s {}.weight has shape {:?}, expert 0's projections give {:?} \
+                     (gate/up [I, H] = [{i}, {h}], down [H, I]); transformers 5.23 cannot stack unequal experts",
+                    proj.name(),
+                    t.shape,
+                    want
+                )));
+            }
+        }
+    }
+    Ok((i, h))
+}
+
+/// The two fused parameters of a checked group.
+fn fused_pair(
+    experts: &str,
+    g: &Group<'_>,
+    num_experts: usize,
+    (i, h): (usize, usize),
+) -> [FusedParam; 2] {
+    let dtypes = |projs: &[Proj]| -> Vec<String> {
+        let s: BTreeSet<&str> = g
+            .iter()
+            .filter(|((_, p), _)| projs.contains(p))
+            .map(|(_, t)| t.dtype.as_str())
+            .collect();
+        s.into_iter().map(str::to_string).collect()
+    };
+    let keys = |proj: Proj| -> Vec<String> {
+        (0..num_experts)
+            .map(|e| g[&(e, proj)].name.clone())
+            .collect()
+    };
+    let mut gate_up = keys(Proj::Gate);
+    gate_up.extend(keys(Proj::Up));
+    [
+        FusedParam {
+            name: format!("{experts}.gate_up_proj"),
+            rule: FusionRule::GateUp,
+            sources: gate_up,
+            shape: vec![num_experts, 2 * i, h],
+            dtypes: dtypes(&[Proj::Gate, Proj::Up]),
+        },
+        FusedParam {
+            name: format!("{experts}.down_proj"),
+            rule: FusionRule::Down,
+            sources: keys(Proj::Down),
+            shape: vec![num_experts, h, i],
+            dtypes: dtypes(&[Proj::Down]),
+        },
+    ]
+}
+
 /// The expert fusion a loading path with `scope` applies to a checkpoint with
 /// these headers, for a config with `num_experts` experts per layer
 /// (`text_config.num_experts`, the MTP layer included). Header-only.
@@ -305,137 +470,16 @@ pub fn plan(
     scope: ConversionScope,
     num_experts: usize,
 ) -> Result<ConversionPlan> {
-    type Group<'h> = BTreeMap<(usize, Proj), &'h TensorHeader>;
-    let mut groups: BTreeMap<&str, Group<'_>> = BTreeMap::new();
+    let groups = group_expert_keys(headers, scope)?;
     let names: BTreeSet<&str> = headers.iter().map(|t| t.name.as_str()).collect();
-    for t in headers {
-        if !scope.covers(&t.name) {
-            continue;
-        }
-        let Some((prefix, e, proj)) = parse_expert_key(&t.name) else {
-            continue;
-        };
-        if let Some(prev) = groups.entry(prefix).or_default().insert((e, proj), t) {
-            return Err(Error::Checkpoint(format!(
-                "tensors {} and {} are both expert {e}'s {} of {prefix}mlp.experts",
-                prev.name,
-                t.name,
-                proj.name()
-            )));
-        }
-    }
     let mut fused = Vec::new();
     for (prefix, g) in &groups {
         let experts = format!("{prefix}mlp.experts");
-        for rule in [FusionRule::GateUp, FusionRule::Down] {
-            let n = format!("{experts}.{}", rule.target());
-            if names.contains(n.as_str()) {
-                return Err(Error::Checkpoint(format!(
-                    "{n} is on disk fused and per expert ({} …): transformers would load one of them into \
-                     the same parameter; keep one layout",
-                    g.values().next().expect("non-empty group").name
-                )));
-            }
-        }
-        let present: BTreeSet<usize> = g.keys().map(|(e, _)| *e).collect();
-        let missing: BTreeSet<usize> = (0..num_experts).filter(|e| !present.contains(e)).collect();
-        let extra: BTreeSet<usize> = present.range(num_experts..).copied().collect();
-        if !extra.is_empty() {
-            let first_missing = missing
-                .iter()
-                .next()
-                .map(|m| format!("expert {m} is missing and "))
-                .unwrap_or_default();
-            return Err(Error::Checkpoint(format!(
-                "{experts}: expert index gap: {first_missing}expert {} is present, but config.json has \
-                 num_experts = {num_experts} (indices on disk: {}); transformers 5.23 stacks the experts in \
-                 index order and loads them into the wrong slots without a warning",
-                extra.iter().next().expect("non-empty"),
-                expert_range(&present)
-            )));
-        }
-        if let Some(m) = missing.iter().next() {
-            return Err(Error::Checkpoint(format!(
-                "{experts}: expert {m} is missing ({} of {num_experts} experts on disk: {}); transformers \
-                 5.23 fails with a size mismatch",
-                present.len(),
-                expert_range(&present)
-            )));
-        }
-        for e in 0..num_experts {
-            for proj in [Proj::Gate, Proj::Up, Proj::Down] {
-                if !g.contains_key(&(e, proj)) {
-                    let have: Vec<&str> = [Proj::Gate, Proj::Up, Proj::Down]
-                        .into_iter()
-                        .filter(|p| g.contains_key(&(e, *p)))
-                        .map(Proj::name)
-                        .collect();
-                    return Err(Error::Checkpoint(format!(
-                        "{experts}: expert {e} has {} but no {} ({experts}.{e}.{}.weight is missing); \
-                         transformers 5.23 fails the expert conversion",
-                        have.join(" and "),
-                        proj.name(),
-                        proj.name()
-                    )));
-                }
-            }
-        }
-        let gate0 = &g[&(0, Proj::Gate)].shape;
-        let (i, h) = match gate0[..] {
-            [i, h] => (i, h),
-            _ => {
-                return Err(Error::Checkpoint(format!(
-                    "{experts}: expert 0's gate_proj.weight has shape {gate0:?}, expected [I, H]"
-                )))
-            }
-        };
-        for e in 0..num_experts {
-            for (proj, want) in [
-                (Proj::Gate, [i, h]),
-                (Proj::Up, [i, h]),
-                (Proj::Down, [h, i]),
-            ] {
-                let t = g[&(e, proj)];
-                if t.shape[..] != want {
-                    return Err(Error::Checkpoint(format!(
-                        "{experts}: expert {e}'s {}.weight has shape {:?}, expert 0's projections give {:?} \
-                         (gate/up [I, H] = [{i}, {h}], down [H, I]); transformers 5.23 cannot stack unequal experts",
-                        proj.name(),
-                        t.shape,
-                        want
-                    )));
-                }
-            }
-        }
-        let dtypes = |projs: &[Proj]| -> Vec<String> {
-            let s: BTreeSet<&str> = g
-                .iter()
-                .filter(|((_, p), _)| projs.contains(p))
-                .map(|(_, t)| t.dtype.as_str())
-                .collect();
-            s.into_iter().map(str::to_string).collect()
-        };
-        let keys = |proj: Proj| -> Vec<String> {
-            (0..num_experts)
-                .map(|e| g[&(e, proj)].name.clone())
-                .collect()
-        };
-        let mut gate_up = keys(Proj::Gate);
-        gate_up.extend(keys(Proj::Up));
-        fused.push(FusedParam {
-            name: format!("{experts}.gate_up_proj"),
-            rule: FusionRule::GateUp,
-            sources: gate_up,
-            shape: vec![num_experts, 2 * i, h],
-            dtypes: dtypes(&[Proj::Gate, Proj::Up]),
-        });
-        fused.push(FusedParam {
-            name: format!("{experts}.down_proj"),
-            rule: FusionRule::Down,
-            sources: keys(Proj::Down),
-            shape: vec![num_experts, h, i],
-            dtypes: dtypes(&[Proj::Down]),
-        });
+        check_not_also_fused(&experts, g, &names)?;
+        check_indices(&experts, g, num_experts)?;
+        check_projections(&experts, g, num_experts)?;
+        let ih = check_shapes(&experts, g, num_experts)?;
+        fused.extend(fused_pair(&experts, g, num_experts, ih));
     }
     fused.sort_by(|a, b| dot_natural_cmp(&a.name, &b.name));
     Ok(ConversionPlan { scope, fused })
@@ -496,148 +540,4 @@ pub fn fused_expert(weights: &Weights, name: &str, e: usize, prec: Precision) ->
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn h(name: &str, shape: &[usize]) -> TensorHeader {
-        TensorHeader {
-            name: name.into(),
-            dtype: "BF16".into(),
-            shape: shape.to_vec(),
-            data_offsets: (0, 0),
-            shard: 0,
-        }
-    }
-
-    fn per_expert(prefix: &str, e: usize) -> Vec<TensorHeader> {
-        (0..e)
-            .flat_map(|i| {
-                [
-                    h(
-                        &format!("{prefix}mlp.experts.{i}.gate_proj.weight"),
-                        &[4, 8],
-                    ),
-                    h(&format!("{prefix}mlp.experts.{i}.up_proj.weight"), &[4, 8]),
-                    h(
-                        &format!("{prefix}mlp.experts.{i}.down_proj.weight"),
-                        &[8, 4],
-                    ),
-                ]
-            })
-            .collect()
-    }
-
-    #[test]
-    fn parses_only_per_expert_weights() {
-        assert_eq!(
-            parse_expert_key("model.language_model.layers.3.mlp.experts.12.up_proj.weight"),
-            Some(("model.language_model.layers.3.", 12, Proj::Up))
-        );
-        assert_eq!(
-            parse_expert_key("mlp.experts.0.down_proj.weight"),
-            Some(("", 0, Proj::Down))
-        );
-        for k in [
-            "model.layers.0.mlp.experts.gate_up_proj",
-            "model.layers.0.mlp.experts.0.gate_proj.weight_scale_inv",
-            "model.layers.0.mlp.shared_expert.gate_proj.weight",
-            "model.layers.0.xmlp.experts.0.gate_proj.weight",
-            "model.layers.0.mlp.experts.a.gate_proj.weight",
-        ] {
-            assert_eq!(parse_expert_key(k), None, "{k}");
-        }
-    }
-
-    #[test]
-    fn natural_order_matches_transformers() {
-        let mut v = vec![
-            "l.experts.10.w",
-            "l.experts.9.w",
-            "l.experts.2.w",
-            "l.shard_11",
-            "l.shard_2",
-            "l.a",
-        ];
-        v.sort_by(|a, b| dot_natural_cmp(a, b));
-        assert_eq!(
-            v,
-            [
-                "l.a",
-                "l.experts.2.w",
-                "l.experts.9.w",
-                "l.experts.10.w",
-                "l.shard_2",
-                "l.shard_11"
-            ]
-        );
-    }
-
-    #[test]
-    fn orders_sources_numerically_and_scopes() {
-        let mut hs = per_expert("model.language_model.layers.0.", 12);
-        hs.extend(per_expert("mtp.layers.0.", 12));
-        hs.reverse();
-        let p = plan(&hs, ConversionScope::Unscoped, 12).unwrap();
-        assert_eq!(p.fused.len(), 4);
-        assert_eq!(p.converted_keys(), 72);
-        let gu = p
-            .get("model.language_model.layers.0.mlp.experts.gate_up_proj")
-            .unwrap();
-        assert_eq!(gu.shape, [12, 8, 8]);
-        assert_eq!(
-            gu.sources[10],
-            "model.language_model.layers.0.mlp.experts.10.gate_proj.weight"
-        );
-        assert_eq!(
-            gu.sources[12],
-            "model.language_model.layers.0.mlp.experts.0.up_proj.weight"
-        );
-        assert_eq!(p.under("mtp.").count(), 2);
-        let v = plan(&hs, ConversionScope::LanguageModel, 12).unwrap();
-        assert_eq!(v.fused.len(), 2);
-        assert_eq!(v.under("mtp.").count(), 0);
-    }
-
-    #[test]
-    fn refuses_broken_groups_naming_the_expert() {
-        let base = per_expert("m.", 4);
-        let err = |hs: Vec<TensorHeader>| {
-            plan(&hs, ConversionScope::Unscoped, 4)
-                .unwrap_err()
-                .to_string()
-        };
-        let e = err(base[..9].to_vec());
-        assert!(e.contains("expert 3 is missing"), "{e}");
-        let mut gap = base.clone();
-        for t in gap.iter_mut().filter(|t| t.name.contains(".2.")) {
-            t.name = t.name.replace(".2.", ".4.");
-        }
-        let e = err(gap);
-        assert!(
-            e.contains("expert 2 is missing and expert 4 is present"),
-            "{e}"
-        );
-        let e = err(base
-            .iter()
-            .filter(|t| t.name != "m.mlp.experts.1.up_proj.weight")
-            .cloned()
-            .collect());
-        assert!(
-            e.contains("expert 1 has gate_proj and down_proj but no up_proj"),
-            "{e}"
-        );
-        let mut bad = base.clone();
-        bad[6].shape = vec![3, 8];
-        let e = err(bad);
-        assert!(
-            e.contains("expert 2's gate_proj.weight has shape [3, 8]"),
-            "{e}"
-        );
-        let mut both = base.clone();
-        both.push(h("m.mlp.experts.down_proj", &[4, 8, 4]));
-        assert!(err(both).contains("fused and per expert"));
-        let mut dup = base;
-        dup.push(h("m.mlp.experts.01.gate_proj.weight", &[4, 8]));
-        assert!(err(dup).contains("both expert 1's gate_proj"));
-    }
-}
+mod tests;

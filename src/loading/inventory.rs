@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::checkpoint::config::TextConfig;
 use crate::checkpoint::{Checkpoint, ResolvedSource};
 use crate::error::Result;
+use crate::loading::conversion::Converted;
 use crate::loading::paths::{LoadingPath, ModelClass};
 use crate::loading::resolve::resolve;
 use crate::loading::view::TensorView;
@@ -35,6 +36,9 @@ pub struct ComponentCount {
 
 /// What one loading path does with the checkpoint (`inventory --json`,
 /// `docs/report-schema.md` §2.3). Invariant: `tensors == consumed + missing`.
+/// `consumed` counts state-dict entries; `dropped_by_rule` and `unexpected`
+/// count checkpoint keys (an `mtp.*` expert parameter fused then dropped
+/// counts its per-expert keys), as transformers' load report does.
 #[derive(Debug, Clone, Serialize)]
 pub struct PathInventory {
     /// Path name: `causal-lm`, `vlm`, `image-text-to-text`.
@@ -52,14 +56,22 @@ pub struct PathInventory {
     pub tensors: usize,
     /// State-dict entries filled from checkpoint bytes (a tied lm_head counts: it reads the embedding).
     pub consumed: usize,
-    /// Checkpoint tensors dropped silently by `_keys_to_ignore_on_load_unexpected`.
+    /// Checkpoint keys dropped silently by `_keys_to_ignore_on_load_unexpected`.
     pub dropped_by_rule: usize,
-    /// Checkpoint tensors the model has no place for (reported UNEXPECTED, then dropped).
+    /// Checkpoint keys the model has no place for (reported UNEXPECTED, then dropped).
     pub unexpected: usize,
     /// State-dict entries absent from the checkpoint (reported MISSING, newly initialised).
     pub missing: usize,
     /// True when `lm_head.weight` takes the embedding's values (or the reverse).
     pub tied_lm_head: bool,
+    /// The expert conversion (MoE families only; absent for the dense ones):
+    /// checkpoint keys fused into parameters, per rule, and those fused then
+    /// dropped. A fused parameter counts once in `consumed`; the keys it was
+    /// fused from count in `converted.checkpoint_keys`, so the checkpoint
+    /// keys this path reads are `consumed − converted.parameters +
+    /// converted.checkpoint_keys` (a tied `lm_head` aside).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub converted: Option<Converted>,
     /// Renames that applied (`"model.language_model.X -> model.X"`) and ignore rules (`"ignore ^mtp.*"`).
     pub rules: Vec<String>,
     /// Missing state-dict keys (model naming).

@@ -7,6 +7,7 @@
 //! source files and functions, in `docs/architecture.md` ("loading paths")
 //! and the README's "How the loading paths really diverge".
 
+pub mod conversion;
 pub mod experts;
 pub mod inventory;
 pub mod paths;
@@ -16,6 +17,7 @@ pub mod source;
 pub mod spec;
 pub mod view;
 
+pub use conversion::{Converted, ConvertedRule, DroppedConversion};
 pub use inventory::{
     inventory, ComponentCount, Inventory, PathInventory, ResolvedPath, SCHEMA_VERSION,
 };

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::config::ModelConfig;
 use crate::checkpoint::HeaderIndex;
 use crate::error::{Error, Result};
+use crate::loading::experts::ConversionScope;
 use crate::precision::Precision;
 
 /// A transformers Auto class applied to the checkpoint.
@@ -56,7 +57,23 @@ impl LoadingPath {
     /// Auto class has no mapping for the config's `model_type`
     /// (`image-text-to-text` on a `qwen3_5_text` config).
     pub fn class_for(self, cfg: &ModelConfig) -> Option<ModelClass> {
-        if cfg.text.family == crate::checkpoint::config::Family::Qwen3 {
+        use crate::checkpoint::config::Family;
+        if cfg.text.family == Family::Qwen3_5Moe {
+            // modeling_auto.py: MODEL_FOR_CAUSAL_LM_MAPPING qwen3_5_moe and
+            // qwen3_5_moe_text -> Qwen3_5MoeForCausalLM; MODEL_MAPPING
+            // qwen3_5_moe -> Qwen3_5MoeModel, qwen3_5_moe_text ->
+            // Qwen3_5MoeTextModel; image-text-to-text for qwen3_5_moe only.
+            return match (self, cfg.is_vlm()) {
+                (LoadingPath::CausalLm, _) => Some(ModelClass::MoeForCausalLm),
+                (LoadingPath::Vlm, true) => Some(ModelClass::MoeModel),
+                (LoadingPath::Vlm, false) => Some(ModelClass::MoeTextModel),
+                (LoadingPath::ImageTextToText, true) => {
+                    Some(ModelClass::MoeForConditionalGeneration)
+                }
+                (LoadingPath::ImageTextToText, false) => None,
+            };
+        }
+        if cfg.text.family == Family::Qwen3 {
             // MODEL_FOR_CAUSAL_LM_MAPPING qwen3 -> Qwen3ForCausalLM,
             // MODEL_MAPPING qwen3 -> Qwen3Model, no image-text-to-text entry.
             return match self {
@@ -74,8 +91,8 @@ impl LoadingPath {
         }
     }
 
-    /// The paths that apply to `cfg` (all three for `qwen3_5`; `causal-lm`
-    /// and `vlm` for `qwen3_5_text`).
+    /// The paths that apply to `cfg` (all three for `qwen3_5` and
+    /// `qwen3_5_moe`; `causal-lm` and `vlm` for the text-only types and `qwen3`).
     pub fn applicable(cfg: &ModelConfig) -> Vec<LoadingPath> {
         Self::ALL
             .into_iter()
@@ -124,6 +141,14 @@ pub enum ModelClass {
     Qwen3ForCausalLm,
     /// `Qwen3Model` (what `AutoModel` returns for `qwen3`): `embed_tokens`, `layers.*`, `norm`.
     Qwen3Model,
+    /// `Qwen3_5MoeForCausalLM`: `model.*` (text) + `lm_head`; config = `text_config`.
+    MoeForCausalLm,
+    /// `Qwen3_5MoeModel`: `visual.*` + `language_model.*`, no `lm_head`.
+    MoeModel,
+    /// `Qwen3_5MoeTextModel` (`AutoModel` on a `qwen3_5_moe_text` config).
+    MoeTextModel,
+    /// `Qwen3_5MoeForConditionalGeneration`: `model.visual.*`, `model.language_model.*`, `lm_head`.
+    MoeForConditionalGeneration,
 }
 
 impl ModelClass {
@@ -136,6 +161,10 @@ impl ModelClass {
             ModelClass::ForConditionalGeneration => "Qwen3_5ForConditionalGeneration",
             ModelClass::Qwen3ForCausalLm => "Qwen3ForCausalLM",
             ModelClass::Qwen3Model => "Qwen3Model",
+            ModelClass::MoeForCausalLm => "Qwen3_5MoeForCausalLM",
+            ModelClass::MoeModel => "Qwen3_5MoeModel",
+            ModelClass::MoeTextModel => "Qwen3_5MoeTextModel",
+            ModelClass::MoeForConditionalGeneration => "Qwen3_5MoeForConditionalGeneration",
         }
     }
 
@@ -146,6 +175,8 @@ impl ModelClass {
             ModelClass::ForCausalLm
                 | ModelClass::ForConditionalGeneration
                 | ModelClass::Qwen3ForCausalLm
+                | ModelClass::MoeForCausalLm
+                | ModelClass::MoeForConditionalGeneration
         )
     }
 
@@ -159,6 +190,8 @@ impl ModelClass {
                 | ModelClass::TextModel
                 | ModelClass::Qwen3ForCausalLm
                 | ModelClass::Qwen3Model
+                | ModelClass::MoeForCausalLm
+                | ModelClass::MoeTextModel
         )
     }
 
@@ -171,30 +204,53 @@ impl ModelClass {
     /// Prefix of text-model keys in this class's state dict.
     pub fn text_prefix(self) -> &'static str {
         match self {
-            ModelClass::ForCausalLm | ModelClass::Qwen3ForCausalLm => "model.",
-            ModelClass::Model => "language_model.",
-            ModelClass::TextModel | ModelClass::Qwen3Model => "",
-            ModelClass::ForConditionalGeneration => "model.language_model.",
+            ModelClass::ForCausalLm | ModelClass::Qwen3ForCausalLm | ModelClass::MoeForCausalLm => {
+                "model."
+            }
+            ModelClass::Model | ModelClass::MoeModel => "language_model.",
+            ModelClass::TextModel | ModelClass::Qwen3Model | ModelClass::MoeTextModel => "",
+            ModelClass::ForConditionalGeneration | ModelClass::MoeForConditionalGeneration => {
+                "model.language_model."
+            }
         }
     }
 
     /// Prefix of vision keys in this class's state dict (`None` without a vision tower).
     pub fn vision_prefix(self) -> Option<&'static str> {
         match self {
-            ModelClass::Model => Some("visual."),
-            ModelClass::ForConditionalGeneration => Some("model.visual."),
+            ModelClass::Model | ModelClass::MoeModel => Some("visual."),
+            ModelClass::ForConditionalGeneration | ModelClass::MoeForConditionalGeneration => {
+                Some("model.visual.")
+            }
             _ => None,
         }
     }
 
     /// `_keys_to_ignore_on_load_unexpected` as regex strings
-    /// (`Qwen3_5PreTrainedModel`: `^mtp.*`; `Qwen3_5ForCausalLM` adds `^model.visual.*`).
+    /// (`Qwen3_5PreTrainedModel`: `^mtp.*`; `Qwen3_5ForCausalLM` adds
+    /// `^model.visual.*`; the MoE classes the same).
     pub fn ignore_patterns(self) -> &'static [&'static str] {
         match self {
-            ModelClass::ForCausalLm => &["^mtp.*", "^model.visual.*"],
+            ModelClass::ForCausalLm | ModelClass::MoeForCausalLm => &["^mtp.*", "^model.visual.*"],
             // Qwen3PreTrainedModel declares none.
             ModelClass::Qwen3ForCausalLm | ModelClass::Qwen3Model => &[],
             _ => &["^mtp.*"],
+        }
+    }
+
+    /// The scope of the expert conversion this class applies
+    /// (`conversion_mapping.py::get_model_conversion_mapping`): unscoped for
+    /// the classes whose root model is `qwen3_5_moe_text`, the language model
+    /// only for the VLM classes; `None` for the dense families (no expert keys).
+    pub fn expert_scope(self) -> Option<ConversionScope> {
+        match self {
+            ModelClass::MoeForCausalLm | ModelClass::MoeTextModel => {
+                Some(ConversionScope::Unscoped)
+            }
+            ModelClass::MoeModel | ModelClass::MoeForConditionalGeneration => {
+                Some(ConversionScope::LanguageModel)
+            }
+            _ => None,
         }
     }
 }

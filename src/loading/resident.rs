@@ -25,10 +25,37 @@ impl Resident {
     ///
     /// Errors: shard I/O, an unknown name, a non-float dtype.
     pub fn load(view: &TensorView, names: &[String]) -> Result<Self> {
+        Self::load_sharing(view, names, None)
+    }
+
+    /// As [`Resident::load`], but a tensor `share` already holds (the same
+    /// checkpoint key: [`WeightSource::identity`]) is shared, not read again
+    /// (candle tensors share their storage): another loading path of the
+    /// same checkpoint costs only the tensors it reads differently.
+    /// [`Resident::bytes`] counts what this one added.
+    ///
+    /// Errors: as [`Resident::load`].
+    pub fn load_sharing(
+        view: &TensorView,
+        names: &[String],
+        share: Option<&Resident>,
+    ) -> Result<Self> {
+        let shared: HashMap<String, &Tensor> = share
+            .map(|r| {
+                r.stored
+                    .iter()
+                    .map(|(n, t)| (r.view.identity(n), t))
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut stored = HashMap::new();
         let mut bytes = 0u64;
         for n in names {
             if stored.contains_key(n) {
+                continue;
+            }
+            if let Some(t) = shared.get(&view.identity(n)) {
+                stored.insert(n.clone(), (*t).clone());
                 continue;
             }
             if let Some(t) = view.stored(n)? {

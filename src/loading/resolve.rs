@@ -12,8 +12,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::checkpoint::{Checkpoint, HeaderIndex, ModelConfig};
+use crate::checkpoint::{Checkpoint, HeaderIndex, ModelConfig, TensorHeader};
 use crate::error::{Error, Result};
+use crate::loading::conversion::Entries;
 use crate::loading::inventory::{ComponentCount, PathInventory, ResolvedPath};
 use crate::loading::paths::{resolve_dtype, LoadingPath, ModelClass};
 use crate::loading::spec::{self, Component, ExpectedTensor};
@@ -132,8 +133,8 @@ struct Renamed {
 /// Step 2: the conversion renames in transformers' order, then the
 /// base-model prefix (`base_model_prefix = "model"`: stripped when loading a
 /// base class from a head checkpoint, added when loading a head class from a
-/// base checkpoint).
-fn rename(headers: &HeaderIndex, class: ModelClass) -> Renamed {
+/// base checkpoint). `tensors`: the checkpoint's entries (expert conversion applied).
+fn rename(tensors: &[TensorHeader], class: ModelClass) -> Renamed {
     let mut renames = vec![Rename {
         from: "model.language_model.model.",
         to: "model.language_model.",
@@ -147,8 +148,7 @@ fn rename(headers: &HeaderIndex, class: ModelClass) -> Renamed {
         });
     }
     let mut used = vec![false; renames.len()];
-    let mut keys: Vec<String> = headers
-        .tensors
+    let mut keys: Vec<String> = tensors
         .iter()
         .map(|t| {
             let mut k = t.name.clone();
@@ -201,13 +201,13 @@ fn rename(headers: &HeaderIndex, class: ModelClass) -> Renamed {
     }
 }
 
-/// Which checkpoint tensor fills each model key, and what is dropped.
+/// Which checkpoint entry fills each model key, and what is dropped.
 struct Matched {
-    /// Per model key: the checkpoint tensor (header index) that fills it.
+    /// Per model key: the checkpoint entry (index into [`Entries::tensors`]) that fills it.
     source: Vec<Option<usize>>,
-    /// Checkpoint tensors dropped by an ignore rule.
+    /// Entries dropped by an ignore rule.
     dropped: Vec<usize>,
-    /// Checkpoint tensors the model has no place for.
+    /// Entries the model has no place for.
     unexpected: Vec<usize>,
     /// Checkpoint keys renamed on the way in.
     renamed: usize,
@@ -217,7 +217,7 @@ struct Matched {
 ///
 /// Errors ([`Error::Checkpoint`]): two checkpoint keys renamed onto one model key.
 fn match_keys(
-    headers: &HeaderIndex,
+    entries: &Entries,
     renamed: &[String],
     model: &[ModelKey],
     class: ModelClass,
@@ -235,15 +235,15 @@ fn match_keys(
         unexpected: Vec::new(),
         renamed: 0,
     };
-    for (hi, (t, rk)) in headers.tensors.iter().zip(renamed).enumerate() {
+    for (hi, (t, rk)) in entries.tensors.iter().zip(renamed).enumerate() {
         if *rk != t.name {
-            m.renamed += 1;
+            m.renamed += entries.keys_of(hi);
         }
         if let Some(&mi) = index.get(rk.as_str()) {
             if let Some(prev) = m.source[mi] {
                 return Err(Error::Checkpoint(format!(
                     "tensors {} and {} both map to model key {rk} on {path}",
-                    headers.tensors[prev].name, t.name
+                    entries.tensors[prev].name, t.name
                 )));
             }
             m.source[mi] = Some(hi);
@@ -264,16 +264,22 @@ fn match_keys(
 /// Errors ([`Error::Checkpoint`], naming the tensor and its shard).
 fn check_shapes(
     headers: &HeaderIndex,
+    entries: &Entries,
     model: &[ModelKey],
     source: &[Option<usize>],
     path: LoadingPath,
 ) -> Result<()> {
     for (m, s) in model.iter().zip(source) {
         if let Some(hi) = s {
-            let t = &headers.tensors[*hi];
+            let t = &entries.tensors[*hi];
             if t.shape != m.exp.shape {
+                let fused = entries
+                    .fused
+                    .get(hi)
+                    .map(|f| format!(" (fused from {} per-expert keys)", f.sources.len()))
+                    .unwrap_or_default();
                 return Err(Error::Checkpoint(format!(
-                    "tensor {} (model key {} on {path}): expected shape {:?} from config.json, found {:?} in {}",
+                    "tensor {}{fused} (model key {} on {path}): expected shape {:?} from config.json, found {:?} in {}",
                     t.name,
                     m.key,
                     m.exp.shape,
@@ -360,7 +366,7 @@ struct Assembled {
 }
 
 fn assemble(
-    headers: &HeaderIndex,
+    entries: &Entries,
     model: &[ModelKey],
     matched: &Matched,
     tie: &Tie,
@@ -389,12 +395,15 @@ fn assemble(
         c.params += numel;
         c.bytes += numel * dtype.size();
         let origin = if let Some(hi) = matched.source[mi] {
-            WeightOrigin::Checkpoint {
-                key: headers.tensors[hi].name.clone(),
+            match entries.fused.get(&hi) {
+                Some(f) => WeightOrigin::Converted { param: f.clone() },
+                None => WeightOrigin::Checkpoint {
+                    key: entries.tensors[hi].name.clone(),
+                },
             }
         } else if let Some(&hi) = tie.tied.get(&mi) {
             WeightOrigin::Tied {
-                key: headers.tensors[hi].name.clone(),
+                key: entries.tensors[hi].name.clone(),
             }
         } else {
             a.missing_names.push(m.key.clone());
@@ -409,11 +418,11 @@ fn assemble(
         }
     }
     for &hi in matched.dropped.iter().chain(&matched.unexpected) {
-        let t = &headers.tensors[hi];
+        let t = &entries.tensors[hi];
         let comp = Component::of_checkpoint_key(&t.name);
         let c = a.components.entry(comp.as_str().to_string()).or_default();
         if !c.loaded {
-            c.tensors += 1;
+            c.tensors += entries.keys_of(hi);
             c.params += t.numel();
             c.bytes += t.nbytes();
         }
@@ -429,15 +438,40 @@ fn assemble(
     a
 }
 
+/// Checkpoint keys behind `list` (entries), in checkpoint order.
+fn key_names(headers: &HeaderIndex, entries: &Entries, list: &[usize]) -> Vec<String> {
+    let mut hs: Vec<usize> = list
+        .iter()
+        .flat_map(|&i| entries.members(i).iter().copied())
+        .collect();
+    hs.sort_unstable();
+    hs.into_iter()
+        .map(|h| headers.tensors[h].name.clone())
+        .collect()
+}
+
+/// Inserts the conversion rules that fired before the ignore rules.
+fn with_conversion_rules(mut rules: Vec<String>, entries: &Entries) -> Vec<String> {
+    let at = rules
+        .iter()
+        .position(|r| r.starts_with("ignore "))
+        .unwrap_or(rules.len());
+    rules.splice(at..at, entries.rules());
+    rules
+}
+
 /// Resolves `path` on `ckpt`: what the class expects, what the checkpoint
-/// provides after renames, what is dropped, unexpected, missing or tied, the
-/// dtype, and the text tensor view. Reads headers only.
+/// provides after the expert conversion and the renames, what is dropped,
+/// unexpected, missing or tied, the dtype, and the text tensor view. Reads
+/// headers only.
 ///
 /// Errors: `image-text-to-text` on a `qwen3_5_text` config ([`Error::Input`]);
 /// a consumed tensor whose header shape differs from the config-derived one,
 /// or two checkpoint keys renamed onto the same model key
-/// ([`Error::Checkpoint`], naming the tensor); dtype errors from
-/// [`resolve_dtype`].
+/// ([`Error::Checkpoint`], naming the tensor); an MoE checkpoint whose
+/// per-expert keys cannot be fused (a missing expert, an index gap, unequal
+/// shapes: [`Error::Checkpoint`] naming the expert, from
+/// [`crate::loading::experts::plan`]); dtype errors from [`resolve_dtype`].
 pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
     let (cfg, headers) = (&ckpt.config, &*ckpt.headers);
     let class = path.class_for(cfg).ok_or_else(|| {
@@ -449,17 +483,19 @@ pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
         ))
     })?;
     let model = expected_keys(cfg, class)?;
+    let entries = Entries::new(headers, class, cfg)?;
     let Renamed {
         keys,
         reported,
-        mut rules,
-    } = rename(headers, class);
-    let matched = match_keys(headers, &keys, &model, class, path)?;
-    check_shapes(headers, &model, &matched.source, path)?;
+        rules,
+    } = rename(&entries.tensors, class);
+    let mut rules = with_conversion_rules(rules, &entries);
+    let matched = match_keys(&entries, &keys, &model, class, path)?;
+    check_shapes(headers, &entries, &model, &matched.source, path)?;
     let mut notes = Vec::new();
     let tie = tie(cfg, class, &model, &matched.source, &mut rules, &mut notes);
     let (dtype, dtype_reason) = resolve_dtype(cfg, class, headers)?;
-    let a = assemble(headers, &model, &matched, &tie, dtype);
+    let a = assemble(&entries, &model, &matched, &tie, dtype);
     let unexpected_names: Vec<String> = matched
         .unexpected
         .iter()
@@ -473,6 +509,11 @@ pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
     ) {
         notes.insert(0, d);
     }
+    let mut used = vec![false; entries.tensors.len()];
+    for &hi in matched.source.iter().flatten() {
+        used[hi] = true;
+    }
+    let keys_of = |list: &[usize]| list.iter().map(|&i| entries.keys_of(i)).sum();
     let inventory = PathInventory {
         name: path.name().to_string(),
         auto_class: path.auto_class().to_string(),
@@ -481,18 +522,15 @@ pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
         dtype_reason,
         tensors: model.len(),
         consumed: model.len() - a.missing_names.len(),
-        dropped_by_rule: matched.dropped.len(),
-        unexpected: matched.unexpected.len(),
+        dropped_by_rule: keys_of(&matched.dropped),
+        unexpected: keys_of(&matched.unexpected),
         missing: a.missing_names.len(),
         tied_lm_head: tie.tied_lm_head,
+        converted: entries.converted(&used, &reported),
         rules,
         missing_names: a.missing_names,
         unexpected_names,
-        dropped_names: matched
-            .dropped
-            .iter()
-            .map(|&i| headers.tensors[i].name.clone())
-            .collect(),
+        dropped_names: key_names(headers, &entries, &matched.dropped),
         missing_init: a.missing_init,
         renamed: matched.renamed,
         params: a.params,

@@ -51,6 +51,22 @@ pub trait WeightSource {
         let _ = name;
         None
     }
+
+    /// Expert `e` of the 3-D expert parameter `name` (`[E, …]` → `[…]`),
+    /// rounded to `prec`: one routed expert of an MoE layer. Sources reading a
+    /// checkpoint read only that expert's bytes.
+    ///
+    /// Errors: as [`Self::tensor`]; `e` out of range.
+    fn expert(&self, name: &str, e: usize, prec: Precision) -> Result<Tensor> {
+        Ok(self.tensor_in(name, prec)?.get(e)?)
+    }
+
+    /// An owned handle on this source, for a layer that reads its weights
+    /// lazily (an MoE layer widens only the experts its tokens route to);
+    /// `None` when the source cannot be shared (the layer loads eagerly).
+    fn share(&self) -> Option<std::sync::Arc<dyn WeightSource + Send + Sync>> {
+        None
+    }
 }
 
 /// Rows `ids` of the loaded 2-D tensor `w` (named `name` in errors), on `w`'s

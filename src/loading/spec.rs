@@ -7,6 +7,8 @@
 //! (745-767), `Qwen3_5DecoderLayer` (854-865), `Qwen3_5TextModel` (1203-1288),
 //! `Qwen3_5VisionModel` (1117-1200), `Qwen3_5PreTrainedModel._init_weights`
 //! (926-938) and `modeling_utils.py::PreTrainedModel._init_weights` (2295-2345).
+//! The MoE family (`modeling_qwen3_5_moe.py`) has the same layers with the
+//! MLP slot holding a sparse MoE block ([`moe_tensors`]).
 //! Key order is `state_dict()` order (module registration order).
 
 use std::fmt;
@@ -14,7 +16,7 @@ use std::fmt;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::checkpoint::config::{Family, LayerType, TextConfig};
+use crate::checkpoint::config::{Family, LayerType, MoeConfig, TextConfig};
 use crate::error::{Error, Result};
 
 /// The init transformers gives a parameter that is missing from the
@@ -107,7 +109,7 @@ fn t(key: String, shape: Vec<usize>, init: InitRule) -> ExpectedTensor {
 
 /// Text-model parameters (`Qwen3_5TextModel.state_dict()` order):
 /// `embed_tokens.weight [V, H]`, per layer 14 tensors (linear attention) or
-/// 11 (full attention), `norm.weight [H]`. With `lm_head`, append
+/// 11 (full attention; the MoE family: 18 or 15), `norm.weight [H]`. With `lm_head`, append
 /// [`lm_head_tensor`].
 ///
 /// Errors: invalid `layer_types` ([`Error::Config`]).
@@ -125,7 +127,7 @@ pub fn text_tensors(tc: &TextConfig) -> Result<Vec<ExpectedTensor>> {
     // Qwen3.5: q_proj holds [query | gate] per head, RMSNorms are zero-centred
     // (zeros init). Qwen3: plain q_proj, RMSNorms `w·x` (ones init).
     let (q_rows, norm_init) = match tc.family {
-        Family::Qwen3_5 => (2 * nh * hd, InitRule::Zeros),
+        Family::Qwen3_5 | Family::Qwen3_5Moe => (2 * nh * hd, InitRule::Zeros),
         Family::Qwen3 => (nh * hd, InitRule::Ones),
     };
     let mut v = vec![t(
@@ -172,14 +174,47 @@ pub fn text_tensors(tc: &TextConfig) -> Result<Vec<ExpectedTensor>> {
                 v.push(t(p("self_attn.k_norm.weight"), vec![hd], norm_init));
             }
         }
-        v.push(t(p("mlp.gate_proj.weight"), vec![i_, h], normal));
-        v.push(t(p("mlp.up_proj.weight"), vec![i_, h], normal));
-        v.push(t(p("mlp.down_proj.weight"), vec![h, i_], normal));
+        match &tc.moe {
+            Some(moe) => v.extend(moe_tensors(&p("mlp"), moe, h, normal)),
+            None => {
+                v.push(t(p("mlp.gate_proj.weight"), vec![i_, h], normal));
+                v.push(t(p("mlp.up_proj.weight"), vec![i_, h], normal));
+                v.push(t(p("mlp.down_proj.weight"), vec![h, i_], normal));
+            }
+        }
         v.push(t(p("input_layernorm.weight"), vec![h], norm_init));
         v.push(t(p("post_attention_layernorm.weight"), vec![h], norm_init));
     }
     v.push(t("norm.weight".into(), vec![h], norm_init));
     Ok(v)
+}
+
+/// The sparse MoE block `{mlp}.*` of one `Qwen3_5MoeDecoderLayer`
+/// (`Qwen3_5MoeSparseMoeBlock.__init__`, registration order): the router
+/// `gate.weight [E, H]`, the fused experts `experts.gate_up_proj [E, 2I, H]`
+/// and `experts.down_proj [E, H, I]` (no `.weight` suffix), the shared
+/// expert `shared_expert.{gate,up,down}_proj.weight` (`[S, H]`, `[S, H]`,
+/// `[H, S]`) and `shared_expert_gate.weight [1, H]`. All `normal(0,
+/// initializer_range)` when missing (`Qwen3_5MoePreTrainedModel._init_weights`:
+/// the experts and the router explicitly, the linears by default).
+pub fn moe_tensors(mlp: &str, moe: &MoeConfig, h: usize, normal: InitRule) -> Vec<ExpectedTensor> {
+    let (e, i, s) = (
+        moe.num_experts,
+        moe.moe_intermediate_size,
+        moe.shared_expert_intermediate_size,
+    );
+    [
+        ("gate.weight", vec![e, h]),
+        ("experts.gate_up_proj", vec![e, 2 * i, h]),
+        ("experts.down_proj", vec![e, h, i]),
+        ("shared_expert.gate_proj.weight", vec![s, h]),
+        ("shared_expert.up_proj.weight", vec![s, h]),
+        ("shared_expert.down_proj.weight", vec![h, s]),
+        ("shared_expert_gate.weight", vec![1, h]),
+    ]
+    .into_iter()
+    .map(|(k, shape)| t(format!("{mlp}.{k}"), shape, normal))
+    .collect()
 }
 
 /// `lm_head.weight [V, H]`, `normal(0, initializer_range)` when missing.

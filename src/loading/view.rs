@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
+use crate::loading::experts::{self, FusedParam};
 use crate::loading::spec::InitRule;
 use crate::loading::WeightSource;
 use crate::precision::Precision;
@@ -28,6 +29,13 @@ pub enum WeightOrigin {
     Tied {
         /// Checkpoint key whose values it shares.
         key: String,
+    },
+    /// Fused at load time from per-expert checkpoint keys (the expert
+    /// conversion of an MoE checkpoint, [`crate::loading::experts`]).
+    Converted {
+        /// The fused parameter: its name in checkpoint naming, rule, sources
+        /// in fusion order, shape.
+        param: FusedParam,
     },
     /// Absent from the checkpoint: transformers initialises it with `init`.
     Missing {
@@ -51,7 +59,14 @@ pub struct TensorView {
     /// NaN/Inf counts of every checkpoint tensor scanned so far, by key (shared
     /// by clones): each key is scanned once, however often it is read.
     non_finite: Arc<Mutex<BTreeMap<String, NonFinite>>>,
+    /// Randomly initialised MISSING tensors, generated once per compute
+    /// dtype and held in it (what transformers holds), shared by clones: the
+    /// LM head's vocabulary chunks and embedding rows read them.
+    made: Arc<Mutex<MadeTensors>>,
 }
+
+/// MISSING tensors as generated, by name and compute dtype.
+type MadeTensors = HashMap<(String, Precision), Tensor>;
 
 impl TensorView {
     /// A view over `weights` with `(name, origin)` entries in state-dict order.
@@ -64,6 +79,7 @@ impl TensorView {
             seed: None,
             device: Device::Cpu,
             non_finite: Arc::default(),
+            made: Arc::default(),
         }
     }
 
@@ -108,14 +124,18 @@ impl TensorView {
     }
 
     /// Bytes of the checkpoint tensors this view reads, in their stored
-    /// dtypes (each checkpoint key once; MISSING tensors take none).
+    /// dtypes (each checkpoint key once, a converted parameter's sources
+    /// included; MISSING tensors take none).
     pub fn stored_bytes(&self) -> u64 {
         let mut keys: Vec<&str> = self
             .entries
             .values()
-            .filter_map(|o| match o {
-                WeightOrigin::Checkpoint { key } | WeightOrigin::Tied { key } => Some(key.as_str()),
-                WeightOrigin::Missing { .. } => None,
+            .flat_map(|o| match o {
+                WeightOrigin::Checkpoint { key } | WeightOrigin::Tied { key } => vec![key.as_str()],
+                WeightOrigin::Converted { param } => {
+                    param.sources.iter().map(String::as_str).collect()
+                }
+                WeightOrigin::Missing { .. } => Vec::new(),
             })
             .collect();
         keys.sort_unstable();
@@ -225,7 +245,8 @@ impl TensorView {
         })
     }
 
-    /// The checkpoint key behind `name`, `None` for a missing (initialised) tensor.
+    /// The checkpoint key behind `name`, `None` for a missing (initialised)
+    /// or converted (fused at load) tensor.
     fn key(&self, name: &str) -> Result<Option<&str>> {
         match self.entries.get(name) {
             None => Err(Error::Checkpoint(format!(
@@ -234,8 +255,39 @@ impl TensorView {
             Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
                 Ok(Some(key))
             }
-            Some(WeightOrigin::Missing { .. }) => Ok(None),
+            Some(WeightOrigin::Missing { .. }) | Some(WeightOrigin::Converted { .. }) => Ok(None),
         }
+    }
+
+    /// MISSING tensor `name` initialised ([`init_tensor`]) and rounded to
+    /// `prec`, held in `prec`'s dtype (exact: the rounded values are
+    /// representable) on the view's device; generated on first use.
+    ///
+    /// Errors: as [`init_tensor`].
+    fn made(&self, name: &str, prec: Precision) -> Result<Tensor> {
+        let key = (name.to_string(), prec);
+        if let Some(t) = self.made.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(t);
+        }
+        // `tensor` places it; the cast to `prec` is exact after rounding.
+        let t = prec.round(&self.tensor(name)?)?.to_dtype(prec.dtype())?;
+        if let Ok(mut m) = self.made.lock() {
+            m.insert(key, t.clone());
+        }
+        Ok(t)
+    }
+
+    /// The fused parameter behind `name`, when it is converted at load time.
+    fn converted(&self, name: &str) -> Option<&FusedParam> {
+        match self.entries.get(name) {
+            Some(WeightOrigin::Converted { param }) => Some(param),
+            _ => None,
+        }
+    }
+
+    /// Scans every source key of a converted parameter (once each).
+    fn scan_sources(&self, p: &FusedParam) -> Result<()> {
+        p.sources.iter().try_for_each(|k| self.scan_key_bytes(k))
     }
 
     /// Counts NaN/Inf of the whole tensor `key` from the mapped bytes (used when
@@ -258,6 +310,10 @@ impl WeightSource for TensorView {
         match self.entries.get(name) {
             Some(WeightOrigin::Missing { init, shape }) => {
                 self.place(init_tensor(name, *init, shape, self.seed)?)
+            }
+            Some(WeightOrigin::Converted { param }) => {
+                self.scan_sources(param)?;
+                self.place(experts::materialize(&self.weights, param, Precision::F32)?)
             }
             // The stored values: f32 rounding is the identity.
             _ => self.tensor_in(name, Precision::F32),
@@ -282,8 +338,35 @@ impl WeightSource for TensorView {
                 }
                 self.place(t)
             }
-            None => prec.round(&self.tensor(name)?),
+            None => match self.converted(name) {
+                Some(p) => {
+                    self.scan_sources(p)?;
+                    self.place(experts::materialize(&self.weights, p, prec)?)
+                }
+                None => prec.round(&self.tensor(name)?),
+            },
         }
+    }
+
+    /// Reads only expert `e`'s bytes: a row of a fused tensor on disk, or the
+    /// expert's per-expert keys of a converted parameter. The whole parameter
+    /// is scanned for NaN/Inf on its first expert read (from its bytes).
+    fn expert(&self, name: &str, e: usize, prec: Precision) -> Result<Tensor> {
+        if let Some(p) = self.converted(name) {
+            self.scan_sources(p)?;
+            return self.place(experts::materialize_expert(&self.weights, p, e, prec)?);
+        }
+        match self.key(name)? {
+            Some(key) => {
+                self.scan_key_bytes(key)?;
+                self.place(experts::fused_expert(&self.weights, key, e, prec)?)
+            }
+            None => Ok(self.tensor_in(name, prec)?.get(e)?),
+        }
+    }
+
+    fn share(&self) -> Option<std::sync::Arc<dyn WeightSource + Send + Sync>> {
+        Some(std::sync::Arc::new(self.clone()))
     }
 
     /// The rows are gathered from the mapped file; the whole table is still
@@ -294,7 +377,10 @@ impl WeightSource for TensorView {
                 self.scan_key_bytes(key)?;
                 self.place(self.weights.load_rows(key, ids, Some(prec))?)
             }
-            None => crate::loading::select_rows(&prec.round(&self.tensor(name)?)?, name, ids),
+            None => Ok(
+                crate::loading::select_rows(&self.made(name, prec)?, name, ids)?
+                    .to_dtype(candle_core::DType::F32)?,
+            ),
         }
     }
 
@@ -308,7 +394,10 @@ impl WeightSource for TensorView {
                 }
                 self.place(self.weights.load_row_range(key, start, len, Some(prec))?)
             }
-            None => Ok(prec.round(&self.tensor(name)?)?.narrow(0, start, len)?),
+            None => Ok(self
+                .made(name, prec)?
+                .narrow(0, start, len)?
+                .to_dtype(candle_core::DType::F32)?),
         }
     }
 
@@ -317,6 +406,7 @@ impl WeightSource for TensorView {
             WeightOrigin::Checkpoint { key } | WeightOrigin::Tied { key } => {
                 self.weights.index().get(key).map(|t| t.shape.clone())
             }
+            WeightOrigin::Converted { param } => Some(param.shape.clone()),
             WeightOrigin::Missing { shape, .. } => Some(shape.clone()),
         }
     }
@@ -327,6 +417,7 @@ impl WeightSource for TensorView {
             Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
                 format!("ckpt:{key}")
             }
+            Some(WeightOrigin::Converted { param }) => format!("fused:{}", param.name),
             Some(WeightOrigin::Missing { init, shape }) => match init {
                 InitRule::Zeros | InitRule::Ones => format!("init:{init}:{shape:?}"),
                 _ => format!(

@@ -1,6 +1,6 @@
 //! The decoder layer every family shares: pre-norm token mixer (Gated
-//! DeltaNet or softmax attention), SwiGLU MLP, two residuals; and its decode
-//! state.
+//! DeltaNet or softmax attention), a feed-forward slot (SwiGLU MLP, or the
+//! MoE family's sparse MoE block), two residuals; and its decode state.
 
 use candle_core::Tensor;
 
@@ -10,6 +10,7 @@ use crate::loading::WeightSource;
 use crate::models::layers::attention::{Attention, KvCache};
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::Norm;
+use crate::models::moe::{Routing, SparseMoeBlock};
 use crate::models::qwen3_5::gated_delta_net::{GatedDeltaNet, GdnForm, GdnState};
 use crate::models::{Positions, TextModelSpec};
 use crate::precision::Precision;
@@ -35,6 +36,34 @@ pub enum CacheCrop {
     /// truncated, the Gated DeltaNet conv history cut back, the recurrent
     /// state left over every verified token ([`GdnState::commit_conv_only`]).
     ConvOnly,
+}
+
+/// The feed-forward slot of a layer (`mlp`).
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    /// SwiGLU MLP (`Qwen3_5MLP`, `Qwen3MLP`).
+    Dense(Mlp),
+    /// Sparse MoE block (`Qwen3_5MoeSparseMoeBlock`).
+    SparseMoe(SparseMoeBlock),
+}
+
+impl From<Mlp> for FeedForward {
+    fn from(m: Mlp) -> Self {
+        FeedForward::Dense(m)
+    }
+}
+
+impl FeedForward {
+    /// `[T, H]` → `[T, H]`, and the router's choice of an MoE block.
+    pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Option<Routing>)> {
+        match self {
+            FeedForward::Dense(m) => Ok((m.forward(x)?, None)),
+            FeedForward::SparseMoe(b) => {
+                let o = b.forward(x)?;
+                Ok((o.output, Some(o.routing)))
+            }
+        }
+    }
 }
 
 /// Per-layer decode state, matching the layer's mixer.
@@ -101,7 +130,7 @@ pub struct DecoderLayer {
     /// `post_attention_layernorm`.
     pub post_attention_layernorm: Norm,
     /// `mlp`.
-    pub mlp: Mlp,
+    pub mlp: FeedForward,
     /// Compute dtype.
     pub prec: Precision,
 }
@@ -118,6 +147,7 @@ impl DecoderLayer {
         match spec.family {
             Family::Qwen3_5 => crate::models::qwen3_5::load_layer(spec, src, i, prec),
             Family::Qwen3 => crate::models::qwen3::load_layer(spec, src, i, prec),
+            Family::Qwen3_5Moe => crate::models::qwen3_5_moe::load_layer(spec, src, i, prec),
         }
     }
 
@@ -140,6 +170,19 @@ impl DecoderLayer {
         form: GdnForm,
         state: Option<&mut LayerState>,
     ) -> Result<Tensor> {
+        Ok(self.forward_routed(h, spec, pos, form, state)?.0)
+    }
+
+    /// [`Self::forward`], also returning the router's choice when the
+    /// feed-forward slot is a sparse MoE block.
+    pub fn forward_routed(
+        &self,
+        h: &Tensor,
+        spec: &TextModelSpec,
+        pos: &Positions,
+        form: GdnForm,
+        state: Option<&mut LayerState>,
+    ) -> Result<(Tensor, Option<Routing>)> {
         let x = self.input_layernorm.forward(h)?;
         let x = match (&self.mixer, state) {
             (Mixer::Linear(m), Some(LayerState::Linear(s))) => m.forward(&x, form, Some(s))?,
@@ -150,9 +193,9 @@ impl DecoderLayer {
             (Mixer::Full(m), _) => m.forward(&x, &spec.rotary, pos, None)?,
         };
         let h = self.prec.round(&(h + x)?)?;
-        let y = self
+        let (y, routing) = self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&h)?)?;
-        self.prec.round(&(h + y)?)
+        Ok((self.prec.round(&(h + y)?)?, routing))
     }
 }

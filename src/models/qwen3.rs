@@ -38,7 +38,7 @@ pub fn load_layer(
             |n| norm(src, n, eps, prec),
         )?),
         post_attention_layernorm: norm(src, &format!("{p}.post_attention_layernorm"), eps, prec)?,
-        mlp: Mlp::load(src, &format!("{p}.mlp"), prec)?,
+        mlp: Mlp::load(src, &format!("{p}.mlp"), prec)?.into(),
         prec,
     })
 }

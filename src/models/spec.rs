@@ -4,9 +4,10 @@
 
 use candle_core::{Device, Tensor};
 
-use crate::checkpoint::config::{Family, LayerType, TextConfig};
+use crate::checkpoint::config::{Family, LayerType, MoeConfig, TextConfig};
 use crate::error::Result;
 use crate::models::layers::rope::Rotary;
+use crate::models::moe::RouterSoftmax;
 use crate::precision::Precision;
 
 /// Dimensions a layer needs, copied out of [`TextConfig`].
@@ -74,6 +75,15 @@ pub struct Positions {
     pub sin: Tensor,
 }
 
+/// The MoE family's block sizes and how its routers take their softmax.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeSpec {
+    /// Experts, top-k, expert and shared-expert sizes.
+    pub config: MoeConfig,
+    /// transformers' f32 softmax, or the model dtype (the `router-dtype` suspect).
+    pub router_softmax: RouterSoftmax,
+}
+
 /// Shared, weight-free pieces of a decoder: family, geometry, layer kinds, rope.
 #[derive(Debug, Clone)]
 pub struct TextModelSpec {
@@ -85,6 +95,8 @@ pub struct TextModelSpec {
     pub layer_types: Vec<LayerType>,
     /// Rotary embedding.
     pub rotary: Rotary,
+    /// The sparse MoE block of every layer ([`Family::Qwen3_5Moe`] only).
+    pub moe: Option<MoeSpec>,
     /// Where activations live (weights arrive there through the
     /// [`crate::loading::WeightSource`]); host-side tables such as rope are
     /// copied to it.
@@ -99,8 +111,21 @@ impl TextModelSpec {
             geo: LayerGeometry::new(cfg, Precision::F32),
             layer_types: cfg.layer_types()?,
             rotary: Rotary::new(cfg.rope_theta(), cfg.rotary_dim()),
+            moe: cfg.moe.map(|config| MoeSpec {
+                config,
+                router_softmax: RouterSoftmax::F32,
+            }),
             device: Device::Cpu,
         })
+    }
+
+    /// The same spec with the MoE routers taking their softmax as `softmax`
+    /// says (no change for a dense family).
+    pub fn with_router_softmax(mut self, softmax: RouterSoftmax) -> Self {
+        if let Some(m) = self.moe.as_mut() {
+            m.router_softmax = softmax;
+        }
+        self
     }
 
     /// The same spec computing on `device`.
@@ -126,6 +151,9 @@ impl TextModelSpec {
         match self.family {
             Family::Qwen3_5 => crate::models::qwen3_5::layer_tensor_names(i, self.layer_types[i]),
             Family::Qwen3 => crate::models::qwen3::layer_tensor_names(i),
+            Family::Qwen3_5Moe => {
+                crate::models::qwen3_5_moe::layer_tensor_names(i, self.layer_types[i])
+            }
         }
     }
 }

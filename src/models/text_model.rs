@@ -52,7 +52,9 @@ impl FinalNorm {
     pub fn load(spec: &TextModelSpec, src: &dyn WeightSource, prec: Precision) -> Result<Self> {
         let eps = spec.geo.eps;
         Ok(Self(match spec.family {
-            Family::Qwen3_5 => crate::models::qwen3_5::norm(src, "norm", eps, prec)?,
+            Family::Qwen3_5 | Family::Qwen3_5Moe => {
+                crate::models::qwen3_5::norm(src, "norm", eps, prec)?
+            }
             Family::Qwen3 => crate::models::qwen3::norm(src, "norm", eps, prec)?,
         }))
     }

@@ -1,11 +1,19 @@
 //! Parity between two saved captures (dumps), aligned by
 //! `p{k}.hidden_states.{i}` — the same metrics and verdicts as a live
 //! `compare` (Polygraphy's "compare saved outputs without re-running").
+//!
+//! Dumps may be partial (an engine's capture holds only some indices): the
+//! indices both hold are compared and the others listed as skipped. A dump
+//! without `input_ids` is compared when every prompt has the same number of
+//! tokens on both sides, and the inputs are reported as not verified.
+
+use std::collections::BTreeMap;
 
 use candle_core::Tensor;
 use serde::Serialize;
 
-use super::metrics::Accumulator;
+use super::align::{align, Alignment};
+use super::metrics::{Accumulator, Metrics};
 use super::pairs::PairReport;
 use super::verdict::{Tolerance, Verdict};
 use crate::capture::HiddenKind;
@@ -27,6 +35,15 @@ pub struct DtypeNoiseRow {
     pub dtype_noise: bool,
 }
 
+/// The `hidden_states` indices one dump holds and the other does not (not compared).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Skipped {
+    /// Indices of dump `a` without a counterpart in `b` (after the tap offset).
+    pub a: Vec<usize>,
+    /// Indices of dump `b` without a counterpart in `a`.
+    pub b: Vec<usize>,
+}
+
 /// The result of comparing two dumps.
 #[derive(Debug, Clone, Serialize)]
 pub struct DumpComparison {
@@ -38,20 +55,32 @@ pub struct DumpComparison {
     pub lower_dtype: Option<Precision>,
     /// Per-row dtype-noise analysis (only when the dtypes differ).
     pub dtype_noise: Vec<DtypeNoiseRow>,
+    /// Indices held by one dump only.
+    pub skipped: Skipped,
+    /// False when a dump has no `input_ids` (then equal lengths were required).
+    pub inputs_verified: bool,
+    /// True when a dump does not hold every index 0..=N (an engine's capture).
+    pub partial: bool,
+    /// `--align`: for every index of `b`, the index of `a` it matches best.
+    pub alignment: Option<Alignment>,
+    /// What the reader should know (skipped indices, unverified inputs), one line each.
+    pub notes: Vec<String>,
 }
 
-/// Compares dump `a` (reference) with dump `b`.
+/// What to compare: `b`'s index = `a`'s + `tap_offset`; `align` adds the best-match search.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiffSettings {
+    /// `b`'s index = `a`'s index + `tap_offset` (the other tap convention: ±1).
+    pub tap_offset: i64,
+    /// For every index of `b`, find the index of `a` it matches best (by cosine).
+    pub align: bool,
+}
+
+/// The input-equality gate. Returns whether the inputs were verified.
 ///
-/// Errors ([`Error::Input`]): the dumps do not hold the same prompts (the
-/// input-equality gate: both `input_ids` are printed), or `tap_offset` leaves
-/// no common hidden state.
-pub fn compare_dumps(
-    a: &Dump,
-    b: &Dump,
-    a_name: &str,
-    b_name: &str,
-    tap_offset: i64,
-) -> Result<DumpComparison> {
+/// Errors ([`Error::Input`]): different prompt counts; different `input_ids`
+/// (both printed); without ids on one side, different lengths.
+fn input_gate(a: &Dump, b: &Dump, (a_name, b_name): (&str, &str)) -> Result<bool> {
     if a.prompts.len() != b.prompts.len() {
         return Err(Error::Input(format!(
             "input-equality gate: {a_name} has {} prompts, {b_name} has {}",
@@ -60,63 +89,96 @@ pub fn compare_dumps(
         )));
     }
     for (k, (p, q)) in a.prompts.iter().zip(&b.prompts).enumerate() {
-        if p.input_ids != q.input_ids {
-            return Err(Error::Input(format!(
-                "input-equality gate: p{k}.input_ids differ, so the hidden states are not comparable:\n  {a_name}: {:?}\n  {b_name}: {:?}",
-                p.input_ids, q.input_ids
-            )));
+        match (&p.input_ids, &q.input_ids) {
+            (Some(x), Some(y)) if x != y => {
+                return Err(Error::Input(format!(
+                    "input-equality gate: p{k}.input_ids differ, so the hidden states are not comparable:\n  {a_name}: {x:?}\n  {b_name}: {y:?}"
+                )))
+            }
+            (Some(_), Some(_)) => {}
+            _ if p.rows() != q.rows() => {
+                return Err(Error::Input(format!(
+                    "input-equality gate: {} has no input_ids, so the inputs cannot be verified and the dumps must \
+                     hold as many tokens per prompt: p{k} has {} rows in {a_name}, {} in {b_name}",
+                    if p.input_ids.is_none() { a_name } else { b_name },
+                    p.rows(),
+                    q.rows()
+                )))
+            }
+            _ => {}
         }
     }
-    let dtype_of = |d: &Dump, name: &str| -> Result<Precision> {
-        match d.metadata.get("dtype") {
-            None => Ok(Precision::F32),
-            Some(s) => Precision::from_name(s).ok_or_else(|| {
-                Error::Input(format!(
-                    "{name}: __metadata__ dtype {s:?} is not f32, bf16 or f16 (or their torch names)"
-                ))
-            }),
+    Ok(a.has_input_ids() && b.has_input_ids())
+}
+
+/// The dtype a dump's metadata names (f32 when it names none).
+fn dtype_of(d: &Dump, name: &str) -> Result<Precision> {
+    match d.metadata.get("dtype") {
+        None => Ok(Precision::F32),
+        Some(s) => Precision::from_name(s).ok_or_else(|| {
+            Error::Input(format!(
+                "{name}: __metadata__ dtype {s:?} is not f32, bf16 or f16 (or their torch names)"
+            ))
+        }),
+    }
+}
+
+/// Per index, one `[T_k, H]` tensor per prompt (the shape [`align`] takes).
+pub fn rows_by_index(d: &Dump) -> BTreeMap<usize, Vec<Tensor>> {
+    d.indices()
+        .into_iter()
+        .map(|i| {
+            let rows = d.prompts.iter().map(|p| p.hidden_states[&i].clone());
+            (i, rows.collect())
+        })
+        .collect()
+}
+
+/// Compares `x` and `y` of every prompt (and after rounding both to `lower`).
+fn metrics<'a>(
+    pairs: impl Iterator<Item = (&'a Tensor, &'a Tensor)>,
+    lower: Option<Precision>,
+    what: &dyn Fn(usize) -> String,
+) -> Result<(Metrics, Option<Metrics>)> {
+    let (mut acc, mut acc_cast) = (Accumulator::default(), Accumulator::default());
+    for (k, (x, y)) in pairs.enumerate() {
+        acc.add(k, x, y)
+            .map_err(|e| Error::Input(format!("{}: {e}", what(k))))?;
+        if let Some(l) = lower {
+            acc_cast.add(k, &l.round(x)?, &l.round(y)?)?;
         }
-    };
-    let da = dtype_of(a, a_name)?;
-    let db = dtype_of(b, b_name)?;
-    let lower = (da != db).then(|| da.lower(db));
-    let mut pair = PairReport::new(a_name, da, b_name, db);
-    if let Some(l) = lower {
-        // Different dtypes: judge rows by the lower dtype's tolerance.
-        pair.tolerance = Tolerance::for_precision(l);
     }
-    let na = a.prompts[0].hidden_states.len();
-    let nb = b.prompts[0].hidden_states.len();
-    if na != nb && tap_offset == 0 {
-        return Err(Error::Input(format!(
-            "{a_name} has {na} hidden states, {b_name} has {nb}: dumps of models with different depths \
-             cannot be aligned index by index (use --tap-offset to shift one against the other)"
-        )));
-    }
-    let mut dtype_noise = Vec::new();
-    let n_layers = na.saturating_sub(1);
-    for i in 0..na {
+    Ok((acc.finish(), lower.map(|_| acc_cast.finish())))
+}
+
+/// The rows of every index both dumps hold, the dtype-noise rows, and the skipped indices.
+fn compare_rows(
+    (a, b): (&Dump, &Dump),
+    (a_name, b_name): (&str, &str),
+    tap_offset: i64,
+    lower: Option<Precision>,
+    pair: &mut PairReport,
+) -> Result<(Vec<DtypeNoiseRow>, Skipped)> {
+    let n_layers = a.num_layers().or(b.num_layers()).unwrap_or(usize::MAX);
+    let (ia, ib) = (a.indices(), b.indices());
+    let mut noise = Vec::new();
+    let mut skipped = Skipped::default();
+    for &i in &ia {
         let j = i as i64 + tap_offset;
-        if j < 0 || j as usize >= nb {
+        if j < 0 || !ib.contains(&(j as usize)) {
+            skipped.a.push(i);
             continue;
         }
         let j = j as usize;
-        let (mut acc, mut acc_cast) = (Accumulator::default(), Accumulator::default());
-        for (k, (p, q)) in a.prompts.iter().zip(&b.prompts).enumerate() {
-            let (x, y) = (&p.hidden_states[i], &q.hidden_states[j]);
-            acc.add(k, x, y).map_err(|e| {
-                Error::Input(format!(
-                    "{a_name} p{k}.hidden_states.{i} vs {b_name} p{k}.hidden_states.{j}: {e}"
-                ))
-            })?;
-            if let Some(l) = lower {
-                acc_cast.add(k, &l.round(x)?, &l.round(y)?)?;
-            }
-        }
-        pair.push_row(i, HiddenKind::of_index(i, n_layers), acc.finish(), None);
-        if let Some(l) = lower {
-            let m = acc_cast.finish();
-            dtype_noise.push(DtypeNoiseRow {
+        let what = |k: usize| {
+            format!("{a_name} p{k}.hidden_states.{i} vs {b_name} p{k}.hidden_states.{j}")
+        };
+        let xs = a.prompts.iter().map(|p| &p.hidden_states[&i]);
+        let ys = b.prompts.iter().map(|q| &q.hidden_states[&j]);
+        let (m, cast) = metrics(xs.zip(ys), lower, &what)?;
+        pair.push_row(i, HiddenKind::of_index(i, n_layers), m, None);
+        if let (Some(l), Some(m)) = (lower, cast) {
+            noise.push(DtypeNoiseRow {
                 index: i,
                 max_abs_after_cast: m.max_abs,
                 rel_l2_after_cast: m.rel_l2,
@@ -124,10 +186,21 @@ pub fn compare_dumps(
             });
         }
     }
-    if pair.hidden_states.is_empty() {
-        return Err(Error::Input(format!(
-            "--tap-offset {tap_offset} leaves no common hidden state ({a_name} has {na}, {b_name} has {nb})"
-        )));
+    skipped.b = ib
+        .into_iter()
+        .filter(|&j| {
+            let i = j as i64 - tap_offset;
+            i < 0 || !ia.contains(&(i as usize))
+        })
+        .collect();
+    Ok((noise, skipped))
+}
+
+/// Logits (offset 0, both dumps hold them) and, for a partial dump, the
+/// pre-norm `last_layer_output` (an engine's last-layer tap has no index).
+fn compare_extras(a: &Dump, b: &Dump, tap_offset: i64, pair: &mut PairReport) -> Result<bool> {
+    if tap_offset != 0 {
+        return Ok(false);
     }
     let logits: Option<(Vec<Tensor>, Vec<Tensor>)> = a
         .prompts
@@ -136,16 +209,145 @@ pub fn compare_dumps(
         .map(|(p, q)| Some((p.logits.clone()?, q.logits.clone()?)))
         .collect::<Option<Vec<_>>>()
         .map(|v| v.into_iter().unzip());
-    if let (Some((la, lb)), 0) = (logits, tap_offset) {
+    if let Some((la, lb)) = logits {
         pair.set_logits(
             super::pairs::compare_prompts(&la, &lb)?,
             super::pairs::argmax_agreement(&la, &lb)?,
         );
     }
+    let last: Option<Vec<(&Tensor, &Tensor)>> = a
+        .prompts
+        .iter()
+        .zip(&b.prompts)
+        .map(|(p, q)| Some((p.last_layer_output.as_ref()?, q.last_layer_output.as_ref()?)))
+        .collect();
+    match last {
+        Some(pairs) if !(a.is_full() && b.is_full()) => {
+            let what = |k: usize| format!("p{k}.last_layer_output");
+            pair.last_layer_output = Some(metrics(pairs.into_iter(), None, &what)?.0);
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Compares dump `a` (reference) with dump `b`.
+///
+/// Errors ([`Error::Input`]): the input-equality gate (different prompts, or
+/// different lengths where one side has no ids), dumps of models of different
+/// depths at offset 0 (without `align`), or nothing to compare.
+pub fn compare_dumps(
+    a: &Dump,
+    b: &Dump,
+    a_name: &str,
+    b_name: &str,
+    settings: DiffSettings,
+) -> Result<DumpComparison> {
+    let tap_offset = settings.tap_offset;
+    let inputs_verified = input_gate(a, b, (a_name, b_name))?;
+    let (da, db) = (dtype_of(a, a_name)?, dtype_of(b, b_name)?);
+    let lower = (da != db).then(|| da.lower(db));
+    let mut pair = PairReport::new(a_name, da, b_name, db);
+    if let Some(l) = lower {
+        // Different dtypes: judge rows by the lower dtype's tolerance.
+        pair.tolerance = Tolerance::for_precision(l);
+    }
+    if let (Some(na), Some(nb), 0, false) =
+        (a.num_layers(), b.num_layers(), tap_offset, settings.align)
+    {
+        if na != nb {
+            return Err(Error::Input(format!(
+                "{a_name} holds a {na}-layer model's states, {b_name} a {nb}-layer one's: dumps of models with \
+                 different depths cannot be aligned index by index (use --tap-offset to shift one against the \
+                 other, or --align)"
+            )));
+        }
+    }
+    let (dtype_noise, skipped) =
+        compare_rows((a, b), (a_name, b_name), tap_offset, lower, &mut pair)?;
+    let last = compare_extras(a, b, tap_offset, &mut pair)?;
+    if pair.hidden_states.is_empty() && !last && !settings.align {
+        return Err(Error::Input(if tap_offset != 0 {
+            format!(
+                "--tap-offset {tap_offset} leaves no common hidden state ({a_name} has {}, {b_name} has {})",
+                a.indices().len(),
+                b.indices().len()
+            )
+        } else {
+            format!(
+                "{a_name} and {b_name} hold no common hidden state ({a_name}: {:?}, {b_name}: {:?}); --align finds \
+                 which of a's indices b's match",
+                a.indices(),
+                b.indices()
+            )
+        }));
+    }
+    let alignment = settings
+        .align
+        .then(|| align(&rows_by_index(a), &rows_by_index(b)))
+        .transpose()?;
+    let partial = !(a.is_full() && b.is_full());
+    let shown = if partial {
+        skipped.clone()
+    } else {
+        Skipped::default()
+    };
+    let notes = notes_of(&pair, &shown, (a, b), (a_name, b_name), last);
     Ok(DumpComparison {
+        partial,
         pair,
         tap_offset,
         lower_dtype: lower,
         dtype_noise,
+        skipped,
+        inputs_verified,
+        alignment,
+        notes,
     })
+}
+
+/// The lines a reader needs about what was (not) compared.
+fn notes_of(
+    pair: &PairReport,
+    skipped: &Skipped,
+    (a, b): (&Dump, &Dump),
+    (a_name, b_name): (&str, &str),
+    last: bool,
+) -> Vec<String> {
+    let list = |v: &[usize]| {
+        v.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut notes = Vec::new();
+    for (d, name) in [(a, a_name), (b, b_name)] {
+        if !d.has_input_ids() {
+            notes.push(format!(
+                "warning: {name} has no input_ids: the inputs could not be verified (compared because every \
+                 prompt has as many tokens on both sides)"
+            ));
+        }
+    }
+    if skipped.a.len() + skipped.b.len() > 0 {
+        let compared: Vec<usize> = pair.hidden_states.iter().map(|r| r.index).collect();
+        let mut s = format!(
+            "compared hidden_states [{}] (the indices both dumps hold); skipped",
+            list(&compared)
+        );
+        for (v, name) in [(&skipped.a, a_name), (&skipped.b, b_name)] {
+            if !v.is_empty() {
+                s.push_str(&format!(" {name}'s [{}]", list(v)));
+            }
+        }
+        notes.push(s);
+    }
+    if last {
+        notes.push(
+            "last_layer_output (the pre-norm output of the last layer, where an engine's last-layer tap \
+             lands) compared too"
+                .into(),
+        );
+    }
+    notes
 }

@@ -11,5 +11,5 @@ pub mod verdict;
 
 pub use incremental::IncrementalCheck;
 pub use metrics::{Accumulator, Location, Metrics};
-pub use pairs::{HiddenStateRow, PairObserver, PairReport};
+pub use pairs::{HiddenStateRow, PairObserver, PairReport, RouterAgreement};
 pub use verdict::{Tolerance, Verdict};

@@ -9,7 +9,54 @@ use super::metrics::{Accumulator, Metrics};
 use super::verdict::{Tolerance, Verdict};
 use crate::capture::{HiddenKind, Observer};
 use crate::error::Result;
+use crate::models::moe::Routing;
 use crate::precision::Precision;
+
+/// The MoE router's top-k agreement between two paths at one decoder layer
+/// (`pairs[].hidden_states[].router`, on the row of the layer's output).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct RouterAgreement {
+    /// token × slot choices compared (tokens of every prompt × top-k).
+    pub slots: usize,
+    /// Choices where path b's expert differs from path a's (slot by slot,
+    /// `torch.topk` order: a reordering of the same experts counts).
+    pub slots_differing: usize,
+    /// Tokens whose set of k experts differs (slot order aside).
+    pub tokens_with_other_experts: usize,
+    /// The same count with b's layer fed a's input (the *local*
+    /// comparison): the flips this layer makes by itself. `None` without it.
+    pub local_slots_differing: Option<usize>,
+}
+
+impl RouterAgreement {
+    /// a's and b's choices over the same prompts (`local`: b's layer on a's input).
+    ///
+    /// Errors: routings of different prompts or shapes ([`crate::error::Error::Input`]).
+    pub fn of(a: &[Routing], b: &[Routing], local: Option<&[Routing]>) -> Result<Self> {
+        let mut r = RouterAgreement::default();
+        for (x, y) in a.iter().zip(b) {
+            r.slots += x.indices.len();
+            r.slots_differing += x.slots_differing(y)?;
+            r.tokens_with_other_experts += x.tokens_with_other_experts(y)?;
+        }
+        if let Some(l) = local {
+            let mut n = 0;
+            for (x, y) in a.iter().zip(l) {
+                n += x.slots_differing(y)?;
+            }
+            r.local_slots_differing = Some(n);
+        }
+        Ok(r)
+    }
+
+    /// `0/456`, or `3/456 (local 1)` when the local comparison flips some.
+    pub fn cell(&self) -> String {
+        match self.local_slots_differing {
+            Some(l) if l > 0 => format!("{}/{} (local {l})", self.slots_differing, self.slots),
+            _ => format!("{}/{}", self.slots_differing, self.slots),
+        }
+    }
+}
 
 /// One `hidden_states` index of a pair (a JSON row of `pairs[].hidden_states`).
 #[derive(Debug, Clone, Serialize)]
@@ -34,6 +81,10 @@ pub struct HiddenStateRow {
     /// / final norm) include MISSING, randomly initialised tensors.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub random_init: Vec<String>,
+    /// The MoE router's top-k agreement of the layer this row is the output
+    /// of (MoE families only; absent for the dense ones and the embeddings).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub router: Option<RouterAgreement>,
 }
 
 /// The comparison of two loading paths over all prompts.
@@ -131,6 +182,7 @@ impl PairReport {
             local_verdict,
             needed_to_pass,
             random_init: Vec::new(),
+            router: None,
         });
     }
 
@@ -216,6 +268,23 @@ impl Observer for PairObserver {
         for (j, pair) in self.pairs.iter_mut().enumerate() {
             if let (Some(a), Some(b)) = (&logits[0], &logits[j + 1]) {
                 pair.set_logits(compare_prompts(a, b)?, argmax_agreement(a, b)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the router agreement on the row of `hidden_states[layer + 1]`.
+    fn routing(
+        &mut self,
+        layer: usize,
+        routing: &[Vec<Routing>],
+        local: &[Option<Vec<Routing>>],
+    ) -> Result<()> {
+        for (j, pair) in self.pairs.iter_mut().enumerate() {
+            let agreement =
+                RouterAgreement::of(&routing[0], &routing[j + 1], local[j + 1].as_deref())?;
+            if let Some(row) = pair.hidden_states.iter_mut().find(|r| r.index == layer + 1) {
+                row.router = Some(agreement);
             }
         }
         Ok(())

@@ -132,6 +132,15 @@ pub struct PromptOptions {
 }
 
 impl PromptOptions {
+    /// True when some option names prompts (else the built-in set runs).
+    pub fn names_prompts(&self) -> bool {
+        !self.texts.is_empty()
+            || !self.ids.is_empty()
+            || self.file.is_some()
+            || self.messages.is_some()
+            || self.prompt_set.is_some()
+    }
+
     /// True when some prompt is rendered with a chat template (`--chat`,
     /// `--messages`, `--prompt-set`).
     pub fn templated(&self) -> bool {

@@ -190,6 +190,7 @@ impl Compare {
             }
         }
         let loading_differences = out.len();
+        out.extend(router_cause(pair));
         if let Some(row) = pair
             .first_divergent
             .and_then(|i| pair.hidden_states.iter().find(|r| r.index == i))
@@ -297,8 +298,10 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
                     })
                     .unwrap_or_default();
                 format!(
-                    "{} and {} diverge from hidden_states[{i}] ({at}{dtypes}{detail})",
-                    p.a, p.b
+                    "{} and {} diverge from hidden_states[{i}] ({at}{dtypes}{detail}){}",
+                    p.a,
+                    p.b,
+                    router_flips(p)
                 )
             }
             (_, _, None) => {
@@ -370,9 +373,10 @@ pub fn type_label(row: &HiddenStateRow) -> String {
 }
 
 /// The per-layer table of `pair`: one row per `hidden_states` index, taps
-/// marked, the first divergent row highlighted.
+/// marked, the first divergent row highlighted; for an MoE pair, a column of
+/// router choices that differ (token × slot, of all compared).
 pub fn pair_table(report: &Compare, pair: &PairReport) -> Table {
-    let mut t = Table::new(vec![
+    let mut cols = vec![
         Column::new("hs").right().strong(),
         Column::new("layer").strong(),
         Column::new("type"),
@@ -383,19 +387,103 @@ pub fn pair_table(report: &Compare, pair: &PairReport) -> Table {
         Column::new("rel L2"),
         Column::new("bitwise"),
         Column::new("local cos min"),
-        Column::new("verdict").strong(),
-    ]);
+    ];
+    if has_router(pair) {
+        cols.push(Column::new("router Δ (slots)"));
+    }
+    cols.push(Column::new("verdict").strong());
+    let mut t = Table::new(cols);
     for r in &pair.hidden_states {
         t.push(pair_row(report, pair, r));
     }
     t
 }
 
+/// True when the pair's layers are MoE layers (rows carry router agreements).
+pub fn has_router(pair: &PairReport) -> bool {
+    pair.hidden_states.iter().any(|r| r.router.is_some())
+}
+
+/// The first layer whose router choices differ between the pair's paths, as
+/// a sentence (`None` when every choice agrees or the pair is dense).
+pub fn router_cause(pair: &PairReport) -> Option<String> {
+    let row = pair
+        .hidden_states
+        .iter()
+        .find(|r| r.router.is_some_and(|a| a.slots_differing > 0))?;
+    let a = row.router?;
+    let local = match a.local_slots_differing {
+        Some(0) => format!(
+            "; fed {}'s input, {}'s router agrees: the flip is inherited",
+            pair.a, pair.b
+        ),
+        Some(n) => format!(
+            "; {n} of them also on {}'s input: this layer flips by itself",
+            pair.a
+        ),
+        None => String::new(),
+    };
+    Some(format!(
+        "router: from layer {} on, {} routes differently from {} ({} of {} token×slot choices, {} tokens with another expert set{local})",
+        row.index - 1,
+        pair.b,
+        pair.a,
+        a.slots_differing,
+        a.slots,
+        a.tokens_with_other_experts
+    ))
+}
+
+/// `; router choices differ from layer 3 (5 of 456 token×slot choices)` for a
+/// pair whose MoE routers flip somewhere, else empty.
+fn router_flips(pair: &PairReport) -> String {
+    let flips: Vec<_> = pair
+        .hidden_states
+        .iter()
+        .filter_map(|r| {
+            r.router
+                .filter(|a| a.slots_differing > 0)
+                .map(|a| (r.index, a))
+        })
+        .collect();
+    match flips.first() {
+        Some((i, _)) => {
+            let n: usize = flips.iter().map(|(_, a)| a.slots_differing).sum();
+            let total: usize = pair
+                .hidden_states
+                .iter()
+                .filter_map(|r| r.router)
+                .map(|a| a.slots)
+                .sum();
+            format!(
+                "; router choices differ from layer {} ({n} of {total} token×slot choices)",
+                i - 1
+            )
+        }
+        None => String::new(),
+    }
+}
+
+/// One line on the routers of an MoE pair (`None` for a dense pair).
+pub fn router_summary(pair: &PairReport) -> Option<String> {
+    if !has_router(pair) {
+        return None;
+    }
+    Some(router_cause(pair).unwrap_or_else(|| {
+        let (layers, slots) = pair
+            .hidden_states
+            .iter()
+            .filter_map(|r| r.router)
+            .fold((0, 0), |(l, s), a| (l + 1, s + a.slots));
+        format!("router: every top-k choice agrees ({slots} token×slot choices over {layers} MoE layers)")
+    }))
+}
+
 /// One row of [`pair_table`].
 pub fn pair_row(report: &Compare, pair: &PairReport, r: &HiddenStateRow) -> Row {
     let m = &r.metrics;
     let first = pair.first_divergent == Some(r.index);
-    Row {
+    let mut row = Row {
         cells: vec![
             r.index.to_string().into(),
             layer_label(r).into(),
@@ -416,13 +504,22 @@ pub fn pair_row(report: &Compare, pair: &PairReport, r: &HiddenStateRow) -> Row 
                 .map(|l| cos(l.cos_min))
                 .unwrap_or_else(|| "-".into())
                 .into(),
-            Cell::Verdict(
-                r.verdict,
-                if first { " ← first divergent" } else { "" }.into(),
-            ),
         ],
         highlight: first,
+    };
+    if has_router(pair) {
+        row.cells.push(
+            r.router
+                .map(|a| a.cell())
+                .unwrap_or_else(|| "-".into())
+                .into(),
+        );
     }
+    row.cells.push(Cell::Verdict(
+        r.verdict,
+        if first { " ← first divergent" } else { "" }.into(),
+    ));
+    row
 }
 
 /// The prefill-vs-incremental table: one row per path.

@@ -1,5 +1,6 @@
 //! `diff`'s report: two dumps' metadata and their per-index parity, with the
-//! dtype-noise column when their dtypes differ.
+//! dtype-noise column when their dtypes differ, the indices one dump holds
+//! alone, and (`--align`) the best-matching index of a for every index of b.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +10,8 @@ use super::format::{cos, max_abs_at, sci, yes_no};
 use super::tabular::{Cell, Column, Row, Table};
 use super::{Document, Environment, Kind, Report};
 use crate::error::Result;
-use crate::parity::dumps::{DtypeNoiseRow, DumpComparison};
+use crate::parity::align::Alignment;
+use crate::parity::dumps::{DtypeNoiseRow, DumpComparison, Skipped};
 use crate::parity::{PairReport, Verdict};
 use crate::precision::Precision;
 
@@ -29,6 +31,64 @@ pub struct Diff {
     pub lower_dtype: Option<Precision>,
     /// Per row, whether the difference is dtype noise (dtypes differ).
     pub dtype_noise: Vec<DtypeNoiseRow>,
+    /// `hidden_states` indices held by one dump only (not compared).
+    pub skipped: Skipped,
+    /// False when a dump has no `input_ids`: the inputs could not be verified.
+    pub inputs_verified: bool,
+    /// `--align`: for every index of b, the index of a it matches best.
+    pub alignment: Option<AlignSection>,
+}
+
+/// The `--align` result with its one-line diagnosis.
+#[derive(Debug, Clone, Serialize)]
+pub struct AlignSection {
+    /// One line: the common offset and what it means, or the disagreement.
+    pub diagnosis: String,
+    /// Rows and the common offset.
+    #[serde(flatten)]
+    pub alignment: Alignment,
+}
+
+/// The run's verdict: the rows and logits, the last layer output when
+/// compared, and an alignment that is not at offset 0.
+fn verdict_of(c: &DumpComparison) -> Verdict {
+    let last = c
+        .pair
+        .last_layer_output
+        .as_ref()
+        .map(|m| c.pair.tolerance.judge(m));
+    let aligned = c.alignment.as_ref().map(|a| {
+        if a.offset == Some(0) {
+            Verdict::Pass
+        } else {
+            Verdict::Fail
+        }
+    });
+    [Some(c.pair.verdict()), last, aligned]
+        .into_iter()
+        .flatten()
+        .max_by_key(|v| *v as u8)
+        .unwrap_or(Verdict::Pass)
+}
+
+/// What the summary adds for partial and engine dumps.
+fn partial_summary(c: &DumpComparison) -> String {
+    let mut s = String::new();
+    if let Some(m) = &c.pair.last_layer_output {
+        let v = c.pair.tolerance.judge(m);
+        s.push_str(&format!("; last_layer_output {}", v.as_str()));
+    }
+    let n = c.skipped.a.len() + c.skipped.b.len();
+    if n > 0 && c.partial {
+        s.push_str(&format!("; {n} indices held by one dump only skipped"));
+    }
+    if !c.inputs_verified {
+        s.push_str("; inputs not verified (no input_ids)");
+    }
+    if let Some(a) = &c.alignment {
+        s.push_str(&format!("; align: {}", a.diagnosis()));
+    }
+    s
 }
 
 /// The report of comparison `c` between dumps named `na` and `nb` with the
@@ -39,9 +99,17 @@ pub fn build(
     dumps: Vec<BTreeMap<String, String>>,
     command: String,
 ) -> DiffReport {
-    let verdict = c.pair.verdict();
+    let verdict = verdict_of(&c);
     let noise_rows = c.dtype_noise.iter().filter(|r| r.dtype_noise).count();
-    let mut summary = match (verdict, c.pair.first_non_bitwise, c.pair.first_divergent) {
+    let rows_verdict = c.pair.verdict();
+    let mut summary = match (
+        rows_verdict,
+        c.pair.first_non_bitwise,
+        c.pair.first_divergent,
+    ) {
+        _ if c.pair.hidden_states.is_empty() => {
+            format!("{na} and {nb} hold no common hidden state")
+        }
         (Verdict::Pass, None, _) => format!(
             "{na} and {nb} agree bitwise at all {} hidden states",
             c.pair.hidden_states.len()
@@ -60,7 +128,24 @@ pub fn build(
             c.dtype_noise.len()
         ));
     }
-    let mut notes = Vec::new();
+    summary.push_str(&partial_summary(&c));
+    let mut notes = c.notes.clone();
+    if let (Some(o), Some("vllm")) = (
+        c.alignment
+            .as_ref()
+            .and_then(|a| a.offset)
+            .filter(|&o| o != 0),
+        dumps
+            .get(1)
+            .and_then(|m| m.get("source_format"))
+            .map(String::as_str),
+    ) {
+        notes.push(format!(
+            "b is a vLLM capture whose states sit {o:+} from the ids it was read with: the run captured other \
+             layers than its eagle_aux_hidden_state_layer_ids say (vLLM's blanket +1 over aux ids gives +1); \
+             re-import it with every --layer-ids value shifted by {o:+}"
+        ));
+    }
     if c.tap_offset != 0 {
         summary.push_str(&format!("; b shifted by tap offset {:+}", c.tap_offset));
         notes.push(format!(
@@ -81,8 +166,63 @@ pub fn build(
             tap_offset: c.tap_offset,
             lower_dtype: c.lower_dtype,
             dtype_noise: c.dtype_noise,
+            skipped: c.skipped,
+            inputs_verified: c.inputs_verified,
+            alignment: c.alignment.map(|alignment| AlignSection {
+                diagnosis: alignment.diagnosis(),
+                alignment,
+            }),
         },
     )
+}
+
+/// `--align`'s table: per index of b, the best index of a, the offset, how well.
+pub fn align_table(a: &AlignSection) -> Table {
+    let mut t = Table::new(vec![
+        Column::new("b index").strong(),
+        Column::new("best a index").strong(),
+        Column::new("offset"),
+        Column::new("cos mean"),
+        Column::new("cos min"),
+        Column::new("rel L2"),
+        Column::new("cos mean at a's same index"),
+        Column::new("runner-up (cos mean)"),
+    ]);
+    for r in &a.alignment.rows {
+        t.push(Row {
+            cells: vec![
+                r.compared.to_string().into(),
+                r.best.to_string().into(),
+                format!("{:+}", r.offset).into(),
+                cos(r.cos_mean).into(),
+                cos(r.cos_min).into(),
+                sci(r.rel_l2).into(),
+                r.same_index_cos_mean
+                    .map(cos)
+                    .unwrap_or_else(|| "-".into())
+                    .into(),
+                r.runner_up
+                    .map(|(i, c)| format!("{i} ({})", cos(c)))
+                    .unwrap_or_else(|| "-".into())
+                    .into(),
+            ],
+            highlight: r.offset != 0,
+        });
+    }
+    t
+}
+
+/// The last-layer-output line (partial dumps), when compared.
+fn last_line(p: &PairReport) -> Option<String> {
+    p.last_layer_output.as_ref().map(|m| {
+        format!(
+            "last_layer_output (pre-norm): cos min {}, max abs diff {}, rel L2 {}, {}",
+            cos(m.cos_min),
+            max_abs_at(m),
+            sci(m.rel_l2),
+            p.tolerance.judge(m).as_str()
+        )
+    })
 }
 
 /// The per-index table of `p` (with the dtype-noise column when the dumps'
@@ -148,6 +288,16 @@ pub fn render(r: &DiffReport) -> String {
                 p.argmax_agreement.unwrap_or(f64::NAN)
             ));
         }
+        if let Some(l) = last_line(p) {
+            out.push_str(&format!("{l}\n"));
+        }
+    }
+    if let Some(a) = &r.alignment {
+        out.push_str(&format!(
+            "\n{}\nalign: {}\n",
+            align_table(a).terminal(),
+            a.diagnosis
+        ));
     }
     for n in &r.notes {
         out.push_str(&format!("note: {n}\n"));
@@ -193,6 +343,16 @@ pub fn markdown(r: &DiffReport) -> String {
             p.a,
             p.b,
             index_table(r, p).markdown()
+        ));
+        if let Some(l) = last_line(p) {
+            md.push_str(&format!("\n{l}\n"));
+        }
+    }
+    if let Some(a) = &r.alignment {
+        md.push_str(&format!(
+            "\n## Alignment (`--align`)\n\n{}\n{}\n",
+            a.diagnosis,
+            align_table(a).markdown()
         ));
     }
     for n in &r.notes {

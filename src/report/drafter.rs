@@ -18,10 +18,10 @@ pub fn build(
     command: String,
     notes: Vec<String>,
 ) -> DrafterReport {
-    let verdict = if eval.tau_gap > eval.max_tau_gap {
-        Verdict::Fail
-    } else {
+    let verdict = if eval.failures().is_empty() {
         Verdict::Pass
+    } else {
+        Verdict::Fail
     };
     let join = |f: &dyn Fn(&crate::drafter::eval::PathTau) -> String| {
         eval.paths.iter().map(f).collect::<Vec<_>>().join(" vs ")
@@ -39,6 +39,10 @@ pub fn build(
         eval.tau_gap,
         eval.max_tau_gap
     );
+    let summary = match eval.departures().first() {
+        Some(first) => format!("{summary}; {first}"),
+        None => summary,
+    };
     Report::new(
         Kind::Drafter,
         verdict,
@@ -60,6 +64,7 @@ pub fn tau_table(d: &DrafterEval) -> Table {
         Column::new("τ (pooled)"),
         Column::new(format!("DDTree-{budget} τ")),
         Column::new("rounds").only(Sinks::Terminal),
+        Column::new("sweeps").only(Sinks::Terminal),
         Column::new("accept@1..").only(Sinks::Terminal),
         Column::new("lm_head"),
     ]);
@@ -82,6 +87,7 @@ pub fn tau_table(d: &DrafterEval) -> Table {
             tau(p.summary.tau_pooled).into(),
             tau(p.ddtree.tau_macro).into(),
             rounds.to_string().into(),
+            p.sweeps.to_string().into(),
             acc.join(" ").into(),
             p.lm_head_from.clone().into(),
         ]));
@@ -101,6 +107,7 @@ pub fn tau_table(d: &DrafterEval) -> Table {
             "-".into(),
             "-".into(),
             "-".into(),
+            "-".into(),
         ]));
     }
     t
@@ -108,14 +115,33 @@ pub fn tau_table(d: &DrafterEval) -> Table {
 
 /// One line about the drafter: taps, block size, mask token, dtype, tokens.
 fn drafter_line(d: &DrafterEval, source: &str) -> String {
+    let tokens = match &d.trajectories {
+        Some(t) => format!(
+            "τ on the supplied trajectories {} (sha256 {}): {} prompts, up to {} output tokens replayed per prompt",
+            t.file,
+            t.sha256,
+            t.output_tokens.len(),
+            d.max_new_tokens
+        ),
+        None => format!("{} new tokens per prompt", d.max_new_tokens),
+    };
     format!(
-        "{source}: taps {:?}, block size {}, mask token {}, computed in {}; {} new tokens per prompt",
-        d.drafter.target_layer_ids,
-        d.drafter.block_size,
-        d.drafter.mask_token_id,
-        d.drafter.dtype,
-        d.max_new_tokens
+        "{source}: taps {:?}, block size {}, mask token {}, computed in {}; {tokens}",
+        d.drafter.target_layer_ids, d.drafter.block_size, d.drafter.mask_token_id, d.drafter.dtype,
     )
+}
+
+/// The trajectory check, one line per path, with the near-tie threshold.
+fn trajectory_lines(d: &DrafterEval) -> Vec<String> {
+    let Some(t) = &d.trajectories else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = t.paths.iter().map(|p| p.describe()).collect();
+    out.push(format!(
+        "near-tie: top-1 logit minus the given token's ≤ {} × max(1, |top-1|) (listed, not failed)",
+        t.near_tie_margin
+    ));
+    out
 }
 
 /// The terminal rendering.
@@ -128,8 +154,12 @@ pub fn render(d: &DrafterReport) -> String {
     if let Some(line) = d.environment.rendering_line() {
         out.push_str(&format!("prompts: {line}\n"));
     }
+    out.push_str(&format!("memory: {}\n", d.plan.describe()));
     out.push_str(&tau_table(d).terminal().to_string());
     out.push_str(&format!("\nτ rule: {}\n", d.end_rule.describe()));
+    for l in trajectory_lines(d) {
+        out.push_str(&format!("trajectories: {l}\n"));
+    }
     for n in &d.notes {
         out.push_str(&format!("note: {n}\n"));
     }
@@ -138,13 +168,21 @@ pub fn render(d: &DrafterReport) -> String {
 
 /// The Markdown section (`compare --drafter`'s `report.md`).
 pub fn markdown(d: &DrafterReport) -> String {
-    format!(
+    let mut out = format!(
         "\n## Drafter τ\n\n{}\n\nDrafter {}.\n\n{}\nτ rule: {}.\n",
         d.summary,
         drafter_line(d, &format!("`{}`", d.drafter.source)),
         tau_table(d).markdown(),
         d.end_rule.describe()
-    )
+    );
+    let lines = trajectory_lines(d);
+    if !lines.is_empty() {
+        out.push_str("\nSupplied trajectories:\n\n");
+        for l in lines {
+            out.push_str(&format!("- {l}\n"));
+        }
+    }
+    out
 }
 
 impl Document for DrafterReport {

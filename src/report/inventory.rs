@@ -9,33 +9,54 @@ use crate::error::Result;
 use crate::loading::{Inventory, PathInventory};
 
 /// One row per loading path: path, class and dtype (terminal), tensors,
-/// consumed, renamed (Markdown), dropped by rule, unexpected, missing, tied.
+/// consumed, renamed (Markdown), converted (checkpoint keys → parameters;
+/// only when a path has an expert conversion), dropped by rule, unexpected,
+/// missing, tied.
 pub fn inventory_table(paths: &[PathInventory]) -> Table {
-    let mut t = Table::new(vec![
+    let converted = paths.iter().any(|p| p.converted.is_some());
+    let mut cols = vec![
         Column::new("path"),
         Column::new("class").only(Sinks::Terminal),
         Column::new("dtype (reason)").only(Sinks::Terminal),
         Column::new("tensors"),
         Column::new("consumed"),
         Column::new("renamed").only(Sinks::Markdown),
+    ];
+    if converted {
+        cols.push(Column::new("converted (keys → params)"));
+    }
+    cols.extend([
         Column::new("dropped by rule"),
         Column::new("unexpected"),
         Column::new("missing"),
         Column::new("tied lm_head"),
     ]);
+    let mut t = Table::new(cols);
     for p in paths {
-        t.push(Row::new(vec![
+        let mut cells: Vec<Cell> = vec![
             Cell::code(&p.name),
             format!("{}\n({})", p.class, p.auto_class).into(),
             format!("{}\n({})", p.dtype, p.dtype_reason).into(),
             p.tensors.to_string().into(),
             p.consumed.to_string().into(),
             p.renamed.to_string().into(),
+        ];
+        if converted {
+            cells.push(
+                p.converted
+                    .as_ref()
+                    .map(|c| c.cell())
+                    .unwrap_or_else(|| "-".into())
+                    .into(),
+            );
+        }
+        cells.extend([
             p.dropped_by_rule.to_string().into(),
             p.unexpected.to_string().into(),
             p.missing.to_string().into(),
             yes_no(p.tied_lm_head).into(),
-        ]));
+        ]);
+        t.push(Row::new(cells));
     }
     t
 }
@@ -104,6 +125,9 @@ pub fn render_inventory_table(inv: &Inventory) -> String {
                 }
             ));
         };
+        if let Some(c) = &p.converted {
+            out.push_str(&format!("  {}\n", c.describe()));
+        }
         list("UNEXPECTED", &p.unexpected_names, &mut out);
         let missing: Vec<String> = p
             .missing_names

@@ -159,6 +159,9 @@ fn inventory(report: &CompareReport) -> String {
                 None => md.push_str(&format!("  - rule `{rule}`\n")),
             }
         }
+        if let Some(c) = &p.converted {
+            md.push_str(&format!("  - {}\n", c.describe()));
+        }
         for (label, names) in [
             ("unexpected (dropped, reported)", &p.unexpected_names),
             ("missing (newly initialised)", &p.missing_names),
@@ -233,6 +236,9 @@ fn pair_section(report: &CompareReport, pair: &PairReport) -> String {
         ));
     } else {
         md.push_str(&rows);
+    }
+    if let Some(r) = super::compare::router_summary(pair) {
+        md.push_str(&format!("\n{}.\n", r.trim_end_matches('.')));
     }
     if let Some(l) = &pair.logits {
         md.push_str(&format!(

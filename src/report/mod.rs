@@ -2,8 +2,9 @@
 //! verb puts in it, and the renderers. Renderers never compute: every number
 //! is in the report (hyperfine's `export/` pattern).
 //!
-//! - [`compare`], [`diff`], [`drafter`], [`triage`]: the body of each verb's
-//!   report and its terminal / Markdown rendering;
+//! - [`compare`], [`diff`], [`drafter`] (and [`features`], `drafter --features`),
+//!   [`triage`], [`import`]: the body of each verb's report and its terminal /
+//!   Markdown rendering;
 //! - [`inventory`]: the inventory table;
 //! - [`tabular`]: the one row model every table is built in, sunk into
 //!   comfy-table or Markdown; [`format`]: number formatting;
@@ -16,7 +17,9 @@
 pub mod compare;
 pub mod diff;
 pub mod drafter;
+pub mod features;
 pub mod format;
+pub mod import;
 pub mod inventory;
 pub mod json;
 pub mod markdown;
@@ -40,6 +43,7 @@ use crate::session::Session;
 pub use compare::CompareReport;
 pub use diff::DiffReport;
 pub use drafter::DrafterReport;
+pub use import::ImportReport;
 pub use prompts::PromptsReport;
 pub use triage::TriageReport;
 
@@ -64,6 +68,8 @@ pub enum Kind {
     Triage,
     /// `hsparity prompts`.
     Prompts,
+    /// `hsparity import`.
+    Import,
 }
 
 /// The target a run read, when it read one (`diff` reads dumps only).

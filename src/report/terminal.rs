@@ -2,7 +2,7 @@
 //! paths, then one table per pair with a row per `hidden_states` index, the
 //! prefill-vs-incremental checks and the drafter's τ table.
 
-use super::compare::{incremental_table, pair_table, CompareReport};
+use super::compare::{incremental_table, pair_table, router_summary, CompareReport};
 use super::format::{cos, gib, max_abs_at, sci, yes_no};
 
 /// The whole terminal report.
@@ -26,22 +26,7 @@ pub fn render(report: &CompareReport) -> String {
             }
         ));
     }
-    for p in &report.inventory.paths {
-        out.push_str(&format!(
-            "  {:<20} inventory: {} tensors = {} consumed + {} missing; {} dropped by rule, {} unexpected{}\n",
-            p.name,
-            p.tensors,
-            p.consumed,
-            p.missing,
-            p.dropped_by_rule,
-            p.unexpected,
-            if p.unexpected_names.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", p.unexpected_names.iter().take(3).cloned().collect::<Vec<_>>().join(", "))
-            }
-        ));
-    }
+    out.push_str(&inventory_lines(report));
     let toks: Vec<String> = report
         .prompts
         .iter()
@@ -67,6 +52,9 @@ pub fn render(report: &CompareReport) -> String {
         ));
         out.push_str(&pair_table(report, pair).terminal().to_string());
         out.push('\n');
+        if let Some(r) = router_summary(pair) {
+            out.push_str(&format!("{r}\n"));
+        }
         if let Some(l) = &pair.logits {
             out.push_str(&format!(
                 "logits: cos min {}, max abs diff {}, rel L2 {}, bitwise {}, argmax agreement {:.4}\n",
@@ -120,6 +108,32 @@ pub fn render(report: &CompareReport) -> String {
     }
     if let Some(b) = report.environment.peak_rss_bytes {
         out.push_str(&format!("peak RSS {}\n", gib(b)));
+    }
+    out
+}
+
+/// One line per path: tensors = consumed + missing, converted, dropped, unexpected.
+fn inventory_lines(report: &CompareReport) -> String {
+    let mut out = String::new();
+    for p in &report.inventory.paths {
+        out.push_str(&format!(
+            "  {:<20} inventory: {} tensors = {} consumed + {} missing; {}{} dropped by rule, {} unexpected{}\n",
+            p.name,
+            p.tensors,
+            p.consumed,
+            p.missing,
+            p.converted
+                .as_ref()
+                .map(|c| format!("converted {} keys → {} params; ", c.checkpoint_keys, c.parameters))
+                .unwrap_or_default(),
+            p.dropped_by_rule,
+            p.unexpected,
+            if p.unexpected_names.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", p.unexpected_names.iter().take(3).cloned().collect::<Vec<_>>().join(", "))
+            }
+        ));
     }
     out
 }

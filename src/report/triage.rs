@@ -4,6 +4,7 @@
 use super::format::{cos6, delta, seconds, tau};
 use super::tabular::{Column, Row, Sinks, Table};
 use super::{Document, Environment, Kind, Report};
+use crate::drafter::trajectories::PathDepartures;
 use crate::error::Result;
 use crate::triage::{SuspectGroup, Triage, VariantResult};
 
@@ -52,6 +53,9 @@ pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
     if let Some(o) = r.observed_tau {
         cols.push(Column::new(format!("≈ observed {o}")));
     }
+    if r.trajectories.is_some() {
+        cols.push(Column::new("departs from the given tokens"));
+    }
     cols.push(Column::new("what it emulates"));
     let mut t = Table::new(cols);
     for (i, v) in r.variants.iter().enumerate() {
@@ -83,6 +87,9 @@ pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
                 .into(),
             );
         }
+        if r.trajectories.is_some() {
+            row.push(departs(v.departures.as_ref()).into());
+        }
         let own = if v.divergence_on == "own-trajectory" {
             " (divergence on its own trajectory)"
         } else {
@@ -92,6 +99,23 @@ pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
         t.push(Row::new(row));
     }
     t
+}
+
+/// A variant's departures from the supplied trajectories: `no`, `prompt k
+/// position j (n)`, near-ties only, or `-` for variants reading the
+/// baseline's logits.
+fn departs(d: Option<&PathDepartures>) -> String {
+    match d {
+        None => "- (baseline's logits)".into(),
+        Some(d) => match &d.first_failure {
+            Some(f) => format!(
+                "prompt {} position {} ({} of {})",
+                f.prompt, f.position, d.departures, d.checked
+            ),
+            None if d.near_ties > 0 => format!("near-ties only ({})", d.near_ties),
+            None => "no".into(),
+        },
+    }
 }
 
 /// `baseline: causal-lm (bf16, chunked Gated DeltaNet, taps [1, 2]): τ …, DDTree τ …`.

@@ -14,6 +14,7 @@ use super::suspects::{Recipe, Suspect};
 use super::{Baseline, TriageSettings, VariantResult};
 use crate::drafter::bootstrap::{Bootstrap, DeltaInterval};
 use crate::drafter::eval::PromptTau;
+use crate::drafter::trajectories::{Given, PathDepartures};
 use crate::error::Result;
 use crate::models::dflash::Drafter;
 use crate::parity::Tolerance;
@@ -31,16 +32,17 @@ pub struct PromptRun {
     pub tokens: Vec<u32>,
 }
 
-/// Per-prompt runs of an outcome (`max_new` new tokens each).
-pub fn per_prompt(o: &Outcome, max_new: usize) -> Vec<PromptRun> {
+/// Per-prompt runs of an outcome (`max_new[k]` new tokens of prompt k).
+pub fn per_prompt(o: &Outcome, max_new: &[usize]) -> Vec<PromptRun> {
     o.dflash
         .iter()
         .zip(&o.tokens)
         .zip(&o.prompt_lens)
-        .map(|((p, t), &n)| PromptRun {
+        .zip(max_new)
+        .map(|(((p, t), &n), &m)| PromptRun {
             tau: p.tau,
             acceptance_lengths: p.acceptance_lengths.clone(),
-            tokens: t[n..(n + max_new).min(t.len())].to_vec(),
+            tokens: t[n..(n + m).min(t.len())].to_vec(),
         })
         .collect()
 }
@@ -106,6 +108,7 @@ pub fn next_check(top: &Suspect, baseline_tau: f64, checkpoint: &str, drafter: &
         Suspect::Vlm => format!("`hsparity compare {checkpoint} --paths causal-lm,vlm` shows where the two loading paths part"),
         Suspect::Dtype(p) => format!("check the dtype your harness loads the target in (`hsparity inventory {checkpoint}` lists each path's); {p} costs what this row says"),
         Suspect::Recurrent => format!("check which delta-rule kernel your engine runs for multi-token forwards: {correct}"),
+        Suspect::RouterDtype => format!("check that your engine computes the MoE router's softmax in f32 (transformers: softmax(router_logits, dtype=torch.float)): {correct}"),
         Suspect::MissingOn(_) | Suspect::RandomLmHead => format!("`hsparity inventory {checkpoint}` lists what each loading path leaves MISSING"),
     }
 }
@@ -124,8 +127,8 @@ pub struct Scoring<'a> {
     pub boot: Bootstrap,
     /// The triage settings (`--observed-tau`).
     pub settings: &'a TriageSettings,
-    /// New tokens per prompt.
-    pub max_new: usize,
+    /// `--trajectories`: every lane measured on them.
+    pub given: Option<&'a Given>,
 }
 
 impl Scoring<'_> {
@@ -163,7 +166,10 @@ impl Scoring<'_> {
         let tau_v = super::tau(&o.dflash, b);
         let iv = interval(&self.boot, &o.dflash, &ran.baseline.dflash);
         let same_text = edit.is_none_or(LaneEdit::same_conversation_text);
-        let own_run = matches!(recipe, Recipe::Model { .. }) && same_text;
+        // With supplied trajectories no suspect generates its own
+        // continuation: its departures from the given tokens say it instead.
+        let own_run = matches!(recipe, Recipe::Model { .. }) && same_text && self.given.is_none();
+        let max_new = &ran.base.max_new;
         Ok(VariantResult {
             name: s.name(),
             group: s.group(),
@@ -188,13 +194,17 @@ impl Scoring<'_> {
                     o,
                     &ran.base.tokens,
                     &self.session.prompt_lens(),
-                    self.max_new,
+                    self.settings.replay.max_new,
                 )
             }),
-            per_prompt: per_prompt(o, self.max_new),
+            per_prompt: per_prompt(o, max_new),
             wall_s: o.wall_s,
             sweeps: o.sweeps,
             shared_sweeps_with: ran.shared[i].clone(),
+            departures: self
+                .given
+                .filter(|_| !matches!(recipe, Recipe::Taps(_) | Recipe::Drafter(_)))
+                .map(|g| PathDepartures::new(&s.name(), super::checked(g), &o.departures)),
         })
     }
 }

@@ -74,7 +74,9 @@ pub struct Planned {
     pub not_applicable: Vec<NotApplicable>,
 }
 
-/// Plans the harness and engine suspects for `session` and `drafter`.
+/// Plans the harness and engine suspects for `session` and `drafter`
+/// (`given`: every variant is measured on supplied trajectories, so the
+/// suspects that need their own decode loop or another prompt do not run).
 ///
 /// Errors ([`Error::Input`]): `--reset-at` outside some prompt.
 pub fn plan(
@@ -82,6 +84,7 @@ pub fn plan(
     drafter: &Drafter,
     replay: Replay,
     opts: &HarnessOptions,
+    given: bool,
 ) -> Result<Planned> {
     let mut p = Planned {
         suspects: Vec::new(),
@@ -100,7 +103,12 @@ pub fn plan(
         ..LaneEdit::default()
     };
     let mut run = Vec::new();
-    if linear {
+    if given {
+        skip(
+            Suspect::HarnessGdnCrop,
+            "with --trajectories the tokens are given and teacher-forced: there is no decode loop whose cache crop to emulate (a trajectory written by such a loop shows as the baseline's departures from it)".into(),
+        );
+    } else if linear {
         let crop = LaneEdit {
             own_trajectory: true,
             ..edit(Faults {
@@ -154,7 +162,11 @@ pub fn plan(
     } else {
         skip(Suspect::KvFp8, "the target has no attention layers".into());
     }
-    match flipped_prompts(session, drafter, replay, &opts.prompts) {
+    let flipped = match given {
+        true => Err("with --trajectories the prompts are the supplied ones, and a prompt rendered otherwise has no supplied continuation to measure on".into()),
+        false => flipped_prompts(session, drafter, replay, &opts.prompts),
+    };
+    match flipped {
         Ok((value, prompts)) => run.push((
             Suspect::ThinkingFlipped(value),
             Some(LaneEdit {
@@ -289,5 +301,6 @@ pub fn lane_recipe(edit: &LaneEdit, prec: crate::precision::Precision) -> Recipe
         form: crate::models::GdnForm::Chunked,
         decode_shift: 0,
         lane: edit.clone(),
+        spec: None,
     }
 }

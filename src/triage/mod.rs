@@ -7,7 +7,10 @@
 //! measured on the baseline's trajectory and its τ on its own greedy
 //! trajectory. Suspects that only change which hidden states feed the drafter
 //! (tap offsets, the normed last tap) reuse the baseline's forward, so they
-//! cost no target compute.
+//! cost no target compute. With `--trajectories` every variant is measured
+//! on the supplied greedy outputs instead (one teacher-forced sweep per
+//! group; the suspects that need their own decode loop or prompts do not
+//! apply).
 
 pub mod assess;
 mod groups;
@@ -25,6 +28,7 @@ use crate::drafter::eval::{self, EndRule, PromptTau};
 use crate::drafter::paths::plan_for;
 use crate::drafter::plan::Residency;
 use crate::drafter::target::TargetModel;
+use crate::drafter::trajectories::{Given, GivenFile, PathDepartures, TrajectoryReport};
 use crate::drafter::{load_checked, Replay};
 use crate::error::Result;
 use crate::loading::resident::Resident;
@@ -60,6 +64,8 @@ pub struct TriageSettings {
     /// `--reset-at`, `--left-pad` and the prompt options (the harness and
     /// engine suspects).
     pub harness: HarnessOptions,
+    /// `--trajectories`: every variant measured on supplied greedy outputs.
+    pub trajectories: Option<GivenFile>,
 }
 
 /// One suspect's outcome (a `variants[]` row of `triage --json`).
@@ -110,6 +116,11 @@ pub struct VariantResult {
     /// The other runs that shared those sweeps (batched as extra sequences).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shared_sweeps_with: Vec<String>,
+    /// With `--trajectories`: where this variant's argmax leaves the given
+    /// tokens (absent for variants reading the baseline's forward, whose
+    /// logits are the baseline's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub departures: Option<PathDepartures>,
 }
 
 /// The baseline the variants are measured against.
@@ -152,6 +163,9 @@ pub struct Triage {
     pub next_check: Option<String>,
     /// `--observed-tau`.
     pub observed_tau: Option<f64>,
+    /// The supplied trajectories and the baseline's departures from them
+    /// (`None` when every variant generated its own).
+    pub trajectories: Option<TrajectoryReport>,
     /// Whole run, seconds.
     pub wall_time_s: f64,
 }
@@ -206,30 +220,44 @@ fn plan(
     replay: Replay,
     notes: &mut Vec<String>,
 ) -> Result<harness::Planned> {
-    let mut plan = vec![Suspect::Vlm];
     let mut not_applicable = Vec::new();
+    let mut skip = |s: Suspect, reason: String| {
+        not_applicable.push(NotApplicable {
+            name: s.name(),
+            reason,
+        })
+    };
+    let mut plan = vec![Suspect::Vlm];
     plan.extend(
         Precision::ALL
             .into_iter()
             .filter(|&p| p != base_prec)
             .map(Suspect::Dtype),
     );
-    plan.extend([
-        Suspect::Recurrent,
-        Suspect::TapOffset(-1),
-        Suspect::TapOffset(1),
-    ]);
+    plan.push(Suspect::Recurrent);
+    match (&session.spec.moe, base_prec) {
+        (None, _) => skip(
+            Suspect::RouterDtype,
+            "the target is dense: it has no MoE routers".into(),
+        ),
+        (Some(_), Precision::F32) => skip(
+            Suspect::RouterDtype,
+            "the baseline computes in f32, where the router's softmax is f32 either way".into(),
+        ),
+        (Some(_), _) => plan.push(Suspect::RouterDtype),
+    }
+    plan.extend([Suspect::TapOffset(-1), Suspect::TapOffset(1)]);
     let n_layers = session.spec.num_layers();
     if drafter.cfg.target_layer_ids.iter().max() == Some(&(n_layers - 1)) {
         plan.push(Suspect::NormedLastTap);
     } else {
-        not_applicable.push(NotApplicable {
-            name: Suspect::NormedLastTap.name(),
-            reason: format!(
+        skip(
+            Suspect::NormedLastTap,
+            format!(
                 "no tap is on the last layer ({}), and only hidden_states[N] is final-normed",
                 n_layers - 1
             ),
-        });
+        );
     }
     plan.extend([
         Suspect::Positions(1),
@@ -250,7 +278,13 @@ fn plan(
         }
     }
     let mut out: Vec<(Suspect, Option<LaneEdit>)> = plan.into_iter().map(|s| (s, None)).collect();
-    let h = harness::plan(session, drafter, replay, &settings.harness)?;
+    let h = harness::plan(
+        session,
+        drafter,
+        replay,
+        &settings.harness,
+        settings.trajectories.is_some(),
+    )?;
     out.extend(h.suspects);
     not_applicable.extend(h.not_applicable);
     Ok(harness::Planned {
@@ -263,10 +297,16 @@ fn plan(
 /// result, its summary sentence and notes. Suspects that read the same
 /// weights in the same dtype with the same lm_head as another run share its
 /// sweeps (extra sequences in the same DFlash loop); tap suspects read the
-/// baseline's forward.
+/// baseline's forward. With `given` trajectories (read into the session by
+/// [`crate::drafter::attach_trajectories`]) every variant is measured on
+/// them: one teacher-forced sweep per group, no generation.
 ///
 /// Errors: as the drafter loading ([`load_checked`]) and the model runs.
-pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, String, Vec<String>)> {
+pub fn run(
+    session: &Session,
+    settings: &TriageSettings,
+    given: Option<Given>,
+) -> Result<(Triage, String, Vec<String>)> {
     let t0 = Instant::now();
     let replay = Replay {
         rule: EndRule::GithubMain,
@@ -274,38 +314,22 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
     };
     // The left pads, like a position shift, move the last positions out.
     let extra = settings.position_shift.max(settings.harness.left_pad);
-    let (drafter, _) = load_checked(session, &settings.drafter, replay, extra)?;
+    let (drafter, _, given) = load_checked(session, &settings.drafter, replay, extra, given)?;
     let mut notes = Vec::new();
     let base_path = &session.paths[0];
     let base_prec = base_path.dtype;
-    let mem = plan_for(session, &drafter, settings.memory_budget);
-    let resident = |view: &crate::loading::TensorView| -> Result<Option<Resident>> {
-        match mem.mode {
-            Residency::Resident => Resident::load(view, view.names()).map(Some),
-            Residency::Streamed => Ok(None),
-        }
-    };
-    let resident_base = resident(&base_path.view)?;
-    let base_w: &dyn WeightSource = match &resident_base {
-        Some(r) => r,
-        None => &base_path.view,
-    };
     let harness::Planned {
         suspects: planned,
         not_applicable,
     } = plan(session, &drafter, base_prec, settings, replay, &mut notes)?;
     let suspects: Vec<Suspect> = planned.iter().map(|(s, _)| *s).collect();
     let recipes = recipes_of(&planned, session, base_prec, settings.seed)?;
-    let residents: Vec<Option<Resident>> = recipes
-        .iter()
-        .map(|r| match r {
-            Recipe::Model {
-                weights: Weights::Path(p),
-                ..
-            } => resident(&p.view),
-            _ => Ok(None),
-        })
-        .collect::<Result<_>>()?;
+    let mem = plan_for(session, &drafter, settings.memory_budget);
+    let (resident_base, residents) = hold(mem.mode, &base_path.view, &recipes)?;
+    let base_w: &dyn WeightSource = match &resident_base {
+        Some(r) => r,
+        None => &base_path.view,
+    };
     let base_target = TargetModel {
         spec: &session.spec,
         weights: base_w,
@@ -320,10 +344,10 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         &session.prompt_ids(),
         replay,
         &names,
+        given.as_ref(),
         settings.quiet,
     )?;
     let b = drafter.cfg.block_size;
-    let max_new = replay.max_new;
     let baseline = Baseline {
         path: LoadingPath::CausalLm,
         dtype: base_prec,
@@ -333,7 +357,7 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         ddtree_tau_macro: tau(&ran.baseline.ddtree, b),
         wall_s: ran.baseline.wall_s,
         sweeps: ran.baseline.sweeps,
-        per_prompt: assess::per_prompt(&ran.baseline, max_new),
+        per_prompt: assess::per_prompt(&ran.baseline, &ran.base.max_new),
     };
     let mut outcomes = std::mem::take(&mut ran.outcomes);
     groups::tap_outcomes(
@@ -354,7 +378,7 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         ran: &ran,
         boot,
         settings,
-        max_new,
+        given: given.as_ref(),
     };
     let mut variants = Vec::new();
     for (i, s) in suspects.iter().enumerate() {
@@ -363,7 +387,10 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         }
     }
     variants.sort_by(|a, b| b.delta_tau.abs().total_cmp(&a.delta_tau.abs()));
-    let summary = summarize(&baseline, &variants, settings.observed_tau);
+    let mut summary = summarize(&baseline, &variants, settings.observed_tau);
+    let trajectories = given
+        .as_ref()
+        .map(|g| trajectory_report(g, &ran.baseline, &mut summary, &mut notes));
     let next_check = next_check(&variants, &suspects, &baseline, session, settings);
     let triage = Triage {
         baseline,
@@ -372,9 +399,63 @@ pub fn run(session: &Session, settings: &TriageSettings) -> Result<(Triage, Stri
         uncertainty: boot,
         next_check,
         observed_tau: settings.observed_tau,
+        trajectories,
         wall_time_s: t0.elapsed().as_secs_f64(),
     };
     Ok((triage, summary, notes))
+}
+
+/// The supplied trajectories with the baseline's departures from them; a
+/// note that τ is measured on them, and a summary clause when the baseline
+/// itself departs.
+fn trajectory_report(
+    g: &Given,
+    baseline: &groups::Outcome,
+    summary: &mut String,
+    notes: &mut Vec<String>,
+) -> TrajectoryReport {
+    let base = PathDepartures::new("baseline", checked(g), &baseline.departures);
+    notes.push(format!(
+        "τ of every variant is measured on the supplied trajectories, not on its own greedy continuation; {}",
+        base.describe()
+    ));
+    if base.first_failure.is_some() {
+        summary.push_str("; the given trajectory is not the baseline's greedy output");
+    }
+    TrajectoryReport::new(g, vec![base])
+}
+
+/// Output positions of the supplied trajectories (each is checked).
+pub(crate) fn checked(g: &Given) -> usize {
+    g.lines.iter().map(|t| t.output.len()).sum()
+}
+
+/// Holds the baseline's weights and each other loading path's resident in
+/// their stored dtype under a resident plan (another path shares every
+/// tensor it reads from the same checkpoint key), or none under a streamed
+/// one.
+///
+/// Errors: shard I/O.
+fn hold(
+    mode: Residency,
+    base: &crate::loading::TensorView,
+    recipes: &[Recipe],
+) -> Result<(Option<Resident>, Vec<Option<Resident>>)> {
+    if mode == Residency::Streamed {
+        return Ok((None, recipes.iter().map(|_| None).collect()));
+    }
+    let b = Resident::load(base, base.names())?;
+    let others = recipes
+        .iter()
+        .map(|r| match r {
+            Recipe::Model {
+                weights: Weights::Path(p),
+                ..
+            } => Resident::load_sharing(&p.view, p.view.names(), Some(&b)).map(Some),
+            _ => Ok(None),
+        })
+        .collect::<Result<_>>()?;
+    Ok((Some(b), others))
 }
 
 /// Each planned suspect's recipe: a harness or engine suspect's lanes on the

@@ -9,7 +9,8 @@ use super::lanes::LaneEdit;
 use crate::drafter::eval;
 use crate::error::{Error, Result};
 use crate::loading::{InitRule, LoadingPath, ResolvedPath, WeightSource};
-use crate::models::GdnForm;
+use crate::models::moe::RouterSoftmax;
+use crate::models::{GdnForm, TextModelSpec};
 use crate::precision::Precision;
 use crate::session::Session;
 
@@ -47,6 +48,8 @@ pub enum Suspect {
     ThinkingFlipped(bool),
     /// The drafter's sliding-window layers run as full attention.
     DrafterSwaAsFull,
+    /// MoE targets: the router's softmax in the model dtype instead of f32.
+    RouterDtype,
 }
 
 /// What kind of fault a suspect stands for (the triage report's sections).
@@ -121,6 +124,10 @@ pub enum Recipe {
         /// Faults, prompt changes and where divergence is measured (none
         /// for the loading and numerics suspects).
         lane: LaneEdit,
+        /// The model's geometry and numerics when they are not the
+        /// session's (the router's softmax dtype); such a run shares no
+        /// sweeps.
+        spec: Option<Box<TextModelSpec>>,
     },
     /// Other hidden states of the baseline's forward fed to the drafter.
     Taps(Taps),
@@ -172,6 +179,7 @@ impl Suspect {
             Suspect::KvFp8 => "kv-fp8".into(),
             Suspect::ThinkingFlipped(_) => "thinking-flipped".into(),
             Suspect::DrafterSwaAsFull => "drafter-swa-as-full".into(),
+            Suspect::RouterDtype => "router-dtype".into(),
         }
     }
 
@@ -179,7 +187,7 @@ impl Suspect {
     pub fn group(&self) -> SuspectGroup {
         match self {
             Suspect::Vlm | Suspect::MissingOn(_) | Suspect::RandomLmHead => SuspectGroup::Loading,
-            Suspect::Dtype(_) | Suspect::Recurrent => SuspectGroup::Numerics,
+            Suspect::Dtype(_) | Suspect::Recurrent | Suspect::RouterDtype => SuspectGroup::Numerics,
             Suspect::TapOffset(_)
             | Suspect::NormedLastTap
             | Suspect::Positions(_)
@@ -222,6 +230,10 @@ impl Suspect {
             Suspect::KvFp8 => "attention K and V stored as fp8 e4m3 with scale 1.0: vLLM --kv-cache-dtype fp8 on a checkpoint without KV scales".into(),
             Suspect::ThinkingFlipped(v) => format!("prompts rendered with enable_thinking={v}, the other value: a harness that passes (or drops) the flag, so the target sees another prompt than the drafter was evaluated on"),
             Suspect::DrafterSwaAsFull => "the drafter's sliding-window layers run as full attention: an engine that drops their window (vLLM before PR #40898)".into(),
+            Suspect::RouterDtype => {
+                "MoE router softmax in the model dtype instead of f32 (softmax(logits) without dtype=torch.float)"
+                    .into()
+            }
         }
     }
 
@@ -237,6 +249,7 @@ impl Suspect {
             form,
             decode_shift,
             lane: LaneEdit::default(),
+            spec: None,
         };
         Ok(match *self {
             Suspect::Vlm => {
@@ -289,6 +302,20 @@ impl Suspect {
                     0,
                 )
             }
+            Suspect::RouterDtype => Recipe::Model {
+                weights: Weights::Base,
+                prec: base_prec,
+                head: Head::Base,
+                form: GdnForm::Chunked,
+                decode_shift: 0,
+                lane: LaneEdit::default(),
+                spec: Some(Box::new(
+                    session
+                        .spec
+                        .clone()
+                        .with_router_softmax(RouterSoftmax::ModelDtype),
+                )),
+            },
             Suspect::DrafterSwaAsFull => Recipe::Drafter(DrafterEdit::SlidingAsFull),
             Suspect::HarnessGdnCrop
             | Suspect::GdnStateReset(_)

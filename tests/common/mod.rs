@@ -2,6 +2,9 @@
 //! the `hsparity` command, and the one closeness check with named tolerances.
 #![allow(dead_code)]
 
+pub mod captures;
+pub mod moe;
+
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -270,6 +273,21 @@ pub fn assert_close(
 /// The relative error [`assert_close`] bounds.
 pub fn relative_max_abs(m: &hsparity::parity::Metrics) -> f64 {
     m.max_abs / m.max_ref_abs.max(1.0)
+}
+
+/// Asserts two prompts of dumps hold the same `hidden_states` indices; returns
+/// `(index, a, b)` in index order.
+pub fn paired_states<'a>(
+    what: &str,
+    a: &'a std::collections::BTreeMap<usize, candle_core::Tensor>,
+    b: &'a std::collections::BTreeMap<usize, candle_core::Tensor>,
+) -> Vec<(usize, &'a candle_core::Tensor, &'a candle_core::Tensor)> {
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "{what}: hidden_states indices differ"
+    );
+    a.iter().map(|(i, x)| (*i, x, &b[i])).collect()
 }
 
 /// Asserts two lists have the same length before they are zipped.

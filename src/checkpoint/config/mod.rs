@@ -4,9 +4,13 @@
 //!
 //! A `qwen3_5` (VLM) config nests the text model under `text_config`; a
 //! `qwen3_5_text` config is the text model itself at the top level; a
-//! `qwen3` (dense) config is [`qwen3::Qwen3Config`], with its own defaults.
+//! `qwen3` (dense) config is [`qwen3::Qwen3Config`], with its own defaults;
+//! a `qwen3_5_moe` (VLM, text under `text_config`) or `qwen3_5_moe_text`
+//! config is [`qwen3_5_moe::Qwen3_5MoeConfig`], with its own defaults and the
+//! MoE sizes.
 
 mod qwen3;
+mod qwen3_5_moe;
 #[cfg(test)]
 mod tests;
 mod text;
@@ -17,10 +21,17 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 pub use qwen3::Qwen3Config;
+pub use qwen3_5_moe::{MoeConfig, Qwen3_5MoeConfig};
 pub use text::{LayerType, RopeParameters, TextConfig};
 
 /// Model families hsparity knows how to emulate.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen3_5", "qwen3_5_text", "qwen3"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "qwen3_5",
+    "qwen3_5_text",
+    "qwen3",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
+];
 
 /// The decoder family a config describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -33,15 +44,32 @@ pub enum Family {
     /// Qwen3 dense (`qwen3`, `transformers/models/qwen3/modeling_qwen3.py`):
     /// full attention only, ungated, plain RMSNorm `w·x`, full rotary.
     Qwen3,
+    /// Qwen3.5 MoE (`qwen3_5_moe`, `qwen3_5_moe_text`,
+    /// `transformers/models/qwen3_5_moe/modeling_qwen3_5_moe.py`): the
+    /// Qwen3.5 hybrid decoder with a sparse MoE block (router, routed
+    /// experts, gated shared expert) in every layer's MLP slot.
+    Qwen3_5Moe,
+}
+
+impl Family {
+    /// The family of a top-level `model_type` (one of [`SUPPORTED_MODEL_TYPES`]).
+    pub fn of_model_type(model_type: &str) -> Self {
+        match model_type {
+            "qwen3" => Family::Qwen3,
+            "qwen3_5_moe" | "qwen3_5_moe_text" => Family::Qwen3_5Moe,
+            _ => Family::Qwen3_5,
+        }
+    }
 }
 
 /// The whole `config.json`: the raw JSON (for fields hsparity only reports)
 /// plus the parsed text config.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
-    /// Top-level `model_type` (`qwen3_5`, `qwen3_5_text` or `qwen3`).
+    /// Top-level `model_type` (one of [`SUPPORTED_MODEL_TYPES`]).
     pub model_type: String,
-    /// The parsed text model config: `text_config` for `qwen3_5`, the top level for `qwen3_5_text`.
+    /// The parsed text model config: `text_config` for `qwen3_5` and
+    /// `qwen3_5_moe`, the top level for the text-only types and `qwen3`.
     pub text: TextConfig,
     /// Top-level `tie_word_embeddings` (VLM classes tie by this one). `None` when absent.
     pub tie_word_embeddings: Option<bool>,
@@ -108,11 +136,7 @@ impl ModelConfig {
                 )))
             }
         };
-        let family = if model_type == "qwen3" {
-            Family::Qwen3
-        } else {
-            Family::Qwen3_5
-        };
+        let family = Family::of_model_type(&model_type);
         let text = parse_text(text_value, family, prefix).map_err(err)?;
         let tie_word_embeddings = match obj.get("tie_word_embeddings") {
             None | Some(Value::Null) => None,
@@ -138,10 +162,15 @@ impl ModelConfig {
         })
     }
 
-    /// True for a `qwen3_5` VLM config (text under `text_config`).
+    /// True for a VLM config (`qwen3_5`, `qwen3_5_moe`: text under `text_config`).
     pub fn is_vlm(&self) -> bool {
-        self.model_type == "qwen3_5"
+        is_vlm_type(&self.model_type)
     }
+}
+
+/// True for the model types whose text model sits under `text_config`.
+fn is_vlm_type(model_type: &str) -> bool {
+    matches!(model_type, "qwen3_5" | "qwen3_5_moe")
 }
 
 /// The top-level `model_type`, one of [`SUPPORTED_MODEL_TYPES`].
@@ -166,14 +195,14 @@ fn text_section<'a>(
     raw: &'a Value,
     model_type: &str,
 ) -> std::result::Result<(&'a Value, &'static str), String> {
-    if model_type != "qwen3_5" {
+    if !is_vlm_type(model_type) {
         return Ok((raw, ""));
     }
     match raw.get("text_config") {
         Some(v @ Value::Object(_)) => Ok((v, "text_config.")),
-        None | Some(Value::Null) => {
-            Err("model_type \"qwen3_5\" but no \"text_config\" object".into())
-        }
+        None | Some(Value::Null) => Err(format!(
+            "model_type {model_type:?} but no \"text_config\" object"
+        )),
         Some(v) => Err(format!(
             "text_config must be an object, found {}",
             json_kind(v)
@@ -199,6 +228,16 @@ fn parse_text(v: &Value, family: Family, prefix: &str) -> std::result::Result<Te
             let mut rest = v.clone();
             if let Some(o) = rest.as_object_mut() {
                 for k in qwen3::SIZE_FIELDS {
+                    o.remove(k);
+                }
+            }
+            sizes.into_text(serde_path_to_error::deserialize(&rest).map_err(named)?)
+        }
+        Family::Qwen3_5Moe => {
+            let sizes: Qwen3_5MoeConfig = serde_path_to_error::deserialize(v).map_err(named)?;
+            let mut rest = v.clone();
+            if let Some(o) = rest.as_object_mut() {
+                for k in qwen3_5_moe::SIZE_FIELDS {
                     o.remove(k);
                 }
             }

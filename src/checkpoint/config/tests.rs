@@ -294,3 +294,46 @@ fn qwen3_fields_are_named_in_errors() {
     let c = ModelConfig::from_value(json!({"model_type": "qwen3", "head_dim": null})).unwrap();
     assert_eq!(c.text.head_dim, 128);
 }
+
+#[test]
+fn qwen3_5_moe_fields_default_as_qwen3_5moetextconfig_does() {
+    // configuration_qwen3_5_moe.py (5.23.0): hidden 2048, 40 layers, 2 kv
+    // heads, E 256, top-8, I = S = 512, partial rotary 0.25.
+    let text = ModelConfig::from_value(json!({"model_type": "qwen3_5_moe_text"})).unwrap();
+    let t = &text.text;
+    assert_eq!(t.family, Family::Qwen3_5Moe);
+    assert!(!text.is_vlm());
+    assert_eq!(
+        (t.hidden_size, t.num_hidden_layers, t.num_key_value_heads),
+        (2048, 40, 2)
+    );
+    assert_eq!(
+        t.moe,
+        Some(MoeConfig {
+            num_experts: 256,
+            num_experts_per_tok: 8,
+            moe_intermediate_size: 512,
+            shared_expert_intermediate_size: 512
+        })
+    );
+    assert_eq!(t.rotary_dim(), 64);
+    let vlm = ModelConfig::from_value(json!({"model_type": "qwen3_5_moe", "text_config": {
+        "num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 3}}))
+    .unwrap();
+    assert!(vlm.is_vlm());
+    assert_eq!(vlm.text.family, Family::Qwen3_5Moe);
+    assert_eq!(vlm.text.moe.unwrap().num_experts, 8);
+    assert_eq!(vlm.text.layer_types().unwrap()[3], LayerType::FullAttention);
+    let e = err(json!({"model_type": "qwen3_5_moe"}));
+    assert!(e.contains("\"qwen3_5_moe\" but no \"text_config\""), "{e}");
+    let e = err(json!({"model_type": "qwen3_5_moe", "text_config": {
+        "num_experts": 4, "num_experts_per_tok": 5}}));
+    assert!(
+        e.contains("text_config.num_experts_per_tok = 5 exceeds text_config.num_experts = 4"),
+        "{e}"
+    );
+    let e = err(json!({"model_type": "qwen3_5_moe_text", "num_experts": 0}));
+    assert!(e.contains("num_experts = 0: must be at least 1"), "{e}");
+    let e = err(json!({"model_type": "qwen3_5_moe_text", "moe_intermediate_size": "x"}));
+    assert!(e.contains("moe_intermediate_size"), "{e}");
+}

@@ -114,6 +114,10 @@ pub struct TextConfig {
     /// Decoder family (from the top-level `model_type`, not a JSON field).
     #[serde(skip)]
     pub family: Family,
+    /// The sparse MoE block's sizes ([`Family::Qwen3_5Moe`] only; read by
+    /// [`super::Qwen3_5MoeConfig`], not by this struct).
+    #[serde(skip)]
+    pub moe: Option<super::MoeConfig>,
 }
 
 fn d_vocab() -> usize {
@@ -276,7 +280,7 @@ impl TextConfig {
             .and_then(|p| p.partial_rotary_factor)
             .or(self.partial_rotary_factor)
             .unwrap_or(match self.family {
-                Family::Qwen3_5 => 0.25,
+                Family::Qwen3_5 | Family::Qwen3_5Moe => 0.25,
                 Family::Qwen3 => 1.0,
             })
     }
@@ -378,6 +382,9 @@ impl TextConfig {
             ));
         }
         self.layer_types_at(prefix)?;
+        if let Some(moe) = &self.moe {
+            moe.check(prefix, self.hidden_size)?;
+        }
         self.check_sizes_fit().ok_or_else(|| {
             format!(
                 "{prefix}hidden_size {}, {prefix}vocab_size {}, {prefix}intermediate_size {} and the \

@@ -48,7 +48,7 @@ pub fn load_layer(
         input_layernorm: norm(src, &format!("{p}.input_layernorm"), eps, prec)?,
         mixer,
         post_attention_layernorm: norm(src, &format!("{p}.post_attention_layernorm"), eps, prec)?,
-        mlp: Mlp::load(src, &format!("{p}.mlp"), prec)?,
+        mlp: Mlp::load(src, &format!("{p}.mlp"), prec)?.into(),
         prec,
     })
 }

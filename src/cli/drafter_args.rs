@@ -1,0 +1,130 @@
+//! The flags of a drafter evaluation (`drafter`, `compare --drafter`,
+//! `triage`): what is replayed, the memory budget, supplied trajectories,
+//! the τ-gap limit and the end rule, parsed once into
+//! [`DrafterSettings`] and its parts.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::drafter::eval::EndRule;
+use crate::drafter::trajectories::GivenFile;
+use crate::drafter::{DrafterSettings, Replay};
+
+/// What is replayed: tokens per prompt and the DDTree budget.
+#[derive(Args)]
+pub(super) struct ReplayArgs {
+    /// Greedy tokens generated (and replayed) per prompt [default: 64]; with --trajectories,
+    /// at most this many of each output are replayed (default: all the output allows).
+    #[arg(long)]
+    pub(super) max_new_tokens: Option<usize>,
+    /// DDTree node budget (DDTree-N).
+    #[arg(long, default_value_t = 8)]
+    pub(super) ddtree_budget: usize,
+}
+
+/// Greedy tokens per prompt when `--max-new-tokens` is not given.
+const DEFAULT_MAX_NEW: usize = 64;
+
+/// Supplied greedy outputs to measure τ on (`--trajectories`).
+#[derive(Args)]
+pub(super) struct TrajectoryArgs {
+    /// Measure τ on these greedy outputs (an engine's, at temperature 0) instead of generating:
+    /// one JSON object per line, {"prompt_ids": [...], "output_ids": [...]} ("prompt"/"output"
+    /// as text with a tokenizer). Their prompts are the run's unless prompt options are given,
+    /// which they must then match.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub(super) trajectories: Option<PathBuf>,
+}
+
+impl TrajectoryArgs {
+    pub(super) fn given(&self, replay: &ReplayArgs) -> Option<GivenFile> {
+        self.trajectories.as_ref().map(|f| GivenFile {
+            file: f.clone(),
+            max_new: replay.max_new_tokens,
+        })
+    }
+}
+
+impl ReplayArgs {
+    pub(super) fn replay(&self, rule: EndRule) -> Replay {
+        Replay {
+            max_new: self.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW),
+            budget: self.ddtree_budget,
+            rule,
+        }
+    }
+}
+
+/// A byte count: `123456`, `512M`, `16G`, `16GiB`, `1.5GiB` (K/M/G/T, binary).
+pub(super) fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let shift = match unit
+        .trim()
+        .to_ascii_lowercase()
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+    {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        u => {
+            return Err(format!(
+                "unknown unit {u:?}: use K, M, G or T (binary), e.g. 16G"
+            ))
+        }
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size such as 16G or 17179869184"))?;
+    let bytes = v * (1u64 << shift) as f64;
+    if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
+        return Err(format!("{s:?}: expected a positive size below 16 EiB"));
+    }
+    Ok(bytes as u64)
+}
+
+/// Memory the target's stored weights may take to stay resident.
+#[derive(Args)]
+pub(super) struct BudgetArgs {
+    /// Keep the target's weights resident (stored dtype) when they and the drafter fit this
+    /// many bytes (e.g. 16G); else stream them layer by layer every sweep. Default: 75% of
+    /// the available memory.
+    #[arg(long, value_parser = parse_bytes)]
+    pub(super) memory_budget: Option<u64>,
+}
+
+/// A drafter evaluation's flags (`drafter`, `compare --drafter`).
+#[derive(Args)]
+pub(super) struct DrafterEvalArgs {
+    #[command(flatten)]
+    pub(super) replay: ReplayArgs,
+    #[command(flatten)]
+    pub(super) budget: BudgetArgs,
+    #[command(flatten)]
+    pub(super) trajectories: TrajectoryArgs,
+    /// Exit 1 when τ on two paths differs by more than this.
+    #[arg(long, default_value_t = 0.05)]
+    pub(super) max_tau_gap: f64,
+    /// End-of-generation rule replayed: main (z-lab GitHub main) or wheel (the dflash 0.1.0 PyPI wheel).
+    #[arg(long, value_enum, default_value = "main")]
+    pub(super) end_rule: EndRule,
+}
+
+impl DrafterEvalArgs {
+    pub(super) fn settings(&self, source: String) -> DrafterSettings {
+        DrafterSettings {
+            source,
+            replay: self.replay.replay(self.end_rule),
+            max_tau_gap: self.max_tau_gap,
+            memory_budget: self.budget.memory_budget,
+            trajectories: self.trajectories.given(&self.replay),
+        }
+    }
+}

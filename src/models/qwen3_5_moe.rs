@@ -1,0 +1,109 @@
+//! Qwen3.5 MoE text decoder (`Qwen3_5MoeTextModel` + `lm_head`), after
+//! `transformers/models/qwen3_5_moe/modeling_qwen3_5_moe.py` (5.23.0):
+//! `Qwen3_5MoeDecoderLayer` is `Qwen3_5DecoderLayer` with its MLP slot
+//! holding a `Qwen3_5MoeSparseMoeBlock`. The Gated DeltaNet, the gated
+//! attention, the zero-centred RMSNorms and the partial rotary are Qwen3.5's
+//! ([`crate::models::qwen3_5`]); the block is [`crate::models::moe`].
+//!
+//! Streaming: a layer holds its mixer, norms, router and shared expert; its
+//! routed experts are read from the checkpoint one at a time when a token
+//! first routes to them ([`SparseMoeBlock::load`]), so one layer's experts
+//! at most are resident, and only those some token picks are widened.
+
+use crate::checkpoint::config::LayerType;
+use crate::error::{Error, Result};
+use crate::loading::WeightSource;
+use crate::models::decoder::{DecoderLayer, FeedForward, Mixer};
+use crate::models::layers::attention::Attention;
+use crate::models::moe::SparseMoeBlock;
+use crate::models::qwen3_5::gated_delta_net::GatedDeltaNet;
+use crate::models::qwen3_5::{self, ATTENTION_TENSORS};
+use crate::models::TextModelSpec;
+use crate::precision::Precision;
+
+/// The tensors of a layer's sparse MoE block (`mlp.*`), as the model sees
+/// them after the loading path's expert conversion.
+pub const MOE_TENSORS: &[&str] = &[
+    "mlp.gate.weight",
+    "mlp.experts.gate_up_proj",
+    "mlp.experts.down_proj",
+    "mlp.shared_expert.gate_proj.weight",
+    "mlp.shared_expert.up_proj.weight",
+    "mlp.shared_expert.down_proj.weight",
+    "mlp.shared_expert_gate.weight",
+];
+
+/// `Qwen3_5MoeDecoderLayer` `layers.{i}`: Gated DeltaNet or gated attention
+/// by `layer_types[i]`, then the sparse MoE block (top-k and the router's
+/// softmax from `spec.moe`).
+///
+/// Errors: any tensor missing or unreadable; a spec without MoE sizes
+/// ([`Error::Config`]).
+pub fn load_layer(
+    spec: &TextModelSpec,
+    src: &dyn WeightSource,
+    i: usize,
+    prec: Precision,
+) -> Result<DecoderLayer> {
+    let moe = spec.moe.ok_or_else(|| {
+        Error::Config("a qwen3_5_moe model needs num_experts and num_experts_per_tok".into())
+    })?;
+    let p = format!("layers.{i}");
+    let geo = spec.geo.with_precision(prec);
+    let eps = geo.eps;
+    let mixer = match spec.layer_types[i] {
+        LayerType::LinearAttention => {
+            Mixer::Linear(GatedDeltaNet::load(src, &format!("{p}.linear_attn"), geo)?)
+        }
+        LayerType::FullAttention => Mixer::Full(Attention::load(
+            src,
+            &format!("{p}.self_attn"),
+            geo,
+            true,
+            |n| qwen3_5::norm(src, n, eps, prec),
+        )?),
+    };
+    let block = SparseMoeBlock::load(
+        src,
+        &format!("{p}.mlp"),
+        moe.config.num_experts_per_tok,
+        prec,
+    )?
+    .with_router_softmax(moe.router_softmax);
+    Ok(DecoderLayer {
+        input_layernorm: qwen3_5::norm(src, &format!("{p}.input_layernorm"), eps, prec)?,
+        mixer,
+        post_attention_layernorm: qwen3_5::norm(
+            src,
+            &format!("{p}.post_attention_layernorm"),
+            eps,
+            prec,
+        )?,
+        mlp: FeedForward::SparseMoe(block),
+        prec,
+    })
+}
+
+/// Names (relative to the text model) of every tensor layer `i` (of kind
+/// `ty`) reads: the mixer's, the norms and the MoE block's.
+pub fn layer_tensor_names(i: usize, ty: LayerType) -> Vec<String> {
+    let p = format!("layers.{i}");
+    let mixer: Vec<String> = match ty {
+        LayerType::FullAttention => ATTENTION_TENSORS.iter().map(|s| s.to_string()).collect(),
+        LayerType::LinearAttention => qwen3_5::layer_tensor_names(i, ty)
+            .into_iter()
+            .filter_map(|n| {
+                n.strip_prefix(&format!("{p}."))
+                    .filter(|s| s.starts_with("linear_attn."))
+                    .map(str::to_string)
+            })
+            .collect(),
+    };
+    mixer
+        .iter()
+        .map(String::as_str)
+        .chain(["input_layernorm.weight", "post_attention_layernorm.weight"])
+        .chain(MOE_TENSORS.iter().copied())
+        .map(|s| format!("{p}.{s}"))
+        .collect()
+}
