@@ -508,6 +508,37 @@ fn triage_on_the_baselines_own_trajectory_matches_the_generated_run() {
             assert!(v.sweeps <= 1, "{}: {} sweeps", v.name, v.sweeps);
         }
     }
+    // The harness and engine faults that act on a sequence run in the same
+    // sweep over the given tokens: their τ is replayed on those tokens (the
+    // pads before them are not output), and the fault moves the taps.
+    for name in ["gdn-state-reset@mid", "left-pad-unmasked:8", "kv-fp8"] {
+        let v = given.variants.iter().find(|v| v.name == name).unwrap();
+        assert!(v.departs_from_greedy_at.is_none(), "{name}");
+        assert!(
+            v.shared_sweeps_with.iter().any(|n| n == "baseline"),
+            "{name}"
+        );
+        for (p, b) in v.per_prompt.iter().zip(&given.baseline.per_prompt) {
+            assert_eq!(p.tokens, b.tokens, "{name}");
+        }
+        assert!(v.cos_min_at_taps < 1.0, "{name}");
+        // fp8 K/V stay within bf16's tolerance here; the state faults do not.
+        if name != "kv-fp8" {
+            assert!(v.first_divergent.is_some(), "{name}: {v:?}");
+        }
+    }
+    // The suspects that need their own decode loop or prompts are listed,
+    // with the reason, instead of measured on tokens they did not produce.
+    assert!(gen.variants.iter().any(|v| v.name == "harness-gdn-crop"));
+    for name in ["harness-gdn-crop", "thinking-flipped"] {
+        assert!(given.variants.iter().all(|v| v.name != name), "{name}");
+        let na = given.not_applicable.iter().find(|n| n.name == name);
+        let reason = &na.unwrap_or_else(|| panic!("{name}")).reason;
+        assert!(
+            reason.starts_with("with --trajectories"),
+            "{name}: {reason}"
+        );
+    }
     let lm = given
         .variants
         .iter()

@@ -119,6 +119,7 @@ fn ranking_is_sensible_and_reproducible() {
     }
     intervals_are_the_bootstrap_of_the_per_prompt_taus(&r);
     new_suspects_run_where_they_apply(&r);
+    left_pad_is_the_padded_prompt_unmasked(&r);
     // Same inputs, same numbers, intervals included.
     let again = run();
     same_len("variants", &r.variants, &again.variants);
@@ -235,6 +236,34 @@ fn new_suspects_run_where_they_apply(r: &TriageReport) {
     assert_eq!(crop.departs_from_greedy_at, Some(vec![None; 5]));
     // Tap suspects read the baseline's trajectory: no departure to report.
     assert!(variant(r, "tap-offset-1").departs_from_greedy_at.is_none());
+}
+
+/// left-pad-unmasked is exactly the baseline on the prompts with 8 pad
+/// tokens (the toy tokenizer's eos, id 0, as `pad_token = eos_token`) before
+/// them and no mask: its continuation and rounds are `drafter`'s on those
+/// prompt ids, and the pads, flowing into the Gated DeltaNet state, move the
+/// taps of the prompt itself.
+fn left_pad_is_the_padded_prompt_unmasked(r: &TriageReport) {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = five_prompts(tmp.path());
+    let plain = common::target("fixtures/toy-pair/target", f.to_str());
+    let session = hsparity::session::Session::open(&plain, &[LoadingPath::CausalLm]).unwrap();
+    let mut padded = common::target("fixtures/toy-pair/target", None);
+    padded.prompts.ids = session
+        .prompt_ids()
+        .iter()
+        .map(|p| [vec![0; 8], p.clone()].concat())
+        .collect();
+    let other =
+        drafter_verb::run(&drafter_options(padded, "fixtures/toy-pair/drafter", 32)).unwrap();
+    let pad = variant(r, "left-pad-unmasked:8");
+    same_len("prompts", &pad.per_prompt, &other.paths[0].per_prompt);
+    for (a, b) in pad.per_prompt.iter().zip(&other.paths[0].per_prompt) {
+        assert_eq!(a.tokens, b.tokens, "left-pad continues the padded prompt");
+        assert_eq!(a.acceptance_lengths, b.acceptance_lengths);
+    }
+    assert_eq!(pad.tau_macro, other.paths[0].summary.tau_macro);
+    assert!(pad.first_divergent.is_some() && pad.cos_min_at_taps < 0.999);
 }
 
 /// A drafter options for `drafter_verb::run` on `target`.
