@@ -1,11 +1,13 @@
 //! The τ gap between loading paths with its uncertainty: the 95 % paired
 //! bootstrap interval ([`super::bootstrap`]) on τ(path) − τ(reference path)
-//! for the path whose gap is the largest, what `drafter` and `compare
-//! --drafter` print beside the gap `--max-tau-gap` judges.
+//! for the path whose gap is the largest (τ(path) − τ(file) under `drafter
+//! --features`), what `drafter` and `compare --drafter` print beside the
+//! gap `--max-tau-gap` judges.
 
 use serde::Serialize;
 
 use super::bootstrap::{Bootstrap, DeltaInterval};
+use super::eval::PathTau;
 use super::paths::DrafterEval;
 
 /// The largest τ gap between paths, with its interval (`tau_gap_interval`
@@ -41,14 +43,19 @@ impl TauGap {
 /// The gap of `eval`'s paths with its interval, resampled with `seed`;
 /// `None` with a single path.
 pub fn gap(eval: &DrafterEval, seed: u64) -> Option<TauGap> {
-    let reference = eval.paths.first()?;
-    let (path, delta) = eval
-        .paths
+    let (reference, others) = eval.paths.split_first()?;
+    gap_from(reference, others, seed)
+}
+
+/// The largest gap of `others` from `reference` (a path, or the file of
+/// `drafter --features`) with its interval, resampled with `seed`; `None`
+/// without another.
+pub fn gap_from(reference: &PathTau, others: &[PathTau], seed: u64) -> Option<TauGap> {
+    let (path, delta) = others
         .iter()
-        .skip(1)
         .map(|p| (p, p.summary.tau_macro - reference.summary.tau_macro))
         .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))?;
-    let taus = |p: &super::eval::PathTau| p.per_prompt.iter().map(|x| x.tau).collect::<Vec<_>>();
+    let taus = |p: &PathTau| p.per_prompt.iter().map(|x| x.tau).collect::<Vec<_>>();
     let bootstrap = Bootstrap::seeded(seed);
     Some(TauGap {
         path: path.name.clone(),
