@@ -17,7 +17,7 @@ use hsparity::commands::triage::{self, TriageOptions};
 use hsparity::drafter::eval::{EndRule, PathTau};
 use hsparity::drafter::plan::Residency;
 use hsparity::drafter::trajectories::GivenFile;
-use hsparity::drafter::{DrafterSettings, Replay};
+use hsparity::drafter::Replay;
 use hsparity::loading::LoadingPath;
 use hsparity::report::DrafterReport;
 use hsparity::triage::TriageSettings;
@@ -29,24 +29,12 @@ const QPAIR: &str = "fixtures/toy-pair-qwen3";
 /// A drafter run on `dir`'s pair: both paths (or `paths`), the pair's
 /// prompts, `max_new` new tokens, DDTree-8.
 fn options(target: &str, drafter: &str, prompts: &str, max_new: usize) -> DrafterOptions {
-    DrafterOptions {
-        target: common::target(target, Some(prompts)),
-        paths: vec![LoadingPath::CausalLm, LoadingPath::Vlm],
-        dtype: None,
-        drafter: DrafterSettings {
-            source: drafter.into(),
-            replay: Replay {
-                max_new,
-                budget: 8,
-                rule: EndRule::GithubMain,
-            },
-            max_tau_gap: 0.05,
-            memory_budget: None,
-            trajectories: None,
-        },
-        quiet: true,
-        command_line: String::new(),
-    }
+    common::drafter_options(
+        common::target(target, Some(prompts)),
+        &[LoadingPath::CausalLm, LoadingPath::Vlm],
+        drafter,
+        max_new,
+    )
 }
 
 fn pair(dir: &str, max_new: usize) -> DrafterOptions {

@@ -16,7 +16,7 @@ use hsparity::commands::drafter::{self as drafter_verb, DrafterOptions};
 use hsparity::commands::triage::{self, TriageOptions};
 use hsparity::drafter::bootstrap::Bootstrap;
 use hsparity::drafter::eval::EndRule;
-use hsparity::drafter::{DrafterSettings, Replay};
+use hsparity::drafter::Replay;
 use hsparity::loading::LoadingPath;
 use hsparity::report::TriageReport;
 use hsparity::session::Target;
@@ -266,26 +266,9 @@ fn left_pad_is_the_padded_prompt_unmasked(r: &TriageReport) {
     assert!(pad.first_divergent.is_some() && pad.cos_min_at_taps < 0.999);
 }
 
-/// A drafter options for `drafter_verb::run` on `target`.
+/// `drafter` on `target`'s causal-lm path.
 fn drafter_options(target: Target, drafter: &str, max_new: usize) -> DrafterOptions {
-    DrafterOptions {
-        target,
-        paths: vec![LoadingPath::CausalLm],
-        dtype: None,
-        drafter: DrafterSettings {
-            source: drafter.into(),
-            replay: Replay {
-                max_new,
-                budget: 8,
-                rule: EndRule::GithubMain,
-            },
-            max_tau_gap: 0.05,
-            memory_budget: None,
-            trajectories: None,
-        },
-        quiet: true,
-        command_line: String::new(),
-    }
+    common::drafter_options(target, &[LoadingPath::CausalLm], drafter, max_new)
 }
 
 /// Chat-rendered prompts and a drafter whose first layer is a sliding-window
