@@ -23,6 +23,7 @@ use crate::output::{ReportFolder, ReportSettings};
 use crate::precision::Precision;
 use crate::report::{self, Document};
 use crate::session::Target;
+use crate::triage::harness as triage_harness;
 use crate::triage::TriageSettings;
 
 mod drafter_args;
@@ -329,6 +330,12 @@ struct TriageArgs {
     /// k of the "positions shifted by +k" variant.
     #[arg(long, default_value_t = 16)]
     position_shift: usize,
+    /// Position K of gdn-state-reset (default: the middle of each prompt).
+    #[arg(long, value_name = "K")]
+    reset_at: Option<usize>,
+    /// P pad tokens of left-pad-unmasked (0: not run).
+    #[arg(long, value_name = "P", default_value_t = triage_harness::DEFAULT_LEFT_PAD)]
+    left_pad: usize,
     #[command(flatten)]
     report: ReportArgs,
     /// Print JSON.
@@ -493,6 +500,7 @@ pub fn run(cli: Cli) -> Result<u8> {
                     seed: a.run.seed,
                     quiet: a.run.quiet,
                     memory_budget: a.budget.memory_budget,
+                    harness: triage_harness::HarnessOptions::new(a.reset_at, a.left_pad),
                     trajectories: a.trajectories.given(&a.replay),
                 },
                 command_line: command_line(),

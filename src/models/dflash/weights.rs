@@ -9,7 +9,9 @@ use candle_core::{Device, Tensor};
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 
-/// All tensors of a drafter's safetensors file(s), by name.
+/// All tensors of a drafter's safetensors file(s), by name (a clone shares
+/// the tensors).
+#[derive(Clone)]
 pub struct DrafterWeights {
     tensors: HashMap<String, Tensor>,
     files: Vec<PathBuf>,
