@@ -23,6 +23,7 @@ use crate::output::{ReportFolder, ReportSettings};
 use crate::precision::Precision;
 use crate::report::{self, Document};
 use crate::session::Target;
+use crate::triage::harness as triage_harness;
 use crate::triage::TriageSettings;
 
 mod drafter_args;
@@ -358,6 +359,13 @@ struct TriageArgs {
     /// k of the "positions shifted by +k" variant, 1..=65536.
     #[arg(long, default_value_t = 16, value_parser = RangedU64ValueParser::<usize>::new().range(1..=65_536))]
     position_shift: usize,
+    /// Position K of gdn-state-reset, 1..=65536 and inside every prompt (default: the middle of each prompt).
+    #[arg(long, value_name = "K", value_parser = RangedU64ValueParser::<usize>::new().range(1..=65_536))]
+    reset_at: Option<usize>,
+    /// P pad tokens of left-pad-unmasked, 0..=65536 (0: not run).
+    #[arg(long, value_name = "P", default_value_t = triage_harness::DEFAULT_LEFT_PAD,
+          value_parser = RangedU64ValueParser::<usize>::new().range(0..=65_536))]
+    left_pad: usize,
     #[command(flatten)]
     report: ReportArgs,
     /// Print JSON.
@@ -549,6 +557,7 @@ pub fn run(cli: Cli) -> Result<u8> {
                     seed: a.run.seed,
                     quiet: a.run.quiet,
                     memory_budget: a.budget.memory_budget,
+                    harness: triage_harness::HarnessOptions::new(a.reset_at, a.left_pad),
                     trajectories: a.trajectories.given(&a.replay),
                 },
                 command_line: command_line(),

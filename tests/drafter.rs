@@ -246,6 +246,20 @@ fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
     );
     assert_eq!(v["drafter"]["drafter"]["block_size"], 8);
     assert!(v["summary"].as_str().unwrap().contains("drafter τ"));
+    // compare --drafter prints the same interval beside the gap.
+    let g = &v["drafter"]["tau_gap_interval"];
+    assert_eq!(g["reference"], "causal-lm");
+    let i = &g["interval"];
+    let interval = format!(
+        "95% [{:+.2}, {:+.2}]",
+        i["low"].as_f64().unwrap(),
+        i["high"].as_f64().unwrap()
+    );
+    assert!(
+        v["summary"].as_str().unwrap().contains(&interval),
+        "{}",
+        v["summary"]
+    );
 
     // Tie only at the top level and no lm_head.weight: causal-lm gets a random
     // lm_head, image-text-to-text ties it to the embedding -> τ differs.
@@ -279,6 +293,8 @@ fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
             "image-text-to-text,causal-lm",
             "--prompts",
             &format!("{PAIR}/prompts.jsonl"),
+            "--seed",
+            "0",
             "--json",
             "-q",
         ])
@@ -293,6 +309,7 @@ fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["tau_gap"].as_f64().unwrap() > 0.05);
     assert_eq!(v["verdict"], "fail");
+    gap_carries_its_interval(&v, 0);
     // Different lm_heads: nothing is shared, and the cross run (causal-lm's
     // features and random lm_head on image-text-to-text's trajectory) is
     // computed on that trajectory, not copied from causal-lm's own run.
@@ -306,6 +323,42 @@ fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
         (cross[0]["tau_macro"].as_f64().unwrap() - own).abs() > 1e-6,
         "{} vs own {own}",
         cross[0]
+    );
+}
+
+/// The τ gap's interval (`tau_gap_interval`) is the paired bootstrap, seeded
+/// by `--seed`, of τ(path) − τ(first path) over the prompts, for the path
+/// with the largest gap, and the summary prints it beside the limit.
+fn gap_carries_its_interval(v: &Value, seed: u64) {
+    let g = &v["tau_gap_interval"];
+    let paths = v["paths"].as_array().unwrap();
+    assert_eq!(g["reference"], paths[0]["name"]);
+    assert_eq!(g["path"], paths[1]["name"]);
+    let tau = |p: &Value| p["tau_macro"].as_f64().unwrap();
+    let delta = g["delta_tau"].as_f64().unwrap();
+    assert!((delta - (tau(&paths[1]) - tau(&paths[0]))).abs() < 1e-12);
+    assert!((delta.abs() - v["tau_gap"].as_f64().unwrap()).abs() < 1e-12);
+    let per = |p: &Value| -> Vec<f64> {
+        p["per_prompt"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["tau"].as_f64().unwrap())
+            .collect()
+    };
+    let want = hsparity::drafter::bootstrap::Bootstrap::seeded(seed)
+        .delta(&per(&paths[1]), &per(&paths[0]))
+        .unwrap();
+    let i = &g["interval"];
+    assert_eq!(
+        (i["low"].as_f64(), i["high"].as_f64()),
+        (Some(want.low), Some(want.high))
+    );
+    assert_eq!(g["bootstrap"]["seed"], seed);
+    let summary = v["summary"].as_str().unwrap();
+    assert!(
+        summary.contains(&format!("), 95% {}; limit 0.05", want.describe())),
+        "{summary}"
     );
 }
 

@@ -316,6 +316,14 @@ fn drafter_features_on_the_toy_training_records_reproduce_the_causal_lm_tau() {
         assert_eq!(v["paths"][0]["name"], "causal-lm");
         assert_eq!(v["paths"][0]["tau_macro"], f["tau"]["tau_macro"]);
         assert_eq!(v["tau_gap"], 0.0);
+        // The gap's interval, with the file as the reference: per-prompt τ
+        // equal on every prompt, so the interval is [0, 0].
+        let g = &v["tau_gap_interval"];
+        assert_eq!(g["reference"], f["tau"]["name"]);
+        assert_eq!(
+            (&g["interval"]["low"], &g["interval"]["high"]),
+            (&0.0.into(), &0.0.into())
+        );
         for (p, e) in f["prompts"].as_array().unwrap().iter().zip(&toy) {
             assert_eq!(num(&p["prompt_tokens"]), num(&e["prompt_tokens"]));
             assert_eq!(num(&p["tokens"]), num(&e["tokens"]));

@@ -714,6 +714,14 @@ fn strict_numeric_ranges() {
         &run(pair_triage_args(&t, &["--position-shift", "0"])),
         &["--position-shift"],
     );
+    bad(
+        &run(pair_triage_args(&t, &["--reset-at", "0"])),
+        &["--reset-at"],
+    );
+    bad(
+        &run(pair_triage_args(&t, &["--left-pad", "99999999"])),
+        &["--left-pad"],
+    );
 }
 
 // ------------------------------------------------ 6. report folders: all or nothing

@@ -118,6 +118,19 @@ fn triage_on_an_moe_target_runs_the_router_dtype_suspect() {
     // It changes the routing weights, so the taps differ from the baseline.
     assert!(v["cos_min_at_taps"].as_f64().unwrap() < 1.0, "{v}");
     assert!(v["first_divergent"].is_u64(), "{v}");
+    // Its numerics are its own: it shares no sweeps. The harness and engine
+    // suspects act on the Gated DeltaNet and attention layers and share the
+    // baseline's.
+    assert!(v.get("shared_sweeps_with").is_none(), "{v}");
+    let variants = r["variants"].as_array().unwrap();
+    for name in ["harness-gdn-crop", "gdn-state-reset@mid", "kv-fp8"] {
+        let h = variants
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("{name} on an MoE target"));
+        let shared = h["shared_sweeps_with"].as_array().unwrap();
+        assert!(shared.iter().any(|n| n == "baseline"), "{name}: {h}");
+    }
     // In f32 the suspect changes nothing and is not run.
     let (_, f) = run_json(&[
         "triage",
@@ -138,4 +151,11 @@ fn triage_on_an_moe_target_runs_the_router_dtype_suspect() {
             .all(|v| v["name"] != "router-dtype"),
         "dense targets have no router"
     );
+    let na = f["not_applicable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "router-dtype")
+        .expect("router-dtype listed as not applicable on a dense target");
+    assert!(na["reason"].as_str().unwrap().contains("dense"), "{na}");
 }

@@ -280,6 +280,26 @@ fn drafter_and_triage_reports_validate() {
     let t = json(&out, "triage --trajectories --json");
     v.check_def("triage_report", "triage --trajectories --json", &t);
     assert!(t["trajectories"]["paths"][0]["checked"].as_u64().unwrap() > 0);
+    // The sequence faults carry their departures; the loop and rendering
+    // suspects are listed as not applicable there.
+    let kv = t["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == "kv-fp8");
+    assert!(kv.unwrap()["departures"]["checked"].is_u64(), "{t}");
+    let na: Vec<&str> = t["not_applicable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        na.contains(&"harness-gdn-crop") && na.contains(&"thinking-flipped"),
+        "{na:?}"
+    );
+    // The τ gap between the two paths carries its interval (two prompts).
+    assert!(d["tau_gap_interval"]["interval"]["low"].is_number(), "{d}");
 }
 
 /// `prompts --json` (passing, and failing with prompts a run would refuse)

@@ -17,7 +17,7 @@ use hsparity::commands::triage::{self, TriageOptions};
 use hsparity::drafter::eval::{EndRule, PathTau};
 use hsparity::drafter::plan::Residency;
 use hsparity::drafter::trajectories::GivenFile;
-use hsparity::drafter::{DrafterSettings, Replay};
+use hsparity::drafter::Replay;
 use hsparity::loading::LoadingPath;
 use hsparity::report::DrafterReport;
 use hsparity::triage::TriageSettings;
@@ -29,24 +29,12 @@ const QPAIR: &str = "fixtures/toy-pair-qwen3";
 /// A drafter run on `dir`'s pair: both paths (or `paths`), the pair's
 /// prompts, `max_new` new tokens, DDTree-8.
 fn options(target: &str, drafter: &str, prompts: &str, max_new: usize) -> DrafterOptions {
-    DrafterOptions {
-        target: common::target(target, Some(prompts)),
-        paths: vec![LoadingPath::CausalLm, LoadingPath::Vlm],
-        dtype: None,
-        drafter: DrafterSettings {
-            source: drafter.into(),
-            replay: Replay {
-                max_new,
-                budget: 8,
-                rule: EndRule::GithubMain,
-            },
-            max_tau_gap: 0.05,
-            memory_budget: None,
-            trajectories: None,
-        },
-        quiet: true,
-        command_line: String::new(),
-    }
+    common::drafter_options(
+        common::target(target, Some(prompts)),
+        &[LoadingPath::CausalLm, LoadingPath::Vlm],
+        drafter,
+        max_new,
+    )
 }
 
 fn pair(dir: &str, max_new: usize) -> DrafterOptions {
@@ -459,6 +447,7 @@ fn triage_on_the_baselines_own_trajectory_matches_the_generated_run() {
         seed: 0,
         quiet: true,
         memory_budget: None,
+        harness: Default::default(),
         trajectories: None,
     };
     let opts = TriageOptions {
@@ -506,6 +495,37 @@ fn triage_on_the_baselines_own_trajectory_matches_the_generated_run() {
             assert_eq!(d.checked, 39 * n_prompts, "{}", v.name);
             assert!(v.sweeps <= 1, "{}: {} sweeps", v.name, v.sweeps);
         }
+    }
+    // The harness and engine faults that act on a sequence run in the same
+    // sweep over the given tokens: their τ is replayed on those tokens (the
+    // pads before them are not output), and the fault moves the taps.
+    for name in ["gdn-state-reset@mid", "left-pad-unmasked:8", "kv-fp8"] {
+        let v = given.variants.iter().find(|v| v.name == name).unwrap();
+        assert!(v.departs_from_greedy_at.is_none(), "{name}");
+        assert!(
+            v.shared_sweeps_with.iter().any(|n| n == "baseline"),
+            "{name}"
+        );
+        for (p, b) in v.per_prompt.iter().zip(&given.baseline.per_prompt) {
+            assert_eq!(p.tokens, b.tokens, "{name}");
+        }
+        assert!(v.cos_min_at_taps < 1.0, "{name}");
+        // fp8 K/V stay within bf16's tolerance here; the state faults do not.
+        if name != "kv-fp8" {
+            assert!(v.first_divergent.is_some(), "{name}: {v:?}");
+        }
+    }
+    // The suspects that need their own decode loop or prompts are listed,
+    // with the reason, instead of measured on tokens they did not produce.
+    assert!(gen.variants.iter().any(|v| v.name == "harness-gdn-crop"));
+    for name in ["harness-gdn-crop", "thinking-flipped"] {
+        assert!(given.variants.iter().all(|v| v.name != name), "{name}");
+        let na = given.not_applicable.iter().find(|n| n.name == name);
+        let reason = &na.unwrap_or_else(|| panic!("{name}")).reason;
+        assert!(
+            reason.starts_with("with --trajectories"),
+            "{name}: {reason}"
+        );
     }
     let lm = given
         .variants

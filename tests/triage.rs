@@ -1,33 +1,59 @@
 //! `hsparity triage` on the toy pair: the suspects are ranked by the τ they
 //! cost, reproducibly, and the ranking is the sensible one (misread taps and
-//! a random lm_head cost far more than the delta-rule form).
+//! a random lm_head cost far more than the delta-rule form); every Δτ
+//! carries its bootstrap interval, computed from the per-prompt τ the JSON
+//! records; the harness and engine suspects run where they apply (the
+//! `dflash_generate` crop on the same tokens as z-lab's package, fp8 K/V
+//! changing nothing before the first attention layer), the others are
+//! listed with the reason; thinking-flipped feeds exactly the other
+//! rendering and drafter-swa-as-full exactly the drafter's full-attention
+//! form.
 
 mod common;
 
 use common::same_len;
+use hsparity::commands::drafter::{self as drafter_verb, DrafterOptions};
 use hsparity::commands::triage::{self, TriageOptions};
+use hsparity::drafter::bootstrap::Bootstrap;
 use hsparity::drafter::eval::EndRule;
 use hsparity::drafter::Replay;
+use hsparity::loading::LoadingPath;
 use hsparity::report::TriageReport;
-use hsparity::triage::TriageSettings;
+use hsparity::session::Target;
+use hsparity::triage::{SuspectGroup, TriageSettings, VariantResult};
+use serde_json::Value;
 
-fn run() -> TriageReport {
-    let tmp = tempfile::tempdir().unwrap();
-    // Five of the fifteen held-out prompts, 32 new tokens: enough rounds, quick.
+/// Five of the fifteen held-out prompts (0, 3, 6, 9, 12) in a JSONL file.
+fn five_prompts(tmp: &std::path::Path) -> std::path::PathBuf {
     let lines: Vec<String> = std::fs::read_to_string("fixtures/toy-pair/prompts.jsonl")
         .unwrap()
         .lines()
         .step_by(3)
         .map(str::to_string)
         .collect();
-    let f = tmp.path().join("p.jsonl");
+    let f = tmp.join("p.jsonl");
     std::fs::write(&f, lines.join("\n")).unwrap();
+    f
+}
+
+fn run() -> TriageReport {
+    let tmp = tempfile::tempdir().unwrap();
+    // Five of the fifteen held-out prompts, 32 new tokens: enough rounds, quick.
+    let f = five_prompts(tmp.path());
+    run_on(
+        common::target("fixtures/toy-pair/target", f.to_str()),
+        "fixtures/toy-pair/drafter",
+        32,
+    )
+}
+
+fn run_on(target: Target, drafter: &str, max_new: usize) -> TriageReport {
     triage::run(&TriageOptions {
-        target: common::target("fixtures/toy-pair/target", f.to_str()),
+        target,
         settings: TriageSettings {
-            drafter: "fixtures/toy-pair/drafter".into(),
+            drafter: drafter.into(),
             replay: Replay {
-                max_new: 32,
+                max_new,
                 budget: 8,
                 rule: EndRule::GithubMain,
             },
@@ -36,6 +62,7 @@ fn run() -> TriageReport {
             seed: 0,
             quiet: true,
             memory_budget: None,
+            harness: Default::default(),
             trajectories: None,
         },
         command_line: String::new(),
@@ -82,18 +109,228 @@ fn ranking_is_sensible_and_reproducible() {
         .find(|v| v.name == "tap-offset+1")
         .unwrap();
     assert!(off.cos_min_at_taps < 0.9 && off.wall_s == 0.0);
-    assert!(r
-        .variants
-        .iter()
-        .filter(|v| v.consistent_with_observed == Some(true))
-        .any(|v| v.name.starts_with("tap-offset") || v.name.starts_with("missing")));
-    // Same inputs, same numbers.
+    // Consistent with the observed τ: observed − baseline τ inside the Δτ interval.
+    for v in &r.variants {
+        let inside = v
+            .delta_tau_interval
+            .unwrap()
+            .contains(1.2 - r.baseline.tau_macro);
+        assert_eq!(v.consistent_with_observed, Some(inside), "{}", v.name);
+    }
+    intervals_are_the_bootstrap_of_the_per_prompt_taus(&r);
+    new_suspects_run_where_they_apply(&r);
+    left_pad_is_the_padded_prompt_unmasked(&r);
+    // Same inputs, same numbers, intervals included.
     let again = run();
     same_len("variants", &r.variants, &again.variants);
     for (a, b) in r.variants.iter().zip(&again.variants) {
         assert_eq!(
-            (&a.name, a.tau_macro, a.ddtree_tau_macro),
-            (&b.name, b.tau_macro, b.ddtree_tau_macro)
+            (
+                &a.name,
+                a.tau_macro,
+                a.ddtree_tau_macro,
+                a.delta_tau_interval
+            ),
+            (
+                &b.name,
+                b.tau_macro,
+                b.ddtree_tau_macro,
+                b.delta_tau_interval
+            )
         );
     }
+}
+
+fn variant<'a>(r: &'a TriageReport, name: &str) -> &'a VariantResult {
+    r.variants
+        .iter()
+        .find(|v| v.name == name)
+        .unwrap_or_else(|| panic!("{name} did not run"))
+}
+
+/// Each interval is `Bootstrap::seeded(--seed)` of the per-prompt τ the
+/// report records (the variant's and the baseline's, paired); one holding
+/// 0 is what the Markdown calls "not distinguishable with 5 prompts".
+fn intervals_are_the_bootstrap_of_the_per_prompt_taus(r: &TriageReport) {
+    let base: Vec<f64> = r.baseline.per_prompt.iter().map(|p| p.tau).collect();
+    assert_eq!(base.len(), 5);
+    assert_eq!(r.uncertainty, Bootstrap::seeded(0));
+    for v in &r.variants {
+        let taus: Vec<f64> = v.per_prompt.iter().map(|p| p.tau).collect();
+        let mean = taus.iter().sum::<f64>() / taus.len() as f64;
+        assert!((mean - v.tau_macro).abs() < 1e-12, "{}", v.name);
+        assert_eq!(
+            v.delta_tau_interval,
+            Bootstrap::seeded(0).delta(&taus, &base)
+        );
+        let i = v.delta_tau_interval.unwrap();
+        assert_eq!(i.contains_zero, i.low <= 0.0 && i.high >= 0.0);
+    }
+    let md = hsparity::report::triage::markdown(r);
+    assert!(md.contains("not distinguishable with 5 prompts"));
+    for g in [
+        "## Loading suspects",
+        "## Numerics suspects",
+        "## Harness suspects",
+        "## Engine suspects",
+        "## Not applicable",
+        "**Next check:**",
+    ] {
+        assert!(md.contains(g), "{g} missing from the Markdown");
+    }
+}
+
+/// The harness and engine suspects on the toy pair's raw prompts.
+fn new_suspects_run_where_they_apply(r: &TriageReport) {
+    for (name, group) in [
+        ("harness-gdn-crop", SuspectGroup::Harness),
+        ("left-pad-unmasked:8", SuspectGroup::Harness),
+        ("gdn-state-reset@mid", SuspectGroup::Engine),
+        ("kv-fp8", SuspectGroup::Engine),
+        ("vlm", SuspectGroup::Loading),
+        ("gdn-recurrent", SuspectGroup::Numerics),
+        ("tap-offset-1", SuspectGroup::Harness),
+    ] {
+        assert_eq!(variant(r, name).group, group, "{name}");
+    }
+    let na: Vec<&str> = r.not_applicable.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(
+        na,
+        [
+            "router-dtype",
+            "normed-last-tap",
+            "thinking-flipped",
+            "drafter-swa-as-full"
+        ]
+    );
+    assert!(r.not_applicable.iter().all(|n| !n.reason.is_empty()));
+    // fp8 K/V move the taps a little (tests/faults.rs: nothing before the
+    // first attention layer).
+    let fp8 = variant(r, "kv-fp8").cos_min_at_taps;
+    assert!(fp8 < 1.0 && fp8 > 0.99, "kv-fp8 cos {fp8}");
+    // The dflash_generate crop, measured on its own trajectory: the same
+    // tokens and rounds as z-lab's package (its golden's first 32 tokens
+    // and rounds of the same prompts; the wheel's rule only differs at the
+    // end), and on these prompts it never leaves greedy, as the package.
+    let crop = variant(r, "harness-gdn-crop");
+    assert_eq!(crop.divergence_on, "own-trajectory");
+    let g: Value = serde_json::from_str(
+        &std::fs::read_to_string("fixtures/toy-pair/golden/reference_generate_gdn_crop.json")
+            .unwrap(),
+    )
+    .unwrap();
+    for (k, p) in crop.per_prompt.iter().enumerate() {
+        let q = &g["sets"]["held_out"]["per_prompt"][3 * k];
+        let out: Vec<u32> = q["output_ids"].as_array().unwrap()[..32]
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(p.tokens, out, "prompt {}", 3 * k);
+        let rounds: Vec<usize> = q["acceptance_lengths"].as_array().unwrap()
+            [..p.acceptance_lengths.len()]
+            .iter()
+            .map(|x| x.as_u64().unwrap() as usize)
+            .collect();
+        assert_eq!(p.acceptance_lengths, rounds, "prompt {}", 3 * k);
+    }
+    assert_eq!(crop.departs_from_greedy_at, Some(vec![None; 5]));
+    // Tap suspects read the baseline's trajectory: no departure to report.
+    assert!(variant(r, "tap-offset-1").departs_from_greedy_at.is_none());
+}
+
+/// left-pad-unmasked is exactly the baseline on the prompts with 8 pad
+/// tokens (the toy tokenizer's eos, id 0, as `pad_token = eos_token`) before
+/// them and no mask: its continuation and rounds are `drafter`'s on those
+/// prompt ids, and the pads, flowing into the Gated DeltaNet state, move the
+/// taps of the prompt itself.
+fn left_pad_is_the_padded_prompt_unmasked(r: &TriageReport) {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = five_prompts(tmp.path());
+    let plain = common::target("fixtures/toy-pair/target", f.to_str());
+    let session = hsparity::session::Session::open(&plain, &[LoadingPath::CausalLm]).unwrap();
+    let mut padded = common::target("fixtures/toy-pair/target", None);
+    padded.prompts.ids = session
+        .prompt_ids()
+        .iter()
+        .map(|p| [vec![0; 8], p.clone()].concat())
+        .collect();
+    let other =
+        drafter_verb::run(&drafter_options(padded, "fixtures/toy-pair/drafter", 32)).unwrap();
+    let pad = variant(r, "left-pad-unmasked:8");
+    same_len("prompts", &pad.per_prompt, &other.paths[0].per_prompt);
+    for (a, b) in pad.per_prompt.iter().zip(&other.paths[0].per_prompt) {
+        assert_eq!(a.tokens, b.tokens, "left-pad continues the padded prompt");
+        assert_eq!(a.acceptance_lengths, b.acceptance_lengths);
+    }
+    assert_eq!(pad.tau_macro, other.paths[0].summary.tau_macro);
+    assert!(pad.first_divergent.is_some() && pad.cos_min_at_taps < 0.999);
+}
+
+/// `drafter` on `target`'s causal-lm path.
+fn drafter_options(target: Target, drafter: &str, max_new: usize) -> DrafterOptions {
+    common::drafter_options(target, &[LoadingPath::CausalLm], drafter, max_new)
+}
+
+/// Chat-rendered prompts and a drafter whose first layer is a sliding-window
+/// layer: thinking-flipped feeds exactly the prompts `--enable-thinking`
+/// with the other value renders (its continuation is the target's greedy
+/// one on them), and drafter-swa-as-full is exactly the drafter with that
+/// layer as full attention (the toy drafter as trained: the same rounds as
+/// `drafter` with it).
+#[test]
+fn thinking_flipped_and_swa_as_full_are_the_other_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = five_prompts(tmp.path());
+    let chat = |thinking: Option<bool>| {
+        let mut t = common::target("fixtures/toy-pair/target", f.to_str());
+        t.prompts.chat = true;
+        t.prompts.enable_thinking = thinking;
+        t
+    };
+    let swa = tmp.path().join("swa-drafter");
+    std::fs::create_dir(&swa).unwrap();
+    std::fs::copy(
+        "fixtures/toy-pair/drafter/model.safetensors",
+        swa.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut cfg: Value = serde_json::from_str(
+        &std::fs::read_to_string("fixtures/toy-pair/drafter/config.json").unwrap(),
+    )
+    .unwrap();
+    cfg["layer_types"] = serde_json::json!(["sliding_attention", "full_attention"]);
+    cfg["sliding_window"] = serde_json::json!(6);
+    std::fs::write(swa.join("config.json"), cfg.to_string()).unwrap();
+    let r = run_on(chat(Some(true)), swa.to_str().unwrap(), 24);
+    assert!(!r
+        .not_applicable
+        .iter()
+        .any(|n| n.name == "thinking-flipped" || n.name == "drafter-swa-as-full"));
+    let flipped = variant(&r, "thinking-flipped");
+    assert!(flipped.description.contains("enable_thinking=false"));
+    assert!(flipped.departs_from_greedy_at.is_none());
+    let other = drafter_verb::run(&drafter_options(
+        chat(Some(false)),
+        "fixtures/toy-pair/drafter",
+        24,
+    ))
+    .unwrap();
+    for (a, b) in flipped.per_prompt.iter().zip(&other.paths[0].per_prompt) {
+        assert_eq!(
+            a.tokens, b.tokens,
+            "thinking-flipped continues the other rendering"
+        );
+    }
+    let full = variant(&r, "drafter-swa-as-full");
+    assert_eq!(full.group, SuspectGroup::Engine);
+    let trained = drafter_verb::run(&drafter_options(
+        chat(Some(true)),
+        "fixtures/toy-pair/drafter",
+        24,
+    ))
+    .unwrap();
+    for (a, b) in full.per_prompt.iter().zip(&trained.paths[0].per_prompt) {
+        assert_eq!(a.acceptance_lengths, b.acceptance_lengths);
+    }
+    assert!(full.delta_tau != 0.0, "the window changes the drafts");
 }

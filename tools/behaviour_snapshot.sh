@@ -129,6 +129,11 @@ run drafter-toyq-bf16 drafter $toyq/target --drafter $toyq/drafter --max-new-tok
 report triage-toy triage $toy/target --drafter $toy/drafter --prompts $toy/prompts.jsonl --max-new-tokens 16 --json --quiet
 report triage-toy-table triage $toy/target --drafter $toy/drafter --prompts $toy/prompts.jsonl --max-new-tokens 16 --observed-tau 3 --quiet
 report triage-toyq triage $toyq/target --drafter $toyq/drafter --prompts $toyq/prompts.jsonl --max-new-tokens 16 --json --quiet
+report triage-toy-chat triage $toy/target --drafter $toy/drafter --prompts $toy/prompts.jsonl --chat --enable-thinking true --max-new-tokens 16 --reset-at 6 --left-pad 3 --seed 7 --json --quiet
+# triage on supplied trajectories (dflash_generate's outputs on the held-out prompts)
+jq -c '.sets.held_out.per_prompt[] | {prompt_ids: .input_ids, output_ids: .output_ids}' \
+  $toy/golden/reference_generate_gdn_crop.json >"$work/trajectories.jsonl"
+report triage-toy-trajectories triage $toy/target --drafter $toy/drafter --trajectories "$work/trajectories.jsonl" --max-new-tokens 16 --json --quiet
 
 # prompts and chat-templated prompts
 run prompts-tiny prompts $tiny --json
@@ -179,4 +184,5 @@ run bad-prompt-set prompts $tiny --prompt-set nope
 run bad-prompt-set-0 compare $tiny --prompt-set gsm8k:0 --no-report
 run bad-chat-no-template prompts $fx/divergence/fp16-disk --chat
 run bad-thinking-without-chat drafter $toy/target --drafter $toy/drafter --enable-thinking true
+run bad-reset-at triage $toy/target --drafter $toy/drafter --prompts $toy/prompts.jsonl --reset-at 99 --no-report
 echo "snapshot: $(ls "$out" | wc -l) files in $out"

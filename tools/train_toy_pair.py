@@ -104,6 +104,18 @@ Cases: 0 = first round of prompt 0 (C = prompt length, positions 0..); 1 = the t
 (C = start, all rows of positions < start); 2 = a window: only the 12 context rows of positions
 start-12..start-1 (position_ids do not start at 0). ``__metadata__`` describes them.
 
+``fixtures/toy-pair/golden/reference_generate_gdn_crop.json`` (also alone: ``--gdn-crop-only``, ~10 s): z-lab's own
+loop ``dflash.model.dflash_generate`` (the 0.1.0 wheel) on this Qwen3.5 pair, which is NOT lossless on transformers
+5.23.0: after each verification ``_crop_to`` calls ``DynamicCache.crop``, whose ``LinearAttentionCacheLayerMixin.crop``
+cuts the Gated DeltaNet conv state back to the kept tokens but leaves the recurrent state over every verified token
+(rejected drafts included), and does not raise although ``is_croppable`` is False. Two sets: ``held_out`` (the 15
+prompts, 64 new tokens, bf16 drafter) and ``noise`` (GDN_CROP_NOISE seeded random strings, GDN_CROP_NOISE_NEW new
+tokens, the drafter in float32 so that the many rejected drafts, which with this crop change the output, are not
+decided by exact bf16 ties). Per prompt: ``input_ids``, ``output_ids``, ``greedy_ids`` (full re-forward),
+``first_departure``, ``acceptance_lengths`` (the package's ``produced``), ``tau``; per set τ macro / pooled and
+``departing_prompts`` (asserted >= 2 for ``noise``); ``crop_facts`` (the crop measured on one block: conv state equal
+to the kept prefix's, recurrent state not).
+
 ``--family qwen3`` (``fixtures/toy-pair-qwen3/``)
 ===============================================
 
@@ -853,6 +865,129 @@ def evaluate_generate(root: Path, prompts_ids: list[list[int]]) -> dict:
             "per_prompt": per, "prompts": prompts}
 
 
+GDN_CROP_NOISE = 6       # off-distribution prompts (random characters), where rejected drafts are common
+GDN_CROP_NOISE_NEW = 32  # new tokens for them
+
+
+def noise_prompts() -> list[str]:
+    """Seeded random strings in the tokenizer's alphabet (12..30 characters): the trained drafter rejects
+    most drafts there, so the recurrent state the crop leaves behind differs from the accepted prefix's."""
+    rng = random.Random(SEED + 6)
+    return ["".join(rng.choice(CHARS) for _ in range(rng.randint(12, 30))) for _ in range(GDN_CROP_NOISE)]
+
+
+def f32_drafter(ddir: Path):
+    """The drafter in float32 inside dflash_generate: its weights loaded in f32, the bf16 target's taps and
+    noise embedding upcast on the way in, the target lm_head upcast for its logits (as ``drafter_f32`` of
+    reference_tau.json, and as hsparity runs a drafter whose dtype is float32)."""
+    draft = DFlashDraftModel.from_pretrained(str(ddir), dtype=torch.float32).eval()
+    forward, logits = draft.forward, draft.compute_logits
+
+    def forward_f32(*a, **kw):
+        for k in ("target_hidden", "noise_embedding"):
+            kw[k] = kw[k].float()
+        return forward(*a, **kw)
+
+    draft.forward = forward_f32
+    draft.compute_logits = lambda hidden, head: logits(hidden, lambda x: F.linear(x, head.weight.float()))
+    return draft
+
+
+@torch.no_grad()
+def crop_facts(target, ids: list[int]) -> dict:
+    """What transformers 5.23.0's cache crop does to a Qwen3.5 linear-attention layer after a verified
+    block: measured on the cache dflash_generate makes (`_make_cache`: DynamicCache with
+    activate_past_recording), against a cache that only ever saw the kept tokens."""
+    import dflash.model as dm
+    n, block, keep = len(ids), ids[:8], 3
+    full = dm._make_cache(target.config)
+    target(torch.tensor([ids]), past_key_values=full, use_cache=True)
+    dm._crop_to(full, n)
+    target(torch.tensor([block]), past_key_values=full, use_cache=True)
+    croppable = bool(full.is_croppable)
+    dm._crop_to(full, n + keep)  # does not raise
+    ref = dm._make_cache(target.config)
+    target(torch.tensor([ids + block[:keep]]), past_key_values=ref, use_cache=True)
+    dm._crop_to(ref, n + keep)
+    li = target.config.layer_types.index("linear_attention")
+    conv = (full.layers[li].conv_states[0] - ref.layers[li].conv_states[0]).abs().max().item()
+    rec = (full.layers[li].recurrent_states[0] - ref.layers[li].recurrent_states[0]).abs().max().item()
+    return {"layer": li, "is_croppable_before_crop": croppable, "crop_raised": False,
+            "conv_state_max_abs_diff_vs_kept_prefix": conv, "recurrent_state_max_abs_diff_vs_kept_prefix": rec,
+            "setup": f"prompt 0 prefilled, its first 8 tokens verified as a block, cache cropped to keep {keep}; "
+                     "compared with the cache of the prompt + those 3 tokens fed as one prefill"}
+
+
+def evaluate_generate_gdn_crop(root: Path, prompts_ids: list[list[int]]) -> dict:
+    """z-lab's own loop on the Qwen3.5 toy pair: dflash.model.dflash_generate (0.1.0 wheel) on transformers
+    5.23.0, whose target cache crop rolls the Gated DeltaNet conv state back and leaves the recurrent state
+    over every verified token (rejected drafts included). Not lossless: recorded, never asserted equal to greedy."""
+    import dflash.model as dm
+    setup_determinism(SEED + 6)
+    if not torch.cuda.is_available():
+        dm._cuda_time = time.perf_counter
+    tok = Tokenizer.from_file(str(root / "target" / "tokenizer.json"))
+    target = AutoModelForCausalLM.from_pretrained(str(root / "target"), attn_implementation="eager").eval()
+    assert type(target).__name__ == "Qwen3_5ForCausalLM" and target.dtype == torch.bfloat16, (type(target), target.dtype)
+    # The noise set runs the drafter in float32: with this crop the rejected drafts change the output, and
+    # in bf16 the drafter's top two logits are often exactly equal there (a tie any other kernel may break
+    # the other way); in f32 they are not.
+    drafters = {"held_out": DFlashDraftModel.from_pretrained(str(root / "drafter"), dtype=torch.bfloat16).eval(),
+                "noise": f32_drafter(root / "drafter")}
+    path = Path_("causal-lm", target, target.lm_head, TAPS)
+    sets = {"held_out": [(ids, None) for ids in prompts_ids],
+            "noise": [(encode(tok, t), t) for t in noise_prompts()]}
+    out_sets = {}
+    for name, items in sets.items():
+        n_new = MAX_NEW if name == "held_out" else GDN_CROP_NOISE_NEW
+        draft = drafters[name]
+        per = []
+        for i, (ids, text) in enumerate(items):
+            r = dm.dflash_generate(draft, target, torch.tensor(ids)[None], max_new_tokens=n_new,
+                                   stop_token_ids=None, temperature=0.0, return_stats=True)
+            out = r.output_ids[0, len(ids):].tolist()
+            acc = [int(a) for a in r.acceptance_lengths]
+            assert len(out) == n_new and sum(acc) == n_new - 1, (name, i, len(out), acc)
+            greedy = greedy_trajectory(path, ids, n_new)[len(ids):]
+            dep = next((j for j, (a, b) in enumerate(zip(out, greedy)) if a != b), None)
+            per.append({"prompt": i, "num_tokens": len(ids), **({"text": text} if text is not None else {}),
+                        "input_ids": ids, "output_ids": out, "greedy_ids": greedy, "first_departure": dep,
+                        "acceptance_lengths": acc, "tau": round(sum(acc) / len(acc), 4)})
+        out_sets[name] = {"max_new_tokens": n_new, "drafter_dtype": str(draft.dtype).removeprefix("torch."),
+                          **summarise([p["acceptance_lengths"] for p in per], BLOCK),
+                          "departing_prompts": sum(p["first_departure"] is not None for p in per), "per_prompt": per}
+        log(f"dflash_generate gdn crop {name}: tau {out_sets[name]['tau_macro']}, "
+            f"{out_sets[name]['departing_prompts']} of {len(per)} prompts leave greedy")
+    assert out_sets["noise"]["departing_prompts"] >= 2, "the crop should leave greedy on the noise prompts"
+    facts = crop_facts(target, prompts_ids[0])
+    assert facts["recurrent_state_max_abs_diff_vs_kept_prefix"] > 10 * facts["conv_state_max_abs_diff_vs_kept_prefix"], facts
+    assert not facts["is_croppable_before_crop"], facts
+    return {
+        "format": "hsparity toy-pair reference generate gdn crop v1",
+        "tools": {"transformers": transformers.__version__, "torch": torch.__version__, "dflash": dflash_version()},
+        "settings": {"function": "dflash.model.dflash_generate",
+                     "call": "dflash_generate(drafter, target, input_ids[None], max_new_tokens=N, stop_token_ids=None, "
+                             "temperature=0.0, return_stats=True)",
+                     "block_size": BLOCK, "temperature": 0.0, "mask_token_id": MASK_ID, "target_layer_ids": TAPS,
+                     "end_rule": WHEEL_END_RULE,
+                     "target": "AutoModelForCausalLM.from_pretrained(target, attn_implementation=eager) = "
+                               "Qwen3_5ForCausalLM, dtype auto (bf16)",
+                     "drafter": "DFlashDraftModel.from_pretrained(drafter, dtype=bfloat16) for held_out, "
+                                "dtype=float32 for noise (sets.*.drafter_dtype)",
+                     "cache_crop": "dflash.model._crop_to -> DynamicCache.crop -> LinearAttentionCacheLayerMixin.crop "
+                                   "(conv state only) + DynamicLayer.crop (KV)",
+                     "sets": {"held_out": "prompts.jsonl, 64 new tokens",
+                              "noise": f"{GDN_CROP_NOISE} random strings of CHARS (random.Random(SEED + 6)), "
+                                       f"{GDN_CROP_NOISE_NEW} new tokens"},
+                     "output_ids": "generated part only (prompt excluded)",
+                     "greedy_ids": "target greedy continuation, full re-forward per token (no cache)",
+                     "first_departure": "first index where output_ids != greedy_ids (null: none)",
+                     "acceptance_lengths": "the package's recorded `produced` per round"},
+        "crop_facts": facts,
+        "sets": out_sets,
+    }
+
+
 # ------------------------------------------------------------------------------------------------
 # 4. drafter forward goldens
 # ------------------------------------------------------------------------------------------------
@@ -928,6 +1063,8 @@ def sha_tree(root: Path) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--eval-only", action="store_true", help="reuse target/ and drafter/, redo the rest")
+    ap.add_argument("--gdn-crop-only", action="store_true",
+                    help="qwen3_5 only: write golden/reference_generate_gdn_crop.json from the committed pair, nothing else")
     ap.add_argument("--family", choices=["qwen3_5", "qwen3"], default="qwen3_5",
                     help="target family: qwen3_5 -> fixtures/toy-pair/ (default), qwen3 -> fixtures/toy-pair-qwen3/")
     args = ap.parse_args()
@@ -942,6 +1079,8 @@ def main():
         return main_qwen3(args)
     root = REPO / OUT_REL
     tdir, ddir, gdir = root / "target", root / "drafter", root / "golden"
+    if args.gdn_crop_only:
+        return write_gdn_crop(root)
     train_info = {}
     if not args.eval_only:
         shutil.rmtree(root, ignore_errors=True)
@@ -982,6 +1121,7 @@ def main():
         **res,
     }
     (gdir / "reference_tau.json").write_text(dump_compact(ref) + "\n")
+    write_gdn_crop(root)
 
     # report
     log("=== training ===")
@@ -1010,6 +1150,14 @@ def main():
     tau = res["paths"]["causal-lm"]["tau_macro"]
     assert tau >= 3.0, f"tau macro {tau} < 3"
     log(f"sha256 of tree: {hashlib.sha256(json.dumps(sha_tree(root), sort_keys=True).encode()).hexdigest()}")
+
+
+def write_gdn_crop(root: Path):
+    """golden/reference_generate_gdn_crop.json (see evaluate_generate_gdn_crop)."""
+    tok = Tokenizer.from_file(str(root / "target" / "tokenizer.json"))
+    prompts_ids = [encode(tok, json.loads(line)["text"]) for line in (root / "prompts.jsonl").read_text().splitlines()]
+    res = evaluate_generate_gdn_crop(root, prompts_ids)
+    (root / "golden" / "reference_generate_gdn_crop.json").write_text(dump_compact(res) + "\n")
 
 
 def write_tokenizer_and_prompts(root: Path, tdir: Path) -> list[list[int]]:

@@ -103,7 +103,7 @@ pub fn run(opts: &CompareOptions) -> Result<CompareReport> {
     }
     let drafter = match drafter {
         Some((d, dr, dprec, given)) => {
-            let (eval, dnotes) = drafter::paths::evaluate(
+            let (mut eval, dnotes) = drafter::paths::evaluate(
                 &session,
                 &dr,
                 dprec,
@@ -112,6 +112,7 @@ pub fn run(opts: &CompareOptions) -> Result<CompareReport> {
                 opts.dtype,
                 opts.quiet,
             )?;
+            eval.tau_gap_interval = drafter::gap::gap(&eval, opts.target.seed);
             let env = Environment::of_session(&session, GdnForm::Chunked)?;
             let rep = crate::report::drafter::build(eval, env, opts.command_line.clone(), dnotes);
             append_drafter(&rep, &mut verdict, &mut summary);
@@ -352,9 +353,16 @@ fn append_drafter(d: &DrafterReport, verdict: &mut Verdict, summary: &mut String
         .map(|p| format!("{:.2}", p.summary.tau_macro))
         .collect();
     summary.push_str(&format!("; drafter τ {}", taus.join(" → ")));
+    let interval = d
+        .tau_gap_interval
+        .as_ref()
+        .map(|g| format!(", {}", g.describe()))
+        .unwrap_or_default();
     if d.verdict != Verdict::Pass {
         *verdict = Verdict::Fail;
         summary.push_str(&format!(" ({})", d.failures().join("; ")));
+    } else if !interval.is_empty() {
+        summary.push_str(&format!(" (gap {:.3}{interval})", d.tau_gap));
     }
 }
 

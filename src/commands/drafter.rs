@@ -43,7 +43,7 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
     )?;
     let (dr, dprec, given) =
         drafter::load_checked(&session, &settings.source, settings.replay, 0, given)?;
-    let (eval, notes) = drafter::paths::evaluate(
+    let (mut eval, notes) = drafter::paths::evaluate(
         &session,
         &dr,
         dprec,
@@ -52,6 +52,7 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
         opts.dtype,
         opts.quiet,
     )?;
+    eval.tau_gap_interval = drafter::gap::gap(&eval, opts.target.seed);
     Ok(crate::report::drafter::build(
         eval,
         Environment::of_session(&session, GdnForm::Chunked)?,

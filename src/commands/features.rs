@@ -125,7 +125,7 @@ pub fn run(o: &FeaturesOptions) -> Result<FeaturesReport> {
             .and_then(|s| Precision::from_name(s))
             .unwrap_or(Precision::F32),
     };
-    let (eval, more) = features::evaluate(
+    let (mut eval, more) = features::evaluate(
         &session,
         (&dr, dprec),
         settings,
@@ -134,6 +134,8 @@ pub fn run(o: &FeaturesOptions) -> Result<FeaturesReport> {
         d.quiet,
     )?;
     notes.extend(more);
+    eval.tau_gap_interval =
+        crate::drafter::gap::gap_from(&eval.features.tau, &eval.paths, d.target.seed);
     Ok(crate::report::features::build(
         eval,
         Environment::of_session(&session, GdnForm::Chunked)?,

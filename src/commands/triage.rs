@@ -30,7 +30,10 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
         opts.settings.trajectories.as_ref(),
         opts.target.prompts.names_prompts(),
     )?;
-    let (t, summary, notes) = triage::run(&session, &opts.settings, given)?;
+    // thinking-flipped renders the prompts again with the flag flipped.
+    let mut settings = opts.settings.clone();
+    settings.harness.prompts = opts.target.prompts.clone();
+    let (t, summary, notes) = triage::run(&session, &settings, given)?;
     Ok(crate::report::triage::build(
         t,
         summary,

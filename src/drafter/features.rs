@@ -89,6 +89,9 @@ pub struct FeaturesEval {
     pub tau_gap: f64,
     /// `--max-tau-gap`.
     pub max_tau_gap: f64,
+    /// The largest gap with its 95 % interval (the file is the reference;
+    /// set by the verb, which knows `--seed`: [`super::gap::gap_from`]).
+    pub tau_gap_interval: Option<super::gap::TauGap>,
     /// τ on the file's taps.
     pub features: FeatureFile,
     /// τ on each loading path's own taps over the file's tokens.
@@ -478,6 +481,7 @@ pub fn evaluate(
         max_new_tokens: settings.replay.max_new,
         tau_gap,
         max_tau_gap: settings.max_tau_gap,
+        tau_gap_interval: None,
         features: FeatureFile {
             file: file.file.clone(),
             format: file.format.clone(),

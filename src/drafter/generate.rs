@@ -17,7 +17,8 @@
 
 use candle_core::Tensor;
 
-use super::eval::{draft_logits, DraftTarget};
+use super::eval::{draft_logits, DraftTarget, EndRule};
+use super::faults::Faults;
 use super::target::{argmax_rows, Capture, Sequence, Step, TargetModel};
 use crate::error::Result;
 use crate::models::dflash::Drafter;
@@ -47,11 +48,33 @@ struct Run {
     lens: Vec<usize>,
     max_length: usize,
     need: usize,
+    rule: EndRule,
 }
 
 impl Run {
     fn done(&self) -> bool {
-        self.tokens.len() >= self.need
+        match self.rule {
+            EndRule::GithubMain => self.tokens.len() >= self.need,
+            EndRule::Wheel => self.seq.len() + 1 >= self.max_length,
+        }
+    }
+
+    /// Slots of the block verified at anchor `start` (the wheel shrinks the
+    /// last blocks to the tokens left).
+    fn block(&self, start: usize, b: usize) -> usize {
+        match self.rule {
+            EndRule::GithubMain => b,
+            EndRule::Wheel => b.min(self.max_length - start),
+        }
+    }
+
+    /// Tokens a round with `a` accepted drafts commits at anchor `start`
+    /// (the wheel's `produced`).
+    fn produced(&self, start: usize, a: usize) -> usize {
+        match self.rule {
+            EndRule::GithubMain => a + 1,
+            EndRule::Wheel => (a + 1).min(self.max_length - start - 1),
+        }
     }
 
     fn context(&self) -> Result<Tensor> {
@@ -68,6 +91,8 @@ pub struct Lane {
     pub form: GdnForm,
     /// Positions after the prompt shifted by this (0 normally).
     pub decode_shift: usize,
+    /// Harness or engine faults emulated (none normally).
+    pub faults: Faults,
 }
 
 impl Lane {
@@ -77,12 +102,13 @@ impl Lane {
             prompt: prompt.to_vec(),
             form: GdnForm::Chunked,
             decode_shift: 0,
+            faults: Faults::default(),
         }
     }
 }
 
 /// Runs the DFlash loop on every lane (all of them advance in each sweep;
-/// `on_sweep` is called after each).
+/// `on_sweep` is called after each), to z-lab GitHub main's end rule.
 ///
 /// Errors: a tap outside the target; a tensor failure.
 pub fn dflash_loop(
@@ -90,6 +116,32 @@ pub fn dflash_loop(
     drafter: &Drafter,
     lanes: &[Lane],
     max_new: usize,
+    on_sweep: &dyn Fn(usize),
+) -> Result<Generation> {
+    dflash_loop_with(
+        target,
+        drafter,
+        lanes,
+        max_new,
+        EndRule::GithubMain,
+        on_sweep,
+    )
+}
+
+/// [`dflash_loop`] under the end-of-generation `rule`. Under
+/// [`EndRule::Wheel`] it is `dflash_generate` of the `dflash` 0.1.0 wheel
+/// round for round: the last blocks shrink to `min(B, max_length − start)`,
+/// each round commits `produced = min(a + 1, max_length − start − 1)`, the
+/// loop runs while `start + 1 < max_length`, and the tokens stop at
+/// `prompt_len + max_new` (too few for a GitHub-main replay).
+///
+/// Errors: a tap outside the target; a tensor failure.
+pub fn dflash_loop_with(
+    target: &TargetModel,
+    drafter: &Drafter,
+    lanes: &[Lane],
+    max_new: usize,
+    rule: EndRule,
     on_sweep: &dyn Fn(usize),
 ) -> Result<Generation> {
     let b = drafter.cfg.block_size;
@@ -103,12 +155,13 @@ pub fn dflash_loop(
         .iter()
         .map(|l| (l, &l.prompt))
         .map(|(l, p)| Run {
-            seq: Sequence::new(target.spec, p.len(), l.form, l.decode_shift),
+            seq: Sequence::new(target.spec, p.len(), l.form, l.decode_shift).with_faults(l.faults),
             tokens: p.clone(),
             feats: Vec::new(),
             lens: Vec::new(),
             max_length: p.len() + max_new,
             need: p.len() + max_new + b,
+            rule,
         })
         .collect();
     // Prefill: every prompt's taps, and the first new token from its last row.
@@ -142,7 +195,8 @@ pub fn dflash_loop(
         let mut blocks = Vec::new();
         for (i, r) in runs.iter().enumerate().filter(|(_, r)| !r.done()) {
             let start = r.seq.len();
-            let drafts = argmax_rows(&draft_logits(&dt, &r.tokens, &r.context()?, start, b)?)?;
+            let slots = r.block(start, b);
+            let drafts = argmax_rows(&draft_logits(&dt, &r.tokens, &r.context()?, start, slots)?)?;
             blocks.push((i, [&[r.tokens[start]][..], &drafts].concat()));
         }
         // Verify every block in one sweep.
@@ -172,15 +226,20 @@ pub fn dflash_loop(
                 .zip(&post)
                 .take_while(|(d, t)| d == t)
                 .count();
-            r.seq.commit(a + 1)?;
+            let kept = r.produced(start, a);
+            r.seq.commit(kept)?;
             let taps = Tensor::cat(&o.captures, candle_core::D::Minus1)?;
-            r.feats.push(taps.narrow(0, 0, a + 1)?);
+            r.feats.push(taps.narrow(0, 0, kept)?);
             r.tokens.extend_from_slice(&blk[1..=a]);
             r.tokens.push(post[a]);
             if start < r.max_length {
-                r.lens.push(a + 1);
+                r.lens.push(kept);
             }
         }
+    }
+    if rule == EndRule::Wheel {
+        runs.iter_mut()
+            .for_each(|r| r.tokens.truncate(r.max_length));
     }
     let mut g = Generation {
         tokens: Vec::new(),

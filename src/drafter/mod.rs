@@ -5,8 +5,11 @@
 //! a session ([`paths::evaluate`]), and τ on captured features next to the
 //! paths' own ([`features::evaluate`], `drafter --features`).
 
+pub mod bootstrap;
 pub mod eval;
+pub mod faults;
 pub mod features;
+pub mod gap;
 pub mod generate;
 pub mod paths;
 pub mod plan;
@@ -290,6 +293,8 @@ pub struct Forced<'a> {
     pub form: GdnForm,
     /// Positions after the prompt shifted by this.
     pub decode_shift: usize,
+    /// Harness or engine faults emulated (none normally).
+    pub faults: faults::Faults,
 }
 
 /// Feeds every sequence whole in one layer-major sweep, keeping `capture`
@@ -305,7 +310,9 @@ pub fn teacher_forced(
 ) -> Result<Vec<StepOut>> {
     let mut states: Vec<Sequence> = seqs
         .iter()
-        .map(|f| Sequence::new(target.spec, f.prompt_len, f.form, f.decode_shift))
+        .map(|f| {
+            Sequence::new(target.spec, f.prompt_len, f.form, f.decode_shift).with_faults(f.faults)
+        })
         .collect();
     let mut steps: Vec<Step> = states
         .iter_mut()
@@ -352,6 +359,7 @@ pub fn features(
             prompt_len: n,
             form,
             decode_shift,
+            faults: faults::Faults::default(),
         })
         .collect();
     let capture: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();

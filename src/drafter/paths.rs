@@ -42,6 +42,9 @@ pub struct DrafterEval {
     pub tau_gap: f64,
     /// `--max-tau-gap`.
     pub max_tau_gap: f64,
+    /// The largest gap with its 95 % interval (set by the verb, which knows
+    /// `--seed`: [`super::gap::gap`]).
+    pub tau_gap_interval: Option<super::gap::TauGap>,
     /// How the target's weights were held.
     pub plan: MemoryPlan,
     /// τ per loading path.
@@ -56,11 +59,19 @@ pub struct DrafterEval {
 
 impl DrafterEval {
     /// Why the evaluation fails, one phrase each (empty when it passes): a
-    /// τ gap over the limit, then [`DrafterEval::departures`].
+    /// τ gap over the limit (with its interval), then [`DrafterEval::departures`].
     pub fn failures(&self) -> Vec<String> {
         let mut out = Vec::new();
         if self.tau_gap > self.max_tau_gap {
-            out.push(format!("gap {:.3} > {}", self.tau_gap, self.max_tau_gap));
+            let interval = self
+                .tau_gap_interval
+                .as_ref()
+                .map(|g| format!(", {}", g.describe()))
+                .unwrap_or_default();
+            out.push(format!(
+                "gap {:.3} > {}{interval}",
+                self.tau_gap, self.max_tau_gap
+            ));
         }
         out.extend(self.departures());
         out
@@ -218,6 +229,7 @@ impl Run<'_> {
                 prompt_len: n,
                 form: GdnForm::Chunked,
                 decode_shift: 0,
+                faults: super::faults::Faults::default(),
             })
             .collect();
         let caps: Vec<Capture> = self
@@ -475,6 +487,7 @@ fn assemble(
         max_new_tokens: max_new,
         tau_gap,
         max_tau_gap: settings.max_tau_gap,
+        tau_gap_interval: None,
         plan,
         paths,
         cross,

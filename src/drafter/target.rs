@@ -11,6 +11,7 @@ use std::ops::Range;
 
 use candle_core::Tensor;
 
+use super::faults::Faults;
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 use crate::models::{
@@ -53,6 +54,8 @@ pub struct Sequence {
     /// Added to the positions of tokens after the prompt (0 normally; a stale
     /// rope offset when emulating one).
     pub decode_shift: usize,
+    /// Harness or engine faults emulated ([`Faults`]; none by default).
+    pub faults: Faults,
     states: Vec<LayerState>,
     len: usize,
     /// Tokens held before the tentative block now in the state.
@@ -71,6 +74,7 @@ impl Sequence {
             prompt_len,
             form,
             decode_shift,
+            faults: Faults::default(),
             states: spec
                 .layer_types
                 .iter()
@@ -79,6 +83,19 @@ impl Sequence {
             len: 0,
             block_start: None,
         }
+    }
+
+    /// The same sequence with `faults` emulated (call before feeding it).
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        if faults.kv_fp8 {
+            for s in self.states.iter_mut() {
+                if let LayerState::Full(c) = s {
+                    *c = crate::models::layers::attention::KvCache::fp8();
+                }
+            }
+        }
+        self.faults = faults;
+        self
     }
 
     /// Tokens held in the state (the next token's position before any shift).
@@ -107,7 +124,7 @@ impl Sequence {
             )));
         }
         for s in self.states.iter_mut() {
-            s.commit(start, start + n)?;
+            s.commit_as(start, start + n, self.faults.crop)?;
         }
         self.len = start + n;
         Ok(())
@@ -176,6 +193,16 @@ impl TargetModel<'_> {
             keep(&mut k, capture, |c| c == Capture::Hidden(0), &e);
             kept.push(k);
             h.push(e);
+            if let Some(k) = s.seq.faults.gdn_reset_at {
+                let (len, t) = (s.seq.len, s.ids.len());
+                if (len..len + t).contains(&k) {
+                    for st in s.seq.states.iter_mut() {
+                        if let LayerState::Linear(g) = st {
+                            g.reset_before(k - len);
+                        }
+                    }
+                }
+            }
             if s.tentative {
                 s.seq.block_start = Some(s.seq.len);
                 s.seq

@@ -9,6 +9,7 @@
 
 pub mod conversion;
 pub mod experts;
+pub mod init;
 pub mod inventory;
 pub mod paths;
 pub mod resident;

@@ -67,6 +67,11 @@ pub trait WeightSource {
     fn share(&self) -> Option<std::sync::Arc<dyn WeightSource + Send + Sync>> {
         None
     }
+
+    /// Drops whatever the source made on first use and holds (a generated
+    /// tensor); the next read makes it again, bitwise the same. Sources that
+    /// hold nothing of their own ignore it.
+    fn release(&self) {}
 }
 
 /// Rows `ids` of the loaded 2-D tensor `w` (named `name` in errors), on `w`'s

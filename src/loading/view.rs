@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::loading::experts::{self, FusedParam};
+use crate::loading::init::{init_tensor, init_tensor_in};
 use crate::loading::spec::InitRule;
 use crate::loading::WeightSource;
 use crate::precision::Precision;
@@ -269,8 +270,13 @@ impl TensorView {
         if let Some(t) = self.made.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(t);
         }
-        // `tensor` places it; the cast to `prec` is exact after rounding.
-        let t = prec.round(&self.tensor(name)?)?.to_dtype(prec.dtype())?;
+        let t = match self.entries.get(name) {
+            Some(WeightOrigin::Missing { init, shape }) => {
+                self.place(init_tensor_in(name, *init, shape, self.seed, prec)?)?
+            }
+            // A converted parameter: its rounded values, cast exactly.
+            _ => prec.round(&self.tensor(name)?)?.to_dtype(prec.dtype())?,
+        };
         if let Ok(mut m) = self.made.lock() {
             m.insert(key, t.clone());
         }
@@ -429,56 +435,4 @@ impl WeightSource for TensorView {
             },
         }
     }
-}
-
-/// Values for a missing tensor: constant rules directly; random rules from a
-/// generator seeded by `seed` and the FNV-1a hash of `name` (splitmix64,
-/// Box-Muller for normals).
-pub fn init_tensor(
-    name: &str,
-    init: InitRule,
-    shape: &[usize],
-    seed: Option<u64>,
-) -> Result<Tensor> {
-    let n: usize = shape.iter().product();
-    let dev = Device::Cpu;
-    match init {
-        InitRule::Zeros => return Ok(Tensor::zeros(shape, candle_core::DType::F32, &dev)?),
-        InitRule::Ones => return Ok(Tensor::ones(shape, candle_core::DType::F32, &dev)?),
-        _ => {}
-    }
-    let Some(seed) = seed else {
-        return Err(Error::Checkpoint(format!(
-            "tensor {name} is missing from the checkpoint; transformers would initialise it randomly \
-             ({init}); pass a seed to emulate that"
-        )));
-    };
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in name.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    let mut state = h ^ seed.wrapping_mul(0x9e3779b97f4a7c15);
-    let mut next = || {
-        state = state.wrapping_add(0x9e3779b97f4a7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-        z ^= z >> 31;
-        // uniform in (0, 1)
-        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    let v: Vec<f32> = match init {
-        InitRule::Normal { std } => (0..n)
-            .map(|_| {
-                let (u1, u2) = (next(), next());
-                ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
-            })
-            .collect(),
-        InitRule::LogUniform { lo, hi } => (0..n)
-            .map(|_| (lo + next() * (hi - lo)).ln() as f32)
-            .collect(),
-        InitRule::Zeros | InitRule::Ones => unreachable!("handled above"),
-    };
-    Ok(Tensor::from_vec(v, shape, &dev)?)
 }

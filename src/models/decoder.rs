@@ -24,6 +24,20 @@ pub enum Mixer {
     Full(Attention),
 }
 
+/// How a verified block's rejected tail leaves the caches (what a
+/// speculative loop's cache crop does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheCrop {
+    /// KV caches truncated, Gated DeltaNet conv and recurrent state advanced
+    /// by exactly the kept tokens ([`GdnState::commit`]).
+    #[default]
+    Exact,
+    /// transformers 5.23.0's `DynamicCache.crop` on a Qwen3.5 cache: KV
+    /// truncated, the Gated DeltaNet conv history cut back, the recurrent
+    /// state left over every verified token ([`GdnState::commit_conv_only`]).
+    ConvOnly,
+}
+
 /// The feed-forward slot of a layer (`mlp`).
 #[derive(Debug, Clone)]
 pub enum FeedForward {
@@ -82,12 +96,23 @@ impl LayerState {
     ///
     /// Errors: a tensor failure.
     pub fn commit(&mut self, before: usize, kept: usize) -> Result<()> {
-        match self {
-            LayerState::Linear(s) => {
+        self.commit_as(before, kept, CacheCrop::Exact)
+    }
+
+    /// [`Self::commit`] with the cache crop `crop`.
+    ///
+    /// Errors: a tensor failure.
+    pub fn commit_as(&mut self, before: usize, kept: usize, crop: CacheCrop) -> Result<()> {
+        match (self, crop) {
+            (LayerState::Linear(s), CacheCrop::Exact) => {
                 s.commit(kept - before);
                 Ok(())
             }
-            LayerState::Full(c) => c.truncate(kept),
+            (LayerState::Linear(s), CacheCrop::ConvOnly) => {
+                s.commit_conv_only(kept - before);
+                Ok(())
+            }
+            (LayerState::Full(c), _) => c.truncate(kept),
         }
     }
 }

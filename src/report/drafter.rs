@@ -26,8 +26,13 @@ pub fn build(
     let join = |f: &dyn Fn(&crate::drafter::eval::PathTau) -> String| {
         eval.paths.iter().map(f).collect::<Vec<_>>().join(" vs ")
     };
+    let interval = eval
+        .tau_gap_interval
+        .as_ref()
+        .map(|g| format!(" ({} − {}), {};", g.path, g.reference, g.describe()))
+        .unwrap_or_else(|| ",".into());
     let summary = format!(
-        "drafter τ {} (DDTree-{} {}; gap {:.3}, limit {})",
+        "drafter τ {} (DDTree-{} {}; gap {:.3}{interval} limit {})",
         join(&|p| format!("{} {:.2}", p.name, p.summary.tau_macro)),
         eval.paths.first().map(|p| p.ddtree.budget).unwrap_or(0),
         join(&|p| format!("{:.2}", p.ddtree.tau_macro)),

@@ -30,8 +30,13 @@ pub fn build(
         .iter()
         .map(|p| format!("{} {:.2}", p.name, p.summary.tau_macro))
         .collect();
+    let interval = eval
+        .tau_gap_interval
+        .as_ref()
+        .map(|g| format!(" ({} − the file), {};", g.path, g.describe()))
+        .unwrap_or_else(|| ",".into());
     let summary = format!(
-        "drafter τ on the file's taps {:.2} vs {} on the paths' own taps over the same tokens (DDTree-{} {:.2}; gap {:.3}, limit {})",
+        "drafter τ on the file's taps {:.2} vs {} on the paths' own taps over the same tokens (DDTree-{} {:.2}; gap {:.3}{interval} limit {})",
         f.summary.tau_macro,
         paths.join(" vs "),
         f.ddtree.budget,

@@ -6,7 +6,7 @@ use super::tabular::{Column, Row, Sinks, Table};
 use super::{Document, Environment, Kind, Report};
 use crate::drafter::trajectories::PathDepartures;
 use crate::error::Result;
-use crate::triage::Triage;
+use crate::triage::{SuspectGroup, Triage, VariantResult};
 
 /// `triage`'s report: the envelope around [`Triage`].
 pub type TriageReport = Report<Triage>;
@@ -22,19 +22,34 @@ pub fn build(
     Report::ranking(Kind::Triage, summary, environment, command, notes, triage)
 }
 
-/// The ranked variants; seconds on the terminal only (the Markdown stays
+/// The 95 % interval cell: `[-0.40, +0.12] not distinguishable with 5 prompts`.
+fn interval_cell(v: &VariantResult) -> String {
+    match &v.delta_tau_interval {
+        Some(i) => match i.verdict() {
+            Some(n) => format!("{} {n}", i.describe()),
+            None => i.describe(),
+        },
+        None => "-".into(),
+    }
+}
+
+/// The ranked variants (all of them, or those of `group`), with their rank
+/// in the whole ranking; seconds on the terminal only (the Markdown stays
 /// stable for tickets).
-pub fn variants_table(r: &Triage) -> Table {
-    let mut cols = vec![
-        Column::new("rank"),
-        Column::new("variant"),
+pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
+    let mut cols = vec![Column::new("rank"), Column::new("variant")];
+    if group.is_none() {
+        cols.push(Column::new("group"));
+    }
+    cols.extend([
         Column::new("first divergent hs"),
         Column::new("cos min at taps"),
         Column::new("τ"),
         Column::new("Δτ"),
+        Column::new("Δτ 95% interval"),
         Column::new("DDTree τ"),
         Column::new("seconds").only(Sinks::Terminal),
-    ];
+    ]);
     if let Some(o) = r.observed_tau {
         cols.push(Column::new(format!("≈ observed {o}")));
     }
@@ -44,9 +59,14 @@ pub fn variants_table(r: &Triage) -> Table {
     cols.push(Column::new("what it emulates"));
     let mut t = Table::new(cols);
     for (i, v) in r.variants.iter().enumerate() {
-        let mut row = vec![
-            (i + 1).to_string().into(),
-            v.name.clone().into(),
+        if group.is_some_and(|g| g != v.group) {
+            continue;
+        }
+        let mut row = vec![(i + 1).to_string().into(), v.name.clone().into()];
+        if group.is_none() {
+            row.push(v.group.name().into());
+        }
+        row.extend([
             v.first_divergent
                 .map(|x| x.to_string())
                 .unwrap_or_else(|| "-".into())
@@ -54,9 +74,10 @@ pub fn variants_table(r: &Triage) -> Table {
             cos6(v.cos_min_at_taps).into(),
             tau(v.tau_macro).into(),
             delta(v.delta_tau).into(),
+            interval_cell(v).into(),
             tau(v.ddtree_tau_macro).into(),
             seconds(v.wall_s).into(),
-        ];
+        ]);
         if r.observed_tau.is_some() {
             row.push(
                 match v.consistent_with_observed {
@@ -69,7 +90,12 @@ pub fn variants_table(r: &Triage) -> Table {
         if r.trajectories.is_some() {
             row.push(departs(v.departures.as_ref()).into());
         }
-        row.push(v.description.clone().into());
+        let own = if v.divergence_on == "own-trajectory" {
+            " (divergence on its own trajectory)"
+        } else {
+            ""
+        };
+        row.push(format!("{}{own}", v.description).into());
         t.push(Row::new(row));
     }
     t
@@ -105,6 +131,41 @@ fn baseline_line(r: &Triage, path: &str) -> String {
     )
 }
 
+/// The uncertainty line: method, resamples, seed.
+fn uncertainty_line(r: &Triage) -> String {
+    let u = &r.uncertainty;
+    format!(
+        "Δτ intervals: {:.0}% {} ({} resamples, seed {}; {} prompts)",
+        u.level * 100.0,
+        u.method,
+        u.resamples,
+        u.seed,
+        r.baseline.per_prompt.len()
+    )
+}
+
+/// Where the top suspect's harness leaves the greedy continuation, per
+/// prompt (only when some prompt does).
+fn departure_line(r: &Triage) -> Option<String> {
+    let v = r.variants.iter().find(|v| v.name == "harness-gdn-crop")?;
+    let d = v.departs_from_greedy_at.as_ref()?;
+    let left: Vec<String> = d
+        .iter()
+        .enumerate()
+        .filter_map(|(k, x)| x.map(|x| format!("prompt {k} at new token {x}")))
+        .collect();
+    Some(format!(
+        "harness-gdn-crop leaves the greedy continuation on {} of {} prompts{}",
+        left.len(),
+        d.len(),
+        if left.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", left.join(", "))
+        }
+    ))
+}
+
 /// Terminal rendering.
 pub fn render(r: &TriageReport) -> String {
     let mut out = format!(
@@ -115,19 +176,31 @@ pub fn render(r: &TriageReport) -> String {
     if let Some(line) = r.environment.rendering_line() {
         out.push_str(&format!("prompts: {line}\n"));
     }
-    out.push_str(&variants_table(r).terminal().to_string());
+    out.push_str(&variants_table(r, None).terminal().to_string());
     out.push_str(&format!(
-        "\nwall time {:.1} s (tap variants reuse the baseline forward)\n",
-        r.wall_time_s
+        "\nwall time {:.1} s (tap variants reuse the baseline forward)\n{}\n",
+        r.wall_time_s,
+        uncertainty_line(r)
     ));
+    if let Some(d) = departure_line(r) {
+        out.push_str(&format!("{d}\n"));
+    }
+    for n in &r.not_applicable {
+        out.push_str(&format!("not applicable: {}: {}\n", n.name, n.reason));
+    }
+    if let Some(c) = &r.next_check {
+        out.push_str(&format!("next check: {c}\n"));
+    }
     for n in &r.notes {
         out.push_str(&format!("note: {n}\n"));
     }
     out
 }
 
-/// Markdown rendering (`report.md` of `triage`). Timings stay in the JSON
-/// and on the terminal, so the Markdown is stable for tickets.
+/// Markdown rendering (`report.md` of `triage`): the suspects grouped as
+/// loading / numerics / harness / engine, the suspects that do not apply,
+/// the next check. Timings stay in the JSON and on the terminal, so the
+/// Markdown is stable for tickets.
 pub fn markdown(r: &TriageReport) -> String {
     let mut md = format!(
         "{}\n\nBaseline: {}.\n\n",
@@ -137,12 +210,39 @@ pub fn markdown(r: &TriageReport) -> String {
     if let Some(line) = r.environment.rendering_line() {
         md.push_str(&format!("Prompts: {line}.\n\n"));
     }
-    md.push_str(&variants_table(r).markdown());
+    if let Some(c) = &r.next_check {
+        md.push_str(&format!("**Next check:** {c}.\n\n"));
+    }
+    for g in SuspectGroup::ALL {
+        if r.variants.iter().any(|v| v.group == g) {
+            md.push_str(&format!("## {} suspects\n\n", capitalised(g.name())));
+            md.push_str(&variants_table(r, Some(g)).markdown());
+            md.push('\n');
+        }
+    }
+    md.push_str(&format!("{}.\n", uncertainty_line(r)));
+    if let Some(d) = departure_line(r) {
+        md.push_str(&format!("\n{d}.\n"));
+    }
+    if !r.not_applicable.is_empty() {
+        md.push_str("\n## Not applicable\n");
+        for n in &r.not_applicable {
+            md.push_str(&format!("\n- `{}`: {}", n.name, n.reason));
+        }
+        md.push('\n');
+    }
     for n in &r.notes {
         md.push_str(&format!("\n- {n}"));
     }
     md.push_str(&format!("\n\n## Reproduce\n\n```\n{}\n```\n", r.command));
     md
+}
+
+fn capitalised(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
 }
 
 impl Document for TriageReport {

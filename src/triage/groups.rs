@@ -3,20 +3,21 @@
 //! together in one DFlash loop (one sweep per round for all of them) and one
 //! teacher-forced sweep over the baseline's tokens; tap suspects read the
 //! baseline's forward. With supplied trajectories there is no generation:
-//! one teacher-forced sweep per group over the given tokens gives every
-//! lane's taps (for its replay and its divergence) and logits (checked
-//! against the given tokens).
+//! one teacher-forced sweep per group over the given tokens (as each lane's
+//! edit changes them) gives every lane's taps (for its replay and its
+//! divergence) and logits (checked against the given tokens).
 
 use std::time::Instant;
 
 use candle_core::Tensor;
 
+use super::lanes::{self, Forcing, LaneEdit};
 use super::suspects::{self, Head, Recipe, Taps, Weights};
 use crate::drafter::eval::PromptTau;
 use crate::drafter::generate::{dflash_loop, Lane};
 use crate::drafter::target::{Capture, TargetModel};
 use crate::drafter::trajectories::{departures_of, Departure, Given};
-use crate::drafter::{concat_taps, replay_all, replay_upto, teacher_forced, Forced, Replay};
+use crate::drafter::{concat_taps, replay_upto, teacher_forced, Forced, Replay};
 use crate::error::Result;
 use crate::loading::resident::Resident;
 use crate::loading::WeightSource;
@@ -28,8 +29,19 @@ use crate::session::{weights_key, Session};
 /// What a suspect's run gives: its tap features on the baseline trajectory,
 /// and its DFlash and DDTree replays on its own trajectory.
 pub struct Outcome {
-    /// Per prompt `[T, K·H]`, on the baseline's tokens.
+    /// Per prompt `[T, K·H]`, on the baseline's tokens (the rows compared
+    /// with the baseline's from `base_skip` on); on its own tokens when
+    /// `reference` is set.
     pub feats_on_base: Vec<Tensor>,
+    /// What `feats_on_base` is compared with when not the baseline's
+    /// features: a correct forward over the suspect's own tokens.
+    pub reference: Option<Vec<Tensor>>,
+    /// Per prompt: the baseline's first compared row.
+    pub base_skip: Vec<usize>,
+    /// Per prompt: its prompt (as fed) + continuation.
+    pub tokens: Vec<Vec<u32>>,
+    /// Per prompt: its prompt's length as fed.
+    pub prompt_lens: Vec<usize>,
     /// DFlash per prompt.
     pub dflash: Vec<PromptTau>,
     /// DDTree per prompt.
@@ -42,6 +54,30 @@ pub struct Outcome {
     pub departures: Vec<Departure>,
 }
 
+impl Outcome {
+    /// The outcome of a suspect that reads the baseline's forward (tap and
+    /// drafter suspects): `feats` on its tokens, the replays `replayed`.
+    pub fn on_base(
+        feats: Vec<Tensor>,
+        base: &Base,
+        session: &Session,
+        replayed: crate::drafter::Replayed,
+    ) -> Self {
+        Outcome {
+            base_skip: vec![0; feats.len()],
+            feats_on_base: feats,
+            reference: None,
+            tokens: base.tokens.clone(),
+            prompt_lens: session.prompt_lens(),
+            dflash: replayed.0,
+            ddtree: replayed.1,
+            wall_s: 0.0,
+            sweeps: 0,
+            departures: Vec::new(),
+        }
+    }
+}
+
 /// One lane of a group run: a suspect (or the baseline) and how it runs.
 pub struct LaneSpec {
     /// Index into the plan; `None` for the baseline.
@@ -50,6 +86,8 @@ pub struct LaneSpec {
     pub form: GdnForm,
     /// Positions after the prompt shifted by this.
     pub decode_shift: usize,
+    /// Faults and prompt changes ([`LaneEdit`]).
+    pub edit: LaneEdit,
 }
 
 /// Runs that read the same weights in the same dtype with the same lm_head:
@@ -82,9 +120,48 @@ enum Source<'a> {
     Given(&'a Given),
 }
 
+/// Every lane of `g` × every prompt, as the DFlash loop runs them.
+fn lanes_of(g: &Group, prompts: &[Vec<u32>]) -> Vec<Lane> {
+    g.lanes
+        .iter()
+        .flat_map(|l| {
+            prompts.iter().enumerate().map(move |(k, p)| Lane {
+                prompt: l.edit.prompt(k, p),
+                form: l.form,
+                decode_shift: l.decode_shift,
+                faults: l.edit.faults(p.len()),
+            })
+        })
+        .collect()
+}
+
+/// What every lane × prompt of `g` feeds teacher-forced: the baseline's
+/// (or the supplied) `tokens` (prompts of `lens`) as its edit changes them,
+/// or its own generated tokens (`own`, lane-major; none with supplied
+/// trajectories, where no lane is measured on its own trajectory).
+fn forcings_of(
+    g: &Group,
+    tokens: &[Vec<u32>],
+    lens: &[usize],
+    own: Option<&[Vec<u32>]>,
+) -> Vec<Forcing> {
+    let np = tokens.len();
+    g.lanes
+        .iter()
+        .enumerate()
+        .flat_map(|(j, l)| {
+            (0..np).map(move |k| match own {
+                Some(own) => lanes::forcing_for(&l.edit, k, &tokens[k], lens[k], &own[j * np + k]),
+                None => l.edit.forcing(k, &tokens[k], lens[k]),
+            })
+        })
+        .collect()
+}
+
 /// The group's lanes × prompts through the DFlash loop, then one
 /// teacher-forced sweep over the baseline's tokens (`base`; `None` for the
-/// baseline's own group, whose tokens it generates). With `given`
+/// baseline's own group, whose tokens it generates) — for a lane measured on
+/// its own trajectory, a correct forward over its own tokens. With `given`
 /// trajectories only the teacher-forced sweep runs, over them. Returns per
 /// lane its outcome, and the baseline when this is its group.
 pub fn run_group(
@@ -101,17 +178,7 @@ pub fn run_group(
     let (run, base_tokens, max_new) = match given {
         Some(t) => (Source::Given(t), t.tokens.clone(), t.replayed.clone()),
         None => {
-            let lanes: Vec<Lane> = g
-                .lanes
-                .iter()
-                .flat_map(|l| {
-                    prompts.iter().map(move |p| Lane {
-                        prompt: p.clone(),
-                        form: l.form,
-                        decode_shift: l.decode_shift,
-                    })
-                })
-                .collect();
+            let lanes = lanes_of(g, prompts);
             let gen = dflash_loop(&g.target, drafter, &lanes, replay.max_new, &|_| {})?;
             let tokens = match base {
                 Some(b) => b.tokens.clone(),
@@ -129,70 +196,58 @@ pub fn run_group(
         .chain([Capture::Tap(n - 1)])
         .collect();
     let tap_caps: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();
-    let seqs = forced_lanes(&g.lanes, &base_tokens, &lens);
+    let own = match &run {
+        Source::Generated(gen) => Some(gen.tokens.as_slice()),
+        Source::Given(_) => None,
+    };
+    let forcings = forcings_of(g, &base_tokens, &lens, own);
+    let seqs: Vec<Forced> = forcings
+        .iter()
+        .zip(g.lanes.iter().flat_map(|l| std::iter::repeat_n(l, np)))
+        .map(|(f, l)| Forced {
+            tokens: &f.tokens,
+            prompt_len: f.prompt_len,
+            form: l.form,
+            decode_shift: l.decode_shift,
+            faults: f.faults,
+        })
+        .collect();
     let own_base = base.is_none();
     let caps = if own_base { &all } else { &tap_caps };
     let outs = teacher_forced(&g.target, &seqs, caps, given.is_some())?;
     let mut outcomes = Vec::new();
-    let mut new_base = None;
+    let mut new_base: Option<Base> = None;
     for (j, l) in g.lanes.iter().enumerate() {
         let range = j * np..(j + 1) * np;
-        let feats_on_base = if own_base {
-            outs[range.clone()]
-                .iter()
-                .map(|o| {
+        let forced = outs[range.clone()]
+            .iter()
+            .map(|o| match own_base {
+                true => {
                     suspects::select(&o.captures[..=n], &o.captures[n + 1], taps, Taps::Offset(0))
-                })
-                .collect::<Result<Vec<_>>>()?
-        } else {
-            outs[range.clone()]
-                .iter()
-                .map(|o| concat_taps(&o.captures))
-                .collect::<Result<Vec<_>>>()?
-        };
-        let ((dflash, ddtree), departures) = match &run {
-            Source::Generated(gen) => (
-                replay_all(
-                    drafter,
-                    &g.target,
-                    &gen.tokens[range.clone()],
-                    &lens,
-                    &gen.features[range.clone()],
-                    replay,
-                )?,
-                Vec::new(),
-            ),
-            Source::Given(t) => (
-                replay_upto(
-                    drafter,
-                    &g.target,
-                    &t.tokens,
-                    &lens,
-                    &t.replayed,
-                    &feats_on_base,
-                    replay,
-                )?,
-                departures_of(t, &outs[range.clone()])?,
-            ),
-        };
+                }
+                false => concat_taps(&o.captures),
+            })
+            .collect::<Result<Vec<_>>>()?;
         if l.suspect.is_none() {
             new_base = Some(Base {
                 tokens: base_tokens.clone(),
-                hidden: outs[range].iter().map(|o| o.captures.clone()).collect(),
-                feats: feats_on_base.clone(),
+                hidden: outs[range.clone()]
+                    .iter()
+                    .map(|o| o.captures.clone())
+                    .collect(),
+                feats: forced.clone(),
                 max_new: max_new.clone(),
             });
         }
-        outcomes.push(Outcome {
-            feats_on_base,
-            dflash,
-            ddtree,
-            wall_s: 0.0,
-            sweeps: match &run {
-                Source::Generated(gen) => gen.sweeps + 1,
-                Source::Given(_) => 1,
-            },
-            departures,
+        let lane = LaneRun {
+            drafter,
+            target: &g.target,
+            replay,
+            forcings: &forcings[range.clone()],
+        };
+        outcomes.push(match &run {
+            Source::Generated(gen) => lane.generated(&l.edit, forced, gen, range)?,
+            Source::Given(t) => lane.given(&l.edit, forced, t, &outs[range])?,
         });
     }
     let wall = t0.elapsed().as_secs_f64();
@@ -200,19 +255,89 @@ pub fn run_group(
     Ok((outcomes, new_base))
 }
 
-/// Every lane × prompt as a teacher-forced sequence over `tokens`.
-fn forced_lanes<'t>(lanes: &[LaneSpec], tokens: &'t [Vec<u32>], lens: &[usize]) -> Vec<Forced<'t>> {
-    lanes
-        .iter()
-        .flat_map(|l| {
-            tokens.iter().zip(lens).map(move |(t, &pl)| Forced {
-                tokens: t,
-                prompt_len: pl,
-                form: l.form,
-                decode_shift: l.decode_shift,
-            })
+/// One lane's outcome from its group's runs.
+struct LaneRun<'a> {
+    drafter: &'a Drafter,
+    target: &'a TargetModel<'a>,
+    replay: Replay,
+    /// What the lane fed teacher-forced, per prompt.
+    forcings: &'a [Forcing],
+}
+
+impl LaneRun<'_> {
+    /// From the DFlash loop: τ on the lane's own trajectory (`gen`'s rows
+    /// `range`), divergence from its teacher-forced `forced` features.
+    fn generated(
+        &self,
+        edit: &LaneEdit,
+        forced: Vec<Tensor>,
+        gen: &crate::drafter::generate::Generation,
+        range: std::ops::Range<usize>,
+    ) -> Result<Outcome> {
+        let own_lens: Vec<usize> = self.forcings.iter().map(|f| f.prompt_len).collect();
+        let max_new = vec![self.replay.max_new; own_lens.len()];
+        let (dflash, ddtree) = replay_upto(
+            self.drafter,
+            self.target,
+            &gen.tokens[range.clone()],
+            &own_lens,
+            &max_new,
+            &gen.features[range.clone()],
+            self.replay,
+        )?;
+        let (feats_on_base, reference) =
+            lanes::compared(edit, forced, &gen.features[range.clone()], self.forcings)?;
+        Ok(Outcome {
+            feats_on_base,
+            reference,
+            base_skip: self.forcings.iter().map(|f| f.base_skip).collect(),
+            tokens: gen.tokens[range].to_vec(),
+            prompt_lens: own_lens,
+            dflash,
+            ddtree,
+            wall_s: 0.0,
+            sweeps: gen.sweeps + 1,
+            departures: Vec::new(),
         })
-        .collect()
+    }
+
+    /// On supplied trajectories `t`: τ on the tokens the lane fed (the given
+    /// ones as its edit changes them) from its teacher-forced `forced`
+    /// features, its departures from the given tokens from the sweep's
+    /// logits (`outs`).
+    fn given(
+        &self,
+        edit: &LaneEdit,
+        forced: Vec<Tensor>,
+        t: &Given,
+        outs: &[crate::drafter::target::StepOut],
+    ) -> Result<Outcome> {
+        let tokens: Vec<Vec<u32>> = self.forcings.iter().map(|f| f.tokens.clone()).collect();
+        let lens: Vec<usize> = self.forcings.iter().map(|f| f.prompt_len).collect();
+        let (dflash, ddtree) = replay_upto(
+            self.drafter,
+            self.target,
+            &tokens,
+            &lens,
+            &t.replayed,
+            &forced,
+            self.replay,
+        )?;
+        let departures = departures_of(t, outs)?;
+        let (feats_on_base, reference) = lanes::compared(edit, forced, &[], self.forcings)?;
+        Ok(Outcome {
+            feats_on_base,
+            reference,
+            base_skip: self.forcings.iter().map(|f| f.base_skip).collect(),
+            tokens,
+            prompt_lens: lens,
+            dflash,
+            ddtree,
+            wall_s: 0.0,
+            sweeps: 1,
+            departures,
+        })
+    }
 }
 
 /// A suspect's weights and head as a [`TargetModel`] (`base`: the
@@ -267,6 +392,7 @@ pub fn build<'a>(
             suspect: None,
             form: GdnForm::Chunked,
             decode_shift: 0,
+            edit: LaneEdit::default(),
         }],
     }];
     let mut keys = vec![key_of(&base_target)];
@@ -274,6 +400,7 @@ pub fn build<'a>(
         let Recipe::Model {
             form,
             decode_shift,
+            lane: edit,
             spec,
             ..
         } = r
@@ -287,6 +414,7 @@ pub fn build<'a>(
             suspect: Some(i),
             form: *form,
             decode_shift: *decode_shift,
+            edit: edit.clone(),
         };
         let k = key_of(&t);
         // A run with its own numerics (spec) never shares sweeps.
@@ -306,7 +434,7 @@ pub fn build<'a>(
 }
 
 /// What running every group gave.
-pub struct Results {
+pub struct Ran {
     /// Per suspect (plan order) its outcome; `None` for tap suspects.
     pub outcomes: Vec<Option<Outcome>>,
     /// Per suspect: the other runs of its group.
@@ -329,7 +457,7 @@ pub fn run_all(
     names: &[String],
     given: Option<&Given>,
     quiet: bool,
-) -> Result<Results> {
+) -> Result<Ran> {
     let pb = progress::single(groups.len() as u64, "runs", quiet);
     let mut outcomes: Vec<Option<Outcome>> = (0..names.len()).map(|_| None).collect();
     let mut shared: Vec<Vec<String>> = vec![Vec::new(); names.len()];
@@ -342,6 +470,9 @@ pub fn run_all(
         let lane_names: Vec<String> = g.lanes.iter().map(label).collect();
         pb.set_message(lane_names.join(", "));
         let (outs, b) = run_group(g, drafter, prompts, replay, base.as_ref(), given)?;
+        // A head made for this group's suspect (the random lm_head) is not
+        // needed by the next group.
+        g.target.head.release();
         if b.is_some() {
             base = b;
         }
@@ -359,7 +490,7 @@ pub fn run_all(
         pb.inc(1);
     }
     pb.finish_and_clear();
-    Ok(Results {
+    Ok(Ran {
         outcomes,
         shared,
         base: base.expect("the baseline's group runs first"),
@@ -367,9 +498,11 @@ pub fn run_all(
     })
 }
 
-/// The tap suspects' outcomes: other hidden states of the baseline's
-/// forward fed to the drafter over the baseline's tokens (a suspect whose
-/// taps fall outside the model is skipped with a note).
+/// The outcomes of the suspects that read the baseline's forward: the tap
+/// suspects (other hidden states fed to the drafter over the baseline's
+/// tokens; one whose taps fall outside the model is skipped with a note)
+/// and the drafter suspects (the baseline's features replayed with the
+/// drafter run differently).
 ///
 /// Errors: a replay failure.
 #[allow(clippy::too_many_arguments)]
@@ -386,7 +519,29 @@ pub fn tap_outcomes(
     let n = session.spec.num_layers();
     let taps = &drafter.cfg.target_layer_ids;
     for (i, r) in recipes.iter().enumerate() {
-        let Recipe::Taps(mode) = r else { continue };
+        let mode = match r {
+            Recipe::Taps(mode) => mode,
+            Recipe::Drafter(edit) => {
+                let d = edit.apply(drafter);
+                let replayed = replay_upto(
+                    &d,
+                    base_target,
+                    &base.tokens,
+                    &session.prompt_lens(),
+                    &base.max_new,
+                    &base.feats,
+                    replay,
+                )?;
+                outcomes[i] = Some(Outcome::on_base(
+                    base.feats.clone(),
+                    base,
+                    session,
+                    replayed,
+                ));
+                continue;
+            }
+            Recipe::Model { .. } => continue,
+        };
         let feats: Result<Vec<Tensor>> = base
             .hidden
             .iter()
@@ -403,14 +558,7 @@ pub fn tap_outcomes(
                     &f,
                     replay,
                 )?;
-                outcomes[i] = Some(Outcome {
-                    feats_on_base: f,
-                    dflash,
-                    ddtree,
-                    wall_s: 0.0,
-                    sweeps: 0,
-                    departures: Vec::new(),
-                });
+                outcomes[i] = Some(Outcome::on_base(f, base, session, (dflash, ddtree)));
             }
             Err(e) => notes.push(format!("{}: skipped ({e})", describe(*mode))),
         }

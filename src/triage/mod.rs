@@ -7,9 +7,15 @@
 //! measured on the baseline's trajectory and its τ on its own greedy
 //! trajectory. Suspects that only change which hidden states feed the drafter
 //! (tap offsets, the normed last tap) reuse the baseline's forward, so they
-//! cost no target compute.
+//! cost no target compute. With `--trajectories` every variant is measured
+//! on the supplied greedy outputs instead (one teacher-forced sweep per
+//! group; the suspects that need their own decode loop or prompts do not
+//! apply).
 
+pub mod assess;
 mod groups;
+pub mod harness;
+pub mod lanes;
 pub mod suspects;
 
 use std::time::Instant;
@@ -17,6 +23,7 @@ use std::time::Instant;
 use candle_core::Tensor;
 use serde::Serialize;
 
+use crate::drafter::bootstrap::{Bootstrap, DeltaInterval};
 use crate::drafter::eval::{self, EndRule, PromptTau};
 use crate::drafter::paths::plan_for;
 use crate::drafter::plan::Residency;
@@ -31,7 +38,10 @@ use crate::models::GdnForm;
 use crate::parity::{Accumulator, Tolerance, Verdict};
 use crate::precision::Precision;
 use crate::session::Session;
-pub use suspects::{Head, Recipe, Suspect, Taps, Weights};
+use assess::PromptRun;
+pub use harness::{HarnessOptions, NotApplicable};
+use lanes::LaneEdit;
+pub use suspects::{Head, Recipe, Suspect, SuspectGroup, Taps, Weights};
 
 /// What to triage (besides the session's target).
 #[derive(Debug, Clone)]
@@ -51,6 +61,9 @@ pub struct TriageSettings {
     pub quiet: bool,
     /// `--memory-budget` (see [`crate::drafter::plan::MemoryPlan`]).
     pub memory_budget: Option<u64>,
+    /// `--reset-at`, `--left-pad` and the prompt options (the harness and
+    /// engine suspects).
+    pub harness: HarnessOptions,
     /// `--trajectories`: every variant measured on supplied greedy outputs.
     pub trajectories: Option<GivenFile>,
 }
@@ -60,6 +73,8 @@ pub struct TriageSettings {
 pub struct VariantResult {
     /// Short name ([`Suspect::name`]).
     pub name: String,
+    /// The kind of fault: loading, numerics, harness or engine.
+    pub group: SuspectGroup,
     /// What it emulates ([`Suspect::description`]).
     pub description: String,
     /// First tap (as a `hidden_states` index) whose features diverge from the
@@ -72,10 +87,26 @@ pub struct VariantResult {
     pub tau_macro: f64,
     /// τ(variant) − τ(baseline).
     pub delta_tau: f64,
+    /// 95 % interval on Δτ, paired bootstrap over prompts (`None` with one
+    /// prompt); `contains_zero`: not distinguishable with this many prompts.
+    pub delta_tau_interval: Option<DeltaInterval>,
     /// DDTree τ (macro).
     pub ddtree_tau_macro: f64,
-    /// With `--observed-tau`: |τ − observed| ≤ 0.25 or 10 %.
+    /// With `--observed-tau`: observed − τ(baseline) lies in the Δτ interval
+    /// (one prompt: |τ − observed| ≤ 0.25 or 10 %).
     pub consistent_with_observed: Option<bool>,
+    /// Where the divergence columns are measured: `baseline-trajectory`
+    /// (teacher-forced on the baseline's tokens) or `own-trajectory` (the
+    /// suspect's loop's features against a correct forward over its own
+    /// tokens: faults of the decode loop).
+    pub divergence_on: &'static str,
+    /// Per prompt: the first new token where its output leaves the
+    /// baseline's greedy continuation (`null`: never), for suspects that
+    /// generate their own continuation of the same text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub departs_from_greedy_at: Option<Vec<Option<usize>>>,
+    /// Per prompt: τ, acceptance lengths, its new tokens.
+    pub per_prompt: Vec<PromptRun>,
     /// Seconds this variant took (0 for variants reading the baseline's
     /// forward; the shared run's seconds for variants sharing sweeps).
     pub wall_s: f64,
@@ -111,6 +142,8 @@ pub struct Baseline {
     pub wall_s: f64,
     /// Sweeps over the target's layers of that run.
     pub sweeps: usize,
+    /// Per prompt: τ, acceptance lengths, its greedy continuation.
+    pub per_prompt: Vec<PromptRun>,
 }
 
 /// The members `triage`'s report adds to the envelope.
@@ -120,6 +153,14 @@ pub struct Triage {
     pub baseline: Baseline,
     /// Ranked by |delta_tau|, largest first.
     pub variants: Vec<VariantResult>,
+    /// Suspects that do not apply to this target, drafter or prompts, with
+    /// the reason.
+    pub not_applicable: Vec<NotApplicable>,
+    /// How the Δτ intervals were drawn.
+    pub uncertainty: Bootstrap,
+    /// The cheapest next check for the top suspect (the costliest one whose
+    /// interval excludes 0, else the costliest).
+    pub next_check: Option<String>,
     /// `--observed-tau`.
     pub observed_tau: Option<f64>,
     /// The supplied trajectories and the baseline's departures from them
@@ -166,15 +207,26 @@ fn tap_divergence(
     Ok((first, cos_min))
 }
 
-/// The suspects that apply to this target and drafter, in report order
-/// (notes say why the others do not run).
+/// The suspects that apply to this target and drafter, in report order,
+/// each with its lane edit when it is a harness or engine suspect run on the
+/// target (the others: their own recipe), and those that do not apply.
+///
+/// Errors ([`crate::error::Error::Input`]): `--reset-at` outside a prompt.
 fn plan(
     session: &Session,
     drafter: &Drafter,
     base_prec: Precision,
     settings: &TriageSettings,
+    replay: Replay,
     notes: &mut Vec<String>,
-) -> Vec<Suspect> {
+) -> Result<harness::Planned> {
+    let mut not_applicable = Vec::new();
+    let mut skip = |s: Suspect, reason: String| {
+        not_applicable.push(NotApplicable {
+            name: s.name(),
+            reason,
+        })
+    };
     let mut plan = vec![Suspect::Vlm];
     plan.extend(
         Precision::ALL
@@ -183,25 +235,29 @@ fn plan(
             .map(Suspect::Dtype),
     );
     plan.push(Suspect::Recurrent);
-    if session.spec.moe.is_some() {
-        if base_prec == Precision::F32 {
-            notes.push(
-                "router-dtype not run: the baseline computes in f32, where the router's softmax is f32 either way"
-                    .into(),
-            );
-        } else {
-            plan.push(Suspect::RouterDtype);
-        }
+    match (&session.spec.moe, base_prec) {
+        (None, _) => skip(
+            Suspect::RouterDtype,
+            "the target is dense: it has no MoE routers".into(),
+        ),
+        (Some(_), Precision::F32) => skip(
+            Suspect::RouterDtype,
+            "the baseline computes in f32, where the router's softmax is f32 either way".into(),
+        ),
+        (Some(_), _) => plan.push(Suspect::RouterDtype),
     }
     plan.extend([Suspect::TapOffset(-1), Suspect::TapOffset(1)]);
     let n_layers = session.spec.num_layers();
     if drafter.cfg.target_layer_ids.iter().max() == Some(&(n_layers - 1)) {
         plan.push(Suspect::NormedLastTap);
     } else {
-        notes.push(format!(
-            "normed-last-tap not run: no tap is on the last layer ({}), and only hidden_states[N] is final-normed",
-            n_layers - 1
-        ));
+        skip(
+            Suspect::NormedLastTap,
+            format!(
+                "no tap is on the last layer ({}), and only hidden_states[N] is final-normed",
+                n_layers - 1
+            ),
+        );
     }
     plan.extend([
         Suspect::Positions(1),
@@ -221,7 +277,20 @@ fn plan(
             plan.push(Suspect::RandomLmHead);
         }
     }
-    plan
+    let mut out: Vec<(Suspect, Option<LaneEdit>)> = plan.into_iter().map(|s| (s, None)).collect();
+    let h = harness::plan(
+        session,
+        drafter,
+        replay,
+        &settings.harness,
+        settings.trajectories.is_some(),
+    )?;
+    out.extend(h.suspects);
+    not_applicable.extend(h.not_applicable);
+    Ok(harness::Planned {
+        suspects: out,
+        not_applicable,
+    })
 }
 
 /// Runs the triage matrix on `session` (opened on `causal-lm`). Returns the
@@ -243,21 +312,18 @@ pub fn run(
         rule: EndRule::GithubMain,
         ..settings.replay
     };
-    let (drafter, _, given) = load_checked(
-        session,
-        &settings.drafter,
-        replay,
-        settings.position_shift,
-        given,
-    )?;
+    // The left pads, like a position shift, move the last positions out.
+    let extra = settings.position_shift.max(settings.harness.left_pad);
+    let (drafter, _, given) = load_checked(session, &settings.drafter, replay, extra, given)?;
     let mut notes = Vec::new();
     let base_path = &session.paths[0];
     let base_prec = base_path.dtype;
-    let suspects = plan(session, &drafter, base_prec, settings, &mut notes);
-    let recipes: Vec<Recipe> = suspects
-        .iter()
-        .map(|s| s.recipe(session, base_prec, settings.seed))
-        .collect::<Result<_>>()?;
+    let harness::Planned {
+        suspects: planned,
+        not_applicable,
+    } = plan(session, &drafter, base_prec, settings, replay, &mut notes)?;
+    let suspects: Vec<Suspect> = planned.iter().map(|(s, _)| *s).collect();
+    let recipes = recipes_of(&planned, session, base_prec, settings.seed)?;
     let mem = plan_for(session, &drafter, settings.memory_budget);
     let (resident_base, residents) = hold(mem.mode, &base_path.view, &recipes)?;
     let base_w: &dyn WeightSource = match &resident_base {
@@ -272,7 +338,7 @@ pub fn run(
     };
     let groups = groups::build(session, base_target, &recipes, &residents);
     let names: Vec<String> = suspects.iter().map(Suspect::name).collect();
-    let ran = groups::run_all(
+    let mut ran = groups::run_all(
         &groups,
         &drafter,
         &session.prompt_ids(),
@@ -291,8 +357,9 @@ pub fn run(
         ddtree_tau_macro: tau(&ran.baseline.ddtree, b),
         wall_s: ran.baseline.wall_s,
         sweeps: ran.baseline.sweeps,
+        per_prompt: assess::per_prompt(&ran.baseline, &ran.base.max_new),
     };
-    let mut outcomes = ran.outcomes;
+    let mut outcomes = std::mem::take(&mut ran.outcomes);
     groups::tap_outcomes(
         session,
         &drafter,
@@ -303,43 +370,64 @@ pub fn run(
         &mut outcomes,
         &mut notes,
     )?;
-    let ctx = Measured {
-        base: &ran.base,
-        taps: &drafter.cfg.target_layer_ids,
-        h: base_path.text_config.hidden_size,
-        tol: Tolerance::for_precision(base_prec),
-        b: drafter.cfg.block_size,
-        baseline_tau: baseline.tau_macro,
-        observed: settings.observed_tau,
+    let boot = Bootstrap::seeded(settings.seed);
+    let ctx = assess::Scoring {
+        session,
+        drafter: &drafter,
+        baseline: &baseline,
+        ran: &ran,
+        boot,
+        settings,
         given: given.as_ref(),
     };
     let mut variants = Vec::new();
     for (i, s) in suspects.iter().enumerate() {
         if let Some(o) = &outcomes[i] {
-            variants.push(ctx.result(s, &recipes[i], o, &ran.shared[i])?);
+            variants.push(ctx.score(i, s, o, planned[i].1.as_ref(), &recipes[i])?);
         }
     }
     variants.sort_by(|a, b| b.delta_tau.abs().total_cmp(&a.delta_tau.abs()));
     let mut summary = summarize(&baseline, &variants, settings.observed_tau);
-    let trajectories = given.as_ref().map(|g| {
-        let base = PathDepartures::new("baseline", checked(g), &ran.baseline.departures);
-        notes.push(format!(
-            "τ of every variant is measured on the supplied trajectories, not on its own greedy continuation; {}",
-            base.describe()
-        ));
-        if base.first_failure.is_some() {
-            summary.push_str("; the given trajectory is not the baseline's greedy output");
-        }
-        TrajectoryReport::new(g, vec![base])
-    });
+    let trajectories = given
+        .as_ref()
+        .map(|g| trajectory_report(g, &ran.baseline, &mut summary, &mut notes));
+    let next_check = next_check(&variants, &suspects, &baseline, session, settings);
     let triage = Triage {
         baseline,
         variants,
+        not_applicable,
+        uncertainty: boot,
+        next_check,
         observed_tau: settings.observed_tau,
         trajectories,
         wall_time_s: t0.elapsed().as_secs_f64(),
     };
     Ok((triage, summary, notes))
+}
+
+/// The supplied trajectories with the baseline's departures from them; a
+/// note that τ is measured on them, and a summary clause when the baseline
+/// itself departs.
+fn trajectory_report(
+    g: &Given,
+    baseline: &groups::Outcome,
+    summary: &mut String,
+    notes: &mut Vec<String>,
+) -> TrajectoryReport {
+    let base = PathDepartures::new("baseline", checked(g), &baseline.departures);
+    notes.push(format!(
+        "τ of every variant is measured on the supplied trajectories, not on its own greedy continuation; {}",
+        base.describe()
+    ));
+    if base.first_failure.is_some() {
+        summary.push_str("; the given trajectory is not the baseline's greedy output");
+    }
+    TrajectoryReport::new(g, vec![base])
+}
+
+/// Output positions of the supplied trajectories (each is checked).
+pub(crate) fn checked(g: &Given) -> usize {
+    g.lines.iter().map(|t| t.output.len()).sum()
 }
 
 /// Holds the baseline's weights and each other loading path's resident in
@@ -370,71 +458,63 @@ fn hold(
     Ok((Some(b), others))
 }
 
-/// What a variant's result is measured against.
-struct Measured<'a> {
-    base: &'a groups::Base,
-    taps: &'a [usize],
-    h: usize,
-    tol: Tolerance,
-    b: usize,
-    baseline_tau: f64,
-    observed: Option<f64>,
-    given: Option<&'a Given>,
-}
-
-impl Measured<'_> {
-    /// Suspect `s`'s row from its outcome `o` (`shared`: the runs it shared
-    /// sweeps with).
-    fn result(
-        &self,
-        s: &Suspect,
-        recipe: &Recipe,
-        o: &groups::Outcome,
-        shared: &[String],
-    ) -> Result<VariantResult> {
-        let (first_divergent, cos_min_at_taps) = tap_divergence(
-            &o.feats_on_base,
-            &self.base.feats,
-            self.taps,
-            self.h,
-            &self.tol,
-        )?;
-        let tau_v = tau(&o.dflash, self.b);
-        Ok(VariantResult {
-            name: s.name(),
-            description: s.description(),
-            first_divergent,
-            cos_min_at_taps,
-            tau_macro: tau_v,
-            delta_tau: tau_v - self.baseline_tau,
-            ddtree_tau_macro: tau(&o.ddtree, self.b),
-            consistent_with_observed: self
-                .observed
-                .map(|x| (tau_v - x).abs() <= 0.25f64.max(0.1 * x)),
-            wall_s: o.wall_s,
-            sweeps: o.sweeps,
-            shared_sweeps_with: shared.to_vec(),
-            departures: self
-                .given
-                .filter(|_| !matches!(recipe, Recipe::Taps(_)))
-                .map(|g| PathDepartures::new(&s.name(), checked(g), &o.departures)),
+/// Each planned suspect's recipe: a harness or engine suspect's lanes on the
+/// baseline's weights, else its own.
+///
+/// Errors: as [`Suspect::recipe`].
+fn recipes_of(
+    planned: &[(Suspect, Option<LaneEdit>)],
+    session: &Session,
+    prec: Precision,
+    seed: u64,
+) -> Result<Vec<Recipe>> {
+    planned
+        .iter()
+        .map(|(s, edit)| match edit {
+            Some(e) => Ok(harness::lane_recipe(e, prec)),
+            None => s.recipe(session, prec, seed),
         })
-    }
+        .collect()
 }
 
-/// Output positions of the supplied trajectories (each is checked).
-fn checked(g: &Given) -> usize {
-    g.lines.iter().map(|t| t.output.len()).sum()
+/// The next check for the top suspect ([`top_suspect`]), if any.
+fn next_check(
+    variants: &[VariantResult],
+    suspects: &[Suspect],
+    baseline: &Baseline,
+    session: &Session,
+    settings: &TriageSettings,
+) -> Option<String> {
+    let top = top_suspect(variants)?;
+    let s = suspects.iter().find(|s| s.name() == top.name)?;
+    Some(assess::next_check(
+        s,
+        baseline.tau_macro,
+        &session.ckpt.source.display,
+        &settings.drafter,
+    ))
 }
 
-/// The summary sentence: the baseline τ, the costliest suspects, and those
-/// consistent with the observed τ.
+/// The top suspect: the costliest one that lowers τ with an interval that
+/// excludes 0, else the costliest that lowers τ.
+fn top_suspect(variants: &[VariantResult]) -> Option<&VariantResult> {
+    let lowers = || variants.iter().filter(|v| v.delta_tau < 0.0);
+    lowers()
+        .find(|v| v.delta_tau_interval.is_some_and(|i| !i.contains_zero))
+        .or_else(|| lowers().next())
+}
+
+/// The summary sentence: the baseline τ, the costliest suspects with their
+/// intervals, and those consistent with the observed τ.
 fn summarize(baseline: &Baseline, variants: &[VariantResult], observed: Option<f64>) -> String {
     let top: Vec<String> = variants
         .iter()
         .filter(|v| v.delta_tau < 0.0)
         .take(3)
-        .map(|v| format!("{} (Δτ {:+.2})", v.name, v.delta_tau))
+        .map(|v| match v.delta_tau_interval {
+            Some(i) => format!("{} (Δτ {:+.2}, 95% {})", v.name, v.delta_tau, i.describe()),
+            None => format!("{} (Δτ {:+.2})", v.name, v.delta_tau),
+        })
         .collect();
     let mut summary = format!(
         "baseline causal-lm τ {:.2}; {}",

@@ -5,6 +5,7 @@
 
 use candle_core::{DType, Tensor};
 
+use super::lanes::LaneEdit;
 use crate::drafter::eval;
 use crate::error::{Error, Result};
 use crate::loading::{InitRule, LoadingPath, ResolvedPath, WeightSource};
@@ -32,8 +33,59 @@ pub enum Suspect {
     MissingOn(LoadingPath),
     /// A random `lm_head` (no path misses anything: the commonest case emulated).
     RandomLmHead,
+    /// z-lab `dflash_generate` on transformers 5.23.0: the cache crop rolls
+    /// the Gated DeltaNet conv state back, not its recurrent state.
+    HarnessGdnCrop,
+    /// The linear-attention state dropped at a position (`None`: the middle
+    /// of each prompt).
+    GdnStateReset(Option<usize>),
+    /// `P` pad tokens before the prompt with no attention or padding mask.
+    LeftPadUnmasked(usize),
+    /// Attention K and V stored as fp8 e4m3 with scale 1.0 (vLLM
+    /// `--kv-cache-dtype fp8`, no KV scales in the checkpoint).
+    KvFp8,
+    /// The prompts rendered with `enable_thinking` flipped (to this value).
+    ThinkingFlipped(bool),
+    /// The drafter's sliding-window layers run as full attention.
+    DrafterSwaAsFull,
     /// MoE targets: the router's softmax in the model dtype instead of f32.
     RouterDtype,
+}
+
+/// What kind of fault a suspect stands for (the triage report's sections).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SuspectGroup {
+    /// How the checkpoint is loaded (Auto class, MISSING tensors, lm_head).
+    Loading,
+    /// The arithmetic the target computes with (dtype, delta-rule form).
+    Numerics,
+    /// The eval harness around the model (taps, positions, the decode loop,
+    /// padding, prompt rendering).
+    Harness,
+    /// The serving engine (KV cache dtype, prefix cache, the drafter's
+    /// attention).
+    Engine,
+}
+
+impl SuspectGroup {
+    /// All groups, in report order.
+    pub const ALL: [SuspectGroup; 4] = [
+        SuspectGroup::Loading,
+        SuspectGroup::Numerics,
+        SuspectGroup::Harness,
+        SuspectGroup::Engine,
+    ];
+
+    /// `loading`, `numerics`, `harness`, `engine`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SuspectGroup::Loading => "loading",
+            SuspectGroup::Numerics => "numerics",
+            SuspectGroup::Harness => "harness",
+            SuspectGroup::Engine => "engine",
+        }
+    }
 }
 
 /// Where a suspect's target weights come from.
@@ -69,6 +121,9 @@ pub enum Recipe {
         form: GdnForm,
         /// Positions after the prompt shifted by this.
         decode_shift: usize,
+        /// Faults, prompt changes and where divergence is measured (none
+        /// for the loading and numerics suspects).
+        lane: LaneEdit,
         /// The model's geometry and numerics when they are not the
         /// session's (the router's softmax dtype); such a run shares no
         /// sweeps.
@@ -76,6 +131,24 @@ pub enum Recipe {
     },
     /// Other hidden states of the baseline's forward fed to the drafter.
     Taps(Taps),
+    /// The baseline's forward fed to a drafter run differently.
+    Drafter(DrafterEdit),
+}
+
+/// How a drafter suspect runs the drafter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrafterEdit {
+    /// Sliding-window layers as full attention.
+    SlidingAsFull,
+}
+
+impl DrafterEdit {
+    /// The drafter as this suspect runs it (sharing the weights).
+    pub fn apply(self, d: &crate::models::dflash::Drafter) -> crate::models::dflash::Drafter {
+        match self {
+            DrafterEdit::SlidingAsFull => d.sliding_as_full(),
+        }
+    }
 }
 
 /// How a variant turns hidden states into drafter features.
@@ -99,7 +172,31 @@ impl Suspect {
             Suspect::Positions(k) => format!("positions+{k}"),
             Suspect::MissingOn(p) => format!("missing-{p}"),
             Suspect::RandomLmHead => "missing-lm_head".into(),
+            Suspect::HarnessGdnCrop => "harness-gdn-crop".into(),
+            Suspect::GdnStateReset(None) => "gdn-state-reset@mid".into(),
+            Suspect::GdnStateReset(Some(k)) => format!("gdn-state-reset@{k}"),
+            Suspect::LeftPadUnmasked(p) => format!("left-pad-unmasked:{p}"),
+            Suspect::KvFp8 => "kv-fp8".into(),
+            Suspect::ThinkingFlipped(_) => "thinking-flipped".into(),
+            Suspect::DrafterSwaAsFull => "drafter-swa-as-full".into(),
             Suspect::RouterDtype => "router-dtype".into(),
+        }
+    }
+
+    /// The kind of fault it stands for.
+    pub fn group(&self) -> SuspectGroup {
+        match self {
+            Suspect::Vlm | Suspect::MissingOn(_) | Suspect::RandomLmHead => SuspectGroup::Loading,
+            Suspect::Dtype(_) | Suspect::Recurrent | Suspect::RouterDtype => SuspectGroup::Numerics,
+            Suspect::TapOffset(_)
+            | Suspect::NormedLastTap
+            | Suspect::Positions(_)
+            | Suspect::HarnessGdnCrop
+            | Suspect::LeftPadUnmasked(_)
+            | Suspect::ThinkingFlipped(_) => SuspectGroup::Harness,
+            Suspect::GdnStateReset(_) | Suspect::KvFp8 | Suspect::DrafterSwaAsFull => {
+                SuspectGroup::Engine
+            }
         }
     }
 
@@ -126,6 +223,13 @@ impl Suspect {
             Suspect::MissingOn(_) | Suspect::RandomLmHead => {
                 "MISSING tensors initialised as transformers would".into()
             }
+            Suspect::HarnessGdnCrop => "z-lab dflash_generate (0.1.0) on transformers 5.23: the cache crop rolls the Gated DeltaNet conv state back but not the recurrent state, so rejected drafts stay in it".into(),
+            Suspect::GdnStateReset(None) => "linear-attention state (conv and recurrent) dropped at the middle of each prompt: a prefix cache or chunked prefill that restores the attention KV but not the Gated DeltaNet state".into(),
+            Suspect::GdnStateReset(Some(k)) => format!("linear-attention state (conv and recurrent) dropped at position {k}: a prefix cache or chunked prefill that restores the attention KV but not the Gated DeltaNet state"),
+            Suspect::LeftPadUnmasked(p) => format!("{p} pad tokens before each prompt with no attention or padding mask: a batched harness that drops the mask, so the pads enter attention and the Gated DeltaNet state"),
+            Suspect::KvFp8 => "attention K and V stored as fp8 e4m3 with scale 1.0: vLLM --kv-cache-dtype fp8 on a checkpoint without KV scales".into(),
+            Suspect::ThinkingFlipped(v) => format!("prompts rendered with enable_thinking={v}, the other value: a harness that passes (or drops) the flag, so the target sees another prompt than the drafter was evaluated on"),
+            Suspect::DrafterSwaAsFull => "the drafter's sliding-window layers run as full attention: an engine that drops their window (vLLM before PR #40898)".into(),
             Suspect::RouterDtype => {
                 "MoE router softmax in the model dtype instead of f32 (softmax(logits) without dtype=torch.float)"
                     .into()
@@ -144,6 +248,7 @@ impl Suspect {
             head,
             form,
             decode_shift,
+            lane: LaneEdit::default(),
             spec: None,
         };
         Ok(match *self {
@@ -187,8 +292,8 @@ impl Suspect {
                     tc.initializer_range,
                     seed,
                     base_prec,
-                )?
-                .to_device(&session.spec.device)?;
+                    &session.spec.device,
+                );
                 model(
                     Weights::Base,
                     base_prec,
@@ -203,6 +308,7 @@ impl Suspect {
                 head: Head::Base,
                 form: GdnForm::Chunked,
                 decode_shift: 0,
+                lane: LaneEdit::default(),
                 spec: Some(Box::new(
                     session
                         .spec
@@ -210,6 +316,17 @@ impl Suspect {
                         .with_router_softmax(RouterSoftmax::ModelDtype),
                 )),
             },
+            Suspect::DrafterSwaAsFull => Recipe::Drafter(DrafterEdit::SlidingAsFull),
+            Suspect::HarnessGdnCrop
+            | Suspect::GdnStateReset(_)
+            | Suspect::LeftPadUnmasked(_)
+            | Suspect::KvFp8
+            | Suspect::ThinkingFlipped(_) => {
+                return Err(Error::Input(format!(
+                    "{}: its recipe needs the triage plan (triage::harness::recipe)",
+                    self.name()
+                )))
+            }
         })
     }
 }
@@ -251,48 +368,84 @@ pub fn select(hs: &[Tensor], last: &Tensor, taps: &[usize], mode: Taps) -> Resul
 
 /// An lm_head made for a suspect (the random one), held in the compute
 /// dtype's storage (bf16/f16 when the target computes in half precision)
-/// and read in vocabulary chunks like a checkpoint's.
-pub struct MadeHead(Tensor);
+/// and read in vocabulary chunks like a checkpoint's. It is generated when
+/// its group first reads it and dropped when the group is done
+/// ([`WeightSource::release`]), so a 27B target's 2.5 GB random head is
+/// resident only while the suspect runs.
+pub struct MadeHead {
+    /// `[V, H]`.
+    shape: [usize; 2],
+    /// The init's standard deviation.
+    std: f64,
+    seed: u64,
+    prec: Precision,
+    device: candle_core::Device,
+    made: std::sync::Mutex<Option<Tensor>>,
+}
 
 impl MadeHead {
     /// `lm_head.weight [V, H]` drawn from normal(0, `std`) with `seed` (the
-    /// init transformers gives a MISSING lm_head), rounded to `prec`.
-    ///
-    /// Errors: a tensor failure.
-    pub fn random(v: usize, h: usize, std: f64, seed: u64, prec: Precision) -> Result<Self> {
-        let w = crate::loading::view::init_tensor(
-            "lm_head.weight",
-            InitRule::Normal { std },
-            &[v, h],
-            Some(seed),
-        )?;
-        Ok(Self(match prec {
-            Precision::F32 => w,
-            Precision::Bf16 => w.to_dtype(DType::BF16)?,
-            Precision::F16 => w.to_dtype(DType::F16)?,
-        }))
+    /// init transformers gives a MISSING lm_head), rounded to `prec`, on
+    /// `device`; nothing is generated yet.
+    pub fn random(
+        v: usize,
+        h: usize,
+        std: f64,
+        seed: u64,
+        prec: Precision,
+        device: &candle_core::Device,
+    ) -> Self {
+        Self {
+            shape: [v, h],
+            std,
+            seed,
+            prec,
+            device: device.clone(),
+            made: std::sync::Mutex::new(None),
+        }
     }
 
-    /// The same head on `device`.
+    /// The head in its storage dtype, generated on first use.
     ///
-    /// Errors: the device cannot hold it.
-    pub fn to_device(self, device: &candle_core::Device) -> Result<Self> {
-        Ok(Self(self.0.to_device(device)?))
+    /// Errors: a tensor failure; the device cannot hold it.
+    fn get(&self) -> Result<Tensor> {
+        let mut m = self
+            .made
+            .lock()
+            .map_err(|_| Error::Input("the random lm_head's lock is poisoned".into()))?;
+        if let Some(t) = m.as_ref() {
+            return Ok(t.clone());
+        }
+        let t = crate::loading::init::init_tensor_in(
+            "lm_head.weight",
+            InitRule::Normal { std: self.std },
+            &self.shape,
+            Some(self.seed),
+            self.prec,
+        )?
+        .to_device(&self.device)?;
+        *m = Some(t.clone());
+        Ok(t)
     }
 }
 
 impl WeightSource for MadeHead {
     fn tensor(&self, _name: &str) -> Result<Tensor> {
-        Ok(self.0.to_dtype(DType::F32)?)
+        Ok(self.get()?.to_dtype(DType::F32)?)
     }
     fn tensor_in(&self, name: &str, prec: Precision) -> Result<Tensor> {
         prec.round(&self.tensor(name)?)
     }
     fn row_range(&self, _name: &str, start: usize, len: usize, prec: Precision) -> Result<Tensor> {
-        prec.round(&self.0.narrow(0, start, len)?.to_dtype(DType::F32)?)
+        prec.round(&self.get()?.narrow(0, start, len)?.to_dtype(DType::F32)?)
     }
     fn shape(&self, _name: &str) -> Option<Vec<usize>> {
-        Some(self.0.dims().to_vec())
+        Some(self.shape.to_vec())
+    }
+    fn release(&self) {
+        if let Ok(mut m) = self.made.lock() {
+            *m = None;
+        }
     }
     fn identity(&self, name: &str) -> String {
         format!("synthetic:{name}")

@@ -308,3 +308,31 @@ pub fn target(ckpt: &str, prompts_file: Option<&str>) -> hsparity::session::Targ
         ..Default::default()
     }
 }
+
+/// `drafter` options on `target` over `paths`: `max_new` new tokens under
+/// z-lab GitHub main's end rule, DDTree-8, gap limit 0.05, quiet.
+pub fn drafter_options(
+    target: hsparity::session::Target,
+    paths: &[hsparity::loading::LoadingPath],
+    drafter: &str,
+    max_new: usize,
+) -> hsparity::commands::drafter::DrafterOptions {
+    hsparity::commands::drafter::DrafterOptions {
+        target,
+        paths: paths.to_vec(),
+        dtype: None,
+        drafter: hsparity::drafter::DrafterSettings {
+            source: drafter.into(),
+            replay: hsparity::drafter::Replay {
+                max_new,
+                budget: 8,
+                rule: hsparity::drafter::eval::EndRule::GithubMain,
+            },
+            max_tau_gap: 0.05,
+            memory_budget: None,
+            trajectories: None,
+        },
+        quiet: true,
+        command_line: String::new(),
+    }
+}

@@ -137,6 +137,23 @@ impl Drafter {
         Self::load(cfg, w, target_hidden, prec)
     }
 
+    /// The same drafter (sharing its weights) with every sliding-window layer
+    /// run as its full-attention layers are: no window and no causal mask
+    /// inside the block, what an engine that drops the layers' window runs
+    /// (vLLM before PR #40898).
+    pub fn sliding_as_full(&self) -> Drafter {
+        let mut cfg = self.cfg.clone();
+        cfg.layer_types
+            .iter_mut()
+            .for_each(|t| *t = DraftLayerType::FullAttention);
+        Drafter {
+            cfg,
+            weights: self.weights.clone(),
+            rotary: self.rotary.clone(),
+            prec: self.prec,
+        }
+    }
+
     /// Bytes of the weights as held (stored dtype).
     pub fn stored_bytes(&self) -> u64 {
         self.weights.bytes()

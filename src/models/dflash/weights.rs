@@ -11,7 +11,9 @@ use crate::checkpoint::{HeaderIndex, Weights};
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 
-/// All tensors of a drafter's safetensors file(s), by name.
+/// All tensors of a drafter's safetensors file(s), by name (a clone shares
+/// the tensors).
+#[derive(Clone)]
 pub struct DrafterWeights {
     tensors: HashMap<String, Tensor>,
     files: Vec<PathBuf>,

@@ -12,12 +12,21 @@ use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::{LayerGeometry, Positions};
 
+/// The scale vLLM quantises K and V with for `--kv-cache-dtype fp8` when the
+/// checkpoint carries no KV scales: 1.0 (`vllm/attention/layer.py`,
+/// `set_default_quant_scales`, called by `_init_kv_cache_quant`; the
+/// quantisation method `vllm/model_executor/layers/quantization/kv_cache.py`
+/// `BaseKVCacheMethod.process_weights_after_loading` also falls back to 1.0).
+pub const FP8_KV_SCALE: f64 = 1.0;
+
 /// Key/value cache of one full-attention layer: rotated keys and raw values,
 /// each `[1, nkv, S, hd]`.
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
     k: Option<Tensor>,
     v: Option<Tensor>,
+    /// Store K and V as fp8 e4m3 ([`KvCache::fp8`]).
+    fp8: bool,
 }
 
 impl KvCache {
@@ -25,6 +34,22 @@ impl KvCache {
     pub fn len(&self) -> usize {
         self.k.as_ref().map(|k| k.dim(2).unwrap_or(0)).unwrap_or(0)
     }
+    /// An empty cache that stores K and V as fp8 e4m3 with scale
+    /// [`FP8_KV_SCALE`], as vLLM's `--kv-cache-dtype fp8` does: every key and
+    /// value written (the current tokens' too: vLLM writes the cache, then
+    /// attends over it) is `x / scale` rounded to e4m3, to nearest even and
+    /// saturating at ±448, then read back as `q · scale`
+    /// (`csrc/quantization/w8a8/fp8/nvidia/quant_utils.cuh`,
+    /// `scaled_vec_conversion<uint8_t, float>`: `__nv_cvt_float_to_fp8(a /
+    /// scale, __NV_SATFINITE, __NV_E4M3)`; the `float8` crate's conversion is
+    /// the same algorithm). Queries stay in the model dtype.
+    pub fn fp8() -> Self {
+        Self {
+            fp8: true,
+            ..Self::default()
+        }
+    }
+
     /// True when nothing is cached.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -124,6 +149,10 @@ impl Attention {
         let mut v = v;
         let past = match cache {
             Some(c) => {
+                if c.fp8 {
+                    k = fp8_round_trip(&k)?;
+                    v = fp8_round_trip(&v)?;
+                }
                 let past = c.len();
                 if let (Some(pk), Some(pv)) = (&c.k, &c.v) {
                     k = Tensor::cat(&[pk, &k], 2)?;
@@ -154,6 +183,15 @@ impl Attention {
         };
         linear(&out, &self.o_proj, prec)
     }
+}
+
+/// `x` stored as fp8 e4m3 with [`FP8_KV_SCALE`] and read back (see [`KvCache::fp8`]).
+///
+/// Errors: a tensor failure.
+pub fn fp8_round_trip(x: &Tensor) -> Result<Tensor> {
+    use candle_core::DType;
+    let q = (x / FP8_KV_SCALE)?.to_dtype(DType::F8E4M3)?;
+    Ok((q.to_dtype(DType::F32)? * FP8_KV_SCALE)?)
 }
 
 /// `repeat_kv` (`modeling_qwen3_5.py`, `modeling_qwen3.py`): `[1, nkv, S, hd]` → `[1, nkv·n_rep, S, hd]`,

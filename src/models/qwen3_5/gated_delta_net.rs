@@ -15,6 +15,8 @@ use crate::models::layers::norm::RmsNormGated;
 use crate::models::layers::{linear, param};
 use crate::models::LayerGeometry;
 
+mod faults;
+
 /// Chunk length of `torch_chunk_gated_delta_rule`.
 pub const CHUNK_SIZE: usize = 64;
 
@@ -68,6 +70,8 @@ pub struct GdnState {
     keep_block: bool,
     /// The tentative block: state before it, its conv history and inputs.
     block: Option<Box<Block>>,
+    /// Drop the state before this row of the next forward ([`Self::reset_before`]).
+    reset_row: Option<usize>,
 }
 
 /// What a tentatively fed block leaves to roll the state forward by a prefix.
@@ -92,6 +96,7 @@ impl GdnState {
             recurrent: vec![0.0; geo.lin_v_heads * geo.lin_k_dim * geo.lin_v_dim],
             keep_block: false,
             block: None,
+            reset_row: None,
         }
     }
 
@@ -107,14 +112,9 @@ impl GdnState {
     /// those `n` tokens. All of the block (`n = T`) keeps the state the block
     /// forward computed. No tentative block: nothing to do.
     pub fn commit(&mut self, n: usize) {
-        let Some(b) = self.block.take() else {
+        let Some(b) = self.roll_conv_back(n) else {
             return;
         };
-        if n >= b.inputs.t {
-            return;
-        }
-        let (c, hist) = (b.channels, self.conv.len() / b.channels.max(1));
-        self.conv.copy_from_slice(&b.padded[n * c..(n + hist) * c]);
         self.recurrent = b.recurrent;
         if n > 0 {
             recurrent(&b.inputs.prefix(n), &mut self.recurrent);
@@ -452,6 +452,7 @@ impl GatedDeltaNet {
         &self,
         x: &Tensor,
         conv_state: &mut [f32],
+        reset: Option<usize>,
     ) -> Result<(DeltaRuleInputs, Tensor, Vec<f32>)> {
         let geo = &self.geo;
         let t = x.dim(0)?;
@@ -476,9 +477,14 @@ impl GatedDeltaNet {
         padded.extend_from_slice(&mixed);
         let mut conv = vec![0f32; t * c];
         for i in 0..t {
+            // Rows from a reset on see no column before it (padded row i + j
+            // is position i + j − hist of this forward).
+            let first = reset
+                .filter(|&r| i >= r)
+                .map_or(0, |r| (r + hist).saturating_sub(i));
             for ch in 0..c {
                 let mut acc = 0f32;
-                for j in 0..kk {
+                for j in first.min(kk)..kk {
                     acc += self.conv_w[ch * kk + j] * padded[(i + j) * c + ch];
                 }
                 let acc = prec.round_f32(acc);
@@ -486,6 +492,9 @@ impl GatedDeltaNet {
             }
         }
         conv_state.copy_from_slice(&padded[t * c..(t + hist) * c]);
+        if let Some(r) = reset {
+            faults::clear_before_reset(conv_state, c, t, r);
+        }
         // Split [q | k | v] and expand key heads to value heads.
         let (kd, rep) = (nk * dk, nv / nk);
         let mut q = Vec::with_capacity(t * nv * dk);
@@ -552,11 +561,9 @@ impl GatedDeltaNet {
             }
         };
         let before = st.keep_block.then(|| st.recurrent.clone());
-        let (inp, z, padded) = self.prepare(x, &mut st.conv)?;
-        let mut o = match form {
-            GdnForm::Chunked => chunked(&inp, &mut st.recurrent),
-            GdnForm::Recurrent => recurrent(&inp, &mut st.recurrent),
-        };
+        let reset = st.reset_row.take();
+        let (inp, z, padded) = self.prepare(x, &mut st.conv, reset)?;
+        let mut o = faults::kernel(&inp, form, &mut st.recurrent, reset);
         if let Some(recurrent) = before {
             st.keep_block = false;
             st.block = Some(Box::new(Block {
