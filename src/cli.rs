@@ -10,7 +10,7 @@ mod engines;
 
 use std::path::PathBuf;
 
-use clap::builder::PossibleValue;
+use clap::builder::{PossibleValue, RangedU64ValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::commands::{compare, diff, drafter, dump, features, inventory, prompts, triage};
@@ -37,7 +37,7 @@ use prompt_args::PromptArgs;
     name = "hsparity",
     version,
     about = "Do two ways of loading the same checkpoint produce the same hidden states?",
-    after_help = "Loading paths: causal-lm (AutoModelForCausalLM), vlm (AutoModel), image-text-to-text (AutoModelForImageTextToText).\nExit codes: 0 parity holds and inventories are clean; 1 a tolerance is exceeded or a path has missing (randomly initialised) or non-finite tensors; 2 bad input or usage."
+    after_help = "Loading paths: causal-lm (AutoModelForCausalLM), vlm (AutoModel), image-text-to-text (AutoModelForImageTextToText).\nExit codes: 0 parity holds and inventories are clean; 1 a tolerance is exceeded or a path has missing (randomly initialised) or non-finite tensors; 2 bad input or usage (one line on stderr, nothing written). Numeric options are refused outside the range their help gives."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -136,8 +136,35 @@ impl ValueEnum for DtypeArg {
     }
 }
 
-/// Loading paths, comma-separated; a path named twice is refused.
+/// A checkpoint or drafter argument (a directory or a Hub id): text, as Hub
+/// ids and the transformers loaders take it; a path that is not UTF-8 is
+/// refused naming it (lossily), not as an unnamed argument.
+pub(crate) fn dir_or_id() -> impl clap::builder::TypedValueParser<Value = String> {
+    use clap::builder::TypedValueParser;
+    clap::builder::OsStringValueParser::new().try_map(|s| {
+        s.into_string().map_err(|s| {
+            format!(
+                "{} is not UTF-8: give the directory by a UTF-8 path (a symlink to it), or a Hub id",
+                s.to_string_lossy()
+            )
+        })
+    })
+}
+
+/// `--observed-tau`: a finite τ, 0..=1024 (NaN, ±Inf and negatives refused).
+fn observed_tau(s: &str) -> std::result::Result<f64, String> {
+    drafter_args::finite_in(s, 0.0, 1024.0)
+}
+
+/// Loading paths, comma-separated; an empty list (`--paths ""`) and a path
+/// named twice are refused.
 fn distinct(paths: Vec<LoadingPath>) -> Result<Vec<LoadingPath>> {
+    if paths.is_empty() {
+        return Err(Error::Input(
+            "--paths is empty: name at least one loading path (causal-lm, vlm, image-text-to-text)"
+                .into(),
+        ));
+    }
     for (i, p) in paths.iter().enumerate() {
         if paths[..i].contains(p) {
             return Err(Error::Input(format!("--paths names {p} twice")));
@@ -150,6 +177,7 @@ fn distinct(paths: Vec<LoadingPath>) -> Result<Vec<LoadingPath>> {
 #[derive(Args)]
 struct TargetArgs {
     /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
+    #[arg(value_parser = dir_or_id())]
     checkpoint: String,
     #[command(flatten)]
     prompts: PromptArgs,
@@ -213,10 +241,11 @@ impl ReportArgs {
 #[derive(Args)]
 struct InventoryArgs {
     /// Checkpoint directory, or Hub id org/name[@rev] in the local HF cache.
+    #[arg(value_parser = dir_or_id())]
     checkpoint: String,
     /// Loading paths, comma-separated (default: every path that applies).
     #[arg(long, value_enum, value_delimiter = ',')]
-    paths: Vec<LoadingPath>,
+    paths: Option<Vec<LoadingPath>>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -249,7 +278,7 @@ struct CompareArgs {
     #[arg(long)]
     json: bool,
     /// Also evaluate this DFlash drafter (directory or Hub id) on every path.
-    #[arg(long)]
+    #[arg(value_parser = dir_or_id(), long)]
     drafter: Option<String>,
     /// Force the prefill-vs-incremental check (by default it runs for models up to 4 GiB of f32 weights; it reads every layer a second time).
     #[arg(long, conflicts_with = "no_incremental")]
@@ -269,8 +298,8 @@ struct DiffArgs {
     a: PathBuf,
     /// Compared dump (safetensors).
     b: PathBuf,
-    /// Compare a's hidden_states[i] with b's hidden_states[i + OFFSET] (the other tap convention: ±1).
-    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    /// Compare a's hidden_states[i] with b's hidden_states[i + OFFSET] (the other tap convention: ±1), -1024..=1024.
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(-1024..=1024))]
     tap_offset: i64,
     /// For every hidden_states index of b, find the index of a it matches best (cosine) and report the offset.
     #[arg(long)]
@@ -287,7 +316,7 @@ struct DrafterArgs {
     #[command(flatten)]
     target: TargetArgs,
     /// DFlash v1 drafter: directory (config.json + safetensors) or Hub id.
-    #[arg(long)]
+    #[arg(value_parser = dir_or_id(), long)]
     drafter: String,
     /// Loading paths, comma-separated; the first is the reference of cross runs.
     #[arg(
@@ -316,7 +345,7 @@ struct TriageArgs {
     #[command(flatten)]
     target: TargetArgs,
     /// DFlash v1 drafter: directory or Hub id.
-    #[arg(long)]
+    #[arg(value_parser = dir_or_id(), long)]
     drafter: String,
     #[command(flatten)]
     replay: ReplayArgs,
@@ -324,17 +353,18 @@ struct TriageArgs {
     budget: BudgetArgs,
     #[command(flatten)]
     trajectories: TrajectoryArgs,
-    /// τ seen in the regressed eval: marks the variants consistent with it.
-    #[arg(long)]
+    /// τ seen in the regressed eval: marks the variants consistent with it (a finite number, 0..=1024).
+    #[arg(long, value_parser = observed_tau)]
     observed_tau: Option<f64>,
-    /// k of the "positions shifted by +k" variant.
-    #[arg(long, default_value_t = 16)]
+    /// k of the "positions shifted by +k" variant, 1..=65536.
+    #[arg(long, default_value_t = 16, value_parser = RangedU64ValueParser::<usize>::new().range(1..=65_536))]
     position_shift: usize,
-    /// Position K of gdn-state-reset (default: the middle of each prompt).
-    #[arg(long, value_name = "K")]
+    /// Position K of gdn-state-reset, 1..=65536 and inside every prompt (default: the middle of each prompt).
+    #[arg(long, value_name = "K", value_parser = RangedU64ValueParser::<usize>::new().range(1..=65_536))]
     reset_at: Option<usize>,
-    /// P pad tokens of left-pad-unmasked (0: not run).
-    #[arg(long, value_name = "P", default_value_t = triage_harness::DEFAULT_LEFT_PAD)]
+    /// P pad tokens of left-pad-unmasked, 0..=65536 (0: not run).
+    #[arg(long, value_name = "P", default_value_t = triage_harness::DEFAULT_LEFT_PAD,
+          value_parser = RangedU64ValueParser::<usize>::new().range(0..=65_536))]
     left_pad: usize,
     #[command(flatten)]
     report: ReportArgs,
@@ -407,13 +437,37 @@ fn finish<D: Document>(doc: &D, json: bool, folder: Option<ReportFolder>) -> Res
     if let Some(f) = folder {
         let mut files = vec![("report.json", text)];
         files.extend(doc.files()?);
+        let md = f.dir().join("report.md");
         f.write(&files)?;
-        eprintln!(
-            "report: {} (and report.json)",
-            f.dir().join("report.md").display()
-        );
+        eprintln!("report: {} (and report.json)", md.display());
     }
     Ok(doc.exit_code())
+}
+
+/// `dump`: writes the file, then exits 1 when the path's weights hold a
+/// finding (MISSING or NaN/Inf, as `compare` would fail them).
+fn run_dump(a: DumpArgs) -> Result<u8> {
+    let opts = dump::DumpOptions {
+        logits: !a.no_logits,
+        form: a.gdn_form,
+        dtype: a.dtype.0,
+        quiet: a.run.quiet,
+    };
+    let target = a.target.target(&a.run)?;
+    let (d, findings) = dump::run_to_file(&target, a.path, &opts, &a.out, a.force)?;
+    eprintln!(
+        "wrote {} ({} prompts, {} hidden states each)",
+        a.out.display(),
+        d.prompts.len(),
+        d.prompts
+            .first()
+            .map(|p| p.hidden_states.len())
+            .unwrap_or(0)
+    );
+    if !findings.is_empty() {
+        eprintln!("FAIL: {}", findings.join("; "));
+    }
+    Ok(u8::from(!findings.is_empty()))
 }
 
 /// Runs the parsed command line; returns the exit code (0 or 1).
@@ -422,7 +476,10 @@ fn finish<D: Document>(doc: &D, json: bool, folder: Option<ReportFolder>) -> Res
 pub fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Inventory(a) => {
-            let inv = inventory::run(&a.checkpoint, &distinct(a.paths)?)?;
+            let inv = inventory::run(
+                &a.checkpoint,
+                &a.paths.map(distinct).transpose()?.unwrap_or_default(),
+            )?;
             finish(&inv, a.json, None)
         }
         Command::Compare(a) => {
@@ -507,26 +564,7 @@ pub fn run(cli: Cli) -> Result<u8> {
             })?;
             finish(&rep, a.json, folder)
         }
-        Command::Dump(a) => {
-            let opts = dump::DumpOptions {
-                logits: !a.no_logits,
-                form: a.gdn_form,
-                dtype: a.dtype.0,
-                quiet: a.run.quiet,
-            };
-            let target = a.target.target(&a.run)?;
-            let d = dump::run_to_file(&target, a.path, &opts, &a.out, a.force)?;
-            eprintln!(
-                "wrote {} ({} prompts, {} hidden states each)",
-                a.out.display(),
-                d.prompts.len(),
-                d.prompts
-                    .first()
-                    .map(|p| p.hidden_states.len())
-                    .unwrap_or(0)
-            );
-            Ok(0)
-        }
+        Command::Dump(a) => run_dump(a),
         Command::Prompts(a) => {
             let rep = prompts::run(&prompts::PromptsOptions {
                 checkpoint: a.target.checkpoint.clone(),

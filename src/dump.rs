@@ -143,7 +143,7 @@ impl Dump {
     /// disagree with its prompt's; prompts holding different indices or
     /// states, or ids in some prompts only.
     pub fn read(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::input::read(path)?;
         let bad = |m: String| Error::Format(format!("{}: {m}", path.display()));
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
             .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
@@ -328,6 +328,19 @@ fn as_rows(t: Tensor, rows: &mut Option<usize>, name: &str, path: &Path) -> Resu
                 "the prompt's input_ids (or its first state)"
             } else {
                 "[T, H]"
+            }
+        )));
+    }
+    if t.dim(0)? == 0 || t.dim(1)? == 0 {
+        // Nothing would be compared, and an empty comparison is not parity.
+        return Err(Error::Format(format!(
+            "{}: {name} has shape {:?}: {}, so there is nothing to compare",
+            path.display(),
+            t.dims(),
+            if t.dim(0)? == 0 {
+                "an empty prompt (no tokens)"
+            } else {
+                "zero-width states"
             }
         )));
     }

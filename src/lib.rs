@@ -16,6 +16,7 @@ pub mod drafter;
 pub mod dump;
 pub mod error;
 pub mod import;
+pub mod input;
 pub mod loading;
 pub mod models;
 pub mod output;

@@ -2,10 +2,12 @@
 //! prompts tokenised, and the device — what `compare`, `dump`, `drafter` and
 //! `triage` start from.
 
+use std::collections::{BTreeMap, HashSet};
+
 use crate::checkpoint::Checkpoint;
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
-use crate::loading::{self, LoadingPath, ResolvedPath, WeightSource};
+use crate::loading::{self, LoadingPath, NonFinite, ResolvedPath, WeightOrigin, WeightSource};
 use crate::models::TextModelSpec;
 use crate::precision::Precision;
 use crate::prompts::{self, Prompt, PromptLimits, PromptOptions, Rendering};
@@ -55,6 +57,9 @@ impl Session {
             .iter()
             .map(|&p| Ok(loading::resolve(&ckpt, p)?.seeded(target.seed, &dev)))
             .collect::<Result<Vec<_>>>()?;
+        paths
+            .iter()
+            .try_for_each(|p| check_missing_backed(&ckpt, p))?;
         let first = paths
             .first()
             .ok_or_else(|| Error::Input("no loading path given".into()))?;
@@ -85,12 +90,143 @@ impl Session {
         self.prompts.iter().map(|p| p.ids.len()).collect()
     }
 
+    /// What each path's weights hold that makes its results a finding
+    /// (exit 1) rather than parity, in path order: MISSING state-dict
+    /// entries (from the inventory) and the checkpoint tensors it reads that
+    /// hold NaN or ±Inf. NaN/Inf are counted as tensors are read (paths
+    /// sharing a tensor read it once, so what any path saw is merged): call
+    /// it after the run. Every verb that runs the model reports these the
+    /// same way (`compare`, `dump`, `drafter`, `triage`).
+    pub fn weight_findings(&self) -> Vec<WeightFindings> {
+        let seen: BTreeMap<String, NonFinite> = self
+            .paths
+            .iter()
+            .flat_map(|p| p.view.non_finite())
+            .collect();
+        self.paths
+            .iter()
+            .map(|p| {
+                let reads: HashSet<&str> = p
+                    .view
+                    .names()
+                    .iter()
+                    .flat_map(|n| match p.view.origin(n) {
+                        Some(WeightOrigin::Checkpoint { key } | WeightOrigin::Tied { key }) => {
+                            vec![key.as_str()]
+                        }
+                        Some(WeightOrigin::Converted { param }) => {
+                            param.sources.iter().map(String::as_str).collect()
+                        }
+                        _ => Vec::new(),
+                    })
+                    .collect();
+                WeightFindings {
+                    path: p.path.name().to_string(),
+                    missing: p.inventory.missing_names.clone(),
+                    non_finite: seen
+                        .iter()
+                        .filter(|(k, _)| reads.contains(k.as_str()))
+                        .map(|(k, v)| (k.clone(), *v))
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// [`Self::weight_findings`] as one phrase per path that has any.
+    pub fn findings(&self) -> Vec<String> {
+        self.weight_findings()
+            .iter()
+            .filter_map(WeightFindings::describe)
+            .collect()
+    }
+
     /// Resolves one more loading path on this session's checkpoint, seeded
     /// and placed like the others (triage's variants).
     ///
     /// Errors: as [`loading::resolve`].
     pub fn resolve_extra(&self, path: LoadingPath, seed: u64) -> Result<ResolvedPath> {
         Ok(loading::resolve(&self.ckpt, path)?.seeded(seed, &self.spec.device))
+    }
+}
+
+/// One path's weight findings ([`Session::weight_findings`]).
+#[derive(Debug, Clone, Default)]
+pub struct WeightFindings {
+    /// The loading path.
+    pub path: String,
+    /// MISSING (randomly initialised) state-dict entries.
+    pub missing: Vec<String>,
+    /// Checkpoint tensors the path reads that hold NaN or ±Inf, by key.
+    pub non_finite: BTreeMap<String, NonFinite>,
+}
+
+impl WeightFindings {
+    /// One phrase (`causal-lm: 1 MISSING tensor (lm_head.weight), weight K
+    /// holds 1 NaN and 1 Inf values`), `None` when there is nothing.
+    pub fn describe(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if !self.missing.is_empty() {
+            let shown: Vec<&str> = self.missing.iter().take(3).map(String::as_str).collect();
+            parts.push(format!(
+                "{} MISSING tensor{} (randomly initialised: {}{})",
+                self.missing.len(),
+                if self.missing.len() == 1 { "" } else { "s" },
+                shown.join(", "),
+                if self.missing.len() > 3 { ", …" } else { "" }
+            ));
+        }
+        for (k, nf) in &self.non_finite {
+            parts.push(format!(
+                "weight {k} holds {} NaN and {} Inf values",
+                nf.nan, nf.inf
+            ));
+        }
+        (!parts.is_empty()).then(|| format!("{}: {}", self.path, parts.join(", ")))
+    }
+}
+
+/// MISSING tensors of a path may take, in f32, this many times the
+/// checkpoint's bytes on disk (plus [`MISSING_SLACK`]) before the run is
+/// refused: a path missing its LM head or most of its layers is run (a
+/// finding), one whose config sizes the missing part far beyond anything the
+/// checkpoint holds is not this checkpoint's model.
+pub const MISSING_FACTOR: u64 = 4;
+/// See [`MISSING_FACTOR`].
+pub const MISSING_SLACK: u64 = 256 << 20;
+
+/// Refuses, before anything is initialised, a path whose MISSING tensors
+/// would be generated larger than [`MISSING_FACTOR`] × the checkpoint's
+/// bytes on disk + [`MISSING_SLACK`].
+///
+/// Errors ([`Error::Config`]): naming the path, the bytes and the largest tensor.
+pub fn check_missing_backed(ckpt: &Checkpoint, p: &ResolvedPath) -> Result<()> {
+    let disk: u64 = ckpt.headers.shards.iter().map(|s| s.file_len).sum();
+    let limit = disk
+        .saturating_mul(MISSING_FACTOR)
+        .saturating_add(MISSING_SLACK);
+    let mut total = 0u64;
+    let mut largest: Option<(u64, &str, &[usize])> = None;
+    for name in p.view.names() {
+        if let Some(loading::WeightOrigin::Missing { shape, .. }) = p.view.origin(name) {
+            let bytes = crate::checkpoint::headers::checked_numel(shape)
+                .unwrap_or(u64::MAX)
+                .saturating_mul(4);
+            total = total.saturating_add(bytes);
+            if largest.is_none_or(|(b, _, _)| bytes > b) {
+                largest = Some((bytes, name, shape));
+            }
+        }
+    }
+    match largest {
+        Some((_, name, shape)) if total > limit => Err(Error::Config(format!(
+            "{}: on {}, the MISSING tensors would be initialised with {total} bytes (f32; largest {name} \
+             {shape:?}), more than {MISSING_FACTOR} x the checkpoint's {disk} bytes on disk: the config's \
+             sizes do not describe this checkpoint",
+            ckpt.config_path.display(),
+            p.path
+        ))),
+        _ => Ok(()),
     }
 }
 

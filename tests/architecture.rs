@@ -16,6 +16,7 @@ const STAGES: &[&[&str]] = &[
         "sysinfo",
         "progress",
         "output",
+        "input",
         "text",
     ],
     &["checkpoint"],

@@ -14,6 +14,7 @@ use common::hsparity;
 mod corpus;
 
 use std::path::Path;
+use std::time::Duration;
 
 use corpus::{Case, Expect};
 
@@ -37,7 +38,8 @@ fn run(name: &str, generate: fn(&Path) -> Case) {
     for (k, v) in &case.env {
         cmd.env(k, v);
     }
-    let out = cmd.output().unwrap();
+    // A hang is a failure: the run is killed (no exit code) after two minutes.
+    let out = cmd.timeout(Duration::from_secs(120)).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!(

@@ -126,8 +126,11 @@ fn different_inputs_are_refused_with_both_ids() {
     assert_eq!(code, 2);
     assert!(
         err.contains("input-equality gate")
-            && err.contains("[1, 2, 3]")
-            && err.contains("[1, 2, 4]"),
+            && err.contains("prompt p0")
+            && err.contains("position 2")
+            && err.contains("token 3")
+            && err.contains("token 4")
+            && err.lines().count() == 1,
         "{err}"
     );
     let (code, _, err) = diff(&[&a, "Cargo.toml"]);

@@ -375,7 +375,7 @@ fn runs_past_the_model_or_with_broken_drafter_configs_are_refused() {
     };
     let t = format!("{PAIR}/target");
     let d = format!("{PAIR}/drafter");
-    // 3 prompt tokens + 510 new + block 8 > 512 positions; and a wrapping sum.
+    // 3 prompt tokens + 510 new + block 8 > 512 positions; and a count past the flag's range.
     bad(
         &[
             "drafter",
@@ -402,7 +402,7 @@ fn runs_past_the_model_or_with_broken_drafter_configs_are_refused() {
             "18446744073709551615",
             "-q",
         ],
-        "max_position_embeddings",
+        "is not in 1..=65536",
     );
     bad(
         &[

@@ -902,7 +902,7 @@ fn unknown_formats_and_non_regular_files_are_refused() {
     let e = import::read(Path::new("/dev/null"), Format::Specforge, &dflash_opts(&m)).unwrap_err();
     assert!(matches!(e, Error::Input(_)));
     assert!(
-        one_line(&e).contains("/dev/null: not a regular file or directory"),
+        one_line(&e).contains("/dev/null: is a character device, not a regular file or directory"),
         "{e}"
     );
     let e = import::detect(Path::new("/dev/null")).unwrap_err();

@@ -287,7 +287,19 @@ fn duplicate_tensor_across_shards() {
         vec![384, 64],
     )];
     common::write_sparse_shard(&dir.join("a.safetensors"), &spec);
-    common::write_sparse_shard(&dir.join("b.safetensors"), &spec);
+    let mut b = spec.clone();
+    b.push((
+        "model.language_model.norm.weight".into(),
+        "F32".into(),
+        vec![64],
+    ));
+    common::write_sparse_shard(&dir.join("b.safetensors"), &b);
+    // Both shards are read through the index (as transformers reads them).
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        r#"{"weight_map": {"lm_head.weight": "a.safetensors", "model.language_model.norm.weight": "b.safetensors"}}"#,
+    )
+    .unwrap();
     let e = Checkpoint::open(dir.to_str().unwrap()).expect_err("must fail");
     assert!(matches!(e, Error::Checkpoint(_)), "{e:?}");
     let m = e.to_string();

@@ -438,7 +438,7 @@ impl Conversation {
     /// Errors: the file unreadable ([`Error::Io`]), not UTF-8, a bad line, or
     /// no conversation in it ([`Error::Input`], naming the file and line).
     pub fn read_jsonl(path: &Path) -> Result<Vec<Conversation>> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::input::read(path)?;
         let text = std::str::from_utf8(&bytes).map_err(|e| {
             Error::Input(format!(
                 "{}: not UTF-8 (invalid byte at offset {})",

@@ -92,7 +92,7 @@ impl TokenizerConfig {
 
     /// Reads one `tokenizer_config.json`; `model_type` as in [`Self::read`].
     pub fn from_file(path: &Path, model_type: Option<&str>) -> Result<TokenizerConfig> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::input::read_to_string(path)?;
         let json: Json = serde_json::from_str(&text)
             .map_err(|e| Error::Config(format!("{}: not valid JSON: {e}", path.display())))?;
         let Json::Object(kv) = json else {
@@ -146,7 +146,7 @@ impl TokenizerConfig {
 }
 
 fn read_model_type(config: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(config).ok()?;
+    let text = crate::input::read_to_string(config).ok()?;
     let json: Json = serde_json::from_str(&text).ok()?;
     json.get("model_type")?.as_str().map(str::to_owned)
 }
@@ -311,7 +311,7 @@ impl ChatTemplate {
         if !files.is_empty() {
             let single = files.len() == 1 && files[0].0 == "default";
             for (name, p) in files {
-                let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+                let text = crate::input::read_to_string(&p)?;
                 named.push(((!single).then_some(name), text, p));
             }
         } else {
@@ -356,7 +356,7 @@ impl ChatTemplate {
     /// Errors: unreadable or not UTF-8 ([`Error::Io`]); does not parse
     /// ([`Error::Input`], naming the file and line).
     pub fn from_file(path: &Path, config: &TokenizerConfig) -> Result<ChatTemplate> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::input::read_to_string(path)?;
         Self::compile(vec![(None, text, path.to_path_buf())], config, Error::Input)
     }
 
@@ -558,7 +558,7 @@ pub fn encode(tokenizer: &tokenizers::Tokenizer, text: &str, origin: &str) -> Re
 ///
 /// Errors ([`Error::Input`], naming the file): unreadable or not a tokenizer.
 pub fn load_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer> {
-    tokenizers::Tokenizer::from_file(path).map_err(|e| {
+    tokenizers::Tokenizer::from_bytes(crate::input::read(path)?).map_err(|e| {
         Error::Input(format!(
             "{}: cannot read the tokenizer: {e}",
             path.display()

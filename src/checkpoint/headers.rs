@@ -5,13 +5,15 @@
 //! header maps tensor names to `{dtype, shape, data_offsets: [begin, end]}`
 //! (offsets relative to the start of the data, i.e. byte `8 + n`).
 //!
-//! Shards are found like transformers does (`modeling_utils.py::_get_resolved_checkpoint_files`,
-//! `utils/hub.py::get_checkpoint_shard_files`): `model.safetensors.index.json`
-//! (`weight_map`, shard files in sorted order), else `model.safetensors`,
-//! else every `*.safetensors` file in the directory (sorted).
+//! Shards are found as transformers finds them for a local directory
+//! (`modeling_utils.py::_get_resolved_checkpoint_files`,
+//! `utils/hub.py::get_checkpoint_shard_files`): `model.safetensors`, else
+//! `model.safetensors.index.json` (`weight_map`, shard files in sorted
+//! order), else nothing (transformers raises "no file named
+//! model.safetensors"); other `*.safetensors` files beside them are never read.
+//! Every file is opened through [`crate::input`] (regular files only).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -144,8 +146,9 @@ impl HeaderIndex {
     /// module doc for how shards are found). Reads `8 + n` bytes per shard and
     /// never the tensor data.
     ///
-    /// Errors ([`Error::Checkpoint`], naming the file and tensor): no
-    /// safetensors file; an index listing a shard that does not exist; a
+    /// Errors ([`Error::Checkpoint`], naming the file and tensor): neither
+    /// `model.safetensors` nor an index; a file that is not a regular file
+    /// ([`Error::Input`]); an index listing a shard that does not exist; a
     /// truncated or invalid header (shorter than 8 bytes, header length beyond
     /// the file size, not JSON, unknown dtype); `data_offsets` inconsistent
     /// with dtype × shape, overlapping, or past the end of the file (truncated
@@ -154,8 +157,14 @@ impl HeaderIndex {
     pub fn read_dir(dir: &Path) -> Result<Self> {
         let index_path = dir.join(INDEX_FILE);
         let mut index_metadata = serde_json::Map::new();
-        let (files, weight_map, index_file) = if index_path.is_file() {
-            let bytes = std::fs::read(&index_path).map_err(|e| Error::io(&index_path, e))?;
+        let present = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+        let (files, weight_map, index_file) = if present(&dir.join(SINGLE_FILE)) {
+            (vec![SINGLE_FILE.to_string()], None, None)
+        } else if present(&index_path) {
+            let bytes = crate::input::read(&index_path)?;
+            if let Some(m) = crate::input::bom_message(&bytes) {
+                return Err(Error::Checkpoint(format!("{}: {m}", index_path.display())));
+            }
             let raw: RawIndex = serde_json::from_slice(&bytes).map_err(|e| {
                 Error::Checkpoint(format!(
                     "{}: not a valid shard index (expected {{\"weight_map\": {{tensor: file}}}}): {e}",
@@ -179,7 +188,7 @@ impl HeaderIndex {
                         index_path.display()
                     )));
                 }
-                if !dir.join(f).is_file() {
+                if !present(&dir.join(f)) {
                     return Err(Error::Checkpoint(format!(
                         "{}: shard {f} listed in {INDEX_FILE} is missing (incomplete download?)",
                         dir.display()
@@ -187,23 +196,12 @@ impl HeaderIndex {
                 }
             }
             (files, Some(raw.weight_map), Some(index_path))
-        } else if dir.join(SINGLE_FILE).is_file() {
-            (vec![SINGLE_FILE.to_string()], None, None)
         } else {
-            let mut files: Vec<String> = std::fs::read_dir(dir)
-                .map_err(|e| Error::io(dir, e))?
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.ends_with(".safetensors"))
-                .collect();
-            files.sort();
-            if files.is_empty() {
-                return Err(Error::Checkpoint(format!(
-                    "{}: no {INDEX_FILE}, {SINGLE_FILE} or *.safetensors file",
-                    dir.display()
-                )));
-            }
-            (files, None, None)
+            return Err(Error::Checkpoint(format!(
+                "{}: no {SINGLE_FILE} or {INDEX_FILE} (transformers reads only these, \
+                 modeling_utils.py::_get_resolved_checkpoint_files)",
+                dir.display()
+            )));
         };
 
         let mut shards: Vec<ShardInfo> = Vec::with_capacity(files.len());
@@ -336,7 +334,7 @@ pub struct ParsedHeader {
 ///
 /// Errors: as [`parse_header`]; an unreadable file gives [`Error::Io`].
 pub fn read_header_file(path: &Path) -> Result<(u64, ParsedHeader)> {
-    let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut f = crate::input::open(path)?;
     let file_len = f.metadata().map_err(|e| Error::io(path, e))?.len();
     let mut prefix = Vec::new();
     if file_len >= 8 {
@@ -390,22 +388,16 @@ pub fn parse_header(path: &Path, bytes: &[u8], file_len: u64) -> Result<ParsedHe
             bytes.len().saturating_sub(8)
         )));
     };
-    let raw: BTreeMap<String, Value> = serde_json::from_slice(header).map_err(|e| {
+    let raw: Entries = serde_json::from_slice(header).map_err(|e| {
         bad(format!(
             "invalid safetensors header: not a JSON object of tensors: {e}"
         ))
     })?;
     let mut metadata = BTreeMap::new();
-    let mut list: Vec<TensorHeader> = Vec::with_capacity(raw.len());
-    for (name, v) in raw {
+    let mut list: Vec<TensorHeader> = Vec::with_capacity(raw.0.len());
+    for (name, v) in raw.0 {
         if name == "__metadata__" {
-            if let Value::Object(m) = v {
-                for (k, v) in m {
-                    if let Value::String(s) = v {
-                        metadata.insert(k, s);
-                    }
-                }
-            }
+            metadata = check_metadata(v).map_err(bad)?;
             continue;
         }
         list.push(check_entry(name, v, data_start, file_len).map_err(bad)?);
@@ -416,6 +408,62 @@ pub fn parse_header(path: &Path, bytes: &[u8], file_len: u64) -> Result<ParsedHe
         metadata,
         tensors: list,
     })
+}
+
+/// A header's entries in file order, every name once: a name written twice
+/// is refused (Python's `safetensors` keeps the last of two entries, so the
+/// file means something other than what its first entry says; it refuses
+/// the file when the entries' bytes then leave a gap, `invalid offset`).
+struct Entries(Vec<(String, Value)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object of tensors")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<Entries, A::Error> {
+                let mut seen = std::collections::HashSet::new();
+                let mut v = Vec::new();
+                while let Some((k, val)) = m.next_entry::<String, Value>()? {
+                    if !seen.insert(k.clone()) {
+                        return Err(serde::de::Error::custom(format!(
+                            "{k:?} is named twice (the entries would disagree on which bytes it is)"
+                        )));
+                    }
+                    v.push((k, val));
+                }
+                Ok(Entries(v))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// `__metadata__`: an object of strings, as Python's `safetensors` requires
+/// (`HashMap<String, String>` in its `Metadata`; anything else is "invalid
+/// JSON in header").
+fn check_metadata(v: Value) -> std::result::Result<BTreeMap<String, String>, String> {
+    let Value::Object(m) = v else {
+        return Err(format!(
+            "invalid safetensors header: __metadata__ must be an object of strings, found {}",
+            crate::text::preview(&v.to_string())
+        ));
+    };
+    m.into_iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k, s)),
+            other => Err(format!(
+                "invalid safetensors header: __metadata__.{k} is {}, not a string (Python's safetensors refuses the file too)",
+                crate::text::preview(&other.to_string())
+            )),
+        })
+        .collect()
 }
 
 /// One tensor's header entry, checked: known dtype, element count that fits,

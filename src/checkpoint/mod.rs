@@ -56,7 +56,7 @@ impl Checkpoint {
     /// ([`Error::Checkpoint`], see [`HeaderIndex::read_dir`]).
     pub fn open_source(source: ResolvedSource) -> Result<Self> {
         let config_path = source.dir.join("config.json");
-        if !config_path.is_file() {
+        if std::fs::symlink_metadata(&config_path).is_err() {
             return Err(Error::Config(format!(
                 "{}: not found: no config.json in the checkpoint directory (expected a transformers checkpoint)",
                 config_path.display()
@@ -64,8 +64,11 @@ impl Checkpoint {
         }
         let config = ModelConfig::from_file(&config_path)?;
         let headers = Arc::new(HeaderIndex::read_dir(&source.dir)?);
+        check_backed(&config, &headers, &config_path)?;
         let tok = source.dir.join("tokenizer.json");
-        let tokenizer = tok.is_file().then_some(tok);
+        // Present when something is there: a FIFO or folder named
+        // tokenizer.json is refused, saying what it is, when it is read.
+        let tokenizer = tok.exists().then_some(tok);
         let weights = Arc::new(Weights::new(headers.clone()));
         Ok(Checkpoint {
             source,
@@ -76,4 +79,51 @@ impl Checkpoint {
             weights,
         })
     }
+}
+
+/// Counts a config may claim however few tensors the checkpoint holds: a
+/// model with some layers (or experts) MISSING is still inventoried and run,
+/// as transformers would build it (a finding, exit 1).
+pub const COUNT_FLOOR: usize = 1024;
+
+/// Checks, before anything is allocated from them, that the counts
+/// `config.json` gives (decoder layers, vision blocks, experts per layer)
+/// are ones the checkpoint's headers can back: at most as many as the
+/// checkpoint has tensors, or at most [`COUNT_FLOOR`]. Beyond that the
+/// config describes some other model, and building its state dict (one
+/// entry per layer and tensor) would take memory the input cannot justify.
+///
+/// Errors ([`Error::Config`], naming the file and field).
+pub fn check_backed(config: &ModelConfig, headers: &HeaderIndex, path: &Path) -> Result<()> {
+    let limit = headers.len().max(COUNT_FLOOR);
+    let text = if config.is_vlm() { "text_config." } else { "" };
+    let vision_depth = config
+        .vision_config
+        .as_ref()
+        .and_then(|v| v.get("depth"))
+        .and_then(serde_json::Value::as_u64)
+        .map_or(0, |d| usize::try_from(d).unwrap_or(usize::MAX));
+    let counts = [
+        (
+            format!("{text}num_hidden_layers"),
+            config.text.num_hidden_layers,
+        ),
+        ("vision_config.depth".to_string(), vision_depth),
+        (
+            format!("{text}num_experts"),
+            config.text.moe.as_ref().map_or(0, |m| m.num_experts),
+        ),
+    ];
+    for (field, n) in counts {
+        if n > limit {
+            return Err(Error::Config(format!(
+                "{}: {field} = {n}, but the checkpoint's headers hold {} tensors: more than that \
+                 (beyond {COUNT_FLOOR}) cannot be backed by this checkpoint, so the config describes \
+                 another model",
+                path.display(),
+                headers.len()
+            )));
+        }
+    }
+    Ok(())
 }

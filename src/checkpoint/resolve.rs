@@ -189,7 +189,7 @@ pub fn resolve_with_cache(arg: &str, cache_dir: Option<&Path>) -> Result<Resolve
         )));
     }
     let ref_path = repo_dir.join("refs").join(&revision);
-    let commit = match std::fs::read(&ref_path) {
+    let commit = match crate::input::read(&ref_path) {
         Ok(bytes) => {
             let s = String::from_utf8_lossy(&bytes);
             let c = s.trim();
@@ -202,6 +202,8 @@ pub fn resolve_with_cache(arg: &str, cache_dir: Option<&Path>) -> Result<Resolve
             }
             c.to_ascii_lowercase()
         }
+        // A ref that is there but is not a regular file (a FIFO) is refused as such.
+        Err(e @ Error::Input(_)) => return Err(e),
         Err(_) if is_commit_hash(&revision) => revision.to_ascii_lowercase(),
         Err(_) => {
             let known = list_dir(&repo_dir.join("snapshots"));

@@ -45,7 +45,7 @@ impl Weights {
             return Ok(m);
         }
         let info = &self.index.shards[shard];
-        let file = std::fs::File::open(&info.path).map_err(|e| Error::io(&info.path, e))?;
+        let file = crate::input::open(&info.path)?;
         let len = file.metadata().map_err(|e| Error::io(&info.path, e))?.len();
         if len != info.file_len {
             return Err(Error::Checkpoint(format!(

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use clap::builder::RangedU64ValueParser;
 use clap::Args;
 
 use crate::drafter::eval::EndRule;
@@ -14,13 +15,35 @@ use crate::drafter::{DrafterSettings, Replay};
 /// What is replayed: tokens per prompt and the DDTree budget.
 #[derive(Args)]
 pub(super) struct ReplayArgs {
-    /// Greedy tokens generated (and replayed) per prompt [default: 64]; with --trajectories,
-    /// at most this many of each output are replayed (default: all the output allows).
-    #[arg(long)]
+    /// Greedy tokens generated (and replayed) per prompt, 1..=65536 [default: 64]; with
+    /// --trajectories, at most this many of each output are replayed (default: all the output allows).
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_NEW_TOKENS))]
     pub(super) max_new_tokens: Option<usize>,
-    /// DDTree node budget (DDTree-N).
-    #[arg(long, default_value_t = 8)]
+    /// DDTree node budget (DDTree-N), 1..=1024.
+    #[arg(long, default_value_t = 8, value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_DDTREE_BUDGET))]
     pub(super) ddtree_budget: usize,
+}
+
+/// Upper bound of `--max-new-tokens` (a replay per prompt; longer runs are not a parity check).
+pub(super) const MAX_NEW_TOKENS: u64 = 65_536;
+/// Upper bound of `--ddtree-budget` (tree nodes verified per round; DDTree's own runs use tens).
+pub(super) const MAX_DDTREE_BUDGET: u64 = 1024;
+
+/// A number for a flag: finite, within `lo..=hi`, or the reason it is not.
+pub(super) fn finite_in(s: &str, lo: f64, hi: f64) -> std::result::Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if !v.is_finite() || v < lo || v > hi {
+        return Err(format!("{s:?}: expected a finite number in {lo}..={hi}"));
+    }
+    Ok(v)
+}
+
+/// `--max-tau-gap`: a finite τ difference, 0..=1024.
+fn tau_gap(s: &str) -> std::result::Result<f64, String> {
+    finite_in(s, 0.0, 1024.0)
 }
 
 /// Greedy tokens per prompt when `--max-new-tokens` is not given.
@@ -109,8 +132,8 @@ pub(super) struct DrafterEvalArgs {
     pub(super) budget: BudgetArgs,
     #[command(flatten)]
     pub(super) trajectories: TrajectoryArgs,
-    /// Exit 1 when τ on two paths differs by more than this.
-    #[arg(long, default_value_t = 0.05)]
+    /// Exit 1 when τ on two paths differs by more than this (a finite number, 0..=1024).
+    #[arg(long, default_value_t = 0.05, value_parser = tau_gap)]
     pub(super) max_tau_gap: f64,
     /// End-of-generation rule replayed: main (z-lab GitHub main) or wheel (the dflash 0.1.0 PyPI wheel).
     #[arg(long, value_enum, default_value = "main")]

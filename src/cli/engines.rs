@@ -91,13 +91,13 @@ pub(super) struct ImportArgs {
     #[command(flatten)]
     read: ReadArgs,
     /// DFlash drafter (directory or Hub id): its config gives the SpecForge taps, N and H where not given.
-    #[arg(long)]
+    #[arg(long, value_parser = super::dir_or_id())]
     drafter: Option<String>,
-    /// The target's number of decoder layers N (places the last-layer and final-normed states).
-    #[arg(long)]
+    /// The target's number of decoder layers N (places the last-layer and final-normed states), 1..=4096.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
     num_layers: Option<usize>,
-    /// The target's hidden size H (checked against the file).
-    #[arg(long)]
+    /// The target's hidden size H (checked against the file), 1..=1048576.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_048_576))]
     hidden_size: Option<usize>,
     /// SGLang JSON: the input_ids sent, e.g. 1,2,3; one per response (use --prompt-ids=... for a value starting with '-').
     #[arg(long = "prompt-ids")]

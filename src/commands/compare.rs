@@ -2,14 +2,12 @@
 //! lock-step, per-layer parity, the prefill-vs-incremental check, and
 //! optionally the drafter's τ on every path.
 
-use std::collections::{BTreeMap, HashSet};
-
 use candle_core::Tensor;
 
 use crate::capture::{self, CaptureOptions, HiddenKind, Observer, PathModel};
 use crate::drafter::{self, DrafterSettings};
 use crate::error::{Error, Result};
-use crate::loading::{self, LoadingPath, NonFinite, WeightOrigin, WeightSource};
+use crate::loading::{self, LoadingPath, WeightOrigin, WeightSource};
 use crate::models::moe::Routing;
 use crate::models::GdnForm;
 use crate::parity::{incremental, IncrementalCheck, PairObserver, PairReport, Verdict};
@@ -305,33 +303,10 @@ fn capture_pairs(
 }
 
 /// Gives each path the NaN/Inf counts of the checkpoint keys its view reads
-/// (paths sharing a layer load it once, so what any path saw is merged).
+/// ([`Session::weight_findings`]).
 fn attach_non_finite(session: &Session, paths_run: &mut [PathRun], notes: &mut Vec<String>) {
-    let seen: BTreeMap<String, NonFinite> = session
-        .paths
-        .iter()
-        .flat_map(|p| p.view.non_finite())
-        .collect();
-    for (run, p) in paths_run.iter_mut().zip(&session.paths) {
-        let reads: HashSet<&str> = p
-            .view
-            .names()
-            .iter()
-            .flat_map(|n| match p.view.origin(n) {
-                Some(WeightOrigin::Checkpoint { key }) | Some(WeightOrigin::Tied { key }) => {
-                    vec![key.as_str()]
-                }
-                Some(WeightOrigin::Converted { param }) => {
-                    param.sources.iter().map(String::as_str).collect()
-                }
-                _ => Vec::new(),
-            })
-            .collect();
-        run.non_finite_weights = seen
-            .iter()
-            .filter(|(k, _)| reads.contains(k.as_str()))
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
+    for (run, f) in paths_run.iter_mut().zip(session.weight_findings()) {
+        run.non_finite_weights = f.non_finite;
         for (name, nf) in &run.non_finite_weights {
             notes.push(format!(
                 "{}: weight {name} holds {} NaN and {} Inf values",

@@ -58,5 +58,6 @@ pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
         Environment::of_session(&session, GdnForm::Chunked)?,
         opts.command_line.clone(),
         notes,
-    ))
+    )
+    .with_findings(&session.findings()))
 }

@@ -66,6 +66,19 @@ impl Observer for Collect {
 ///
 /// Errors: as [`Session::open`] and the capture.
 pub fn run(target: &Target, path: LoadingPath, opts: &DumpOptions) -> Result<Dump> {
+    Ok(run_checked(target, path, opts)?.0)
+}
+
+/// As [`run`], with the path's weight findings (MISSING or NaN/Inf weights,
+/// [`Session::findings`]): the dump holds what the path computes, and the
+/// findings make the run exit 1, as they make `compare` fail.
+///
+/// Errors: as [`run`].
+pub fn run_checked(
+    target: &Target,
+    path: LoadingPath,
+    opts: &DumpOptions,
+) -> Result<(Dump, Vec<String>)> {
     let session = Session::open(target, &[path])?;
     let p = &session.paths[0];
     let precision = opts.dtype.unwrap_or(p.dtype);
@@ -107,20 +120,22 @@ pub fn run(target: &Target, path: LoadingPath, opts: &DumpOptions) -> Result<Dum
         &pb,
     )?;
     pb.finish();
-    Ok(obs.dump)
+    Ok((obs.dump, session.findings()))
 }
 
 /// Runs and writes to `out` (atomic; refuses to overwrite without `force`,
-/// checked before the run).
+/// checked before the run); returns the dump and the weight findings.
+///
+/// Errors: as [`run`] and [`Dump::write`].
 pub fn run_to_file(
     target: &Target,
     path: LoadingPath,
     opts: &DumpOptions,
     out: &Path,
     force: bool,
-) -> Result<Dump> {
+) -> Result<(Dump, Vec<String>)> {
     crate::output::check_overwrite(out, force)?;
-    let dump = run(target, path, opts)?;
+    let (dump, findings) = run_checked(target, path, opts)?;
     dump.write(out, force)?;
-    Ok(dump)
+    Ok((dump, findings))
 }

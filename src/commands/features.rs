@@ -33,11 +33,10 @@ pub struct FeaturesOptions {
 
 /// True when `path` is a safetensors file with `p0.` tensors (an hsparity dump).
 fn is_dump(path: &Path) -> bool {
-    path.is_file()
-        && std::fs::read(path).is_ok_and(|b| {
-            safetensors::SafeTensors::read_metadata(&b)
-                .is_ok_and(|(_, m)| m.tensors().keys().any(|k| k.starts_with("p0.")))
-        })
+    crate::input::read(path).is_ok_and(|b| {
+        safetensors::SafeTensors::read_metadata(&b)
+            .is_ok_and(|(_, m)| m.tensors().keys().any(|k| k.starts_with("p0.")))
+    })
 }
 
 /// The file as a dump, and what it was (`dump` or the engine format).
@@ -142,5 +141,6 @@ pub fn run(o: &FeaturesOptions) -> Result<FeaturesReport> {
         Environment::of_session(&session, GdnForm::Chunked)?,
         d.command_line.clone(),
         notes,
-    ))
+    )
+    .with_findings(&session.findings()))
 }

@@ -42,9 +42,8 @@ pub fn with_drafter(mut read: ImportOptions, source: &str) -> Result<ImportOptio
     read.target_layer_ids.get_or_insert(cfg.target_layer_ids);
     read.hidden_size.get_or_insert(cfg.hidden_size);
     if read.num_layers.is_none() {
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?)
-                .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        let v: serde_json::Value = serde_json::from_str(&crate::input::read_to_string(&path)?)
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         read.num_layers = v
             .get("num_target_layers")
             .and_then(serde_json::Value::as_u64)

@@ -40,5 +40,6 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
         Environment::of_session(&session, GdnForm::Chunked)?,
         opts.command_line.clone(),
         notes,
-    ))
+    )
+    .with_findings(&session.findings()))
 }

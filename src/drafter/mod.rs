@@ -60,10 +60,8 @@ pub type Replayed = (Vec<PromptTau>, Vec<PromptTau>);
 
 /// Reads the drafter's dtype from its config (`dtype`/`torch_dtype`), f32 when absent.
 fn drafter_precision(cfg_path: &std::path::Path) -> Result<Precision> {
-    let v: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(cfg_path).map_err(|e| Error::io(cfg_path, e))?,
-    )
-    .map_err(|e| Error::Config(format!("{}: {e}", cfg_path.display())))?;
+    let v: serde_json::Value = serde_json::from_str(&crate::input::read_to_string(cfg_path)?)
+        .map_err(|e| Error::Config(format!("{}: {e}", cfg_path.display())))?;
     match v.get("dtype").or_else(|| v.get("torch_dtype")) {
         None | Some(serde_json::Value::Null) => Ok(Precision::F32),
         Some(d) => d.as_str().and_then(Precision::from_name).ok_or_else(|| {

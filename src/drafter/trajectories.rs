@@ -109,7 +109,7 @@ fn side(
                         "{at}: \"{name}\" is text, but the checkpoint has no tokenizer.json; give \"{ids_key}\""
                     ))
                 })?;
-                *tok = Some(tokenizers::Tokenizer::from_file(p).map_err(|e| {
+                *tok = Some(tokenizers::Tokenizer::from_bytes(crate::input::read(p)?).map_err(|e| {
                     Error::Input(format!("{}: cannot load tokenizer: {e}", p.display()))
                 })?);
             }
@@ -150,7 +150,7 @@ pub fn read(
     vocab: usize,
     max_positions: usize,
 ) -> Result<Vec<Trajectory>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::input::read_to_string(path)?;
     let mut tok = None;
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -308,7 +308,7 @@ pub fn attach(session: &mut Session, given: &GivenFile, prompts_named: bool) -> 
     } else {
         session.prompts = lines.iter().map(Trajectory::as_prompt).collect();
     }
-    let bytes = std::fs::read(&given.file).map_err(|e| Error::io(&given.file, e))?;
+    let bytes = crate::input::read(&given.file)?;
     let d = Sha256::digest(&bytes);
     Ok(Given {
         file: given.file.clone(),

@@ -352,13 +352,13 @@ impl Imported {
 /// Refuses anything that is neither a regular file nor a directory (a device, a FIFO, a dangling link).
 pub(crate) fn check_path(path: &Path) -> Result<std::fs::Metadata> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() && !meta.is_dir() {
-        return Err(Error::Input(format!(
-            "{}: not a regular file or directory",
+    match crate::input::kind_of(&meta) {
+        Some(what) if !meta.is_dir() => Err(Error::Input(format!(
+            "{}: is {what}, not a regular file or directory (hsparity reads input from regular files only)",
             path.display()
-        )));
+        ))),
+        _ => Ok(meta),
     }
-    Ok(meta)
 }
 
 /// Files under `dir` (recursively) whose names satisfy `keep`, sorted.
@@ -469,8 +469,8 @@ pub fn detect(path: &Path) -> Result<Format> {
     let head = {
         use std::io::Read;
         let mut b = [0u8; 4];
-        let n = std::fs::File::open(path)
-            .and_then(|mut f| f.read(&mut b))
+        let n = crate::input::open(path)?
+            .read(&mut b)
             .map_err(|e| Error::io(path, e))?;
         b[..n].to_vec()
     };

@@ -30,7 +30,7 @@ fn responses(v: &Value) -> Vec<&Value> {
 
 /// True when the JSON file is a response (or list of them) with `meta_info.hidden_states`.
 pub fn looks_like(path: &Path) -> Result<bool> {
-    let Ok(text) = std::fs::read_to_string(path) else {
+    let Ok(text) = crate::input::read_to_string(path) else {
         return Ok(false);
     };
     let Ok(v) = serde_json::from_str::<Value>(&text) else {
@@ -160,7 +160,7 @@ fn fed_ids(
 
 /// Reads a response JSON (object or list).
 pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::input::read_to_string(path)?;
     let v: Value = serde_json::from_str(&text)
         .map_err(|e| Error::Format(format!("{}: not JSON: {e}", path.display())))?;
     let n = opts.num_layers.ok_or_else(|| {

@@ -246,7 +246,7 @@ pub fn is_zip(bytes: &[u8]) -> bool {
 
 /// Reads the file at `path` (gunzipping it first when it is gzip) and parses its top-level dict.
 pub fn read_record(path: &Path) -> Result<Record> {
-    let raw = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let raw = crate::input::read(path)?;
     let bytes = if is_gzip(&raw) {
         let mut out = Vec::new();
         flate2::read::GzDecoder::new(&raw[..])

@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 /// Some(true) when the file is a safetensors file with `hidden_states` and
 /// `token_ids`, Some(false) for another safetensors file, None when unreadable.
 pub fn looks_like(path: &Path) -> Result<Option<bool>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::input::read(path)?;
     Ok(match SafeTensors::read_metadata(&bytes) {
         Err(_) => None,
         Ok((_, meta)) => {
@@ -168,7 +168,7 @@ fn read_request(
     layouts: &mut Layouts,
 ) -> Result<(ImportedPrompt, String)> {
     let what = |k: &str| format!("{}: key `{k}`", file.display());
-    let bytes = std::fs::read(file).map_err(|e| Error::io(file, e))?;
+    let bytes = crate::input::read(file)?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| Error::Format(format!("{}: not a safetensors file: {e}", file.display())))?;
     let get = |k: &str| {

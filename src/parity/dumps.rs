@@ -91,8 +91,15 @@ fn input_gate(a: &Dump, b: &Dump, (a_name, b_name): (&str, &str)) -> Result<bool
     for (k, (p, q)) in a.prompts.iter().zip(&b.prompts).enumerate() {
         match (&p.input_ids, &q.input_ids) {
             (Some(x), Some(y)) if x != y => {
+                let at = x.iter().zip(y).take_while(|(u, v)| u == v).count();
+                let tok = |v: &[i64]| v.get(at).map_or("end of prompt".to_string(), |t| format!("token {t}"));
                 return Err(Error::Input(format!(
-                    "input-equality gate: p{k}.input_ids differ, so the hidden states are not comparable:\n  {a_name}: {x:?}\n  {b_name}: {y:?}"
+                    "input-equality gate: prompt p{k}'s input_ids differ first at position {at} ({a_name}: {}, \
+                     {b_name}: {}; {} vs {} tokens), so the hidden states are not comparable",
+                    tok(x),
+                    tok(y),
+                    x.len(),
+                    y.len()
                 )))
             }
             (Some(_), Some(_)) => {}

@@ -43,13 +43,14 @@ impl<'a> Tokenizer<'a> {
         let tok = match self.loaded.get() {
             Some(t) => t,
             None => {
-                let t = tokenizers::Tokenizer::from_file(path).map_err(|e| {
-                    Error::Input(format!(
-                        "{}: cannot load tokenizer: {}",
-                        path.display(),
-                        one_line(&e.to_string())
-                    ))
-                })?;
+                let t =
+                    tokenizers::Tokenizer::from_bytes(crate::input::read(path)?).map_err(|e| {
+                        Error::Input(format!(
+                            "{}: cannot load tokenizer: {}",
+                            path.display(),
+                            one_line(&e.to_string())
+                        ))
+                    })?;
                 self.loaded.get_or_init(|| t)
             }
         };
@@ -75,7 +76,7 @@ pub(super) fn read_jsonl(
     path: &Path,
     mut text: impl FnMut(String, String) -> Result<Prompt>,
 ) -> Result<Vec<Prompt>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::input::read(path)?;
     let body = String::from_utf8(bytes).map_err(|e| {
         Error::Input(format!(
             "{}: not UTF-8 text (invalid byte at offset {}); expected JSON lines {{\"text\": …}} or {{\"input_ids\": […]}}",

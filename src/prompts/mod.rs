@@ -442,12 +442,23 @@ pub fn violations(prompts: &[Prompt], limits: PromptLimits) -> Vec<String> {
     out
 }
 
-/// Parses `1,2,3` into ids. Errors: a non-integer or negative entry.
+/// Parses `1,2,3` into ids (an empty string gives no ids). Errors: a
+/// non-integer, negative or empty entry (`1,,2`, `1,2,`).
 pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    if s.trim().is_empty() {
+        return Ok(Vec::new());
+    }
     s.split(',')
         .map(str::trim)
-        .filter(|x| !x.is_empty())
-        .map(|x| {
+        .enumerate()
+        .map(|(i, x)| {
+            if x.is_empty() {
+                return Err(Error::Input(format!(
+                    "--prompt-ids {:?}: entry {} is empty (two commas in a row, or one at an end)",
+                    preview(s),
+                    i + 1
+                )));
+            }
             x.parse::<u32>().map_err(|_| {
                 Error::Input(format!(
                     "--prompt-ids {:?}: {x:?} is not a token id (non-negative integer below 2^32)",

@@ -83,6 +83,10 @@ fn errors_name_the_source_and_keep_the_index() {
     let e = resolve(&opts, None, lim).unwrap_err().to_string();
     assert!(e.starts_with("--prompt #1: text prompt"), "{e}");
     assert!(parse_ids("").unwrap().is_empty());
+    for empty in ["1,,2", "1,2,", ",1"] {
+        let e = parse_ids(empty).unwrap_err().to_string();
+        assert!(e.contains("is empty"), "{empty}: {e}");
+    }
     assert!(parse_ids("1,x")
         .unwrap_err()
         .to_string()

@@ -35,7 +35,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Checkpoint;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::parity::Verdict;
 use crate::prompts::{Prompt, Rendering, Resolved};
 use crate::session::Session;
@@ -390,6 +390,29 @@ impl<B> Report<B> {
     }
 }
 
+impl<B> Report<B> {
+    /// The report failed by the target's weight findings (MISSING or
+    /// NaN/Inf weights, `session::Session::findings`), whatever it measured:
+    /// verdict fail, exit 1, the findings first in the summary. Unchanged
+    /// when `findings` is empty. What `compare` flags, `drafter`, `drafter
+    /// --features` and `triage` flag the same way.
+    pub fn with_findings(mut self, findings: &[String]) -> Self {
+        if findings.is_empty() {
+            return self;
+        }
+        let body = self
+            .summary
+            .strip_prefix("PASS: ")
+            .or_else(|| self.summary.strip_prefix("FAIL: "))
+            .unwrap_or(&self.summary)
+            .to_string();
+        self.verdict = Verdict::Fail;
+        self.exit_code = 1;
+        self.summary = tagged(Verdict::Fail, &format!("{}; {body}", findings.join("; ")));
+        self
+    }
+}
+
 impl<B> std::ops::Deref for Report<B> {
     type Target = B;
     fn deref(&self) -> &B {
@@ -431,9 +454,7 @@ pub fn short_sha256(bytes: &[u8]) -> String {
 
 /// sha256 of a file (first 16 hex chars). Errors: unreadable file.
 pub fn file_sha256(path: &Path) -> Result<String> {
-    Ok(short_sha256(
-        &std::fs::read(path).map_err(|e| Error::io(path, e))?,
-    ))
+    Ok(short_sha256(&crate::input::read(path)?))
 }
 
 /// sha256 over the prompts' ids (little-endian u32, a separator per prompt).

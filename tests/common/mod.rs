@@ -187,10 +187,12 @@ pub fn tiny_fixture_with_non_finite(dst: &Path, key: &str) {
 /// Path of the `hsparity` binary under test (what its reports show as argv[0]).
 pub const BIN: &str = env!("CARGO_BIN_EXE_hsparity");
 
-/// The `hsparity` binary, run from the repository root.
+/// The `hsparity` binary, run from the repository root, killed after 15 minutes.
 pub fn hsparity() -> assert_cmd::Command {
     let mut c = assert_cmd::Command::new(BIN);
     c.current_dir(repo_root());
+    // No run may hang the suite: each is killed (and its test fails) after this.
+    c.timeout(std::time::Duration::from_secs(900));
     c
 }
 

@@ -103,8 +103,11 @@ impl ModelConfig {
     /// e.g. `text_config.hidden_size`); a text config that fails
     /// [`TextConfig::validate`].
     pub fn from_file(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::input::read(path)?;
         let label = path.display().to_string();
+        if let Some(m) = crate::input::bom_message(&bytes) {
+            return Err(Error::Config(format!("{label}: {m}")));
+        }
         let raw: Value = serde_json::from_slice(&bytes)
             .map_err(|e| Error::Config(format!("{label}: not valid JSON: {e}")))?;
         Self::parse(raw, &label)

@@ -93,13 +93,13 @@ pub struct TextConfig {
     /// `hidden_act` (default `silu`, the only one implemented).
     #[serde(default)]
     pub hidden_act: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "rope_object")]
     /// `rope_parameters` (transformers 5 spelling).
     pub rope_parameters: Option<RopeParameters>,
     #[serde(default)]
     /// Legacy top-level `rope_theta`.
     pub rope_theta: Option<f64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "rope_object")]
     /// Legacy `rope_scaling`.
     pub rope_scaling: Option<RopeParameters>,
     #[serde(default)]
@@ -118,6 +118,49 @@ pub struct TextConfig {
     /// [`super::Qwen3_5MoeConfig`], not by this struct).
     #[serde(skip)]
     pub moe: Option<super::MoeConfig>,
+}
+
+/// `rope_parameters` / `rope_scaling`: null, or an object. serde would read
+/// a struct from a JSON array by position (an empty array as every default);
+/// transformers reads these as dicts (`rope_parameters.get("rope_type")`), so
+/// anything but an object is refused.
+fn rope_object<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<RopeParameters>, D::Error> {
+    use serde::de::{value::MapAccessDeserializer, MapAccess, Visitor};
+    struct MapOnly;
+    impl<'de> Visitor<'de> for MapOnly {
+        type Value = RopeParameters;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object such as {\"rope_type\": \"default\", \"rope_theta\": 10000000}")
+        }
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            m: A,
+        ) -> std::result::Result<RopeParameters, A::Error> {
+            RopeParameters::deserialize(MapAccessDeserializer::new(m))
+        }
+    }
+    struct Opt;
+    impl<'de> Visitor<'de> for Opt {
+        type Value = Option<RopeParameters>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("null or an object")
+        }
+        fn visit_none<E>(self) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D2: serde::Deserializer<'de>>(
+            self,
+            d: D2,
+        ) -> std::result::Result<Self::Value, D2::Error> {
+            d.deserialize_map(MapOnly).map(Some)
+        }
+    }
+    d.deserialize_option(Opt)
 }
 
 fn d_vocab() -> usize {
@@ -198,6 +241,33 @@ impl TextConfig {
     }
 
     fn layer_types_at(&self, prefix: &str) -> std::result::Result<Vec<LayerType>, String> {
+        self.check_layer_types(prefix)?;
+        let n = self.full_attention_interval.max(1);
+        Ok(match (&self.layer_types, self.family) {
+            (_, Family::Qwen3) => vec![LayerType::FullAttention; self.num_hidden_layers],
+            (Some(v), _) => v
+                .iter()
+                .map(|s| match s.as_str() {
+                    "full_attention" => LayerType::FullAttention,
+                    _ => LayerType::LinearAttention,
+                })
+                .collect(),
+            (None, _) => (0..self.num_hidden_layers)
+                .map(|i| {
+                    if (i + 1) % n != 0 {
+                        LayerType::LinearAttention
+                    } else {
+                        LayerType::FullAttention
+                    }
+                })
+                .collect(),
+        })
+    }
+
+    /// The checks of [`Self::layer_types`] without building the list (a
+    /// config is checked before its sizes are known to be backed by the
+    /// checkpoint, so nothing is allocated from `num_hidden_layers` here).
+    fn check_layer_types(&self, prefix: &str) -> std::result::Result<(), String> {
         if self.family == Family::Qwen3 {
             if self.use_sliding_window == Some(true) {
                 return Err(format!(
@@ -218,7 +288,7 @@ impl TextConfig {
                     ));
                 }
             }
-            return Ok(vec![LayerType::FullAttention; self.num_hidden_layers]);
+            return Ok(());
         }
         match &self.layer_types {
             Some(v) => {
@@ -229,16 +299,16 @@ impl TextConfig {
                         self.num_hidden_layers
                     ));
                 }
-                v.iter()
+                match v
+                    .iter()
                     .enumerate()
-                    .map(|(i, s)| match s.as_str() {
-                        "linear_attention" => Ok(LayerType::LinearAttention),
-                        "full_attention" => Ok(LayerType::FullAttention),
-                        other => Err(format!(
-                            "{prefix}layer_types[{i}] = {other:?}: expected \"linear_attention\" or \"full_attention\""
-                        )),
-                    })
-                    .collect()
+                    .find(|(_, s)| !matches!(s.as_str(), "linear_attention" | "full_attention"))
+                {
+                    Some((i, other)) => Err(format!(
+                        "{prefix}layer_types[{i}] = {other:?}: expected \"linear_attention\" or \"full_attention\""
+                    )),
+                    None => Ok(()),
+                }
             }
             None => {
                 let n = self.full_attention_interval;
@@ -248,15 +318,7 @@ impl TextConfig {
                          layer_types as (i + 1) % full_attention_interval)"
                     ));
                 }
-                Ok((0..self.num_hidden_layers)
-                    .map(|i| {
-                        if (i + 1) % n != 0 {
-                            LayerType::LinearAttention
-                        } else {
-                            LayerType::FullAttention
-                        }
-                    })
-                    .collect())
+                Ok(())
             }
         }
     }
@@ -381,7 +443,7 @@ impl TextConfig {
                 self.head_dim
             ));
         }
-        self.layer_types_at(prefix)?;
+        self.check_layer_types(prefix)?;
         if let Some(moe) = &self.moe {
             moe.check(prefix, self.hidden_size)?;
         }

@@ -80,7 +80,9 @@ fn overflowing_and_inconsistent_entries() {
 fn index_with_bad_shard_names_or_empty_map() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(d.join("model.safetensors"), file("{}", 0)).unwrap();
+    // A shard beside the index, not model.safetensors (which, as in
+    // transformers, would be read instead of the index).
+    std::fs::write(d.join("shard.safetensors"), file("{}", 0)).unwrap();
     for (wm, want) in [
         (r#"{}"#, "weight_map is empty"),
         (

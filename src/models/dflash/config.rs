@@ -68,7 +68,10 @@ impl DflashConfig {
     /// `mask_token_id`; a missing or mistyped dimension; a rope scaling other
     /// than default; unknown `layer_types`.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::input::read_to_string(path)?;
+        if let Some(m) = crate::input::bom_message(text.as_bytes()) {
+            return Err(Error::Config(format!("{}: {m}", path.display())));
+        }
         let cfg: Value = serde_json::from_str(&text)
             .map_err(|e| Error::Config(format!("{}: not valid JSON: {e}", path.display())))?;
         Self::from_value(&cfg).map_err(|e| match e {
@@ -110,13 +113,25 @@ impl DflashConfig {
                 None => Err(bad(format!("missing {name}"))),
             }
         };
-        let hidden_size = usize_of("hidden_size")?;
-        let num_attention_heads = usize_of("num_attention_heads")?;
+        let positive = |name: &str| -> Result<usize> {
+            match usize_of(name)? {
+                0 => Err(bad(format!("{name} = 0: must be at least 1"))),
+                n => Ok(n),
+            }
+        };
+        let hidden_size = positive("hidden_size")?;
+        let num_attention_heads = positive("num_attention_heads")?;
         let head_dim = match get(cfg, "head_dim") {
-            Some(_) => usize_of("head_dim")?,
+            Some(_) => positive("head_dim")?,
             None => hidden_size / num_attention_heads.max(1),
         };
-        let num_hidden_layers = usize_of("num_hidden_layers")?;
+        let num_hidden_layers = positive("num_hidden_layers")?;
+        if num_hidden_layers > MAX_LAYERS {
+            return Err(bad(format!(
+                "num_hidden_layers = {num_hidden_layers}: a DFlash drafter has a few layers; more than \
+                 {MAX_LAYERS} is not a drafter config (refused before anything is built from it)"
+            )));
+        }
         let target_layer_ids = target_layer_ids(cfg)?;
         let mask_token_id = u32::try_from(usize_of("mask_token_id")?)
             .map_err(|_| bad("mask_token_id does not fit a token id".into()))?;
@@ -157,29 +172,52 @@ impl DflashConfig {
                 "num_attention_heads {num_attention_heads} is not a multiple of num_key_value_heads {num_key_value_heads}"
             )));
         }
+        let rms_norm_eps = number(cfg, "rms_norm_eps")?.unwrap_or(1e-6);
+        if rms_norm_eps <= 0.0 {
+            return Err(bad(format!(
+                "rms_norm_eps = {rms_norm_eps}: must be a positive number"
+            )));
+        }
+        let final_logit_softcapping = number(cfg, "final_logit_softcapping")?.filter(|x| *x > 0.0);
         Ok(Self {
             hidden_size,
-            intermediate_size: usize_of("intermediate_size")?,
+            intermediate_size: positive("intermediate_size")?,
             num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            rms_norm_eps: get(cfg, "rms_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-6),
+            rms_norm_eps,
             rope_theta,
             block_size,
             target_layer_ids,
             mask_token_id,
             layer_types,
             sliding_window,
-            output_multiplier: get(cfg, "output_multiplier")
-                .and_then(Value::as_f64)
-                .unwrap_or(1.0),
-            final_logit_softcapping: get(cfg, "final_logit_softcapping")
-                .and_then(Value::as_f64)
-                .filter(|x| *x > 0.0),
+            output_multiplier: number(cfg, "output_multiplier")?.unwrap_or(1.0),
+            final_logit_softcapping,
         })
+    }
+}
+
+/// Draft layers a config may claim ([`DflashConfig::from_value`] refuses
+/// more before building anything per layer; the weights must then hold each).
+pub const MAX_LAYERS: usize = 1024;
+
+/// An optional finite number field (`dflash_config` first): absent or null
+/// gives `None`; a string or any other type is refused, not replaced by the
+/// default.
+///
+/// Errors ([`Error::Config`]): naming the field and what it holds.
+fn number(cfg: &Value, name: &str) -> Result<Option<f64>> {
+    match get(cfg, name) {
+        None => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(x) if x.is_finite() => Ok(Some(x)),
+            _ => Err(Error::Config(format!(
+                "{name} must be a number, found {}",
+                crate::text::preview(&v.to_string())
+            ))),
+        },
     }
 }
 
@@ -190,6 +228,14 @@ impl DflashConfig {
 fn rope_theta(cfg: &Value) -> Result<f64> {
     let bad = Error::Config;
     // Rope: rope_parameters{rope_theta, rope_type} | rope_theta + rope_scaling.
+    for key in ["rope_parameters", "rope_scaling"] {
+        if let Some(v) = cfg.get(key).filter(|v| !v.is_null() && !v.is_object()) {
+            return Err(bad(format!(
+                "{key} must be an object such as {{\"rope_type\": \"default\", \"rope_theta\": 10000}}, found {}",
+                crate::text::preview(&v.to_string())
+            )));
+        }
+    }
     let params = cfg.get("rope_parameters").filter(|v| v.is_object());
     let scaling = cfg.get("rope_scaling").filter(|v| v.is_object());
     for p in [params, scaling].into_iter().flatten() {

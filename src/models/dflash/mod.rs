@@ -82,18 +82,26 @@ impl Drafter {
             )));
         }
         let k = cfg.target_layer_ids.len();
-        check_shape(&weights, "fc.weight", &[h, k * h]).map_err(|e| match e {
-            Error::Checkpoint(m) => Error::Checkpoint(format!(
-                "{m} (fc in-features must be len(target_layer_ids) x hidden_size = {k} x {h})"
-            )),
-            other => other,
-        })?;
         let (nh, nkv, hd, inter) = (
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
             cfg.head_dim,
             cfg.intermediate_size,
         );
+        let mul = |a: usize, b: usize| {
+            a.checked_mul(b).ok_or_else(|| {
+                Error::Config(format!(
+                    "drafter sizes {a} x {b} overflow: the config's sizes cannot describe its weights"
+                ))
+            })
+        };
+        let (kh, qd, kvd) = (mul(k, h)?, mul(nh, hd)?, mul(nkv, hd)?);
+        check_shape(&weights, "fc.weight", &[h, kh]).map_err(|e| match e {
+            Error::Checkpoint(m) => Error::Checkpoint(format!(
+                "{m} (fc in-features must be len(target_layer_ids) x hidden_size = {k} x {h})"
+            )),
+            other => other,
+        })?;
         for n in ["hidden_norm.weight", "norm.weight"] {
             check_shape(&weights, n, &[h])?;
         }
@@ -103,10 +111,10 @@ impl Drafter {
                 ("post_attention_layernorm.weight", vec![h]),
                 ("self_attn.q_norm.weight", vec![hd]),
                 ("self_attn.k_norm.weight", vec![hd]),
-                ("self_attn.q_proj.weight", vec![nh * hd, h]),
-                ("self_attn.k_proj.weight", vec![nkv * hd, h]),
-                ("self_attn.v_proj.weight", vec![nkv * hd, h]),
-                ("self_attn.o_proj.weight", vec![h, nh * hd]),
+                ("self_attn.q_proj.weight", vec![qd, h]),
+                ("self_attn.k_proj.weight", vec![kvd, h]),
+                ("self_attn.v_proj.weight", vec![kvd, h]),
+                ("self_attn.o_proj.weight", vec![h, qd]),
                 ("mlp.gate_proj.weight", vec![inter, h]),
                 ("mlp.up_proj.weight", vec![inter, h]),
                 ("mlp.down_proj.weight", vec![h, inter]),

@@ -3,9 +3,11 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
+use crate::checkpoint::{HeaderIndex, Weights};
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 
@@ -26,26 +28,39 @@ impl DrafterWeights {
             .sum()
     }
 
-    /// Loads every `*.safetensors` in `dir`. Errors: none found, unreadable file.
+    /// Loads the drafter's weights from `dir` as transformers'
+    /// `from_pretrained` finds them (`model.safetensors`, else
+    /// `model.safetensors.index.json`; never other `*.safetensors` files
+    /// beside them), through the checked header reader of the target's
+    /// checkpoints ([`HeaderIndex::read_dir`]), each tensor in its stored
+    /// dtype.
+    ///
+    /// Errors: as [`HeaderIndex::read_dir`]; a tensor that is not a float
+    /// (an integer weight, [`Error::Checkpoint`]); a tensor holding NaN or
+    /// ±Inf ([`Error::Checkpoint`]: a drafter's weights are an input, and
+    /// non-finite ones make every draft meaningless, so τ would not measure
+    /// the target).
     pub fn load_dir(dir: &Path) -> Result<Self> {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| Error::io(dir, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        files.sort();
-        if files.is_empty() {
-            return Err(Error::Checkpoint(format!(
-                "drafter {}: no *.safetensors file",
-                dir.display()
-            )));
-        }
+        let index = Arc::new(HeaderIndex::read_dir(dir)?);
+        let weights = Weights::new(index.clone());
         let mut tensors = HashMap::new();
-        for f in &files {
-            let t = candle_core::safetensors::load(f, &Device::Cpu)
-                .map_err(|e| Error::Checkpoint(format!("drafter {}: {e}", f.display())))?;
-            tensors.extend(t);
+        for t in &index.tensors {
+            let tensor = weights.load_native(&t.name).map_err(|e| match e {
+                Error::Checkpoint(m) => Error::Checkpoint(format!("drafter: {m}")),
+                other => other,
+            })?;
+            let (nan, inf) = weights.count_non_finite(&t.name)?;
+            if nan + inf > 0 {
+                return Err(Error::Checkpoint(format!(
+                    "drafter {}: tensor {} holds {nan} NaN and {inf} Inf values: the drafts it makes \
+                     would be meaningless, so τ would not measure the target",
+                    index.shard_of(t).path.display(),
+                    t.name
+                )));
+            }
+            tensors.insert(t.name.clone(), tensor);
         }
+        let files = index.shards.iter().map(|s| s.path.clone()).collect();
         Ok(Self { tensors, files })
     }
 
