@@ -432,7 +432,22 @@ fn runs_past_the_model_or_with_broken_drafter_configs_are_refused() {
             "--no-report",
             "-q",
         ],
-        "position shift 1000",
+        "1000 extra positions",
+    );
+    bad(
+        &[
+            "triage",
+            &t,
+            "--drafter",
+            &d,
+            "--prompt-ids",
+            "3,4,5",
+            "--left-pad",
+            "1000",
+            "--no-report",
+            "-q",
+        ],
+        "1000 extra positions (triage's largest position shift or --left-pad)",
     );
     bad(
         &[

@@ -127,7 +127,7 @@ pub fn check_end_rule(max_new: usize, rule: EndRule) -> Result<()> {
 }
 
 /// Checks that every prompt plus `max_new` generated tokens plus one block
-/// (plus `extra` positions, e.g. a triage position shift) stays within
+/// (plus `extra` positions: triage's largest position shift or left pad) stays within
 /// `max_position_embeddings`, and that `max_new ≥ 1`.
 ///
 /// Errors ([`Error::Input`]): naming the prompt, the sum and the limit.
@@ -153,7 +153,7 @@ pub fn check_positions(
                 "prompt {k} ({}): {} prompt tokens + --max-new-tokens {max_new} + block {block}{} exceed the target's max_position_embeddings = {max_pos}",
                 p.origin,
                 p.ids.len(),
-                if extra > 0 { format!(" + position shift {extra}") } else { String::new() }
+                if extra > 0 { format!(" + {extra} extra positions (triage's largest position shift or --left-pad)") } else { String::new() }
             )));
         }
     }
