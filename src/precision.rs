@@ -270,7 +270,10 @@ mod tests {
     /// bit and every f16 rounding position, at the exponents of zero,
     /// subnormals, 1, the f16 range edges, the largest finite values, Inf and NaN.
     fn patterns(stride: u64) -> Vec<u32> {
-        let mut v: Vec<u32> = (0..1u64 << 32).step_by(stride as usize).map(|b| b as u32).collect();
+        let mut v: Vec<u32> = (0..1u64 << 32)
+            .step_by(stride as usize)
+            .map(|b| b as u32)
+            .collect();
         for e in [0u32, 1, 0x67, 0x70, 0x71, 0x7F, 0x8E, 0x8F, 0xFE, 0xFF] {
             for sign in [0u32, 1 << 31] {
                 let base = sign | e << 23;
@@ -292,7 +295,12 @@ mod tests {
             let mut got = xs.clone();
             p.round_slice(&mut got);
             for (x, g) in xs.iter().zip(&got) {
-                assert_eq!(g.to_bits(), p.round_f32(*x).to_bits(), "{p} of {:#010x}", x.to_bits());
+                assert_eq!(
+                    g.to_bits(),
+                    p.round_f32(*x).to_bits(),
+                    "{p} of {:#010x}",
+                    x.to_bits()
+                );
             }
             let t = Tensor::new(xs.as_slice(), &candle_core::Device::Cpu).unwrap();
             let via_candle = t.to_dtype(p.dtype()).unwrap().to_dtype(DType::F32).unwrap();
@@ -300,7 +308,10 @@ mod tests {
                 p.round(&t).unwrap().to_vec1::<f32>().unwrap(),
                 via_candle.to_vec1::<f32>().unwrap(),
             );
-            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{p}");
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{p}"
+            );
         }
     }
 }
