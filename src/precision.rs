@@ -150,7 +150,7 @@ impl Precision {
     pub fn round_f32(self, x: f32) -> f32 {
         match self {
             Precision::F32 => x,
-            Precision::Bf16 => half::bf16::from_f32(x).to_f32(),
+            Precision::Bf16 => round_bf16(x),
             Precision::F16 => half::f16::from_f32(x).to_f32(),
         }
     }
@@ -285,7 +285,7 @@ mod tests {
         v
     }
 
-    /// The one-pass kernels of `round_slice` and `round` give bitwise what the
+    /// `round_f32` and the one-pass kernels of `round_slice` and `round` give bitwise what the
     /// half crate (and so candle's `to_dtype` round trip) gives, NaNs included.
     #[test]
     fn fast_rounding_is_bitwise_the_half_crates() {
@@ -295,11 +295,16 @@ mod tests {
             let mut got = xs.clone();
             p.round_slice(&mut got);
             for (x, g) in xs.iter().zip(&got) {
+                let want = match p {
+                    Precision::Bf16 => half::bf16::from_f32(*x).to_f32(),
+                    _ => half::f16::from_f32(*x).to_f32(),
+                };
+                let b = x.to_bits();
+                assert_eq!(g.to_bits(), want.to_bits(), "{p} of {b:#010x}");
                 assert_eq!(
-                    g.to_bits(),
                     p.round_f32(*x).to_bits(),
-                    "{p} of {:#010x}",
-                    x.to_bits()
+                    want.to_bits(),
+                    "{p} of {b:#010x}"
                 );
             }
             let t = Tensor::new(xs.as_slice(), &candle_core::Device::Cpu).unwrap();
