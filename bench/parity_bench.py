@@ -28,7 +28,7 @@ import json
 import os
 import subprocess
 
-from common import BIN, ROOT, WORK, build, gib, median_run
+from common import BIN, ROOT, WORK, build, gib, median_run, read_headers
 
 INCREMENTAL_STEPS = 8  # hsparity::parity::incremental::STEPS
 
@@ -70,13 +70,7 @@ print(json.dumps(out))
 
 def header(ckpt):
     """Tensor name -> shape over every safetensors shard of `ckpt`."""
-    shapes = {}
-    for f in sorted(ckpt.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            h = json.loads(fh.read(n))
-        shapes.update({k: v["shape"] for k, v in h.items() if k != "__metadata__"})
-    return shapes
+    return {k: v["shape"] for _, _, h in read_headers(ckpt) for k, v in h.items()}
 
 
 def linear_params(ckpt):

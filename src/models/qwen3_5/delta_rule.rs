@@ -38,6 +38,23 @@ fn on_widest(
     portable(h, s, d)
 }
 
+/// `kernel` on every head of `inp` (one rayon task per head; heads are
+/// independent), `state` split per head; the outputs as `[T, heads, dv]`.
+fn over_heads(
+    inp: &DeltaRuleInputs,
+    state: &mut [f32],
+    portable: HeadKernel,
+    avx2: unsafe fn(&Head, &mut [f32], Dims) -> Vec<f32>,
+) -> Vec<f32> {
+    let (t, dk, dv) = (inp.t, inp.dk, inp.dv);
+    let per: Vec<Vec<f32>> = per_head(inp)
+        .par_iter()
+        .zip(state.par_chunks_mut(dk * dv))
+        .map(|(h, s)| on_widest(portable, avx2, h, s, (t, dk, dv)))
+        .collect();
+    interleave_heads(&per, t, dv)
+}
+
 /// [`recurrent_head`] compiled for AVX2 (call only where the CPU has it).
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2"))]
 unsafe fn recurrent_head_avx2(h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
@@ -93,15 +110,7 @@ fn per_head(inp: &DeltaRuleInputs) -> Vec<Head> {
 /// `state`: `[heads, dk, dv]`, read as the initial state and overwritten with
 /// the final one. Returns `o`: `[T, heads, dv]`.
 pub fn recurrent(inp: &DeltaRuleInputs, state: &mut [f32]) -> Vec<f32> {
-    let (t, dk, dv) = (inp.t, inp.dk, inp.dv);
-    let heads = per_head(inp);
-    // Heads are independent: one rayon task per head (same arithmetic per head).
-    let per: Vec<Vec<f32>> = heads
-        .par_iter()
-        .zip(state.par_chunks_mut(dk * dv))
-        .map(|(h, s)| on_widest(recurrent_head, recurrent_head_avx2, h, s, (t, dk, dv)))
-        .collect();
-    interleave_heads(&per, t, dv)
+    over_heads(inp, state, recurrent_head, recurrent_head_avx2)
 }
 
 /// One head of [`recurrent`]: `s` is its `[dk, dv]` state.
@@ -178,15 +187,7 @@ fn interleave_heads(per: &[Vec<f32>], t: usize, dv: usize) -> Vec<f32> {
 /// `state`: `[heads, dk, dv]`, initial state in, final state out. Returns
 /// `o`: `[T, heads, dv]`.
 pub fn chunked(inp: &DeltaRuleInputs, state: &mut [f32]) -> Vec<f32> {
-    let (t, dk, dv) = (inp.t, inp.dk, inp.dv);
-    let heads = per_head(inp);
-    // Heads are independent: one rayon task per head (same arithmetic per head).
-    let per: Vec<Vec<f32>> = heads
-        .par_iter()
-        .zip(state.par_chunks_mut(dk * dv))
-        .map(|(h, s)| on_widest(chunked_head, chunked_head_avx2, h, s, (t, dk, dv)))
-        .collect();
-    interleave_heads(&per, t, dv)
+    over_heads(inp, state, chunked_head, chunked_head_avx2)
 }
 
 /// One head of [`chunked`]: `s` is its `[dk, dv]` state.
