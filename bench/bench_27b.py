@@ -19,7 +19,12 @@ sliding-window layers (window 2048) and one full, block 16, mask id 248070;
   (b)       `drafter` generating --new tokens per prompt (the DFlash loop);
   (c)       `triage --trajectories` on the trajectories of (a).
 
-Prints wall time, sweeps and peak RSS of each next to compare's. Goals on a
+Prints wall time, sweeps and peak RSS of each next to compare's, and the
+streamed compare's wall time next to the time to read the shards' bytes once
+(`cat` of every shard to /dev/null, timed in the same run: the physical floor of
+a streamed run on the disk holding the checkpoint; the sparse shards here read
+their holes as zeros, so on this layout the floor is the kernel's copy rate, a
+real checkpoint's is its disk's). Goals on a
 2-core 24 GiB machine: every run's peak RSS < 8 GiB; (a) within 3x of
 compare's wall time on the same tokens; (b) sweeps <= rounds + 1.
 
@@ -130,7 +135,10 @@ def main():
     ids = lambda seqs: [x for s in seqs for x in ("--prompt-ids", ",".join(map(str, s)))]
     q = ["--json", "--quiet"]
     rows = []
+    floor = None
     if "compare" in only:
+        shards = sorted(ckpt.glob("*.safetensors"))
+        floor = timed(["sh", "-c", 'cat "$@" > /dev/null', "cat", *shards])[0]
         run(f"compare, {a.prompts} x {a.tokens} tokens", ["compare", ckpt, "--paths", "causal-lm,vlm", "--no-report", *q, *ids(prompts)], rows)
         full = [p + [0] * a.output for p in prompts]
         run(f"compare, {a.prompts} x {a.tokens + a.output} tokens (= (a)'s)", ["compare", ckpt, "--paths", "causal-lm,vlm", "--no-report", *q, *ids(full)], rows)
@@ -146,6 +154,11 @@ def main():
     for label, wall, rss, rep, rc in rows:
         s, r = sweeps_of(rep)
         print(f"{label:52} {rc:>4} {wall:>7.1f}s {gib(rss):>10} {s if s is not None else '-':>7} {r if r is not None else '-':>6}")
+    if floor is not None:
+        for label, wall, _, _, _ in rows:
+            if label.startswith("compare"):
+                print(f"{label}: {wall:.1f} s vs reading the shards once (cat): {floor:.1f} s "
+                      f"({wall / floor:.1f}x the read floor)")
     by = {l.split(" ")[0] + (" full" if "(a)'s" in l else ""): (w, rss, rep) for l, w, rss, rep, _ in rows}
     print()
     if "compare full" in by and "(a)" in by:

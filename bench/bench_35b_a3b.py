@@ -19,7 +19,7 @@ import random
 import shutil
 import struct
 
-from common import BIN, ROOT, WORK, build, gib, timed, write_sparse_checkpoint
+from common import BIN, ROOT, WORK, build, gib, read_headers, timed, write_sparse_checkpoint
 
 
 def bf16_bytes(values):
@@ -69,15 +69,8 @@ def derive(tensors, layout):
 
 def offsets(ckpt):
     """name -> (shard file, absolute data offset) from the written headers."""
-    where = {}
-    for f in sorted(ckpt.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(n))
-        for name, e in header.items():
-            if name != "__metadata__":
-                where[name] = (f, 8 + n + e["data_offsets"][0])
-    return where
+    return {name: (f, 8 + n + e["data_offsets"][0])
+            for f, n, header in read_headers(ckpt) for name, e in header.items()}
 
 
 def write_values(ckpt, tensors, token_ids, seed=0):

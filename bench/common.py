@@ -39,6 +39,18 @@ def median_run(cmd, repeat, env=None):
     return wall, rss, runs[-1][2], runs[-1][3]
 
 
+def read_headers(ckpt: Path):
+    """[(shard file, header length, header dict without __metadata__)] of every shard."""
+    out = []
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+        header.pop("__metadata__", None)
+        out.append((f, n, header))
+    return out
+
+
 def gib(b):
     return f"{b / 2**30:.2f} GiB"
 

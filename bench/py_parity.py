@@ -2,10 +2,11 @@
 """The transformers reference for the hsparity benchmark: what a user would write
 instead of `hsparity compare` for the causal-lm vs vlm paths.
 
-    python bench/py_parity.py CKPT --ids-file IDS.json [--threads N]
+    python bench/py_parity.py CKPT --ids-file IDS.json [--threads N] [--dtype float32|auto]
 
-Loads AutoModelForCausalLM and AutoModel (float32, eager attention), forwards
-the same token ids through both with output_hidden_states=True, and compares
+Loads AutoModelForCausalLM and AutoModel (`--dtype`: float32, or `auto` as a user
+loads a checkpoint: each class resolves its own dtype from the config; eager
+attention), forwards the same token ids through both with output_hidden_states=True, and compares
 every hidden state (cosine min, max |diff|, relative L2). Prints one line per
 hidden-state index and, last, `peak_rss_bytes=` (VmHWM) and `wall_s=`.
 """
@@ -34,10 +35,11 @@ def main():
     ap.add_argument("ckpt")
     ap.add_argument("--ids-file", required=True, help="JSON list of lists of token ids")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--dtype", default="float32", choices=["float32", "auto"])
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     prompts = json.load(open(a.ids_file))
-    kw = dict(dtype=torch.float32, attn_implementation="eager")
+    kw = dict(dtype=torch.float32 if a.dtype == "float32" else "auto", attn_implementation="eager")
     with torch.inference_mode():
         causal = AutoModelForCausalLM.from_pretrained(a.ckpt, **kw).eval()
         vlm = AutoModel.from_pretrained(a.ckpt, **kw).eval()

@@ -9,6 +9,7 @@ use clap::Parser;
 use hsparity::cli::{self, Cli};
 
 fn main() -> ExitCode {
+    elementwise_on_the_calling_thread();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => {
@@ -27,6 +28,21 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// candle splits each large elementwise op (the roundings, `silu`, products,
+/// sums) over its barrier pool (`candle_core::utils::BarrierPool`), whose
+/// worker spins for `CANDLE_BARRIER_POOL_SPIN_LIMIT` (25 000) `pause`s after
+/// every op and whose caller spins until the worker is done: on few cores
+/// the spinning competes with the GEMM's rayon threads for the same cores.
+/// Those ops are memory-bound, so unless `CANDLE_NUM_THREADS` is set they run
+/// on the calling thread (a pool of no workers); the GEMMs keep rayon's
+/// threads (`RAYON_NUM_THREADS`). Elementwise results do not depend on the
+/// split, so no value changes. Set before any candle op creates the pool.
+fn elementwise_on_the_calling_thread() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
 }
 

@@ -16,6 +16,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use candle_core::{DType, Tensor};
+use half::slice::HalfFloatSliceExt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -132,12 +133,16 @@ impl Precision {
         }
     }
 
-    /// Rounds every element of `t` (f32) to this dtype, keeping f32 storage.
+    /// Rounds every element of `t` (f32) to this dtype, keeping f32 storage:
+    /// bitwise `t.to_dtype(bf16|f16).to_dtype(f32)`, in one pass over `t`
+    /// into one new buffer (no half-precision intermediate).
     pub fn round(self, t: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Precision::F32 => t.clone(),
-            Precision::Bf16 => t.to_dtype(DType::BF16)?.to_dtype(DType::F32)?,
-            Precision::F16 => t.to_dtype(DType::F16)?.to_dtype(DType::F32)?,
+            _ if t.dtype() != DType::F32 || !t.is_contiguous() => {
+                t.to_dtype(self.dtype())?.to_dtype(DType::F32)?
+            }
+            _ => t.apply_op1_no_bwd(&RoundOp(self))?,
         })
     }
 
@@ -145,16 +150,85 @@ impl Precision {
     pub fn round_f32(self, x: f32) -> f32 {
         match self {
             Precision::F32 => x,
-            Precision::Bf16 => half::bf16::from_f32(x).to_f32(),
+            Precision::Bf16 => round_bf16(x),
             Precision::F16 => half::f16::from_f32(x).to_f32(),
         }
     }
 
-    /// Rounds a buffer in place.
+    /// Rounds a buffer in place (bitwise [`Self::round_f32`] of every element).
     pub fn round_slice(self, v: &mut [f32]) {
-        if self != Precision::F32 {
-            v.iter_mut().for_each(|x| *x = self.round_f32(*x));
+        match self {
+            Precision::F32 => {}
+            Precision::Bf16 => v.iter_mut().for_each(|x| *x = round_bf16(*x)),
+            Precision::F16 => {
+                let mut half = [half::f16::ZERO; ROUND_PIECE];
+                for c in v.chunks_mut(ROUND_PIECE) {
+                    let h = &mut half[..c.len()];
+                    h.convert_from_f32_slice(c);
+                    h.convert_to_f32_slice(c);
+                }
+            }
         }
+    }
+
+    /// `src` rounded to this dtype into `dst` (same length).
+    fn round_into(self, src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+        self.round_slice(dst);
+    }
+}
+
+/// Elements per piece of [`Precision::round_slice`]'s f16 conversion (a stack
+/// buffer that stays in L1) and of the parallel split of [`RoundOp`].
+const ROUND_PIECE: usize = 4096;
+
+/// `half::bf16::from_f32(x).to_f32()` (round to nearest, ties to even; a NaN
+/// keeps its sign and high payload with the quiet bit set), written without
+/// branches so that a loop over it vectorises.
+#[inline(always)]
+fn round_bf16(x: f32) -> f32 {
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
+    let nan = (b | 0x0040_0000) & 0xFFFF_0000;
+    f32::from_bits(if b & 0x7FFF_FFFF > 0x7F80_0000 {
+        nan
+    } else {
+        rounded
+    })
+}
+
+/// [`Precision::round`] of a contiguous f32 tensor as one candle op: reads the input
+/// once, writes one f32 buffer; large tensors in parallel pieces
+/// on rayon's threads.
+struct RoundOp(Precision);
+
+impl candle_core::CustomOp1 for RoundOp {
+    fn name(&self) -> &'static str {
+        "precision-round"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use rayon::prelude::*;
+        let candle_core::CpuStorage::F32(v) = storage else {
+            candle_core::bail!("precision-round expects f32 storage");
+        };
+        let Some((a, b)) = layout.contiguous_offsets() else {
+            candle_core::bail!("precision-round expects a contiguous tensor");
+        };
+        let src = &v[a..b];
+        let mut out = vec![0f32; src.len()];
+        if src.len() >= 16 * ROUND_PIECE {
+            out.par_chunks_mut(16 * ROUND_PIECE)
+                .zip(src.par_chunks(16 * ROUND_PIECE))
+                .for_each(|(o, s)| self.0.round_into(s, o));
+        } else {
+            self.0.round_into(src, &mut out);
+        }
+        Ok((candle_core::CpuStorage::F32(out), layout.shape().clone()))
     }
 }
 
@@ -189,5 +263,60 @@ mod tests {
         let t = Tensor::new(&[x, 3.0], &candle_core::Device::Cpu).unwrap();
         let r = Precision::Bf16.round(&t).unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(r, vec![1.0, 3.0]);
+    }
+
+    /// f32 bit patterns covering every rounding case: a stride through all
+    /// 2^32 patterns, plus every low-17-bit pattern around the bf16 rounding
+    /// bit and every f16 rounding position, at the exponents of zero,
+    /// subnormals, 1, the f16 range edges, the largest finite values, Inf and NaN.
+    fn patterns(stride: u64) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..1u64 << 32)
+            .step_by(stride as usize)
+            .map(|b| b as u32)
+            .collect();
+        for e in [0u32, 1, 0x67, 0x70, 0x71, 0x7F, 0x8E, 0x8F, 0xFE, 0xFF] {
+            for sign in [0u32, 1 << 31] {
+                let base = sign | e << 23;
+                v.extend((0..1u32 << 17).map(|m| base | m));
+                v.extend((0..1u32 << 17).map(|m| base | 0x7F_FFFF & !((1 << 17) - 1) | m));
+                v.extend((0..1u32 << 14).map(|m| base | (m << 9) | 0x1FF));
+            }
+        }
+        v
+    }
+
+    /// `round_f32` and the one-pass kernels of `round_slice` and `round` give bitwise what the
+    /// half crate (and so candle's `to_dtype` round trip) gives, NaNs included.
+    #[test]
+    fn fast_rounding_is_bitwise_the_half_crates() {
+        let bits = patterns(9973);
+        let xs: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+        for p in [Precision::Bf16, Precision::F16] {
+            let mut got = xs.clone();
+            p.round_slice(&mut got);
+            for (x, g) in xs.iter().zip(&got) {
+                let want = match p {
+                    Precision::Bf16 => half::bf16::from_f32(*x).to_f32(),
+                    _ => half::f16::from_f32(*x).to_f32(),
+                };
+                let b = x.to_bits();
+                assert_eq!(g.to_bits(), want.to_bits(), "{p} of {b:#010x}");
+                assert_eq!(
+                    p.round_f32(*x).to_bits(),
+                    want.to_bits(),
+                    "{p} of {b:#010x}"
+                );
+            }
+            let t = Tensor::new(xs.as_slice(), &candle_core::Device::Cpu).unwrap();
+            let via_candle = t.to_dtype(p.dtype()).unwrap().to_dtype(DType::F32).unwrap();
+            let (a, b) = (
+                p.round(&t).unwrap().to_vec1::<f32>().unwrap(),
+                via_candle.to_vec1::<f32>().unwrap(),
+            );
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{p}"
+            );
+        }
     }
 }

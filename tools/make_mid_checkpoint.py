@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
 """Write a mid-size random Qwen3.5 VLM checkpoint for the performance benchmark.
 
-    .venv/bin/python tools/make_mid_checkpoint.py OUT_DIR [--dtype float32|bfloat16]
+    .venv/bin/python tools/make_mid_checkpoint.py OUT_DIR [--dtype float32|bfloat16|float16]
+        [--text-dtype bfloat16]
 
 About 264 M parameters: hidden 1024, 12 decoder layers (9 Gated DeltaNet + 3 gated
 full attention), intermediate 3072, vocab 32000 (untied LM head), a one-block vision
 tower. Random weights from transformers' own initialisation (seeded), saved with
-``save_pretrained`` in 2 GB shards. The output is NOT committed (bench/ writes it
+``save_pretrained`` in 2 GB shards. ``--text-dtype D`` deletes the top-level ``dtype`` of
+config.json and sets ``text_config.dtype = D`` (with ``--dtype float16``: the layout of
+``fixtures/divergence/fp16-disk``, where transformers loads AutoModelForCausalLM in bf16 and
+AutoModel in fp16). The output is NOT committed (bench/ writes it
 under target/bench/). Needs transformers 5.23.0 + torch (tools/requirements.txt).
 """
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -61,7 +66,9 @@ VISION_CONFIG = dict(
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--text-dtype", choices=["float32", "bfloat16", "float16"],
+                    help="drop the top-level config dtype, set text_config.dtype to this")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     t0 = time.time()
@@ -81,6 +88,12 @@ def main():
     text = sum(p.numel() for k, p in model.named_parameters() if "visual" not in k)
     a.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(a.out), max_shard_size="2GB")
+    if a.text_dtype:
+        cfg_path = a.out / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg.pop("dtype", None)
+        cfg["text_config"]["dtype"] = a.text_dtype
+        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     print(f"wrote {a.out}: {n / 1e6:.1f} M parameters ({text / 1e6:.1f} M text), {a.dtype}, {time.time() - t0:.1f} s")
 
 

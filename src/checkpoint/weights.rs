@@ -233,7 +233,7 @@ impl Weights {
             Stored::Bf16 => convert(src, prec, |c: [u8; 2]| {
                 half::bf16::from_le_bytes(c).to_f32()
             }),
-            Stored::F16 => convert(src, prec, |c: [u8; 2]| half::f16::from_le_bytes(c).to_f32()),
+            Stored::F16 => convert_f16(src, prec),
             Stored::F32 => convert(src, prec, f32::from_le_bytes),
             Stored::F64 => convert(src, prec, |c: [u8; 8]| f64::from_le_bytes(c) as f32),
         };
@@ -338,6 +338,32 @@ fn convert<const N: usize>(
         .for_each(|(o, s)| {
             for (x, c) in o.iter_mut().zip(s.chunks_exact(N)) {
                 *x = dec(c.try_into().expect("chunks_exact(N)"));
+            }
+            if let Some(p) = prec {
+                p.round_slice(o);
+            }
+        });
+    out
+}
+
+/// [`convert`] of little-endian f16 elements, widened by half's slice
+/// conversion (F16C where the CPU has it, detected at run time), which is
+/// bitwise the per-element `f16::to_f32` and vectorised.
+fn convert_f16(src: &[u8], prec: Option<Precision>) -> Vec<f32> {
+    use half::slice::HalfFloatSliceExt;
+    let n = src.len() / 2;
+    let mut out = vec![0f32; n];
+    const PIECE: usize = 1 << 16;
+    out.par_chunks_mut(PIECE)
+        .zip(src.par_chunks(PIECE * 2))
+        .for_each(|(o, s)| {
+            let mut h = [half::f16::ZERO; 4096];
+            for (oc, sc) in o.chunks_mut(h.len()).zip(s.chunks(h.len() * 2)) {
+                let h = &mut h[..oc.len()];
+                for (x, c) in h.iter_mut().zip(sc.chunks_exact(2)) {
+                    *x = half::f16::from_le_bytes([c[0], c[1]]);
+                }
+                h.convert_to_f32_slice(oc);
             }
             if let Some(p) = prec {
                 p.round_slice(o);

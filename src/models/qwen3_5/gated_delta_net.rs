@@ -4,10 +4,10 @@
 //! prefill) and [`recurrent`] (`torch_recurrent_gated_delta_rule`, used for
 //! single-token decode). The kernels are plain Rust loops over f32 buffers:
 //! 20-30x faster on CPU than the same recurrence as per-token candle tensor
-//! ops (each op allocates and dispatches; the state is a few KB).
+//! ops (each op allocates and dispatches; the state is a few KB). The kernels
+//! live in [`super::delta_rule`].
 
 use candle_core::Tensor;
-use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::loading::WeightSource;
@@ -16,6 +16,7 @@ use crate::models::layers::{linear, param};
 use crate::models::LayerGeometry;
 
 mod faults;
+pub use super::delta_rule::{chunked, recurrent};
 
 /// Chunk length of `torch_chunk_gated_delta_rule`.
 pub const CHUNK_SIZE: usize = 64;
@@ -162,232 +163,6 @@ impl DeltaRuleInputs {
             beta: self.beta[..n * nh].to_vec(),
         }
     }
-}
-
-/// `x · rsqrt(Σx² + 1e-6)` in place (transformers' `l2norm`, eps fixed at 1e-6).
-fn l2norm(x: &mut [f32]) {
-    let ss: f32 = x.iter().map(|v| v * v).sum();
-    let r = 1.0 / (ss + 1e-6).sqrt();
-    x.iter_mut().for_each(|v| *v *= r);
-}
-
-/// Per-head copies of q (normalised and scaled by `dk^-1/2`), k (normalised),
-/// v, g, β: `[heads][T·d]`.
-#[allow(clippy::type_complexity)]
-fn per_head(inp: &DeltaRuleInputs) -> Vec<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>)> {
-    let (t, nh, dk, dv) = (inp.t, inp.heads, inp.dk, inp.dv);
-    let scale = 1.0 / (dk as f32).sqrt();
-    (0..nh)
-        .map(|h| {
-            let mut q = Vec::with_capacity(t * dk);
-            let mut k = Vec::with_capacity(t * dk);
-            let mut v = Vec::with_capacity(t * dv);
-            for i in 0..t {
-                let off = (i * nh + h) * dk;
-                let mut qi = inp.q[off..off + dk].to_vec();
-                l2norm(&mut qi);
-                qi.iter_mut().for_each(|x| *x *= scale);
-                q.extend_from_slice(&qi);
-                let mut ki = inp.k[off..off + dk].to_vec();
-                l2norm(&mut ki);
-                k.extend_from_slice(&ki);
-                let voff = (i * nh + h) * dv;
-                v.extend_from_slice(&inp.v[voff..voff + dv]);
-            }
-            let g = (0..t).map(|i| inp.g[i * nh + h]).collect();
-            let b = (0..t).map(|i| inp.beta[i * nh + h]).collect();
-            (q, k, v, g, b)
-        })
-        .collect()
-}
-
-/// Recurrent form (`torch_recurrent_gated_delta_rule`): per head, with state
-/// `S ∈ R^{dk×dv}`, for each token
-/// `S ← e^{g}S; u = Sᵀk; S ← S + k ⊗ β(v − u); o = Sᵀq`.
-///
-/// `state`: `[heads, dk, dv]`, read as the initial state and overwritten with
-/// the final one. Returns `o`: `[T, heads, dv]`.
-pub fn recurrent(inp: &DeltaRuleInputs, state: &mut [f32]) -> Vec<f32> {
-    let (t, dk, dv) = (inp.t, inp.dk, inp.dv);
-    let heads = per_head(inp);
-    // Heads are independent: one rayon task per head (same arithmetic per head).
-    let per: Vec<Vec<f32>> = heads
-        .par_iter()
-        .zip(state.par_chunks_mut(dk * dv))
-        .map(|((q, k, v, g, b), s)| {
-            let mut oh = vec![0f32; t * dv];
-            let mut u = vec![0f32; dv];
-            for i in 0..t {
-                let decay = g[i].exp();
-                s.iter_mut().for_each(|x| *x *= decay);
-                let ki = &k[i * dk..(i + 1) * dk];
-                let qi = &q[i * dk..(i + 1) * dk];
-                let vi = &v[i * dv..(i + 1) * dv];
-                u.iter_mut().for_each(|x| *x = 0.0);
-                for (a, &kv) in ki.iter().enumerate() {
-                    let row = &s[a * dv..(a + 1) * dv];
-                    for (uj, &sj) in u.iter_mut().zip(row) {
-                        *uj += sj * kv;
-                    }
-                }
-                for (uj, &vj) in u.iter_mut().zip(vi) {
-                    *uj = (vj - *uj) * b[i];
-                }
-                for (a, &kv) in ki.iter().enumerate() {
-                    let row = &mut s[a * dv..(a + 1) * dv];
-                    for (sj, &dj) in row.iter_mut().zip(&u) {
-                        *sj += kv * dj;
-                    }
-                }
-                let o = &mut oh[i * dv..(i + 1) * dv];
-                for (a, &qv) in qi.iter().enumerate() {
-                    let row = &s[a * dv..(a + 1) * dv];
-                    for (oj, &sj) in o.iter_mut().zip(row) {
-                        *oj += sj * qv;
-                    }
-                }
-            }
-            oh
-        })
-        .collect();
-    interleave_heads(&per, t, dv)
-}
-
-/// `y += a·x` elementwise (`y -= l·x` is `axpy(y, -l, x)`: `y + (−l)·x`
-/// rounds exactly as `y − l·x`). Independent lanes, so it vectorises without
-/// changing any result.
-#[inline(always)]
-fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (yi, &xi) in y.iter_mut().zip(x) {
-        *yi += a * xi;
-    }
-}
-
-/// Per-head outputs `[heads][T·dv]` → `[T, heads, dv]`.
-fn interleave_heads(per: &[Vec<f32>], t: usize, dv: usize) -> Vec<f32> {
-    let nh = per.len();
-    let mut out = vec![0f32; t * nh * dv];
-    for (h, oh) in per.iter().enumerate() {
-        for i in 0..t {
-            out[(i * nh + h) * dv..(i * nh + h + 1) * dv]
-                .copy_from_slice(&oh[i * dv..(i + 1) * dv]);
-        }
-    }
-    out
-}
-
-/// Chunked form (`torch_chunk_gated_delta_rule`, transformers 5.23.0): the
-/// sequence is cut into chunks of [`CHUNK_SIZE`]; inside a chunk, with
-/// `γ = cumsum(g)`, `Γ_ij = e^{γ_i−γ_j}` (j ≤ i) and
-/// `L = strict_lower((β⊙K)Kᵀ ⊙ Γ)`, it solves `(I+L)U = β⊙V`,
-/// `(I+L)W = β⊙K⊙e^{γ}` by forward substitution (the reference calls
-/// `solve_triangular`), then per chunk `v_new = U − WS`,
-/// `o = (Q⊙e^{γ})S + ((QKᵀ)⊙Γ)v_new`, `S ← e^{γ_L}S + (K⊙e^{γ_L−γ})ᵀ v_new`.
-/// A short last chunk is processed at its length: zero padding, as in the
-/// reference, changes neither outputs nor the final state.
-///
-/// `state`: `[heads, dk, dv]`, initial state in, final state out. Returns
-/// `o`: `[T, heads, dv]`.
-pub fn chunked(inp: &DeltaRuleInputs, state: &mut [f32]) -> Vec<f32> {
-    let (t, dk, dv) = (inp.t, inp.dk, inp.dv);
-    let heads = per_head(inp);
-    // Heads are independent: one rayon task per head (same arithmetic per head).
-    let per: Vec<Vec<f32>> = heads
-        .par_iter()
-        .zip(state.par_chunks_mut(dk * dv))
-        .map(|((q, k, v, g, b), s)| {
-            let mut oh = vec![0f32; t * dv];
-            let mut start = 0;
-            while start < t {
-                let n = CHUNK_SIZE.min(t - start);
-                let qc = &q[start * dk..(start + n) * dk];
-                let kc = &k[start * dk..(start + n) * dk];
-                let vc = &v[start * dv..(start + n) * dv];
-                let bc = &b[start..start + n];
-                let mut gam = vec![0f32; n];
-                let mut acc = 0f32;
-                for i in 0..n {
-                    acc += g[start + i];
-                    gam[i] = acc;
-                }
-                let dot =
-                    |x: &[f32], y: &[f32]| -> f32 { x.iter().zip(y).map(|(a, b)| a * b).sum() };
-                // decay[i][j] = exp(γ_i − γ_j), j ≤ i.
-                let mut decay = vec![0f32; n * n];
-                for i in 0..n {
-                    for j in 0..=i {
-                        decay[i * n + j] = (gam[i] - gam[j]).exp();
-                    }
-                }
-                // L[i][j] = β_i (k_i·k_j) Γ_ij, j < i.
-                let mut l = vec![0f32; n * n];
-                for i in 0..n {
-                    for j in 0..i {
-                        l[i * n + j] = bc[i]
-                            * dot(&kc[i * dk..(i + 1) * dk], &kc[j * dk..(j + 1) * dk])
-                            * decay[i * n + j];
-                    }
-                }
-                // Forward substitution: U = (I+L)^{-1} βV, W = (I+L)^{-1} βK e^γ.
-                let mut u = vec![0f32; n * dv];
-                let mut w = vec![0f32; n * dk];
-                for i in 0..n {
-                    let eg = gam[i].exp();
-                    for c in 0..dv {
-                        u[i * dv + c] = bc[i] * vc[i * dv + c];
-                    }
-                    for c in 0..dk {
-                        w[i * dk + c] = bc[i] * kc[i * dk + c] * eg;
-                    }
-                    for j in 0..i {
-                        let lij = l[i * n + j];
-                        if lij == 0.0 {
-                            continue;
-                        }
-                        let (ub, ui) = u.split_at_mut(i * dv);
-                        axpy(&mut ui[..dv], -lij, &ub[j * dv..(j + 1) * dv]);
-                        let (wb, wi) = w.split_at_mut(i * dk);
-                        axpy(&mut wi[..dk], -lij, &wb[j * dk..(j + 1) * dk]);
-                    }
-                }
-                // v_new = U − W S.
-                let mut v_new = u;
-                for i in 0..n {
-                    let vi = &mut v_new[i * dv..(i + 1) * dv];
-                    for a in 0..dk {
-                        axpy(vi, -w[i * dk + a], &s[a * dv..(a + 1) * dv]);
-                    }
-                }
-                // o = (Q e^γ) S + ((Q Kᵀ) ⊙ Γ) v_new.
-                for i in 0..n {
-                    let o = &mut oh[(start + i) * dv..(start + i + 1) * dv];
-                    let eg = gam[i].exp();
-                    let qi = &qc[i * dk..(i + 1) * dk];
-                    for a in 0..dk {
-                        axpy(o, qi[a] * eg, &s[a * dv..(a + 1) * dv]);
-                    }
-                    for j in 0..=i {
-                        let aij = dot(qi, &kc[j * dk..(j + 1) * dk]) * decay[i * n + j];
-                        axpy(o, aij, &v_new[j * dv..(j + 1) * dv]);
-                    }
-                }
-                // S ← e^{γ_last} S + Σ_i (k_i e^{γ_last−γ_i}) ⊗ v_new_i.
-                let glast = gam[n - 1];
-                let el = glast.exp();
-                s.iter_mut().for_each(|x| *x *= el);
-                for i in 0..n {
-                    let f = (glast - gam[i]).exp();
-                    let vi = &v_new[i * dv..(i + 1) * dv];
-                    for a in 0..dk {
-                        axpy(&mut s[a * dv..(a + 1) * dv], kc[i * dk + a] * f, vi);
-                    }
-                }
-                start += n;
-            }
-            oh
-        })
-        .collect();
-    interleave_heads(&per, t, dv)
 }
 
 /// `softplus` with torch's defaults (β = 1, threshold 20).

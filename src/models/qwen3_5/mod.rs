@@ -3,6 +3,7 @@
 //! DeltaNet ([`gated_delta_net`]) and gated full attention layers, with
 //! zero-centred RMSNorms (`norm(x)·(1+w)`) and partial rotary.
 
+mod delta_rule;
 pub mod gated_delta_net;
 
 use crate::checkpoint::config::LayerType;

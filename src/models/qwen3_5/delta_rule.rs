@@ -1,0 +1,307 @@
+//! The delta-rule kernels of [`super::gated_delta_net`]: the recurrent and the
+//! chunked form of `modeling_qwen3_5.py`'s `torch_recurrent_gated_delta_rule`
+//! and `torch_chunk_gated_delta_rule` over f32 buffers, one rayon task per
+//! head. Each head's loop is compiled twice, portable and for AVX2, and the
+//! AVX2 build runs where the CPU has it (detected at run time): the same
+//! operations in the same order on wider lanes (independent elements only;
+//! no fused multiply-add is enabled, no sum is reassociated), so both builds
+//! give bitwise the same values.
+
+use rayon::prelude::*;
+
+use super::gated_delta_net::{DeltaRuleInputs, CHUNK_SIZE};
+
+/// One head's q, k, v, g, β (see [`per_head`]).
+type Head = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// `(T, dk, dv)`.
+type Dims = (usize, usize, usize);
+
+/// A head kernel: the head's inputs, its state (in and out), the dims; its outputs `[T·dv]`.
+type HeadKernel = fn(&Head, &mut [f32], Dims) -> Vec<f32>;
+
+/// `portable(h, s, d)`, or `avx2(h, s, d)` where the CPU has AVX2.
+#[inline(always)]
+fn on_widest(
+    portable: HeadKernel,
+    avx2: unsafe fn(&Head, &mut [f32], Dims) -> Vec<f32>,
+    h: &Head,
+    s: &mut [f32],
+    d: Dims,
+) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { avx2(h, s, d) };
+    }
+    let _ = avx2;
+    portable(h, s, d)
+}
+
+/// `kernel` on every head of `inp` (one rayon task per head; heads are
+/// independent), `state` split per head; the outputs as `[T, heads, dv]`.
+fn over_heads(
+    inp: &DeltaRuleInputs,
+    state: &mut [f32],
+    portable: HeadKernel,
+    avx2: unsafe fn(&Head, &mut [f32], Dims) -> Vec<f32>,
+) -> Vec<f32> {
+    let (t, dk, dv) = (inp.t, inp.dk, inp.dv);
+    let per: Vec<Vec<f32>> = per_head(inp)
+        .par_iter()
+        .zip(state.par_chunks_mut(dk * dv))
+        .map(|(h, s)| on_widest(portable, avx2, h, s, (t, dk, dv)))
+        .collect();
+    interleave_heads(&per, t, dv)
+}
+
+/// [`recurrent_head`] compiled for AVX2 (call only where the CPU has it).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2"))]
+unsafe fn recurrent_head_avx2(h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
+    recurrent_head(h, s, d)
+}
+
+/// [`chunked_head`] compiled for AVX2 (call only where the CPU has it).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2"))]
+unsafe fn chunked_head_avx2(h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
+    chunked_head(h, s, d)
+}
+
+/// `x · rsqrt(Σx² + 1e-6)` in place (transformers' `l2norm`, eps fixed at 1e-6).
+fn l2norm(x: &mut [f32]) {
+    let ss: f32 = x.iter().map(|v| v * v).sum();
+    let r = 1.0 / (ss + 1e-6).sqrt();
+    x.iter_mut().for_each(|v| *v *= r);
+}
+
+/// Per-head copies of q (normalised and scaled by `dk^-1/2`), k (normalised),
+/// v, g, β: `[heads][T·d]`.
+fn per_head(inp: &DeltaRuleInputs) -> Vec<Head> {
+    let (t, nh, dk, dv) = (inp.t, inp.heads, inp.dk, inp.dv);
+    let scale = 1.0 / (dk as f32).sqrt();
+    (0..nh)
+        .map(|h| {
+            let mut q = Vec::with_capacity(t * dk);
+            let mut k = Vec::with_capacity(t * dk);
+            let mut v = Vec::with_capacity(t * dv);
+            for i in 0..t {
+                let off = (i * nh + h) * dk;
+                let mut qi = inp.q[off..off + dk].to_vec();
+                l2norm(&mut qi);
+                qi.iter_mut().for_each(|x| *x *= scale);
+                q.extend_from_slice(&qi);
+                let mut ki = inp.k[off..off + dk].to_vec();
+                l2norm(&mut ki);
+                k.extend_from_slice(&ki);
+                let voff = (i * nh + h) * dv;
+                v.extend_from_slice(&inp.v[voff..voff + dv]);
+            }
+            let g = (0..t).map(|i| inp.g[i * nh + h]).collect();
+            let b = (0..t).map(|i| inp.beta[i * nh + h]).collect();
+            (q, k, v, g, b)
+        })
+        .collect()
+}
+
+/// Recurrent form (`torch_recurrent_gated_delta_rule`): per head, with state
+/// `S ∈ R^{dk×dv}`, for each token
+/// `S ← e^{g}S; u = Sᵀk; S ← S + k ⊗ β(v − u); o = Sᵀq`.
+///
+/// `state`: `[heads, dk, dv]`, read as the initial state and overwritten with
+/// the final one. Returns `o`: `[T, heads, dv]`.
+pub fn recurrent(inp: &DeltaRuleInputs, state: &mut [f32]) -> Vec<f32> {
+    over_heads(inp, state, recurrent_head, recurrent_head_avx2)
+}
+
+/// One head of [`recurrent`]: `s` is its `[dk, dv]` state.
+#[inline(always)]
+fn recurrent_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec<f32> {
+    let mut oh = vec![0f32; t * dv];
+    let mut u = vec![0f32; dv];
+    for i in 0..t {
+        let decay = g[i].exp();
+        s.iter_mut().for_each(|x| *x *= decay);
+        let ki = &k[i * dk..(i + 1) * dk];
+        let qi = &q[i * dk..(i + 1) * dk];
+        let vi = &v[i * dv..(i + 1) * dv];
+        u.iter_mut().for_each(|x| *x = 0.0);
+        for (a, &kv) in ki.iter().enumerate() {
+            let row = &s[a * dv..(a + 1) * dv];
+            for (uj, &sj) in u.iter_mut().zip(row) {
+                *uj += sj * kv;
+            }
+        }
+        for (uj, &vj) in u.iter_mut().zip(vi) {
+            *uj = (vj - *uj) * b[i];
+        }
+        for (a, &kv) in ki.iter().enumerate() {
+            let row = &mut s[a * dv..(a + 1) * dv];
+            for (sj, &dj) in row.iter_mut().zip(&u) {
+                *sj += kv * dj;
+            }
+        }
+        let o = &mut oh[i * dv..(i + 1) * dv];
+        for (a, &qv) in qi.iter().enumerate() {
+            let row = &s[a * dv..(a + 1) * dv];
+            for (oj, &sj) in o.iter_mut().zip(row) {
+                *oj += sj * qv;
+            }
+        }
+    }
+    oh
+}
+
+/// `y += a·x` elementwise (`y -= l·x` is `axpy(y, -l, x)`: `y + (−l)·x`
+/// rounds exactly as `y − l·x`). Independent lanes, so it vectorises without
+/// changing any result.
+#[inline(always)]
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}
+
+/// Per-head outputs `[heads][T·dv]` → `[T, heads, dv]`.
+fn interleave_heads(per: &[Vec<f32>], t: usize, dv: usize) -> Vec<f32> {
+    let nh = per.len();
+    let mut out = vec![0f32; t * nh * dv];
+    for (h, oh) in per.iter().enumerate() {
+        for i in 0..t {
+            out[(i * nh + h) * dv..(i * nh + h + 1) * dv]
+                .copy_from_slice(&oh[i * dv..(i + 1) * dv]);
+        }
+    }
+    out
+}
+
+/// Chunked form (`torch_chunk_gated_delta_rule`, transformers 5.23.0): the
+/// sequence is cut into chunks of [`CHUNK_SIZE`]; inside a chunk, with
+/// `γ = cumsum(g)`, `Γ_ij = e^{γ_i−γ_j}` (j ≤ i) and
+/// `L = strict_lower((β⊙K)Kᵀ ⊙ Γ)`, it solves `(I+L)U = β⊙V`,
+/// `(I+L)W = β⊙K⊙e^{γ}` by forward substitution (the reference calls
+/// `solve_triangular`), then per chunk `v_new = U − WS`,
+/// `o = (Q⊙e^{γ})S + ((QKᵀ)⊙Γ)v_new`, `S ← e^{γ_L}S + (K⊙e^{γ_L−γ})ᵀ v_new`.
+/// A short last chunk is processed at its length: zero padding, as in the
+/// reference, changes neither outputs nor the final state.
+///
+/// `state`: `[heads, dk, dv]`, initial state in, final state out. Returns
+/// `o`: `[T, heads, dv]`.
+pub fn chunked(inp: &DeltaRuleInputs, state: &mut [f32]) -> Vec<f32> {
+    over_heads(inp, state, chunked_head, chunked_head_avx2)
+}
+
+/// One head of [`chunked`]: `s` is its `[dk, dv]` state.
+#[inline(always)]
+fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec<f32> {
+    let mut oh = vec![0f32; t * dv];
+    let mut kt = vec![0f32; dk * CHUNK_SIZE];
+    let mut dots = vec![0f32; CHUNK_SIZE];
+    let mut start = 0;
+    while start < t {
+        let n = CHUNK_SIZE.min(t - start);
+        let qc = &q[start * dk..(start + n) * dk];
+        let kc = &k[start * dk..(start + n) * dk];
+        let vc = &v[start * dv..(start + n) * dv];
+        let bc = &b[start..start + n];
+        let mut gam = vec![0f32; n];
+        let mut acc = 0f32;
+        for i in 0..n {
+            acc += g[start + i];
+            gam[i] = acc;
+        }
+        // kt = kcᵀ ([dk, n]): the dot products of one row with every
+        // key of the chunk run in parallel lanes.
+        for j in 0..n {
+            for a in 0..dk {
+                kt[a * n + j] = kc[j * dk + a];
+            }
+        }
+        // decay[i][j] = exp(γ_i − γ_j), j ≤ i.
+        let mut decay = vec![0f32; n * n];
+        for i in 0..n {
+            for j in 0..=i {
+                decay[i * n + j] = (gam[i] - gam[j]).exp();
+            }
+        }
+        // L[i][j] = β_i (k_i·k_j) Γ_ij, j < i.
+        let mut l = vec![0f32; n * n];
+        for i in 0..n {
+            dots_with_keys(&mut dots[..i], &kc[i * dk..(i + 1) * dk], &kt, n);
+            for j in 0..i {
+                l[i * n + j] = bc[i] * dots[j] * decay[i * n + j];
+            }
+        }
+        // Forward substitution: U = (I+L)^{-1} βV, W = (I+L)^{-1} βK e^γ.
+        let mut u = vec![0f32; n * dv];
+        let mut w = vec![0f32; n * dk];
+        for i in 0..n {
+            let eg = gam[i].exp();
+            for c in 0..dv {
+                u[i * dv + c] = bc[i] * vc[i * dv + c];
+            }
+            for c in 0..dk {
+                w[i * dk + c] = bc[i] * kc[i * dk + c] * eg;
+            }
+            for j in 0..i {
+                let lij = l[i * n + j];
+                if lij == 0.0 {
+                    continue;
+                }
+                let (ub, ui) = u.split_at_mut(i * dv);
+                axpy(&mut ui[..dv], -lij, &ub[j * dv..(j + 1) * dv]);
+                let (wb, wi) = w.split_at_mut(i * dk);
+                axpy(&mut wi[..dk], -lij, &wb[j * dk..(j + 1) * dk]);
+            }
+        }
+        // v_new = U − W S.
+        let mut v_new = u;
+        for i in 0..n {
+            let vi = &mut v_new[i * dv..(i + 1) * dv];
+            for a in 0..dk {
+                axpy(vi, -w[i * dk + a], &s[a * dv..(a + 1) * dv]);
+            }
+        }
+        // o = (Q e^γ) S + ((Q Kᵀ) ⊙ Γ) v_new.
+        for i in 0..n {
+            let o = &mut oh[(start + i) * dv..(start + i + 1) * dv];
+            let eg = gam[i].exp();
+            let qi = &qc[i * dk..(i + 1) * dk];
+            for a in 0..dk {
+                axpy(o, qi[a] * eg, &s[a * dv..(a + 1) * dv]);
+            }
+            dots_with_keys(&mut dots[..=i], qi, &kt, n);
+            for j in 0..=i {
+                let aij = dots[j] * decay[i * n + j];
+                axpy(o, aij, &v_new[j * dv..(j + 1) * dv]);
+            }
+        }
+        // S ← e^{γ_last} S + Σ_i (k_i e^{γ_last−γ_i}) ⊗ v_new_i.
+        let glast = gam[n - 1];
+        let el = glast.exp();
+        s.iter_mut().for_each(|x| *x *= el);
+        for i in 0..n {
+            let f = (glast - gam[i]).exp();
+            let vi = &v_new[i * dv..(i + 1) * dv];
+            for a in 0..dk {
+                axpy(&mut s[a * dv..(a + 1) * dv], kc[i * dk + a] * f, vi);
+            }
+        }
+        start += n;
+    }
+    oh
+}
+
+/// `dots[j] = x · key_j` for the first `dots.len()` keys of a chunk whose
+/// keys are the columns of `kt` (`[dk, n]`): each lane sums its products in
+/// index order from −0.0, exactly as `x.iter().zip(key).map(|(a, b)| a * b).sum()`
+/// (f32 `Sum` starts at −0.0), so every dot product is bitwise that one.
+#[inline(always)]
+fn dots_with_keys(dots: &mut [f32], x: &[f32], kt: &[f32], n: usize) {
+    let m = dots.len();
+    dots.iter_mut().for_each(|d| *d = -0.0);
+    for (a, &xa) in x.iter().enumerate() {
+        for (d, &kv) in dots.iter_mut().zip(&kt[a * n..a * n + m]) {
+            *d += xa * kv;
+        }
+    }
+}
