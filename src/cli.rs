@@ -438,8 +438,13 @@ fn finish<D: Document>(doc: &D, json: bool, folder: Option<ReportFolder>) -> Res
         let mut files = vec![("report.json", text)];
         files.extend(doc.files()?);
         let md = f.dir().join("report.md");
+        let others: Vec<&str> = files
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| *n != "report.md")
+            .collect();
         f.write(&files)?;
-        eprintln!("report: {} (and report.json)", md.display());
+        crate::stderr_line!("report: {} (and {})", md.display(), others.join(", "));
     }
     Ok(doc.exit_code())
 }
@@ -455,17 +460,18 @@ fn run_dump(a: DumpArgs) -> Result<u8> {
     };
     let target = a.target.target(&a.run)?;
     let (d, findings) = dump::run_to_file(&target, a.path, &opts, &a.out, a.force)?;
-    eprintln!(
-        "wrote {} ({} prompts, {} hidden states each)",
+    crate::stderr_line!(
+        "wrote {} ({} prompt{}, {} hidden states each)",
         a.out.display(),
         d.prompts.len(),
+        if d.prompts.len() == 1 { "" } else { "s" },
         d.prompts
             .first()
             .map(|p| p.hidden_states.len())
             .unwrap_or(0)
     );
     if !findings.is_empty() {
-        eprintln!("FAIL: {}", findings.join("; "));
+        crate::stderr_line!("FAIL: {}", findings.join("; "));
     }
     Ok(u8::from(!findings.is_empty()))
 }

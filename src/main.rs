@@ -18,14 +18,14 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            eprintln!("{}", one_line(&e.render().to_string()));
+            hsparity::stderr_line!("{}", one_line(&e.render().to_string()));
             return ExitCode::from(2);
         }
     };
     match cli::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e}");
+            hsparity::stderr_line!("error: {e}");
             ExitCode::from(2)
         }
     }

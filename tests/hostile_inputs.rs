@@ -924,3 +924,52 @@ fn message_diff_gate_names_prompt_and_position() {
     let o = run([OsStr::new("diff"), s(&a), s(&b), OsStr::new("--no-report")]);
     bad(&o, &["p0", "position 2", "token 7", "token 9"]);
 }
+
+/// A reader of stderr that has gone (`2>&1 | head -1`) does not turn the
+/// verdict into a panic (exit 101): the report line, the drafter's plan and
+/// the error line are written to a closed pipe and dropped.
+#[test]
+fn a_closed_stderr_keeps_the_exit_code() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tiny = repo_root().join("fixtures/tiny-qwen3_5");
+    let pair = repo_root().join(PAIR);
+    let cases: Vec<(Vec<OsString>, i32)> = vec![
+        (
+            vec![
+                "compare".into(),
+                tiny.clone().into(),
+                "--quiet".into(),
+                "--report-dir".into(),
+                tmp.path().into(),
+            ],
+            0,
+        ),
+        (
+            vec![
+                "drafter".into(),
+                pair.join("target").into(),
+                "--drafter".into(),
+                pair.join("drafter").into(),
+                "--prompt".into(),
+                "count 3: 3 4".into(),
+                "--max-new-tokens".into(),
+                "8".into(),
+                "--json".into(),
+            ],
+            0,
+        ),
+        (vec!["inventory".into(), tmp.path().join("nope").into()], 2),
+    ];
+    for (args, want) in cases {
+        let mut child = std::process::Command::new(BIN)
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Close the read end before the run writes its lines.
+        drop(child.stderr.take());
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(want), "{args:?}");
+    }
+}

@@ -337,7 +337,7 @@ pub fn evaluate(
         ),
     };
     if !quiet {
-        eprintln!(
+        crate::stderr_line!(
             "drafter plan: {}; at most {bound} sweeps ({how})",
             plan.describe()
         );
