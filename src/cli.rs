@@ -444,7 +444,7 @@ fn finish<D: Document>(doc: &D, json: bool, folder: Option<ReportFolder>) -> Res
             .filter(|n| *n != "report.md")
             .collect();
         f.write(&files)?;
-        crate::stderr_line!("report: {} (and {})", md.display(), others.join(", "));
+        crate::progress::stderr_line!("report: {} (and {})", md.display(), others.join(", "));
     }
     Ok(doc.exit_code())
 }
@@ -460,7 +460,7 @@ fn run_dump(a: DumpArgs) -> Result<u8> {
     };
     let target = a.target.target(&a.run)?;
     let (d, findings) = dump::run_to_file(&target, a.path, &opts, &a.out, a.force)?;
-    crate::stderr_line!(
+    crate::progress::stderr_line!(
         "wrote {} ({} prompt{}, {} hidden states each)",
         a.out.display(),
         d.prompts.len(),
@@ -471,7 +471,7 @@ fn run_dump(a: DumpArgs) -> Result<u8> {
             .unwrap_or(0)
     );
     if !findings.is_empty() {
-        crate::stderr_line!("FAIL: {}", findings.join("; "));
+        crate::progress::stderr_line!("FAIL: {}", findings.join("; "));
     }
     Ok(u8::from(!findings.is_empty()))
 }

@@ -6,18 +6,6 @@
 
 #![warn(missing_docs)]
 
-/// `eprintln!` for the lines hsparity writes beside its result (the report's
-/// location, the drafter's plan, the error line): a stderr whose reader has
-/// gone (`2>&1 | head -1`) is ignored, where `eprintln!` would panic and turn
-/// the verdict's exit code into 101.
-#[macro_export]
-macro_rules! stderr_line {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
-
 pub mod capture;
 pub mod chat;
 pub mod checkpoint;

@@ -18,14 +18,14 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            hsparity::stderr_line!("{}", one_line(&e.render().to_string()));
+            eprintln_or_drop(one_line(&e.render().to_string()));
             return ExitCode::from(2);
         }
     };
     match cli::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            hsparity::stderr_line!("error: {e}");
+            eprintln_or_drop(format_args!("error: {e}"));
             ExitCode::from(2)
         }
     }
@@ -56,4 +56,11 @@ fn one_line(text: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The error line on stderr; a stderr whose reader has gone is ignored (an
+/// `eprintln!` would panic and exit 101 instead of 2).
+fn eprintln_or_drop(line: impl std::fmt::Display) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }

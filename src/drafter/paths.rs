@@ -337,7 +337,7 @@ pub fn evaluate(
         ),
     };
     if !quiet {
-        crate::stderr_line!(
+        crate::progress::stderr_line!(
             "drafter plan: {}; at most {bound} sweeps ({how})",
             plan.describe()
         );
