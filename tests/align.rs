@@ -156,3 +156,86 @@ fn mismatched_inputs_are_refused() {
         "{e}"
     );
 }
+
+/// The align line names the `--tap-offset` that compares the two dumps
+/// aligned, and that flag does: the README's vLLM example, end to end.
+#[test]
+fn the_tap_offset_the_align_line_names_aligns_the_dumps() {
+    let bin = env!("CARGO_BIN_EXE_hsparity");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let (mis, reference) = (
+        tmp.path().join("mis.safetensors"),
+        tmp.path().join("ref.safetensors"),
+    );
+    let run = |args: &[&std::ffi::OsStr]| {
+        std::process::Command::new(bin)
+            .current_dir(root)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let os = |s: &'static str| std::ffi::OsStr::new(s);
+    let o = run(&[
+        os("import"),
+        os("fixtures/engine-captures/vllm-misindexed"),
+        os("--layer-ids"),
+        os("1,2,3,4"),
+        os("--num-layers"),
+        os("6"),
+        os("--out"),
+        mis.as_os_str(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = run(&[
+        os("dump"),
+        os("fixtures/tiny-qwen3_5"),
+        os("--path"),
+        os("causal-lm"),
+        os("--prompt"),
+        os("The hidden state of the model."),
+        os("--out"),
+        reference.as_os_str(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = run(&[
+        os("diff"),
+        reference.as_os_str(),
+        mis.as_os_str(),
+        os("--align"),
+        os("--no-report"),
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let hint = out
+        .split("`diff --tap-offset ")
+        .nth(1)
+        .and_then(|r| r.split('`').next())
+        .unwrap_or_else(|| panic!("no --tap-offset hint in: {out}"))
+        .to_string();
+    assert_eq!(hint, "-1", "{out}");
+    let o = run(&[
+        os("diff"),
+        reference.as_os_str(),
+        mis.as_os_str(),
+        os("--tap-offset"),
+        std::ffi::OsStr::new(&hint),
+        os("--no-report"),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}

@@ -58,8 +58,10 @@ impl Alignment {
             ),
             Some(o) => format!(
                 "offset {o:+} on all {} indices: compared hidden_states[i] is reference hidden_states[i{o:+}] \
-                 (the capture was read with a layer-index convention off by {o:+})",
-                self.rows.len()
+                 (the capture was read with a layer-index convention off by {o:+}; \
+                 `diff --tap-offset {:+}` compares them aligned)",
+                self.rows.len(),
+                -o
             ),
             None => {
                 let parts: Vec<String> = self
