@@ -273,29 +273,31 @@ fn the_scanner_counts_what_it_should() {
     assert_eq!(f, vec![("a".to_string(), 1, 4), ("b".to_string(), 5, 1)]);
 }
 
-/// Documents the repository must not cite: they are not in it.
+/// Documents the repository must not cite: they are not in it. Each name is
+/// written with a `|` inside (removed before matching), so that this list is
+/// not itself a citation and the file is scanned like every other.
 const FOREIGN: &[&str] = &[
-    "DESIGN §",
-    "DESIGN.md",
-    "DESIGN section",
-    "the brief",
-    "brief §",
-    "research brief",
-    "shared research",
-    "../shared",
-    "research/qwen",
-    "research/dflash",
-    "research/candle",
-    "research/captures",
-    "research/chat",
-    "candle.md",
-    "anchors.md",
-    "bug-log",
-    "captures.md",
-    "chat_templates.md",
-    "qwen3_5.md",
-    "qwen3_5_moe.md",
-    "dflash.md",
+    "DESI|GN §",
+    "DESI|GN.md",
+    "DESIGN |section",
+    "the |brief",
+    "bri|ef §",
+    "researc|h brief",
+    "shared |research",
+    "../s|hared",
+    "resear|ch/qwen",
+    "researc|h/dflash",
+    "researc|h/candle",
+    "research|/captures",
+    "resear|ch/chat",
+    "cand|le.md",
+    "ancho|rs.md",
+    "bug|-log",
+    "captu|res.md",
+    "chat_tem|plates.md",
+    "qwen3|_5.md",
+    "qwen3_5|_moe.md",
+    "dfla|sh.md",
 ];
 
 #[test]
@@ -307,16 +309,17 @@ fn nothing_cites_documents_outside_the_repository() {
         files.extend(v);
     }
     files.push(root().join("README.md"));
+    files.push(root().join("Cargo.toml"));
     files.push(root().join("reports/examples/README.md"));
-    let me = root().join("tests/architecture.rs");
+    let foreign: Vec<String> = FOREIGN.iter().map(|w| w.replace('|', "")).collect();
     let mut hits: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for f in files.into_iter().filter(|f| *f != me) {
+    for f in files {
         let Ok(text) = std::fs::read_to_string(&f) else {
             continue;
         };
         for (n, line) in text.lines().enumerate() {
-            for w in FOREIGN {
-                if line.contains(w) {
+            for w in &foreign {
+                if line.contains(w.as_str()) {
                     hits.entry(format!(
                         "{}:{}",
                         f.strip_prefix(root()).unwrap().display(),

@@ -7,9 +7,9 @@
 #
 # Use it around a refactor that must not change behaviour:
 #
-#   tools/behaviour_snapshot.sh /tmp/before        # on the old commit
-#   tools/behaviour_snapshot.sh /tmp/after         # on the new one
-#   diff -r /tmp/before /tmp/after                 # must print nothing
+#   tools/behaviour_snapshot.sh target/snapshot-before   # on the old commit
+#   tools/behaviour_snapshot.sh target/snapshot-after    # on the new one
+#   diff -r target/snapshot-before target/snapshot-after # must print nothing
 #
 # Needs jq. Builds the release binary first. Takes about a minute.
 set -euo pipefail
