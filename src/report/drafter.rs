@@ -5,7 +5,6 @@ use super::format::tau;
 use super::tabular::{Cell, Column, Row, Sinks, Span, Table};
 use super::{Document, Environment, Kind, Report};
 use crate::drafter::paths::DrafterEval;
-use crate::error::Result;
 use crate::parity::Verdict;
 
 /// The drafter report: the envelope around [`DrafterEval`].
@@ -186,14 +185,8 @@ pub fn markdown(d: &DrafterReport) -> String {
 }
 
 impl Document for DrafterReport {
-    const FILES: &'static [&'static str] = &[];
-
     fn terminal(&self) -> String {
         render(self)
-    }
-
-    fn files(&self) -> Result<Vec<(&'static str, String)>> {
-        Ok(Vec::new())
     }
 
     fn exit_code(&self) -> u8 {

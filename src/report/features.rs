@@ -6,7 +6,6 @@ use super::tabular::{Cell, Column, Row, Sinks, Table};
 use super::{Document, Environment, Kind, Report};
 use crate::drafter::eval::PathTau;
 use crate::drafter::features::FeaturesEval;
-use crate::error::Result;
 use crate::parity::Verdict;
 
 /// `drafter --features`' report: the envelope around [`FeaturesEval`] (kind `drafter`).
@@ -124,14 +123,8 @@ pub fn render(r: &FeaturesReport) -> String {
 }
 
 impl Document for FeaturesReport {
-    const FILES: &'static [&'static str] = &[];
-
     fn terminal(&self) -> String {
         render(self)
-    }
-
-    fn files(&self) -> Result<Vec<(&'static str, String)>> {
-        Ok(Vec::new())
     }
 
     fn exit_code(&self) -> u8 {

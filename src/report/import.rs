@@ -9,7 +9,6 @@ use serde::Serialize;
 
 use super::tabular::{Cell, Column, Row, Table};
 use super::{Document, Environment, Kind, Report};
-use crate::error::Result;
 use crate::import::{Format, Imported, LayerMapping, Trim};
 
 /// `import`'s report: the envelope around [`ImportSummary`].
@@ -150,14 +149,8 @@ pub fn render(r: &ImportReport) -> String {
 }
 
 impl Document for ImportReport {
-    const FILES: &'static [&'static str] = &[];
-
     fn terminal(&self) -> String {
         render(self)
-    }
-
-    fn files(&self) -> Result<Vec<(&'static str, String)>> {
-        Ok(Vec::new())
     }
 
     fn exit_code(&self) -> u8 {

@@ -5,7 +5,6 @@
 use super::format::{group_digits, yes_no};
 use super::tabular::{Cell, Column, Row, Sinks, Table};
 use super::Document;
-use crate::error::Result;
 use crate::loading::{Inventory, PathInventory};
 
 /// One row per loading path: path, class and dtype (terminal), tensors,
@@ -62,14 +61,8 @@ pub fn inventory_table(paths: &[PathInventory]) -> Table {
 }
 
 impl Document for Inventory {
-    const FILES: &'static [&'static str] = &[];
-
     fn terminal(&self) -> String {
         render_inventory_table(self)
-    }
-
-    fn files(&self) -> Result<Vec<(&'static str, String)>> {
-        Ok(Vec::new())
     }
 
     /// 1 when a path has MISSING (randomly initialised) tensors.

@@ -434,14 +434,18 @@ pub fn tagged(verdict: Verdict, body: &str) -> String {
 /// folder besides `report.json`, and its exit code. The JSON is the value
 /// itself, printed by [`json::render`].
 pub trait Document: Serialize {
-    /// Every file its report folder holds (checked before the run).
-    const FILES: &'static [&'static str];
+    /// Every file its report folder holds (checked before the run); none by
+    /// default (a verb without a report folder of its own).
+    const FILES: &'static [&'static str] = &[];
     /// The terminal rendering.
     fn terminal(&self) -> String;
-    /// `(file name, contents)` of the report folder besides `report.json`.
+    /// `(file name, contents)` of the report folder besides `report.json`;
+    /// none by default.
     ///
     /// Errors: a renderer that can fail (the SVG plot).
-    fn files(&self) -> Result<Vec<(&'static str, String)>>;
+    fn files(&self) -> Result<Vec<(&'static str, String)>> {
+        Ok(Vec::new())
+    }
     /// The process exit code (0 or 1; 2 never produces a report).
     fn exit_code(&self) -> u8;
 }

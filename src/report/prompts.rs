@@ -6,7 +6,6 @@ use serde::Serialize;
 
 use super::tabular::{Cell, Column, Row, Table};
 use super::{Document, Environment, Kind, PromptFacts, Report};
-use crate::error::Result;
 use crate::parity::Verdict;
 use crate::prompts::Prompt;
 
@@ -160,14 +159,8 @@ pub fn render(r: &PromptsReport) -> String {
 }
 
 impl Document for PromptsReport {
-    const FILES: &'static [&'static str] = &[];
-
     fn terminal(&self) -> String {
         render(self)
-    }
-
-    fn files(&self) -> Result<Vec<(&'static str, String)>> {
-        Ok(Vec::new())
     }
 
     fn exit_code(&self) -> u8 {
