@@ -13,10 +13,8 @@
 use crate::checkpoint::config::LayerType;
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
-use crate::models::decoder::{DecoderLayer, FeedForward, Mixer};
-use crate::models::layers::attention::Attention;
+use crate::models::decoder::{DecoderLayer, FeedForward};
 use crate::models::moe::SparseMoeBlock;
-use crate::models::qwen3_5::gated_delta_net::GatedDeltaNet;
 use crate::models::qwen3_5::{self, ATTENTION_TENSORS};
 use crate::models::TextModelSpec;
 use crate::precision::Precision;
@@ -48,40 +46,14 @@ pub fn load_layer(
     let moe = spec.moe.ok_or_else(|| {
         Error::Config("a qwen3_5_moe model needs num_experts and num_experts_per_tok".into())
     })?;
-    let p = format!("layers.{i}");
-    let geo = spec.geo.with_precision(prec);
-    let eps = geo.eps;
-    let mixer = match spec.layer_types[i] {
-        LayerType::LinearAttention => {
-            Mixer::Linear(GatedDeltaNet::load(src, &format!("{p}.linear_attn"), geo)?)
-        }
-        LayerType::FullAttention => Mixer::Full(Attention::load(
-            src,
-            &format!("{p}.self_attn"),
-            geo,
-            true,
-            |n| qwen3_5::norm(src, n, eps, prec),
-        )?),
-    };
     let block = SparseMoeBlock::load(
         src,
-        &format!("{p}.mlp"),
+        &format!("layers.{i}.mlp"),
         moe.config.num_experts_per_tok,
         prec,
     )?
     .with_router_softmax(moe.router_softmax);
-    Ok(DecoderLayer {
-        input_layernorm: qwen3_5::norm(src, &format!("{p}.input_layernorm"), eps, prec)?,
-        mixer,
-        post_attention_layernorm: qwen3_5::norm(
-            src,
-            &format!("{p}.post_attention_layernorm"),
-            eps,
-            prec,
-        )?,
-        mlp: FeedForward::SparseMoe(block),
-        prec,
-    })
+    qwen3_5::load_layer_with(spec, src, i, prec, FeedForward::SparseMoe(block))
 }
 
 /// Names (relative to the text model) of every tensor layer `i` (of kind

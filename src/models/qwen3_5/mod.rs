@@ -9,7 +9,7 @@ pub mod gated_delta_net;
 use crate::checkpoint::config::LayerType;
 use crate::error::Result;
 use crate::loading::WeightSource;
-use crate::models::decoder::{DecoderLayer, Mixer};
+use crate::models::decoder::{DecoderLayer, FeedForward, Mixer};
 use crate::models::layers::attention::Attention;
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::{Norm, RmsNorm};
@@ -30,6 +30,22 @@ pub fn load_layer(
     i: usize,
     prec: Precision,
 ) -> Result<DecoderLayer> {
+    let mlp = Mlp::load(src, &format!("layers.{i}.mlp"), prec)?.into();
+    load_layer_with(spec, src, i, prec, mlp)
+}
+
+/// Layer `layers.{i}` of the Qwen3.5 families around its feed-forward `mlp`
+/// (the dense MLP here, the sparse MoE block in `qwen3_5_moe`): the mixer
+/// by `layer_types[i]` and the two zero-centred norms.
+///
+/// Errors: any tensor missing or unreadable.
+pub fn load_layer_with(
+    spec: &TextModelSpec,
+    src: &dyn WeightSource,
+    i: usize,
+    prec: Precision,
+    mlp: FeedForward,
+) -> Result<DecoderLayer> {
     let p = format!("layers.{i}");
     let geo = spec.geo.with_precision(prec);
     let eps = geo.eps;
@@ -49,7 +65,7 @@ pub fn load_layer(
         input_layernorm: norm(src, &format!("{p}.input_layernorm"), eps, prec)?,
         mixer,
         post_attention_layernorm: norm(src, &format!("{p}.post_attention_layernorm"), eps, prec)?,
-        mlp: Mlp::load(src, &format!("{p}.mlp"), prec)?.into(),
+        mlp,
         prec,
     })
 }
