@@ -6,7 +6,8 @@
 //! same checkpoint bytes share one loaded copy, and one forward pass when
 //! their inputs are bitwise equal as well.
 
-use std::sync::Arc;
+mod decode;
+mod share;
 
 use candle_core::Tensor;
 
@@ -15,10 +16,13 @@ use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::moe::Routing;
 use crate::models::{
-    DecoderLayer, Embedding, FinalNorm, GdnForm, LmHead, Positions, TextModelSpec,
+    DecoderLayer, Embedding, FinalNorm, GdnForm, LmHead, Positions, Sequence, TextModelSpec,
 };
 use crate::precision::Precision;
 use crate::progress::RunProgress;
+pub use decode::CachedDecode;
+use decode::{DecodePlan, DecodeRows};
+use share::{group_bytes, load_shared, same_input, share_groups, tensor_bytes};
 
 /// What a `hidden_states` entry is (the `layer_type` of the report;
 /// serialised as [`HiddenKind::as_str`]).
@@ -83,6 +87,9 @@ pub struct CaptureOptions {
     pub form: GdnForm,
     /// Also run every path's layer on path 0's input ("local" comparison).
     pub local: bool,
+    /// Also run the prefill-vs-incremental check's cached decode on every
+    /// path, in the same sweep (reported by [`Observer::cached_decode`]).
+    pub cached_decode: Option<CachedDecode>,
 }
 
 /// Receives captured tensors. `states[p][k]` is path `p`'s tensor for prompt
@@ -105,6 +112,21 @@ pub trait Observer {
     /// Logits for paths with an LM head (`None` for the others).
     fn logits(&mut self, logits: &[Option<Vec<Tensor>>]) -> Result<()>;
 
+    /// The cached decode of [`CaptureOptions::cached_decode`]: `steps[p]`
+    /// are path p's final-normed states of the stepped tokens (`[1, H]`
+    /// each; the prompt's last `check.steps` tokens, after a prefill of the
+    /// `prefill_tokens` before them). Called once, after the final norm's
+    /// `hidden_states`; the default ignores it.
+    fn cached_decode(
+        &mut self,
+        check: CachedDecode,
+        prefill_tokens: usize,
+        steps: &[Vec<Tensor>],
+    ) -> Result<()> {
+        let _ = (check, prefill_tokens, steps);
+        Ok(())
+    }
+
     /// The MoE routers' choices of decoder layer `layer` (reported after its
     /// `hidden_states[layer + 1]`; only for layers with a sparse MoE block):
     /// `routing[p][k]` is path p's choice on prompt k, `local[p]` (p ≥ 1,
@@ -119,99 +141,6 @@ pub trait Observer {
         let _ = (layer, routing, local);
         Ok(())
     }
-}
-
-/// Loads one piece per path, sharing it between paths of the same group of
-/// [`share_groups`] (same bytes, same dtype).
-fn load_shared<T>(
-    paths: &[PathModel],
-    groups: &[usize],
-    load: impl Fn(&dyn WeightSource, Precision) -> Result<T>,
-) -> Result<Vec<Arc<T>>> {
-    let mut out: Vec<Arc<T>> = Vec::with_capacity(paths.len());
-    for (p, path) in paths.iter().enumerate() {
-        let piece = match groups[p] {
-            g if g < p => out[g].clone(),
-            _ => Arc::new(load(path.source, path.precision)?),
-        };
-        out.push(piece);
-    }
-    Ok(out)
-}
-
-/// Groups paths whose `names` resolve to the same bytes and compute in the
-/// same dtype: `group[p]` is the first path with p's identity.
-fn share_groups(paths: &[PathModel], names: &[String]) -> Vec<usize> {
-    let ids: Vec<(Precision, Vec<String>)> = paths
-        .iter()
-        .map(|p| {
-            (
-                p.precision,
-                names.iter().map(|n| p.source.identity(n)).collect(),
-            )
-        })
-        .collect();
-    (0..paths.len())
-        .map(|p| ids.iter().position(|x| *x == ids[p]).unwrap_or(p))
-        .collect()
-}
-
-/// f32 bytes of `names` on one path.
-fn tensor_bytes(path: &PathModel, names: &[String]) -> u64 {
-    names
-        .iter()
-        .filter_map(|n| path.source.shape(n))
-        .map(|s| s.iter().product::<usize>() as u64 * 4)
-        .sum()
-}
-
-/// f32 bytes of `names` as loaded once per group (`groups`: [`share_groups`]).
-fn group_bytes(paths: &[PathModel], names: &[String], groups: &[usize]) -> u64 {
-    paths
-        .iter()
-        .enumerate()
-        .filter(|&(p, _)| groups[p] == p)
-        .map(|(_, path)| tensor_bytes(path, names))
-        .sum()
-}
-
-/// True when two tensors hold the same f32 values, bit for bit (at once when
-/// they are the same tensor, as a shared path's state is).
-fn bitwise_equal(a: &Tensor, b: &Tensor) -> Result<bool> {
-    if a.id() == b.id() {
-        return Ok(true);
-    }
-    if a.dims() != b.dims() {
-        return Ok(false);
-    }
-    let (a, b) = (a.flatten_all()?, b.flatten_all()?);
-    let (va, vb) = (a.to_vec1::<f32>()?, b.to_vec1::<f32>()?);
-    Ok(va.iter().zip(&vb).all(|(x, y)| x.to_bits() == y.to_bits()))
-}
-
-/// The first of `candidates` whose inputs are bitwise equal to `input`
-/// (all tensors pairwise): a forward already run that can be reused, since
-/// the same layer on the same input gives the same output.
-fn same_input<'a>(
-    candidates: impl IntoIterator<Item = (usize, &'a [Tensor])>,
-    input: &[Tensor],
-) -> Result<Option<usize>> {
-    for (q, other) in candidates {
-        if other.len() != input.len() {
-            continue;
-        }
-        let mut eq = true;
-        for (a, b) in other.iter().zip(input) {
-            if !bitwise_equal(a, b)? {
-                eq = false;
-                break;
-            }
-        }
-        if eq {
-            return Ok(Some(q));
-        }
-    }
-    Ok(None)
 }
 
 /// Per path, per prompt: `states[p][k]`.
@@ -231,6 +160,8 @@ type Done<'a> = (&'a [Tensor], &'a [Tensor], &'a [Option<Routing>]);
 /// the routers' choices of both (empty for a dense layer).
 struct LayerRun {
     next: PerPath,
+    /// The cached decode's rows per path (empty without one).
+    decode: Vec<DecodeRows>,
     local: LocalPerPath,
     routing: Vec<Vec<Routing>>,
     local_routing: Vec<Option<Vec<Routing>>>,
@@ -243,6 +174,7 @@ struct Run<'a> {
     pos: Vec<Positions>,
     form: GdnForm,
     progress: &'a RunProgress,
+    decode: Option<DecodePlan>,
 }
 
 impl Run<'_> {
@@ -283,31 +215,51 @@ impl Run<'_> {
         inputs: &[Tensor],
         done: &[Done],
         local: bool,
-    ) -> Result<Outputs> {
-        let mut out = Vec::with_capacity(inputs.len());
-        let mut routes = Vec::with_capacity(inputs.len());
-        for (k, (h, ps)) in inputs.iter().zip(&self.pos).enumerate() {
+        extra: Option<Sequence>,
+    ) -> Result<(Outputs, Option<Tensor>)> {
+        let mut reused: Vec<Option<(Tensor, Option<Routing>)>> = Vec::with_capacity(inputs.len());
+        for (k, h) in inputs.iter().enumerate() {
             let earlier = done
                 .iter()
                 .enumerate()
                 .map(|(j, (i, _, _))| (j, std::slice::from_ref(&i[k])));
-            let (o, r) = match same_input(earlier, std::slice::from_ref(h))? {
-                Some(j) => (done[j].1[k].clone(), done[j].2[k].clone()),
-                None => {
-                    self.at_prompt(p, k, local);
-                    layer.forward_routed(h, self.spec, ps, self.form, None)?
-                }
-            };
-            out.push(o);
-            routes.push(r);
+            reused.push(
+                same_input(earlier, std::slice::from_ref(h))?
+                    .map(|j| (done[j].1[k].clone(), done[j].2[k].clone())),
+            );
         }
-        Ok((out, routes))
+        let todo: Vec<usize> = (0..inputs.len()).filter(|&k| reused[k].is_none()).collect();
+        if let Some(&first) = todo.first() {
+            self.at_prompt(p, first, local);
+        }
+        let mut seqs: Vec<Sequence> = todo
+            .iter()
+            .map(|&k| Sequence {
+                h: &inputs[k],
+                pos: &self.pos[k],
+                form: self.form,
+                state: None,
+            })
+            .collect();
+        seqs.extend(extra);
+        let mut ran = layer.forward_batch(&mut seqs, self.spec)?;
+        let extra = (ran.len() > todo.len()).then(|| ran.remove(todo.len()).0);
+        for (&k, r) in todo.iter().zip(ran) {
+            reused[k] = Some(r);
+        }
+        Ok((reused.into_iter().flatten().unzip(), extra))
     }
 
     /// Runs decoder layer `l` on every path: the propagated outputs (each
     /// path on its own history) and, with `local`, every path's layer on
     /// path 0's input (`None` for path 0); the MoE routers' choices of both.
-    fn layer(&self, l: usize, states: &[Vec<Tensor>], local: bool) -> Result<LayerRun> {
+    fn layer(
+        &self,
+        l: usize,
+        states: &[Vec<Tensor>],
+        local: bool,
+        decode_in: &[DecodeRows],
+    ) -> Result<LayerRun> {
         let names = self.spec.layer_tensor_names(l);
         let groups = share_groups(self.paths, &names);
         let layers = load_shared(self.paths, &groups, |s, p| {
@@ -318,6 +270,7 @@ impl Run<'_> {
             .inc(group_bytes(self.paths, &names, &groups));
         let mut next: Vec<Vec<Tensor>> = Vec::with_capacity(self.paths.len());
         let mut routes: Vec<Vec<Option<Routing>>> = Vec::with_capacity(self.paths.len());
+        let mut decode: Vec<DecodeRows> = Vec::with_capacity(decode_in.len());
         for p in 0..self.paths.len() {
             let done: Vec<Done> = (0..p)
                 .filter(|&q| groups[q] == groups[p])
@@ -329,9 +282,22 @@ impl Run<'_> {
                     )
                 })
                 .collect();
-            let (out, r) = self.forward(&layers[p], p, &states[p], &done, false)?;
+            let ((out, r), rows) = match (&self.decode, decode_in.get(p)) {
+                (Some(plan), Some(rows)) => {
+                    let same: Vec<usize> = (0..p).filter(|&q| groups[q] == groups[p]).collect();
+                    let same: Vec<(usize, &DecodeRows)> =
+                        same.into_iter().map(|q| (q, &decode_in[q])).collect();
+                    self.with_decode(&layers[p], p, &states[p], &done, plan, rows, &decode, &same)?
+                }
+                _ => (
+                    self.forward(&layers[p], p, &states[p], &done, false, None)?
+                        .0,
+                    None,
+                ),
+            };
             next.push(out);
             routes.push(r);
+            decode.extend(rows);
         }
         let n = self.paths.len();
         let (mut locals, mut local_routes) = (vec![None; n], vec![None; n]);
@@ -353,7 +319,8 @@ impl Run<'_> {
                             )
                         })
                         .collect();
-                    self.forward(&layers[p], p, &states[0], &done, true)?
+                    self.forward(&layers[p], p, &states[0], &done, true, None)?
+                        .0
                 };
                 locals[p] = Some(o);
                 local_routes[p] = r.into_iter().collect::<Option<Vec<_>>>();
@@ -366,18 +333,58 @@ impl Run<'_> {
             .collect();
         Ok(LayerRun {
             next,
+            decode,
             local: locals,
             routing,
             local_routing: local_routes,
         })
     }
 
-    /// The final norm over the last layer's outputs (propagated and local).
+    /// Path p's own forward of `layer` with the cached decode: its prefill
+    /// stacked with the prompts, then its single-token steps. `same`: the
+    /// earlier paths with the same layer and their check inputs; the outputs
+    /// (`done_rows[q]`) of one whose inputs are bitwise equal to p's `rows`
+    /// are reused.
+    #[allow(clippy::too_many_arguments)]
+    fn with_decode(
+        &self,
+        layer: &DecoderLayer,
+        p: usize,
+        inputs: &[Tensor],
+        done: &[Done],
+        plan: &DecodePlan,
+        rows: &DecodeRows,
+        done_rows: &[DecodeRows],
+        same: &[(usize, &DecodeRows)],
+    ) -> Result<(Outputs, Option<DecodeRows>)> {
+        let mine = rows.tensors();
+        let earlier: Vec<(usize, Vec<Tensor>)> =
+            same.iter().map(|(q, r)| (*q, r.tensors())).collect();
+        let seen = earlier.iter().map(|(q, t)| (*q, t.as_slice()));
+        if let Some(q) = same_input(seen, &mine)? {
+            let out = self.forward(layer, p, inputs, done, false, None)?.0;
+            return Ok((out, Some(done_rows[q].clone())));
+        }
+        let mut state = layer.new_state(self.spec);
+        let seq = plan.prefill_sequence(rows, &mut state);
+        let (out, prefill) = self.forward(layer, p, inputs, done, false, Some(seq))?;
+        let prefill = prefill.ok_or_else(|| {
+            crate::error::Error::Tensor(candle_core::Error::Msg(
+                "the cached decode's prefill returned no rows".into(),
+            ))
+        })?;
+        let steps = plan.steps(layer, self.spec, rows, &mut state)?;
+        Ok((out, Some(DecodeRows { prefill, steps })))
+    }
+
+    /// The final norm over the last layer's outputs (propagated and local)
+    /// and over the cached decode's steps (`decode[p].steps`; empty without one).
     fn final_norm(
         &self,
         states: &[Vec<Tensor>],
         local: &[Option<Vec<Tensor>>],
-    ) -> Result<(PerPath, LocalPerPath)> {
+        decode: &[DecodeRows],
+    ) -> Result<(PerPath, LocalPerPath, PerPath)> {
         let names = ["norm.weight".to_string()];
         let groups = share_groups(self.paths, &names);
         let norms = load_shared(self.paths, &groups, |s, p| FinalNorm::load(self.spec, s, p))?;
@@ -397,7 +404,12 @@ impl Run<'_> {
             .zip(states)
             .map(|(norm, hs)| apply(norm, hs))
             .collect::<Result<_>>()?;
-        Ok((states, local))
+        let steps = norms
+            .iter()
+            .zip(decode)
+            .map(|(norm, rows)| apply(norm, &rows.steps))
+            .collect::<Result<_>>()?;
+        Ok((states, local, steps))
     }
 
     /// Logits of every path with an LM head: `lm_head.weight` in vocabulary
@@ -484,12 +496,26 @@ pub fn run(
             .collect::<Result<_>>()?,
         form: opts.form,
         progress,
+        decode: match opts.cached_decode {
+            Some(c) => match prompts.get(c.prompt) {
+                Some(ids) => DecodePlan::new(spec, c, ids.len())?,
+                None => None,
+            },
+            None => None,
+        },
     };
     progress.loading.set_length(run.total_bytes());
     progress.layers.set_message("embeddings");
     let none: Vec<Option<Vec<Tensor>>> = vec![None; paths.len()];
     let mut states = run.embed(prompts)?;
     obs.hidden_states(0, HiddenKind::Embedding, &states, &none)?;
+    let mut decode: Vec<DecodeRows> = match &run.decode {
+        Some(plan) => states
+            .iter()
+            .map(|s| plan.split(&s[plan.check.prompt]))
+            .collect::<Result<_>>()?,
+        None => Vec::new(),
+    };
     for l in 0..n {
         progress
             .layers
@@ -498,19 +524,24 @@ pub fn run(
         progress.prompts.set_position(0);
         let LayerRun {
             next,
+            decode: decoded,
             local,
             routing,
             local_routing,
-        } = run.layer(l, &states, opts.local)?;
+        } = run.layer(l, &states, opts.local, &decode)?;
         states = next;
+        decode = decoded;
         if l + 1 < n {
             let kind = HiddenKind::Layer(spec.layer_types[l]);
             obs.hidden_states(l + 1, kind, &states, &local)?;
         } else {
             obs.last_layer_output(&states)?;
-            let (normed, local) = run.final_norm(&states, &local)?;
+            let (normed, local, steps) = run.final_norm(&states, &local, &decode)?;
             states = normed;
             obs.hidden_states(n, HiddenKind::FinalNorm, &states, &local)?;
+            if let Some(plan) = &run.decode {
+                obs.cached_decode(plan.check, plan.pre, &steps)?;
+            }
         }
         if routing.iter().any(|r| !r.is_empty()) {
             obs.routing(l, &routing, &local_routing)?;

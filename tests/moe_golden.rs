@@ -86,6 +86,7 @@ fn capture_dir(ckpt: &str, path: LoadingPath, prec: Precision) -> (Captured, Vec
         CaptureOptions {
             form: GdnForm::Chunked,
             local: false,
+            cached_decode: None,
         },
         &mut obs,
         &RunProgress::new(session.spec.num_layers(), ids.len(), true),

@@ -4,13 +4,13 @@
 
 use candle_core::Tensor;
 
-use crate::capture::{self, CaptureOptions, HiddenKind, Observer, PathModel};
+use crate::capture::{self, CachedDecode, CaptureOptions, HiddenKind, Observer, PathModel};
 use crate::drafter::{self, DrafterSettings};
 use crate::error::{Error, Result};
 use crate::loading::{self, LoadingPath, WeightOrigin, WeightSource};
 use crate::models::moe::Routing;
 use crate::models::GdnForm;
-use crate::parity::{incremental, IncrementalCheck, PairObserver, PairReport, Verdict};
+use crate::parity::{incremental, PairObserver, PairReport, Verdict};
 use crate::precision::Precision;
 use crate::progress::RunProgress;
 use crate::prompts::preview;
@@ -89,11 +89,22 @@ pub fn run(opts: &CompareOptions) -> Result<CompareReport> {
         .collect();
     let mut notes = Vec::new();
     let mut paths_run = paths_as_run(&session, &precisions, opts, &mut notes);
-    let (mut pairs, full_rows) = capture_pairs(&session, &precisions, opts)?;
+    let check = incremental_wanted(&session, opts);
+    let captured = capture_pairs(&session, &precisions, opts, check.is_ok())?;
+    let mut pairs = captured.pairs;
     mark_random_init(&mut pairs, &session);
     attach_non_finite(&session, &mut paths_run, &mut notes);
     let (mut verdict, mut summary) = summarize(&pairs, &paths_run);
-    let incremental = incremental_checks(&session, &precisions, &full_rows, opts, &mut notes)?;
+    let incremental = match (check, captured.decode) {
+        (Err(skipped), _) => {
+            notes.push(skipped);
+            Vec::new()
+        }
+        (Ok(()), Some((at, steps))) => {
+            incremental::from_capture(&session, &precisions, at, &captured.full_rows, &steps)?
+        }
+        (Ok(()), None) => incremental::check_all(&session, &precisions, &captured.full_rows)?,
+    };
     for c in incremental.iter().filter(|c| c.verdict != Verdict::Pass) {
         verdict = Verdict::Fail;
         summary.push_str(&format!(
@@ -218,11 +229,25 @@ fn paths_as_run(
 
 /// Passes the capture on to the parity observer and keeps, per path, the
 /// final-normed `hidden_states[N]` of prompt `prompt` (the full forward the
-/// prefill-vs-incremental check compares against, computed once).
+/// prefill-vs-incremental check compares against, computed once), and the
+/// capture's cached decode when it ran one.
 struct KeepFinal<'a> {
     inner: &'a mut PairObserver,
     prompt: Option<usize>,
     rows: Vec<Option<Tensor>>,
+    decode: Option<CachedSteps>,
+}
+
+/// `((prompt, prefill tokens), per path the stepped tokens' final-normed states)`.
+type CachedSteps = ((usize, usize), Vec<Vec<Tensor>>);
+
+/// What [`capture_pairs`] returns.
+struct Captured {
+    pairs: Vec<PairReport>,
+    /// Per path, the final-normed rows the incremental check compares with.
+    full_rows: Vec<Option<Tensor>>,
+    /// The cached decode run in the capture's sweep, when it ran.
+    decode: Option<CachedSteps>,
 }
 
 impl Observer for KeepFinal<'_> {
@@ -247,6 +272,16 @@ impl Observer for KeepFinal<'_> {
         self.inner.logits(logits)
     }
 
+    fn cached_decode(
+        &mut self,
+        check: CachedDecode,
+        prefill_tokens: usize,
+        steps: &[Vec<Tensor>],
+    ) -> Result<()> {
+        self.decode = Some(((check.prompt, prefill_tokens), steps.to_vec()));
+        Ok(())
+    }
+
     fn routing(
         &mut self,
         layer: usize,
@@ -257,13 +292,16 @@ impl Observer for KeepFinal<'_> {
     }
 }
 
-/// The lock-step capture of every path: the pair reports, and per path the
-/// final-normed rows the incremental check can reuse (chunked form only).
+/// The lock-step capture of every path: the pair reports, per path the
+/// final-normed rows the incremental check can reuse (chunked form only),
+/// and, with `incremental` in the chunked form, the check's cached decode
+/// run in the same sweep.
 fn capture_pairs(
     session: &Session,
     precisions: &[Precision],
     opts: &CompareOptions,
-) -> Result<(Vec<PairReport>, Vec<Option<Tensor>>)> {
+    incremental: bool,
+) -> Result<Captured> {
     let models: Vec<PathModel> = session
         .paths
         .iter()
@@ -281,10 +319,12 @@ fn capture_pairs(
         .collect();
     let mut obs = PairObserver::new(&names);
     let pb = RunProgress::new(session.spec.num_layers(), session.prompts.len(), opts.quiet);
+    let prompt = incremental::prompt_of(session).filter(|_| opts.gdn_form == GdnForm::Chunked);
     let mut keep = KeepFinal {
         inner: &mut obs,
-        prompt: incremental::prompt_of(session).filter(|_| opts.gdn_form == GdnForm::Chunked),
+        prompt,
         rows: Vec::new(),
+        decode: None,
     };
     capture::run(
         &session.spec,
@@ -293,13 +333,21 @@ fn capture_pairs(
         CaptureOptions {
             form: opts.gdn_form,
             local: true,
+            cached_decode: prompt.filter(|_| incremental).map(|prompt| CachedDecode {
+                prompt,
+                steps: incremental::STEPS,
+            }),
         },
         &mut keep,
         &pb,
     )?;
-    let rows = std::mem::take(&mut keep.rows);
+    let (full_rows, decode) = (std::mem::take(&mut keep.rows), keep.decode.take());
     pb.finish();
-    Ok((obs.pairs, rows))
+    Ok(Captured {
+        pairs: obs.pairs,
+        full_rows,
+        decode,
+    })
 }
 
 /// Gives each path the NaN/Inf counts of the checkpoint keys its view reads
@@ -316,15 +364,10 @@ fn attach_non_finite(session: &Session, paths_run: &mut [PathRun], notes: &mut V
     }
 }
 
-/// The prefill-vs-incremental checks, unless skipped (automatic for models
-/// up to [`INCREMENTAL_AUTO_BYTES`] of f32 weights; a note says when not).
-fn incremental_checks(
-    session: &Session,
-    precisions: &[Precision],
-    full_rows: &[Option<Tensor>],
-    opts: &CompareOptions,
-    notes: &mut Vec<String>,
-) -> Result<Vec<IncrementalCheck>> {
+/// Whether the prefill-vs-incremental check runs: `--incremental` /
+/// `--no-incremental`, else automatically for models up to
+/// [`INCREMENTAL_AUTO_BYTES`] of f32 weights. `Err`: the note saying why not.
+fn incremental_wanted(session: &Session, opts: &CompareOptions) -> std::result::Result<(), String> {
     let f32_bytes = session.paths[0]
         .inventory
         .components
@@ -335,13 +378,12 @@ fn incremental_checks(
         .incremental
         .unwrap_or(f32_bytes <= INCREMENTAL_AUTO_BYTES)
     {
-        incremental::check_all(session, precisions, full_rows)
+        Ok(())
     } else {
-        notes.push(format!(
+        Err(format!(
             "prefill-vs-incremental check skipped: it reads every layer a second time ({:.1} GiB in f32); pass --incremental to force it",
             f32_bytes as f64 / (1u64 << 30) as f64
-        ));
-        Ok(Vec::new())
+        ))
     }
 }
 

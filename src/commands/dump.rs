@@ -115,7 +115,11 @@ pub fn run_checked(
             precision,
         }],
         &session.prompt_ids(),
-        CaptureOptions { form, local: false },
+        CaptureOptions {
+            form,
+            local: false,
+            cached_decode: None,
+        },
         &mut obs,
         &pb,
     )?;

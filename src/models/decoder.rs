@@ -15,6 +15,19 @@ use crate::models::qwen3_5::gated_delta_net::{GatedDeltaNet, GdnForm, GdnState};
 use crate::models::{Positions, TextModelSpec};
 use crate::precision::Precision;
 
+/// One sequence of a [`DecoderLayer::forward_batch`]: its input `[T, H]`,
+/// positions, delta-rule form and decode state (`None`: a fresh prefill).
+pub struct Sequence<'a> {
+    /// Input hidden states `[T, H]`.
+    pub h: &'a Tensor,
+    /// Rotary positions of its tokens.
+    pub pos: &'a Positions,
+    /// Delta-rule form of a Gated DeltaNet mixer.
+    pub form: GdnForm,
+    /// State to continue from and update.
+    pub state: Option<&'a mut LayerState>,
+}
+
 /// The token mixer of a layer.
 #[derive(Debug, Clone)]
 pub enum Mixer {
@@ -183,6 +196,65 @@ impl DecoderLayer {
         form: GdnForm,
         state: Option<&mut LayerState>,
     ) -> Result<(Tensor, Option<Routing>)> {
+        let h = self.mix(h, spec, pos, form, state)?;
+        self.feed_forward(&h)
+    }
+
+    /// [`Self::forward_routed`] on independent sequences, each as if it ran
+    /// alone, bit for bit. The token mixer runs per sequence (with its own
+    /// form, positions and decode state); a dense feed-forward runs once over
+    /// the stacked rows of every sequence long enough that its rows are
+    /// computed exactly as in a call of its own ([`Mlp::rows_batchable`]), so
+    /// each weight matrix is packed once for all of them instead of once per
+    /// sequence. Sparse MoE blocks run per sequence (their routing is
+    /// reported per sequence).
+    ///
+    /// Errors: as [`Self::forward_routed`].
+    pub fn forward_batch(
+        &self,
+        seqs: &mut [Sequence<'_>],
+        spec: &TextModelSpec,
+    ) -> Result<Vec<(Tensor, Option<Routing>)>> {
+        let mixed: Vec<Tensor> = seqs
+            .iter_mut()
+            .map(|s| self.mix(s.h, spec, s.pos, s.form, s.state.as_deref_mut()))
+            .collect::<Result<_>>()?;
+        let stack: Vec<usize> = match &self.mlp {
+            FeedForward::Dense(m) => (0..mixed.len())
+                .filter(|&j| m.rows_batchable(mixed[j].dim(0).unwrap_or(0)))
+                .collect(),
+            FeedForward::SparseMoe(_) => Vec::new(),
+        };
+        let mut out: Vec<Option<(Tensor, Option<Routing>)>> = vec![None; mixed.len()];
+        if stack.len() > 1 {
+            let rows: Vec<&Tensor> = stack.iter().map(|&j| &mixed[j]).collect();
+            let (y, _) = self.feed_forward(&Tensor::cat(&rows, 0)?)?;
+            let mut start = 0;
+            for &j in &stack {
+                let t = mixed[j].dim(0)?;
+                out[j] = Some((y.narrow(0, start, t)?, None));
+                start += t;
+            }
+        }
+        mixed
+            .iter()
+            .zip(out)
+            .map(|(h, o)| match o {
+                Some(o) => Ok(o),
+                None => self.feed_forward(h),
+            })
+            .collect()
+    }
+
+    /// The first half of the layer: `h + mixer(input_layernorm(h))`, rounded.
+    fn mix(
+        &self,
+        h: &Tensor,
+        spec: &TextModelSpec,
+        pos: &Positions,
+        form: GdnForm,
+        state: Option<&mut LayerState>,
+    ) -> Result<Tensor> {
         let x = self.input_layernorm.forward(h)?;
         let x = match (&self.mixer, state) {
             (Mixer::Linear(m), Some(LayerState::Linear(s))) => m.forward(&x, form, Some(s))?,
@@ -192,10 +264,15 @@ impl DecoderLayer {
             }
             (Mixer::Full(m), _) => m.forward(&x, &spec.rotary, pos, None)?,
         };
-        let h = self.prec.round(&(h + x)?)?;
+        self.prec.round(&(h + x)?)
+    }
+
+    /// The second half: `h + mlp(post_attention_layernorm(h))`, rounded
+    /// (row by row: any stack of sequences' rows), and an MoE block's routing.
+    fn feed_forward(&self, h: &Tensor) -> Result<(Tensor, Option<Routing>)> {
         let (y, routing) = self
             .mlp
-            .forward(&self.post_attention_layernorm.forward(&h)?)?;
+            .forward(&self.post_attention_layernorm.forward(h)?)?;
         Ok((self.prec.round(&(h + y)?)?, routing))
     }
 }

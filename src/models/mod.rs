@@ -23,7 +23,7 @@ pub mod qwen3_5_moe;
 pub mod spec;
 pub mod text_model;
 
-pub use decoder::{CacheCrop, DecoderLayer, FeedForward, LayerState, Mixer};
+pub use decoder::{CacheCrop, DecoderLayer, FeedForward, LayerState, Mixer, Sequence};
 pub use qwen3_5::gated_delta_net::GdnForm;
 pub use spec::{LayerGeometry, MoeSpec, Positions, TextModelSpec};
 pub use text_model::{

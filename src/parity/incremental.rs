@@ -94,20 +94,69 @@ pub fn check(
         (None, Some(f)) => norm.forward(f)?,
         (None, None) => return Ok(None), // not reached: computed above when not given
     };
+    let normed: Vec<Tensor> = stepped
+        .iter()
+        .map(|h| norm.forward(h))
+        .collect::<Result<_>>()?;
+    judge(path.path.name(), prec, k, pre, &normed, &full_last).map(Some)
+}
+
+/// The check's row: the stepped tokens' final-normed states `steps`
+/// (`[1, H]` each, after a prefill of `pre` tokens of prompt `k`) against
+/// the full forward's `full_last` (`[T, H]`), judged under `prec`'s tolerance.
+fn judge(
+    path: &str,
+    prec: Precision,
+    k: usize,
+    pre: usize,
+    steps: &[Tensor],
+    full_last: &Tensor,
+) -> Result<IncrementalCheck> {
     let mut acc = Accumulator::default();
-    for (j, h) in stepped.iter().enumerate() {
-        acc.add(k, &norm.forward(h)?, &full_last.narrow(0, pre + j, 1)?)?;
+    for (j, h) in steps.iter().enumerate() {
+        acc.add(k, h, &full_last.narrow(0, pre + j, 1)?)?;
     }
     let metrics = acc.finish();
     let verdict = Tolerance::for_precision(prec).judge(&metrics);
-    Ok(Some(IncrementalCheck {
-        path: path.path.name().into(),
+    Ok(IncrementalCheck {
+        path: path.into(),
         prompt: k,
         prefill_tokens: pre,
-        steps,
+        steps: steps.len(),
         metrics,
         verdict,
-    }))
+    })
+}
+
+/// The check from the capture's own cached decode
+/// ([`crate::capture::CaptureOptions::cached_decode`], chunked form):
+/// `steps[i]` are path i's final-normed stepped states after a prefill of
+/// `pre` tokens of prompt `k`, `full_rows[i]` its full forward's
+/// final-normed states of that prompt. The same rows as [`check_all`].
+///
+/// Errors: a tensor failure; a path without its full forward's rows.
+pub fn from_capture(
+    session: &Session,
+    precisions: &[Precision],
+    (k, pre): (usize, usize),
+    full_rows: &[Option<Tensor>],
+    steps: &[Vec<Tensor>],
+) -> Result<Vec<IncrementalCheck>> {
+    session
+        .paths
+        .iter()
+        .zip(precisions)
+        .zip(full_rows.iter().zip(steps))
+        .map(|((p, &prec), (full, steps))| match full {
+            Some(full) => judge(p.path.name(), prec, k, pre, steps, full),
+            None => Err(crate::error::Error::Tensor(candle_core::Error::Msg(
+                format!(
+                    "{}: the capture kept no full forward for the prefill-vs-incremental check",
+                    p.path.name()
+                ),
+            ))),
+        })
+        .collect()
 }
 
 /// The check on every path of `session` computing in `precisions[i]`, run

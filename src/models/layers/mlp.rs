@@ -39,6 +39,16 @@ impl Mlp {
         }
     }
 
+    /// True when `T` rows pass through this MLP exactly as they would stacked
+    /// with other rows (every one of its matrix products, see
+    /// [`super::rows_batchable`]; on the CPU, whose kernels that describes).
+    pub fn rows_batchable(&self, t: usize) -> bool {
+        self.down_proj.device().is_cpu()
+            && [&self.gate_proj, &self.up_proj, &self.down_proj]
+                .iter()
+                .all(|w| matches!(w.dims(), &[n, k] if super::rows_batchable(t, k, n)))
+    }
+
     /// `[T, H]` → `[T, H]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let p = self.prec;

@@ -1,0 +1,115 @@
+//! The prefill-vs-incremental check inside the capture's own sweep: for one
+//! prompt, each path's layer also runs a prefill of all but the last `steps`
+//! tokens (chunked form, fresh state) and then those tokens one at a time
+//! (recurrent form, continuing the prefill's conv, recurrent and KV state),
+//! as transformers' `generate` runs a cached decode. Teacher-forced on the
+//! prompt's own tokens, every layer's step inputs are known when the layer
+//! runs, so the check needs no second pass over the weights: it uses the
+//! layer the capture has just loaded, and the prefill's feed-forward is
+//! stacked with the capture's prompts ([`DecoderLayer::forward_batch`]).
+//! The outputs are the same, bit for bit, as a separate layer-major pass
+//! (`crate::parity::incremental::check`) gives.
+
+use candle_core::Tensor;
+
+use crate::error::Result;
+use crate::models::{DecoderLayer, GdnForm, LayerState, Positions, Sequence, TextModelSpec};
+
+/// Which prompt the check runs on and how many single-token steps it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachedDecode {
+    /// Prompt index (at least `steps + 1` tokens).
+    pub prompt: usize,
+    /// Single-token steps after the prefill.
+    pub steps: usize,
+}
+
+/// The check's positions: the prefill's and each step's.
+pub(super) struct DecodePlan {
+    pub(super) check: CachedDecode,
+    /// Tokens in the prefill.
+    pub(super) pre: usize,
+    pos_pre: Positions,
+    pos_step: Vec<Positions>,
+}
+
+impl DecodePlan {
+    /// The plan for `check` on a prompt of `len` tokens; `None` when it has
+    /// fewer than two (nothing to step).
+    pub(super) fn new(
+        spec: &TextModelSpec,
+        check: CachedDecode,
+        len: usize,
+    ) -> Result<Option<Self>> {
+        if len < 2 {
+            return Ok(None);
+        }
+        let steps = check.steps.min(len - 1);
+        let pre = len - steps;
+        Ok(Some(Self {
+            check: CachedDecode { steps, ..check },
+            pre,
+            pos_pre: spec.positions(0, pre)?,
+            pos_step: (pre..len)
+                .map(|t| spec.positions(t, 1))
+                .collect::<Result<_>>()?,
+        }))
+    }
+
+    /// The check's inputs to the first layer: the prompt's embeddings `[T, H]`
+    /// split into the prefill rows and one row per step.
+    pub(super) fn split(&self, emb: &Tensor) -> Result<DecodeRows> {
+        Ok(DecodeRows {
+            prefill: emb.narrow(0, 0, self.pre)?,
+            steps: (self.pre..self.pre + self.check.steps)
+                .map(|t| emb.narrow(0, t, 1))
+                .collect::<candle_core::Result<_>>()?,
+        })
+    }
+
+    /// The prefill as one more sequence of a layer's batch, continuing `state`.
+    pub(super) fn prefill_sequence<'a>(
+        &'a self,
+        rows: &'a DecodeRows,
+        state: &'a mut LayerState,
+    ) -> Sequence<'a> {
+        Sequence {
+            h: &rows.prefill,
+            pos: &self.pos_pre,
+            form: GdnForm::Chunked,
+            state: Some(state),
+        }
+    }
+
+    /// The single-token steps of `layer` after its prefill left `state`.
+    pub(super) fn steps(
+        &self,
+        layer: &DecoderLayer,
+        spec: &TextModelSpec,
+        rows: &DecodeRows,
+        state: &mut LayerState,
+    ) -> Result<Vec<Tensor>> {
+        rows.steps
+            .iter()
+            .zip(&self.pos_step)
+            .map(|(h, pos)| layer.forward(h, spec, pos, GdnForm::Recurrent, Some(state)))
+            .collect()
+    }
+}
+
+/// One path's rows of the check at one layer boundary: the prefill's
+/// `[pre, H]` and each step's `[1, H]`.
+#[derive(Debug, Clone)]
+pub(super) struct DecodeRows {
+    pub(super) prefill: Tensor,
+    pub(super) steps: Vec<Tensor>,
+}
+
+impl DecodeRows {
+    /// Every tensor, in order (to compare two paths' rows bit for bit).
+    pub(super) fn tensors(&self) -> Vec<Tensor> {
+        std::iter::once(self.prefill.clone())
+            .chain(self.steps.iter().cloned())
+            .collect()
+    }
+}

@@ -1,0 +1,131 @@
+//! Two bitwise refactors of the capture's sweep: independent sequences
+//! stacked through one feed-forward (`DecoderLayer::forward_batch`) give the
+//! bits each gives alone, and the prefill-vs-incremental check run inside
+//! the capture's sweep gives the rows of the separate layer-major pass.
+
+mod common;
+
+use candle_core::{Device, Tensor};
+use hsparity::commands::compare::{self, CompareOptions};
+use hsparity::loading::LoadingPath;
+use hsparity::models::{DecoderLayer, FeedForward, GdnForm, Sequence};
+use hsparity::parity::incremental;
+use hsparity::precision::Precision;
+use hsparity::session::Session;
+
+const TINY: &str = "fixtures/tiny-qwen3_5";
+
+/// Deterministic inputs `[t, h]` in about [-2, 2], rounded to `prec`.
+fn input(t: usize, h: usize, seed: u64, prec: Precision) -> Tensor {
+    let mut s = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let v: Vec<f32> = (0..t * h)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        })
+        .collect();
+    prec.round(&Tensor::from_vec(v, (t, h), &Device::Cpu).unwrap())
+        .unwrap()
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
+
+/// Sequences of 1 to 130 tokens through every layer of the tiny fixture
+/// (linear and full attention, chunked and recurrent delta rule), stacked
+/// and alone, in f32 and bf16: the same bits. The long ones are stacked
+/// (the test would not exercise anything otherwise).
+#[test]
+fn stacked_sequences_give_the_bits_of_each_alone() {
+    let session = Session::open(&common::target(TINY, None), &[LoadingPath::CausalLm]).unwrap();
+    let (spec, src) = (&session.spec, &session.paths[0].view);
+    let h = spec.geo.hidden;
+    let lens = [1usize, 2, 40, 65, 70, 130];
+    for prec in [Precision::F32, Precision::Bf16] {
+        for form in [GdnForm::Chunked, GdnForm::Recurrent] {
+            for l in 0..spec.num_layers() {
+                let layer = DecoderLayer::load(spec, src, l, prec).unwrap();
+                if let FeedForward::Dense(m) = &layer.mlp {
+                    assert!(m.rows_batchable(65) && !m.rows_batchable(40) && !m.rows_batchable(1));
+                }
+                let xs: Vec<Tensor> = lens
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &t)| input(t, h, (l * 10 + j) as u64, prec))
+                    .collect();
+                let pos: Vec<_> = lens
+                    .iter()
+                    .map(|&t| spec.positions(0, t).unwrap())
+                    .collect();
+                let mut seqs: Vec<Sequence> = xs
+                    .iter()
+                    .zip(&pos)
+                    .map(|(h, pos)| Sequence {
+                        h,
+                        pos,
+                        form,
+                        state: None,
+                    })
+                    .collect();
+                let stacked = layer.forward_batch(&mut seqs, spec).unwrap();
+                assert_eq!(stacked.len(), lens.len());
+                for ((x, p), (o, _)) in xs.iter().zip(&pos).zip(&stacked) {
+                    let (alone, _) = layer.forward_routed(x, spec, p, form, None).unwrap();
+                    assert!(
+                        bits(&alone) == bits(o),
+                        "layer {l} {prec:?} {form:?}: {} tokens stacked differ from alone",
+                        x.dim(0).unwrap()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `compare`'s prefill-vs-incremental rows (the check inside the capture's
+/// sweep) equal the separate layer-major pass of `incremental::check`,
+/// field for field, in f32 and bf16.
+#[test]
+fn the_check_in_the_capture_sweep_equals_the_separate_pass() {
+    for dtype in [Precision::F32, Precision::Bf16] {
+        let opts = CompareOptions {
+            target: common::target(TINY, Some(&format!("{TINY}/prompts.jsonl"))),
+            paths: vec![LoadingPath::CausalLm, LoadingPath::Vlm],
+            dtype: Some(dtype),
+            taps: Vec::new(),
+            gdn_form: GdnForm::Chunked,
+            incremental: Some(true),
+            drafter: None,
+            quiet: true,
+            command_line: String::new(),
+        };
+        let report = compare::run(&opts).unwrap();
+        let folded = serde_json::to_value(&report.body.incremental).unwrap();
+        let session = Session::open(&opts.target, &opts.paths).unwrap();
+        let separate: Vec<_> = session
+            .paths
+            .iter()
+            .map(|p| {
+                incremental::check(&session, p, dtype, None)
+                    .unwrap()
+                    .unwrap()
+            })
+            .collect();
+        let separate = serde_json::to_value(&separate).unwrap();
+        assert_eq!(
+            folded.as_array().map(Vec::len),
+            Some(2),
+            "{dtype:?}: both paths"
+        );
+        assert_eq!(folded, separate, "{dtype:?}");
+    }
+}
