@@ -181,7 +181,7 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, report: &CompareReport) -> Dr
         .x_labels(n + 1)
         .x_label_formatter(&|x| {
             let i = x.round();
-            if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n && (i as usize) % every == 0 {
+            if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n && (i as usize).is_multiple_of(every) {
                 x_label(i as usize)
             } else {
                 String::new()

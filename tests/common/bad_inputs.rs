@@ -135,7 +135,7 @@ impl Shard {
     /// Writes it back (header padded with spaces to a multiple of 8).
     pub fn write(&self, path: &Path) {
         let mut h = serde_json::to_vec(&Value::Object(self.header.clone())).unwrap();
-        while h.len() % 8 != 0 {
+        while !h.len().is_multiple_of(8) {
             h.push(b' ');
         }
         write_raw(path, &h, &self.data);

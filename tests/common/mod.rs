@@ -44,7 +44,7 @@ pub fn write_sparse_shard(path: &Path, tensors: &[Spec]) -> u64 {
     }
     header.insert("__metadata__".into(), json!({"format": "pt"}));
     let mut h = serde_json::to_vec(&Value::Object(header)).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut f = File::create(path).unwrap();

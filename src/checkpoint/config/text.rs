@@ -424,20 +424,26 @@ impl TextConfig {
                 "{prefix}rope_parameters.partial_rotary_factor = {prf}: must be in (0, 1]"
             ));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(format!(
                 "{prefix}num_attention_heads {} is not a multiple of {prefix}num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+        if !self
+            .linear_num_value_heads
+            .is_multiple_of(self.linear_num_key_heads)
+        {
             return Err(format!(
                 "{prefix}linear_num_value_heads {} is not a multiple of {prefix}linear_num_key_heads {}",
                 self.linear_num_value_heads, self.linear_num_key_heads
             ));
         }
         let rd = self.rotary_dim();
-        if rd % 2 != 0 || rd == 0 || rd > self.head_dim {
+        if !rd.is_multiple_of(2) || rd == 0 || rd > self.head_dim {
             return Err(format!(
                 "rotary dim {rd} ({prefix}head_dim {} x partial_rotary_factor {prf}) must be even, at least 2 and <= head_dim",
                 self.head_dim

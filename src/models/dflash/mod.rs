@@ -183,7 +183,7 @@ impl Drafter {
                 self.w(&n("mlp.up_proj.weight"))?,
                 self.w(&n("mlp.down_proj.weight"))?,
                 p,
-            ),
+            )?,
             layer_type: self.cfg.layer_types[i],
         })
     }

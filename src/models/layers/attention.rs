@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 
 use super::norm::Norm;
 use super::rope::Rotary;
-use super::{linear, param};
+use super::{matrix, Matrix};
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::{LayerGeometry, Positions};
@@ -75,10 +75,10 @@ impl KvCache {
 pub struct Attention {
     /// Gated (Qwen3.5): `[2·nh·hd, H]`, rows interleaved per head
     /// `[query_h | gate_h]`; plain (Qwen3): `[nh·hd, H]`.
-    q_proj: Tensor,
-    k_proj: Tensor,
-    v_proj: Tensor,
-    o_proj: Tensor,
+    q_proj: Matrix,
+    k_proj: Matrix,
+    v_proj: Matrix,
+    o_proj: Matrix,
     q_norm: Norm,
     k_norm: Norm,
     /// Output gate (`Qwen3_5Attention`).
@@ -99,10 +99,10 @@ impl Attention {
     ) -> Result<Self> {
         let p = geo.prec;
         Ok(Self {
-            q_proj: param(src, &format!("{prefix}.q_proj.weight"), p)?,
-            k_proj: param(src, &format!("{prefix}.k_proj.weight"), p)?,
-            v_proj: param(src, &format!("{prefix}.v_proj.weight"), p)?,
-            o_proj: param(src, &format!("{prefix}.o_proj.weight"), p)?,
+            q_proj: matrix(src, &format!("{prefix}.q_proj.weight"), p)?,
+            k_proj: matrix(src, &format!("{prefix}.k_proj.weight"), p)?,
+            v_proj: matrix(src, &format!("{prefix}.v_proj.weight"), p)?,
+            o_proj: matrix(src, &format!("{prefix}.o_proj.weight"), p)?,
             q_norm: norm(&format!("{prefix}.q_norm"))?,
             k_norm: norm(&format!("{prefix}.k_norm"))?,
             gated,
@@ -127,19 +127,19 @@ impl Attention {
         let (nh, nkv, hd) = (g.num_heads, g.num_kv_heads, g.head_dim);
         // Qwen3.5: q_proj rows are [query_h | gate_h] per head; Qwen3: query only.
         let (q, gate) = if self.gated {
-            let qg = linear(x, &self.q_proj, prec)?.reshape((t, nh, 2 * hd))?;
+            let qg = self.q_proj.linear(x, prec)?.reshape((t, nh, 2 * hd))?;
             (
                 qg.narrow(2, 0, hd)?,
                 Some(qg.narrow(2, hd, hd)?.reshape((t, nh * hd))?),
             )
         } else {
-            (linear(x, &self.q_proj, prec)?.reshape((t, nh, hd))?, None)
+            (self.q_proj.linear(x, prec)?.reshape((t, nh, hd))?, None)
         };
         let q = self.q_norm.forward(&q.contiguous()?)?;
         let k = self
             .k_norm
-            .forward(&linear(x, &self.k_proj, prec)?.reshape((t, nkv, hd))?)?;
-        let v = linear(x, &self.v_proj, prec)?.reshape((t, nkv, hd))?;
+            .forward(&self.k_proj.linear(x, prec)?.reshape((t, nkv, hd))?)?;
+        let v = self.v_proj.linear(x, prec)?.reshape((t, nkv, hd))?;
         // [1, heads, T, hd]
         let q = q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
         let k = k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
@@ -181,7 +181,7 @@ impl Attention {
             }
             None => out,
         };
-        linear(&out, &self.o_proj, prec)
+        self.o_proj.linear(&out, prec)
     }
 }
 

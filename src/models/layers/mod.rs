@@ -5,9 +5,12 @@
 //! (5.23.0) or `models/qwen3/modeling_qwen3.py` where those differ.
 
 pub mod attention;
+pub mod bf16_gemm;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
+
+use std::sync::OnceLock;
 
 use candle_core::Tensor;
 
@@ -19,6 +22,93 @@ use crate::precision::Precision;
 /// bias), accumulated in f32 and rounded once to `prec` as a CPU half GEMM does.
 pub fn linear(x: &Tensor, w: &Tensor, prec: Precision) -> Result<Tensor> {
     prec.round(&x.matmul(&w.t()?)?)
+}
+
+/// The weight `[out, in]` of a linear map, as [`matrix`] loads it: f32, or
+/// (a model computing in bf16 on a CPU with the bf16 dot product) its bf16
+/// pairs as [`bf16_gemm`] reads them — half the bytes of the f32 copy —
+/// with the f32 widening made on first need for the products that kernel
+/// does not compute bit for bit (a single row, tiny shapes), kept until the
+/// layer is dropped.
+#[derive(Debug, Clone)]
+pub struct Matrix {
+    dims: [usize; 2],
+    wide: OnceLock<Tensor>,
+    pairs: Option<std::sync::Arc<bf16_gemm::Pairs>>,
+}
+
+impl Matrix {
+    /// An f32 weight `[out, in]`, used as given.
+    ///
+    /// Errors: not 2-D.
+    pub fn new(w: Tensor) -> Result<Self> {
+        let (n, k) = w.dims2()?;
+        Ok(Self {
+            dims: [n, k],
+            wide: OnceLock::from(w),
+            pairs: None,
+        })
+    }
+
+    /// An f32 CPU weight holding bf16 values, kept as [`bf16_gemm::Pairs`] only.
+    ///
+    /// Errors: not 2-D, or a value that is not bf16.
+    pub fn bf16(w: &Tensor) -> Result<Self> {
+        let pairs = bf16_gemm::Pairs::of(w)?;
+        Ok(Self {
+            dims: pairs.dims(),
+            wide: OnceLock::new(),
+            pairs: Some(std::sync::Arc::new(pairs)),
+        })
+    }
+
+    /// `[out, in]`.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// The weight in f32 (widened once from its bf16 pairs).
+    pub fn f32(&self) -> Result<&Tensor> {
+        if let (None, Some(p)) = (self.wide.get(), &self.pairs) {
+            let _ = self.wide.set(p.widen()?);
+        }
+        self.wide.get().ok_or_else(|| {
+            candle_core::Error::Msg("a linear weight holds neither f32 nor bf16 values".into())
+                .into()
+        })
+    }
+
+    /// `x · Wᵀ` rounded to `prec`, as [`linear`] on the f32 weight gives it,
+    /// bit for bit: by [`bf16_gemm`] where it computes that product exactly
+    /// ([`bf16_gemm::exact_for`]), else candle's GEMM on the f32 weight.
+    pub fn linear(&self, x: &Tensor, prec: Precision) -> Result<Tensor> {
+        if let (Some(p), &[m, k]) = (&self.pairs, x.dims()) {
+            if bf16_gemm::exact_for(m, self.dims[0], k).is_some() {
+                return prec.round(&bf16_gemm::matmul_nt(x, p)?);
+            }
+        }
+        linear(x, self.f32()?, prec)
+    }
+
+    /// True when the rows of an `[m, in]` input are computed exactly as in
+    /// any taller stack of rows (see [`rows_batchable`]; [`bf16_gemm`] sums
+    /// as candle's blocked kernel does, so the same shapes qualify).
+    pub fn rows_batchable(&self, m: usize) -> bool {
+        let on_cpu = self.pairs.is_some() || self.wide.get().is_some_and(|w| w.device().is_cpu());
+        on_cpu && rows_batchable(m, self.dims[1], self.dims[0])
+    }
+}
+
+/// Loads the weight matrix `name` of a linear map ([`param`]): as bf16
+/// pairs when the model computes in bf16 on a CPU with the bf16 dot-product
+/// instruction ([`bf16_gemm::available`]), so that [`Matrix::linear`] reads
+/// them as stored; f32 otherwise.
+pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Matrix> {
+    let w = param(src, name, prec)?;
+    if prec == Precision::Bf16 && w.rank() == 2 && w.device().is_cpu() && bf16_gemm::available() {
+        return Matrix::bf16(&w);
+    }
+    Matrix::new(w)
 }
 
 /// True when [`linear`] on an `[m, k]` input with an `[n, k]` weight computes

@@ -258,7 +258,7 @@ fn check_block(
     let (e, h) = router
         .dims2()
         .map_err(|_| shape_err("gate.weight", router.dims(), "[E, H]"))?;
-    if !(gate_up.len() == 3 && gate_up[0] == e && gate_up[1] % 2 == 0 && gate_up[2] == h) {
+    if !(gate_up.len() == 3 && gate_up[0] == e && gate_up[1].is_multiple_of(2) && gate_up[2] == h) {
         return Err(shape_err(
             "experts.gate_up_proj",
             gate_up,
@@ -319,7 +319,7 @@ impl SparseMoeBlock {
             &shared_expert_gate,
         ];
         let experts_shape = check_block(&router, gate_up.dims(), down.dims(), shared, top_k)?;
-        let mlp = Mlp::new(shared_gate_proj, shared_up_proj, shared_down_proj, prec);
+        let mlp = Mlp::new(shared_gate_proj, shared_up_proj, shared_down_proj, prec)?;
         Ok(Self {
             router,
             experts: ExpertStore::Resident { gate_up, down },
@@ -391,7 +391,7 @@ impl SparseMoeBlock {
                 cache: Arc::default(),
             },
             experts_shape,
-            shared: SharedExpert::new(Mlp::new(sg, su, sd, prec), gate, prec),
+            shared: SharedExpert::new(Mlp::new(sg, su, sd, prec)?, gate, prec),
             top_k,
             prec,
             softmax: RouterSoftmax::F32,

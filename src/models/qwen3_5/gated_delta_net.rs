@@ -12,7 +12,7 @@ use candle_core::Tensor;
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::layers::norm::RmsNormGated;
-use crate::models::layers::{linear, param};
+use crate::models::layers::{matrix, param, Matrix};
 use crate::models::LayerGeometry;
 
 mod faults;
@@ -178,13 +178,13 @@ fn softplus(x: f32) -> f32 {
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
     /// `[2Dk+Dv, H]`.
-    in_proj_qkv: Tensor,
+    in_proj_qkv: Matrix,
     /// `[Dv, H]`.
-    in_proj_z: Tensor,
+    in_proj_z: Matrix,
     /// `[nv, H]`.
-    in_proj_b: Tensor,
+    in_proj_b: Matrix,
     /// `[nv, H]`.
-    in_proj_a: Tensor,
+    in_proj_a: Matrix,
     /// Depthwise causal conv weight `[C, K]` (checkpoint `[C, 1, K]`), row-major.
     conv_w: Vec<f32>,
     /// `-exp(A_log)`, `[nv]`.
@@ -193,7 +193,7 @@ pub struct GatedDeltaNet {
     dt_bias: Vec<f32>,
     norm: RmsNormGated,
     /// `[H, Dv]`.
-    out_proj: Tensor,
+    out_proj: Matrix,
     geo: LayerGeometry,
 }
 
@@ -206,16 +206,16 @@ impl GatedDeltaNet {
         let conv_w = conv.flatten_all()?.to_vec1::<f32>()?;
         let a_log = param(src, &format!("{prefix}.A_log"), p)?.to_vec1::<f32>()?;
         Ok(Self {
-            in_proj_qkv: param(src, &format!("{prefix}.in_proj_qkv.weight"), p)?,
-            in_proj_z: param(src, &format!("{prefix}.in_proj_z.weight"), p)?,
-            in_proj_b: param(src, &format!("{prefix}.in_proj_b.weight"), p)?,
-            in_proj_a: param(src, &format!("{prefix}.in_proj_a.weight"), p)?,
+            in_proj_qkv: matrix(src, &format!("{prefix}.in_proj_qkv.weight"), p)?,
+            in_proj_z: matrix(src, &format!("{prefix}.in_proj_z.weight"), p)?,
+            in_proj_b: matrix(src, &format!("{prefix}.in_proj_b.weight"), p)?,
+            in_proj_a: matrix(src, &format!("{prefix}.in_proj_a.weight"), p)?,
             conv_w,
             // -A_log.float().exp(): f32 from the dtype-rounded parameter.
             neg_a: a_log.iter().map(|a| -a.exp()).collect(),
             dt_bias: param(src, &format!("{prefix}.dt_bias"), p)?.to_vec1::<f32>()?,
             norm: RmsNormGated::load(src, &format!("{prefix}.norm"), geo.eps, p)?,
-            out_proj: param(src, &format!("{prefix}.out_proj.weight"), p)?,
+            out_proj: matrix(src, &format!("{prefix}.out_proj.weight"), p)?,
             geo,
         })
     }
@@ -240,7 +240,9 @@ impl GatedDeltaNet {
             geo.lin_v_dim,
         );
         let prec = geo.prec;
-        let mixed = linear(x, &self.in_proj_qkv, prec)?
+        let mixed = self
+            .in_proj_qkv
+            .linear(x, prec)?
             .flatten_all()?
             .to_vec1::<f32>()?;
         // Causal depthwise conv: out[t,c] = Σ_j w[c,j]·x[t−K+1+j, c], history
@@ -284,10 +286,14 @@ impl GatedDeltaNet {
             }
             v.extend_from_slice(&row[2 * kd..2 * kd + nv * dv]);
         }
-        let b = linear(x, &self.in_proj_b, prec)?
+        let b = self
+            .in_proj_b
+            .linear(x, prec)?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let a = linear(x, &self.in_proj_a, prec)?
+        let a = self
+            .in_proj_a
+            .linear(x, prec)?
             .flatten_all()?
             .to_vec1::<f32>()?;
         // beta = b.sigmoid() in the model dtype; g = -exp(A_log)·softplus(a + dt_bias) in f32.
@@ -300,7 +306,7 @@ impl GatedDeltaNet {
             .enumerate()
             .map(|(i, &a)| self.neg_a[i % nv] * softplus(a + self.dt_bias[i % nv]))
             .collect();
-        let z = linear(x, &self.in_proj_z, prec)?.reshape((t, nv, dv))?;
+        let z = self.in_proj_z.linear(x, prec)?.reshape((t, nv, dv))?;
         Ok((
             DeltaRuleInputs {
                 t,
@@ -353,6 +359,6 @@ impl GatedDeltaNet {
         let (t, nv, dv) = (inp.t, inp.heads, inp.dv);
         let o = Tensor::from_vec(o, (t, nv, dv), x.device())?;
         let y = self.norm.forward(&o, &z)?.reshape((t, nv * dv))?;
-        linear(&y, &self.out_proj, self.geo.prec)
+        self.out_proj.linear(&y, self.geo.prec)
     }
 }

@@ -1,0 +1,336 @@
+//! `x · Wᵀ` on bf16 operands with the CPU's bf16 dot-product instruction
+//! (AVX512-BF16 `vdpbf16ps`), computing the same f32 sums as candle's f32
+//! GEMM on the widened values, bit for bit, while reading the weights as
+//! stored (bf16, half the bytes, no f32 copy per layer).
+//!
+//! Why the bits agree. A model computing in bf16 feeds [`super::linear`]
+//! bf16 values (every op's output is rounded, [`crate::precision`]) and bf16
+//! weights, and a product of two bf16 values is exact in f32. candle's CPU
+//! matmul (gemm-common 0.19, `gemm_basic_generic`, the AVX2 FMA kernel
+//! `fma::f32`, 16 × 6 register tile) sums each output in k-blocks of `kc`
+//! values (`cache::kernel_params`; `min(k, 512)` for `m, n <= 64`): within a
+//! block one accumulator starting at +0 takes `fma(x, w, acc)` in increasing
+//! k, i.e. one rounded addition of an exact product per k; the block sums
+//! are added to the output in order. `vdpbf16ps` adds the two exact
+//! products of a 32-bit pair to an f32 lane as two rounded additions, the
+//! odd element first (Intel SDM, VDPBF16PS; checked on this CPU by
+//! `tests/bf16_gemm.rs`), so with the two halves of every pair swapped and
+//! one lane per output row it makes the same additions in the same order.
+//! The shapes candle sends elsewhere (a single row or column, `m·n <= 256`,
+//! `k <= 2`, an odd `kc`) are not taken here ([`exact_for`]); the caller
+//! uses the f32 GEMM for them.
+//!
+//! One difference remains: the instruction treats subnormal inputs and
+//! results as zero (bf16 subnormals are below 1.2e-38), where the FMA keeps
+//! them; a sum would have to pass within 1.2e-38 of zero for it to show.
+//!
+//! Portable fallback: without the instruction (or off x86-64) [`available`]
+//! is false, weights stay f32 and `linear` uses candle's GEMM, with the same
+//! results. `HSPARITY_NO_BF16_DOT=1` forces that path.
+
+use candle_core::{Device, Tensor};
+
+use crate::error::Result;
+
+/// candle's f32 kernel on x86-64 with FMA: register tile rows (2 × 8 lanes).
+const F32_MR: usize = 16;
+/// Its register tile columns.
+const F32_NR: usize = 6;
+/// Output columns per register tile here (lanes are rows: 16 per vector).
+const NR: usize = 12;
+/// Row vectors per register tile (16 rows each).
+const MV: usize = 2;
+/// Rows per cache block (their packed pairs stay in L2 while a thread's
+/// column tiles pass over them).
+const MB: usize = 128;
+
+/// True when this CPU has AVX512-BF16 (with AVX512F) and FMA, checked once,
+/// and `HSPARITY_NO_BF16_DOT` is not set.
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::env::var_os("HSPARITY_NO_BF16_DOT").is_none()
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bf16")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The k-block size candle's f32 GEMM sums `x [m, k] · w [n, k]ᵀ` in, when
+/// that product takes its blocked kernel and the block is a whole number of
+/// pairs: then [`matmul_nt`] gives its bits. `None`: use the f32 GEMM.
+pub fn exact_for(m: usize, n: usize, k: usize) -> Option<usize> {
+    if m <= 1 || n <= 1 || m * n <= 256 || k <= 2 {
+        return None;
+    }
+    let kc = if m <= 64 && n <= 64 {
+        k.min(512)
+    } else {
+        gemm_common::cache::kernel_params(m, n, k, F32_MR, F32_NR, 4).kc
+    };
+    (kc % 2 == 0 || kc >= k).then_some(kc)
+}
+
+/// A bf16 weight `[N, K]` as the kernel reads it: per row, its pairs
+/// `w[2p] << 16 | w[2p + 1]` (the last one `w[K−1] << 16` when K is odd),
+/// made once per weight.
+#[derive(Debug, Clone)]
+pub struct Pairs {
+    n: usize,
+    k: usize,
+    words: Vec<u32>,
+}
+
+impl Pairs {
+    /// The pairs of a weight `[N, K]` holding bf16 values in f32 (a
+    /// parameter rounded to bf16), rows in parallel.
+    ///
+    /// Errors: not a 2-D f32 CPU tensor, or a value that is not bf16.
+    pub fn of(w: &Tensor) -> Result<Self> {
+        use rayon::prelude::*;
+        let (n, k) = w.dims2()?;
+        let v = w.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let pairs = k.div_ceil(2);
+        let mut words = vec![0u32; n * pairs];
+        let bf = |x: f32| -> Option<u32> {
+            let b = x.to_bits();
+            (b & 0xffff == 0).then_some(b >> 16)
+        };
+        let ok = words
+            .par_chunks_mut(pairs.max(1))
+            .zip(v.par_chunks(k.max(1)))
+            .all(|(out, row)| {
+                row.chunks(2).zip(out.iter_mut()).all(|(p, o)| {
+                    let lo = p.get(1).map_or(Some(0), |&x| bf(x));
+                    match (bf(p[0]), lo) {
+                        (Some(hi), Some(lo)) => {
+                            *o = hi << 16 | lo;
+                            true
+                        }
+                        _ => false,
+                    }
+                })
+            });
+        if !ok {
+            return Err(candle_core::Error::Msg(
+                "bf16 dot-product matmul: a weight value is not a bf16 value".into(),
+            )
+            .into());
+        }
+        Ok(Self { n, k, words })
+    }
+
+    /// `[N, K]`.
+    pub fn dims(&self) -> [usize; 2] {
+        [self.n, self.k]
+    }
+
+    /// The weight widened back to f32 `[N, K]` (exact).
+    ///
+    /// Errors: a tensor failure.
+    pub fn widen(&self) -> Result<Tensor> {
+        let pairs = self.k.div_ceil(2);
+        let mut v = Vec::with_capacity(self.n * self.k);
+        for row in self.words.chunks_exact(pairs.max(1)).take(self.n) {
+            for (i, &w) in row.iter().enumerate() {
+                v.push(f32::from_bits(w & 0xffff_0000));
+                if 2 * i + 1 < self.k {
+                    v.push(f32::from_bits(w << 16));
+                }
+            }
+        }
+        Ok(Tensor::from_vec(v, (self.n, self.k), &Device::Cpu)?)
+    }
+}
+
+/// `x · wᵀ` for `x`: `[M, K]` (f32 holding bf16 values) and `w` the pairs
+/// of a bf16 `[N, K]` weight → `[M, N]` f32, not rounded: bitwise
+/// `x.matmul(&w_f32.t())` with `w_f32` the widened weight, for the shapes
+/// of [`exact_for`]. Needs [`available`].
+///
+/// Errors: shapes that do not fit or are not exact here, an input that is
+/// not bf16 values, or a CPU without the instruction.
+pub fn matmul_nt(x: &Tensor, w: &Pairs) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    let (n, kw) = (w.n, w.k);
+    let refuse = |why: &str| -> crate::error::Error {
+        candle_core::Error::Msg(format!(
+            "bf16 dot-product matmul of x [{m}, {k}] and w [{n}, {kw}]: {why}"
+        ))
+        .into()
+    };
+    if k != kw {
+        return Err(refuse("shapes do not fit"));
+    }
+    let Some(kc) = exact_for(m, n, k).filter(|_| available()) else {
+        return Err(refuse("not computed exactly by this kernel here"));
+    };
+    let xv = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+    let a = pack_rows(&xv, m, k).ok_or_else(|| refuse("an input is not a bf16 value"))?;
+    let mut c = vec![0f32; m * n];
+    #[cfg(target_arch = "x86_64")]
+    gemm(&a, &w.words, &mut c, (m, n, k), kc);
+    Ok(Tensor::from_vec(c, (m, n), x.device())?)
+}
+
+/// `x [m, k]` (f32) as swapped bf16 pairs, 16 rows per group:
+/// `[group][pair][lane]` = `x[2p] << 16 | x[2p + 1]` of row `16·group +
+/// lane` (0 past the last row or column). `None` when a value is not bf16.
+fn pack_rows(x: &[f32], m: usize, k: usize) -> Option<Vec<u32>> {
+    let (groups, pairs) = (m.div_ceil(16), k.div_ceil(2));
+    let mut out = vec![0u32; groups * pairs * 16];
+    let bf = |v: f32| -> Option<u32> {
+        let b = v.to_bits();
+        (b & 0xffff == 0).then_some(b >> 16)
+    };
+    for r in 0..m {
+        let row = &x[r * k..(r + 1) * k];
+        let (g, lane) = (r / 16, r % 16);
+        for p in 0..pairs {
+            let hi = bf(row[2 * p])?;
+            let lo = match row.get(2 * p + 1) {
+                Some(&v) => bf(v)?,
+                None => 0,
+            };
+            out[(g * pairs + p) * 16 + lane] = hi << 16 | lo;
+        }
+    }
+    Some(out)
+}
+
+/// The output, shared by the threads, each writing its own columns.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: threads write disjoint elements (their own column tiles).
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The pointer (a method, so closures capture the `Send` wrapper whole).
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `c [m, n] = x · wᵀ` from the packed rows `a` ([`pack_rows`]) and the
+/// pairs `b` of `w [n, k]` ([`Pairs`]), in k-blocks of `kc`; column tiles
+/// split over the threads.
+#[cfg(target_arch = "x86_64")]
+fn gemm(a: &[u32], b: &[u32], c: &mut [f32], (m, n, k): (usize, usize, usize), kc: usize) {
+    use rayon::prelude::*;
+    let tiles = n.div_ceil(NR);
+    let threads = rayon::current_num_threads().max(1);
+    let per = tiles.div_ceil(threads).max(1);
+    let groups = m.div_ceil(16);
+    let out = Out(c.as_mut_ptr());
+    (0..tiles.div_ceil(per)).into_par_iter().for_each(|chunk| {
+        let (t0, t1) = (chunk * per, ((chunk + 1) * per).min(tiles));
+        for g0 in (0..groups).step_by(MB / 16) {
+            let g1 = (g0 + MB / 16).min(groups);
+            for t in t0..t1 {
+                let (n0, nc) = (t * NR, NR.min(n - t * NR));
+                for g in (g0..g1).step_by(MV) {
+                    let gv = MV.min(g1 - g);
+                    let shape = Tile {
+                        m,
+                        n,
+                        k,
+                        kc,
+                        g,
+                        gv,
+                        n0,
+                        nc,
+                    };
+                    // SAFETY: `available()` was checked by the caller; the
+                    // tile's rows and columns are in bounds of a, b and c,
+                    // and this thread alone writes columns n0..n0+nc.
+                    unsafe { tile(a, b, out.ptr(), shape) };
+                }
+            }
+        }
+    });
+}
+
+/// One register tile's place: row groups `g..g+gv`, columns `n0..n0+nc`.
+#[derive(Clone, Copy)]
+struct Tile {
+    m: usize,
+    n: usize,
+    k: usize,
+    kc: usize,
+    g: usize,
+    gv: usize,
+    n0: usize,
+    nc: usize,
+}
+
+/// Dispatches a tile to the kernel of its size.
+///
+/// # Safety
+/// As [`kernel`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn tile(a: &[u32], b: &[u32], c: *mut f32, t: Tile) {
+    macro_rules! cols {
+        ($v:literal; $($c:literal),*) => {
+            match t.nc { $( $c => kernel::<$v, $c>(a, b, c, t), )* _ => unreachable!("nc <= NR") }
+        };
+    }
+    match t.gv {
+        1 => cols!(1; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+        _ => cols!(2; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+    }
+}
+
+/// `V·16` rows × `C` columns: for each k-block, accumulators from +0 over
+/// its pairs (one `vdpbf16ps` per pair: the even element's product, then the
+/// odd one's), then added to the output (the first block stored).
+///
+/// # Safety
+/// The CPU has AVX512F and AVX512-BF16; `a` holds the packed rows of an
+/// `[m, k]` input, `b` the pairs of an `[n, k]` weight, `c` an `[m, n]`
+/// output, and the tile lies inside them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn kernel<const V: usize, const C: usize>(a: &[u32], b: &[u32], c: *mut f32, t: Tile) {
+    use std::arch::x86_64::*;
+    let pairs = t.k.div_ceil(2);
+    let ap: [*const u32; V] = std::array::from_fn(|v| a.as_ptr().add((t.g + v) * pairs * 16));
+    let bp: [*const u32; C] = std::array::from_fn(|j| b.as_ptr().add((t.n0 + j) * pairs));
+    let mut block = 0;
+    while block < t.k {
+        let end = (block + t.kc).min(t.k);
+        let mut acc = [[_mm512_setzero_ps(); C]; V];
+        for p in block / 2..end.div_ceil(2) {
+            let va: [__m512bh; V] = std::array::from_fn(|v| {
+                std::mem::transmute(_mm512_loadu_si512(ap[v].add(p * 16) as *const _))
+            });
+            for j in 0..C {
+                let vb: __m512bh = std::mem::transmute(_mm512_set1_epi32(*bp[j].add(p) as i32));
+                for v in 0..V {
+                    acc[v][j] = _mm512_dpbf16_ps(acc[v][j], va[v], vb);
+                }
+            }
+        }
+        for (v, row) in acc.iter().enumerate() {
+            for (j, lanes) in row.iter().enumerate() {
+                let mut s = [0f32; 16];
+                _mm512_storeu_ps(s.as_mut_ptr(), *lanes);
+                for (l, &x) in s.iter().enumerate() {
+                    let r = (t.g + v) * 16 + l;
+                    if r < t.m {
+                        let o = c.add(r * t.n + t.n0 + j);
+                        *o = if block == 0 { x } else { *o + x };
+                    }
+                }
+            }
+        }
+        block = end;
+    }
+}

@@ -1,0 +1,129 @@
+//! The bf16 dot-product matmul (`models::layers::bf16_gemm`) gives candle's
+//! f32 GEMM bits on the widened values for every shape it takes — one and
+//! several k-blocks, odd K, the small-size block rule, every tile remainder
+//! — and `Matrix::linear` gives `linear`'s bits for every shape (the kernel
+//! where it is exact, the f32 GEMM elsewhere). Where the CPU lacks the
+//! instruction the weights stay f32 (`bf16_gemm::available` is false).
+
+use candle_core::{Device, Tensor};
+use hsparity::models::layers::{bf16_gemm, linear, Matrix};
+use hsparity::precision::Precision;
+
+/// Deterministic bf16 values in about [-4, 4] (a 64-bit LCG), as f32.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = ((s >> 40) as f32) / (1u64 << 24) as f32; // [0, 1)
+            half::bf16::from_f32((u - 0.5) * 8.0).to_f32()
+        })
+        .collect()
+}
+
+fn matrix(rows: usize, cols: usize, seed: u64) -> Tensor {
+    Tensor::from_vec(values(rows * cols, seed), (rows, cols), &Device::Cpu).unwrap()
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
+
+/// Shapes the kernel takes: `(m, n, k)`.
+const EXACT: &[(usize, usize, usize)] = &[
+    (2, 200, 3),       // k just above gevv's
+    (5, 61, 31),       // odd k, row and column remainders
+    (17, 25, 100),     // small-size rule, one block
+    (40, 60, 1030),    // small-size rule: blocks of 512, the last partial
+    (65, 19, 1024),    // blocked kernel, several row groups
+    (130, 70, 2047),   // odd k over two blocks of 1024
+    (128, 1024, 3072), // the mid checkpoint's down projection
+];
+
+/// Bit for bit candle's `x.matmul(&w.t())` on the same values.
+#[test]
+fn the_kernel_gives_the_bits_of_the_f32_gemm() {
+    if !bf16_gemm::available() {
+        eprintln!(
+            "skipped: this CPU has no AVX512-BF16 (weights stay f32, linear keeps candle's GEMM)"
+        );
+        return;
+    }
+    for &(m, n, k) in EXACT {
+        assert!(
+            bf16_gemm::exact_for(m, n, k).is_some(),
+            "[{m}, {n}, {k}] is taken"
+        );
+        let (x, w) = (matrix(m, k, 1 + m as u64), matrix(n, k, 7 + k as u64));
+        let pairs = bf16_gemm::Pairs::of(&w).unwrap();
+        let got = bf16_gemm::matmul_nt(&x, &pairs).unwrap();
+        let want = x.matmul(&w.t().unwrap()).unwrap();
+        assert!(
+            bits(&got) == bits(&want),
+            "[{m}, {k}] x [{n}, {k}]: bits differ from the f32 GEMM"
+        );
+        assert!(
+            bits(&pairs.widen().unwrap()) == bits(&w),
+            "[{n}, {k}]: widening is exact"
+        );
+    }
+}
+
+/// `Matrix::linear` equals `linear` on the f32 weight for the kernel's
+/// shapes and for those it leaves to the f32 GEMM (one row, one column,
+/// `m·n <= 256`, `k <= 2`), in bf16 and f32.
+#[test]
+fn a_bf16_matrix_gives_the_bits_of_linear_on_every_shape() {
+    let others = [
+        (1, 300, 64),
+        (300, 1, 64),
+        (8, 30, 64),
+        (50, 50, 2),
+        (1, 3072, 1024),
+    ];
+    for &(m, n, k) in EXACT.iter().chain(&others) {
+        let (x, w) = (matrix(m, k, 3 + n as u64), matrix(n, k, 5 + m as u64));
+        for prec in [Precision::Bf16, Precision::F32] {
+            let want = linear(&x, &w, prec).unwrap();
+            let plain = Matrix::new(w.clone()).unwrap();
+            assert!(bits(&plain.linear(&x, prec).unwrap()) == bits(&want));
+            if bf16_gemm::available() {
+                let packed = Matrix::bf16(&w).unwrap();
+                assert!(
+                    bits(&packed.linear(&x, prec).unwrap()) == bits(&want),
+                    "[{m}, {k}] x [{n}, {k}] {prec:?}: bits differ from linear"
+                );
+            }
+        }
+    }
+}
+
+/// Values that are not bf16 are refused, never rounded silently.
+#[test]
+fn refuses_what_it_cannot_compute_exactly() {
+    let w = matrix(3, 8, 1);
+    if bf16_gemm::available() {
+        let x = (matrix(300, 8, 2) + 1e-3).unwrap(); // not bf16 values
+        let pairs = bf16_gemm::Pairs::of(&w).unwrap();
+        assert!(bf16_gemm::matmul_nt(&x, &pairs).is_err());
+        assert!(
+            bf16_gemm::matmul_nt(&matrix(300, 9, 2), &pairs).is_err(),
+            "shapes"
+        );
+    }
+    assert!(bf16_gemm::Pairs::of(&(w + 1e-3).unwrap()).is_err());
+    assert_eq!(bf16_gemm::exact_for(1, 300, 64), None);
+    assert_eq!(bf16_gemm::exact_for(8, 30, 64), None);
+    // 2049 = 3 blocks of 683: a block would split a pair.
+    assert_eq!(bf16_gemm::exact_for(130, 70, 2049), None);
+}
