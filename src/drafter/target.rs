@@ -213,14 +213,27 @@ impl TargetModel<'_> {
         }
         for l in 0..n {
             let layer = DecoderLayer::load(spec, self.weights, l, self.prec)?;
-            for (j, s) in steps.iter_mut().enumerate() {
-                let form = if s.ids.len() == 1 && s.seq.len > 0 {
-                    GdnForm::Recurrent
-                } else {
-                    s.seq.form
-                };
-                let st = Some(&mut s.seq.states[l]);
-                h[j] = layer.forward(&h[j], spec, &pos[j], form, st)?;
+            // Every sequence's step through the layer at once: the mixers per
+            // sequence, the feed-forward stacked where that is bitwise.
+            let mut seqs: Vec<crate::models::Sequence> = steps
+                .iter_mut()
+                .zip(&h)
+                .zip(&pos)
+                .map(|((s, h), pos)| crate::models::Sequence {
+                    h,
+                    pos,
+                    form: if s.ids.len() == 1 && s.seq.len > 0 {
+                        GdnForm::Recurrent
+                    } else {
+                        s.seq.form
+                    },
+                    state: Some(&mut s.seq.states[l]),
+                })
+                .collect();
+            let out = layer.forward_batch(&mut seqs, spec)?;
+            drop(seqs);
+            for (j, (o, _)) in out.into_iter().enumerate() {
+                h[j] = o;
                 let is =
                     |c: Capture| c == Capture::Tap(l) || (l + 1 < n && c == Capture::Hidden(l + 1));
                 keep(&mut kept[j], capture, is, &h[j]);

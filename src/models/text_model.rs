@@ -9,7 +9,7 @@ use crate::checkpoint::config::Family;
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 use crate::models::layers::norm::Norm;
-use crate::models::layers::{linear, param};
+use crate::models::layers::{linear, linear_each, param, Matrix};
 use crate::models::{DecoderLayer, GdnForm, LayerState, Positions, TextModelSpec};
 use crate::precision::Precision;
 
@@ -108,10 +108,14 @@ impl LmHead {
             .iter()
             .map(|hs| hs.iter().map(|_| Vec::new()).collect())
             .collect();
+        let all: Vec<&Tensor> = inputs.iter().flat_map(|hs| hs.iter()).collect();
         for_each_vocab_chunk(src, name, prec, |_, w| {
-            for (hs, out) in inputs.iter().zip(parts.iter_mut()) {
-                for (h, o) in hs.iter().zip(out.iter_mut()) {
-                    o.push(linear(h, w, prec)?);
+            // Every input against the chunk at once (bitwise each alone).
+            let w = Matrix::of_param(w.clone(), prec)?;
+            let mut ys = linear_each(&all, &w, prec)?.into_iter();
+            for out in parts.iter_mut() {
+                for (o, y) in out.iter_mut().zip(ys.by_ref()) {
+                    o.push(y);
                 }
             }
             Ok(())

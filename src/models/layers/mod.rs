@@ -104,11 +104,50 @@ impl Matrix {
 /// instruction ([`bf16_gemm::available`]), so that [`Matrix::linear`] reads
 /// them as stored; f32 otherwise.
 pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Matrix> {
-    let w = param(src, name, prec)?;
-    if prec == Precision::Bf16 && w.rank() == 2 && w.device().is_cpu() && bf16_gemm::available() {
-        return Matrix::bf16(&w);
+    Matrix::of_param(param(src, name, prec)?, prec)
+}
+
+impl Matrix {
+    /// A loaded parameter `w` (rounded to `prec`) as [`matrix`] keeps it.
+    ///
+    /// Errors: not 2-D.
+    pub fn of_param(w: Tensor, prec: Precision) -> Result<Self> {
+        if prec == Precision::Bf16 && w.rank() == 2 && w.device().is_cpu() && bf16_gemm::available()
+        {
+            return Matrix::bf16(&w);
+        }
+        Matrix::new(w)
     }
-    Matrix::new(w)
+}
+
+/// [`Matrix::linear`] on independent inputs `xs` (`[T_j, in]` each): the
+/// inputs whose rows are computed as in any stack ([`Matrix::rows_batchable`])
+/// share one product, so the weight is packed once for all of them; the
+/// others run alone. Each output is bitwise what its own call gives.
+///
+/// Errors: as [`Matrix::linear`].
+pub fn linear_each(xs: &[&Tensor], w: &Matrix, prec: Precision) -> Result<Vec<Tensor>> {
+    let rows: Vec<usize> = xs.iter().map(|x| x.dim(0).unwrap_or(0)).collect();
+    let stack: Vec<usize> = (0..xs.len())
+        .filter(|&j| w.rows_batchable(rows[j]))
+        .collect();
+    let mut out: Vec<Option<Tensor>> = vec![None; xs.len()];
+    if stack.len() > 1 {
+        let parts: Vec<&Tensor> = stack.iter().map(|&j| xs[j]).collect();
+        let y = w.linear(&Tensor::cat(&parts, 0)?, prec)?;
+        let mut start = 0;
+        for &j in &stack {
+            out[j] = Some(y.narrow(0, start, rows[j])?);
+            start += rows[j];
+        }
+    }
+    xs.iter()
+        .zip(out)
+        .map(|(x, o)| match o {
+            Some(o) => Ok(o),
+            None => w.linear(x, prec),
+        })
+        .collect()
 }
 
 /// True when [`linear`] on an `[m, k]` input with an `[n, k]` weight computes
