@@ -280,7 +280,7 @@ struct CompareArgs {
     /// Also evaluate this DFlash drafter (directory or Hub id) on every path.
     #[arg(value_parser = dir_or_id(), long)]
     drafter: Option<String>,
-    /// Force the prefill-vs-incremental check (by default it runs for models up to 4 GiB of f32 weights; it reads every layer a second time).
+    /// Force the prefill-vs-incremental check (by default it runs for models up to 4 GiB of f32 weights; its 8 single-token steps read every layer 8 more times per path).
     #[arg(long, conflicts_with = "no_incremental")]
     incremental: bool,
     /// Skip the prefill-vs-incremental check.

@@ -66,7 +66,9 @@ fn the_kernel_gives_the_bits_of_the_f32_gemm() {
         );
         let (x, w) = (matrix(m, k, 1 + m as u64), matrix(n, k, 7 + k as u64));
         let pairs = bf16_gemm::Pairs::of(&w).unwrap();
-        let got = bf16_gemm::matmul_nt(&x, &pairs).unwrap();
+        let got = bf16_gemm::matmul_nt(&x, &pairs)
+            .unwrap()
+            .expect("bf16 inputs");
         let want = x.matmul(&w.t().unwrap()).unwrap();
         assert!(
             bits(&got) == bits(&want),
@@ -108,22 +110,31 @@ fn a_bf16_matrix_gives_the_bits_of_linear_on_every_shape() {
     }
 }
 
-/// Values that are not bf16 are refused, never rounded silently.
+/// Inputs that are not bf16 values take the f32 GEMM (never rounded
+/// silently); weights that are not bf16 values and misfit shapes are refused.
 #[test]
 fn refuses_what_it_cannot_compute_exactly() {
     let w = matrix(3, 8, 1);
+    let x = (matrix(300, 8, 2) + 1e-3).unwrap(); // not bf16 values
     if bf16_gemm::available() {
-        let x = (matrix(300, 8, 2) + 1e-3).unwrap(); // not bf16 values
         let pairs = bf16_gemm::Pairs::of(&w).unwrap();
-        assert!(bf16_gemm::matmul_nt(&x, &pairs).is_err());
+        assert!(bf16_gemm::matmul_nt(&x, &pairs).unwrap().is_none());
         assert!(
             bf16_gemm::matmul_nt(&matrix(300, 9, 2), &pairs).is_err(),
             "shapes"
         );
+        let packed = Matrix::bf16(&w).unwrap();
+        let want = linear(&x, &w, Precision::Bf16).unwrap();
+        assert!(bits(&packed.linear(&x, Precision::Bf16).unwrap()) == bits(&want));
     }
     assert!(bf16_gemm::Pairs::of(&(w + 1e-3).unwrap()).is_err());
     assert_eq!(bf16_gemm::exact_for(1, 300, 64), None);
     assert_eq!(bf16_gemm::exact_for(8, 30, 64), None);
-    // 2049 = 3 blocks of 683: a block would split a pair.
-    assert_eq!(bf16_gemm::exact_for(130, 70, 2049), None);
+    // A k-block of an odd number of values would split a pair: refused. Its
+    // size depends on the L1 cache (gemm-common's kernel_params).
+    for k in [1025, 1030, 2049, 3071] {
+        let kc = gemm_common::cache::kernel_params(130, 70, k, 16, 6, 4).kc;
+        let want = (kc.is_multiple_of(2) || kc >= k).then_some(kc);
+        assert_eq!(bf16_gemm::exact_for(130, 70, k), want, "k = {k}, kc = {kc}");
+    }
 }

@@ -42,9 +42,11 @@ pub struct CompareOptions {
     pub command_line: String,
 }
 
-/// The prefill-vs-incremental check streams the weights a second time (one
-/// layer at a time, like the capture): by default it runs when the f32 text
-/// weights take at most this many bytes, so a 27B run is not doubled.
+/// The prefill-vs-incremental check adds, per path and layer, a prefill of
+/// one prompt and 8 single-token steps (each reading the whole layer's
+/// weights, widened to f32 for them) to the capture's sweep (a second
+/// layer-major pass in the recurrent form): by default it runs when the f32
+/// text weights take at most this many bytes.
 pub const INCREMENTAL_AUTO_BYTES: u64 = 4 << 30;
 
 /// Runs the comparison and returns the report.
@@ -381,7 +383,7 @@ fn incremental_wanted(session: &Session, opts: &CompareOptions) -> std::result::
         Ok(())
     } else {
         Err(format!(
-            "prefill-vs-incremental check skipped: it reads every layer a second time ({:.1} GiB in f32); pass --incremental to force it",
+            "prefill-vs-incremental check skipped: its 8 single-token steps read every layer 8 more times per path ({:.1} GiB in f32); pass --incremental to force it",
             f32_bytes as f64 / (1u64 << 30) as f64
         ))
     }

@@ -203,7 +203,7 @@ impl DecoderLayer {
     /// [`Self::forward_routed`] on independent sequences, each as if it ran
     /// alone, bit for bit. The token mixer runs per sequence (with its own
     /// form, positions and decode state); a dense feed-forward runs once over
-    /// the stacked rows of every sequence long enough that its rows are
+    /// the stacked rows (up to [`crate::models::layers::MAX_STACK_ROWS`]) of every sequence long enough that its rows are
     /// computed exactly as in a call of its own ([`Mlp::rows_batchable`]), so
     /// each weight matrix is packed once for all of them instead of once per
     /// sequence. Sparse MoE blocks run per sequence (their routing is
@@ -219,21 +219,19 @@ impl DecoderLayer {
             .iter_mut()
             .map(|s| self.mix(s.h, spec, s.pos, s.form, s.state.as_deref_mut()))
             .collect::<Result<_>>()?;
-        let stack: Vec<usize> = match &self.mlp {
-            FeedForward::Dense(m) => (0..mixed.len())
-                .filter(|&j| m.rows_batchable(mixed[j].dim(0).unwrap_or(0)))
-                .collect(),
+        let rows: Vec<usize> = mixed.iter().map(|m| m.dim(0).unwrap_or(0)).collect();
+        let groups = match &self.mlp {
+            FeedForward::Dense(m) => crate::models::layers::stacks(&rows, |t| m.rows_batchable(t)),
             FeedForward::SparseMoe(_) => Vec::new(),
         };
         let mut out: Vec<Option<(Tensor, Option<Routing>)>> = vec![None; mixed.len()];
-        if stack.len() > 1 {
-            let rows: Vec<&Tensor> = stack.iter().map(|&j| &mixed[j]).collect();
-            let (y, _) = self.feed_forward(&Tensor::cat(&rows, 0)?)?;
+        for group in groups {
+            let parts: Vec<&Tensor> = group.iter().map(|&j| &mixed[j]).collect();
+            let (y, _) = self.feed_forward(&Tensor::cat(&parts, 0)?)?;
             let mut start = 0;
-            for &j in &stack {
-                let t = mixed[j].dim(0)?;
-                out[j] = Some((y.narrow(0, start, t)?, None));
-                start += t;
+            for &j in &group {
+                out[j] = Some((y.narrow(0, start, rows[j])?, None));
+                start += rows[j];
             }
         }
         mixed

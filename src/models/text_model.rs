@@ -111,7 +111,7 @@ impl LmHead {
         let all: Vec<&Tensor> = inputs.iter().flat_map(|hs| hs.iter()).collect();
         for_each_vocab_chunk(src, name, prec, |_, w| {
             // Every input against the chunk at once (bitwise each alone).
-            let w = Matrix::of_param(w.clone(), prec)?;
+            let w = Matrix::of_param_keeping(w.clone(), prec, true)?;
             let mut ys = linear_each(&all, &w, prec)?.into_iter();
             for out in parts.iter_mut() {
                 for (o, y) in out.iter_mut().zip(ys.by_ref()) {

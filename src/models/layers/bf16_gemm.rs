@@ -13,16 +13,18 @@
 //! k, i.e. one rounded addition of an exact product per k; the block sums
 //! are added to the output in order. `vdpbf16ps` adds the two exact
 //! products of a 32-bit pair to an f32 lane as two rounded additions, the
-//! odd element first (Intel SDM, VDPBF16PS; checked on this CPU by
-//! `tests/bf16_gemm.rs`), so with the two halves of every pair swapped and
+//! odd element first (Intel's instruction reference for VDPBF16PS; probed
+//! once at start-up, [`available`]), so with the two halves of every pair swapped and
 //! one lane per output row it makes the same additions in the same order.
 //! The shapes candle sends elsewhere (a single row or column, `m·n <= 256`,
 //! `k <= 2`, an odd `kc`) are not taken here ([`exact_for`]); the caller
 //! uses the f32 GEMM for them.
 //!
 //! One difference remains: the instruction treats subnormal inputs and
-//! results as zero (bf16 subnormals are below 1.2e-38), where the FMA keeps
-//! them; a sum would have to pass within 1.2e-38 of zero for it to show.
+//! results as zero, where the FMA keeps them: an input below 1.2e-38 in
+//! magnitude (a bf16 subnormal, which no checkpoint weight or normalised
+//! activation is in practice), or a partial sum landing there, would part
+//! the two paths; NaN payloads may differ too.
 //!
 //! Portable fallback: without the instruction (or off x86-64) [`available`]
 //! is false, weights stay f32 and `linear` uses candle's GEMM, with the same
@@ -44,8 +46,9 @@ const MV: usize = 2;
 /// column tiles pass over them).
 const MB: usize = 128;
 
-/// True when this CPU has AVX512-BF16 (with AVX512F) and FMA, checked once,
-/// and `HSPARITY_NO_BF16_DOT` is not set.
+/// True when this CPU has AVX512-BF16 (with AVX512F) and FMA, its
+/// `vdpbf16ps` adds as this kernel assumes ([`adds_as_assumed`]), and
+/// `HSPARITY_NO_BF16_DOT` is not set; checked once.
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -55,12 +58,42 @@ pub fn available() -> bool {
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bf16")
+                // SAFETY: the features it needs were just detected.
+                && unsafe { adds_as_assumed() }
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
     }
+}
+
+/// Probes the instruction on values where the order and the rounding of its
+/// two additions show: with an accumulator of 1 and the products −1 and
+/// 2⁻²⁴, odd element first gives 0 (1 + 2⁻²⁴ rounds to 1), even first
+/// 2⁻²⁴; two products of 2⁻²⁴ leave 1 when each addition rounds (a fused
+/// pair sum would give 1 + 2⁻²³). Any other behaviour disables the kernel.
+///
+/// # Safety
+/// The CPU has AVX512F and AVX512-BF16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn adds_as_assumed() -> bool {
+    use std::arch::x86_64::*;
+    let bf = |v: f32| u32::from(half::bf16::from_f32(v).to_bits());
+    // One lane: a = (lo, hi) of x, b = 1.0 in both halves.
+    let dp = |lo: f32, hi: f32| -> f32 {
+        let a = _mm512_set1_epi32((bf(lo) | bf(hi) << 16) as i32);
+        let b = _mm512_set1_epi32((bf(1.0) | bf(1.0) << 16) as i32);
+        let r = _mm512_dpbf16_ps(
+            _mm512_set1_ps(1.0),
+            std::mem::transmute::<__m512i, __m512bh>(a),
+            std::mem::transmute::<__m512i, __m512bh>(b),
+        );
+        _mm_cvtss_f32(_mm512_castps512_ps128(r))
+    };
+    let tiny = 2f32.powi(-24);
+    dp(-1.0, tiny) == 0.0 && dp(tiny, -1.0) == tiny && dp(tiny, tiny) == 1.0
 }
 
 /// The k-block size candle's f32 GEMM sums `x [m, k] · w [n, k]ᵀ` in, when
@@ -132,32 +165,36 @@ impl Pairs {
         [self.n, self.k]
     }
 
-    /// The weight widened back to f32 `[N, K]` (exact).
+    /// The weight widened back to f32 `[N, K]` (exact), rows in parallel.
     ///
     /// Errors: a tensor failure.
     pub fn widen(&self) -> Result<Tensor> {
-        let pairs = self.k.div_ceil(2);
-        let mut v = Vec::with_capacity(self.n * self.k);
-        for row in self.words.chunks_exact(pairs.max(1)).take(self.n) {
-            for (i, &w) in row.iter().enumerate() {
-                v.push(f32::from_bits(w & 0xffff_0000));
-                if 2 * i + 1 < self.k {
-                    v.push(f32::from_bits(w << 16));
+        use rayon::prelude::*;
+        let (k, pairs) = (self.k, self.k.div_ceil(2));
+        let mut v = vec![0f32; self.n * k];
+        v.par_chunks_mut(k.max(1))
+            .zip(self.words.par_chunks(pairs.max(1)))
+            .for_each(|(out, row)| {
+                for (i, &w) in row.iter().enumerate() {
+                    out[2 * i] = f32::from_bits(w & 0xffff_0000);
+                    if 2 * i + 1 < k {
+                        out[2 * i + 1] = f32::from_bits(w << 16);
+                    }
                 }
-            }
-        }
-        Ok(Tensor::from_vec(v, (self.n, self.k), &Device::Cpu)?)
+            });
+        Ok(Tensor::from_vec(v, (self.n, k), &Device::Cpu)?)
     }
 }
 
 /// `x · wᵀ` for `x`: `[M, K]` (f32 holding bf16 values) and `w` the pairs
 /// of a bf16 `[N, K]` weight → `[M, N]` f32, not rounded: bitwise
 /// `x.matmul(&w_f32.t())` with `w_f32` the widened weight, for the shapes
-/// of [`exact_for`]. Needs [`available`].
+/// of [`exact_for`]. Needs [`available`]. `None` when an input value is not
+/// a bf16 value (the caller takes the f32 GEMM).
 ///
-/// Errors: shapes that do not fit or are not exact here, an input that is
-/// not bf16 values, or a CPU without the instruction.
-pub fn matmul_nt(x: &Tensor, w: &Pairs) -> Result<Tensor> {
+/// Errors: shapes that do not fit or are not exact here, or a CPU without
+/// the instruction.
+pub fn matmul_nt(x: &Tensor, w: &Pairs) -> Result<Option<Tensor>> {
     let (m, k) = x.dims2()?;
     let (n, kw) = (w.n, w.k);
     let refuse = |why: &str| -> crate::error::Error {
@@ -173,11 +210,13 @@ pub fn matmul_nt(x: &Tensor, w: &Pairs) -> Result<Tensor> {
         return Err(refuse("not computed exactly by this kernel here"));
     };
     let xv = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-    let a = pack_rows(&xv, m, k).ok_or_else(|| refuse("an input is not a bf16 value"))?;
+    let Some(a) = pack_rows(&xv, m, k) else {
+        return Ok(None);
+    };
     let mut c = vec![0f32; m * n];
     #[cfg(target_arch = "x86_64")]
     gemm(&a, &w.words, &mut c, (m, n, k), kc);
-    Ok(Tensor::from_vec(c, (m, n), x.device())?)
+    Ok(Some(Tensor::from_vec(c, (m, n), x.device())?))
 }
 
 /// `x [m, k]` (f32) as swapped bf16 pairs, 16 rows per group:

@@ -50,6 +50,19 @@ impl Matrix {
         })
     }
 
+    /// An f32 CPU weight holding bf16 values, kept as [`bf16_gemm::Pairs`]
+    /// and, with `keep_f32`, as given too (no widening later; for a
+    /// short-lived weight such as an LM-head chunk).
+    ///
+    /// Errors: not 2-D, or a value that is not bf16.
+    pub fn bf16_keeping(w: Tensor, keep_f32: bool) -> Result<Self> {
+        let mut m = Self::bf16(&w)?;
+        if keep_f32 {
+            m.wide = OnceLock::from(w);
+        }
+        Ok(m)
+    }
+
     /// An f32 CPU weight holding bf16 values, kept as [`bf16_gemm::Pairs`] only.
     ///
     /// Errors: not 2-D, or a value that is not bf16.
@@ -84,7 +97,9 @@ impl Matrix {
     pub fn linear(&self, x: &Tensor, prec: Precision) -> Result<Tensor> {
         if let (Some(p), &[m, k]) = (&self.pairs, x.dims()) {
             if bf16_gemm::exact_for(m, self.dims[0], k).is_some() {
-                return prec.round(&bf16_gemm::matmul_nt(x, p)?);
+                if let Some(y) = bf16_gemm::matmul_nt(x, p)? {
+                    return prec.round(&y);
+                }
             }
         }
         linear(x, self.f32()?, prec)
@@ -112,9 +127,17 @@ impl Matrix {
     ///
     /// Errors: not 2-D.
     pub fn of_param(w: Tensor, prec: Precision) -> Result<Self> {
+        Self::of_param_keeping(w, prec, false)
+    }
+
+    /// [`Self::of_param`], keeping the f32 tensor as well with `keep_f32`
+    /// ([`Self::bf16_keeping`]).
+    ///
+    /// Errors: not 2-D.
+    pub fn of_param_keeping(w: Tensor, prec: Precision, keep_f32: bool) -> Result<Self> {
         if prec == Precision::Bf16 && w.rank() == 2 && w.device().is_cpu() && bf16_gemm::available()
         {
-            return Matrix::bf16(&w);
+            return Matrix::bf16_keeping(w, keep_f32);
         }
         Matrix::new(w)
     }
@@ -128,15 +151,12 @@ impl Matrix {
 /// Errors: as [`Matrix::linear`].
 pub fn linear_each(xs: &[&Tensor], w: &Matrix, prec: Precision) -> Result<Vec<Tensor>> {
     let rows: Vec<usize> = xs.iter().map(|x| x.dim(0).unwrap_or(0)).collect();
-    let stack: Vec<usize> = (0..xs.len())
-        .filter(|&j| w.rows_batchable(rows[j]))
-        .collect();
     let mut out: Vec<Option<Tensor>> = vec![None; xs.len()];
-    if stack.len() > 1 {
-        let parts: Vec<&Tensor> = stack.iter().map(|&j| xs[j]).collect();
+    for group in stacks(&rows, |t| w.rows_batchable(t)) {
+        let parts: Vec<&Tensor> = group.iter().map(|&j| xs[j]).collect();
         let y = w.linear(&Tensor::cat(&parts, 0)?, prec)?;
         let mut start = 0;
-        for &j in &stack {
+        for &j in &group {
             out[j] = Some(y.narrow(0, start, rows[j])?);
             start += rows[j];
         }
@@ -150,17 +170,44 @@ pub fn linear_each(xs: &[&Tensor], w: &Matrix, prec: Precision) -> Result<Vec<Te
         .collect()
 }
 
+/// Rows a stack of sequences may hold: enough for the GEMM to pack each
+/// weight once for many sequences, few enough that a long prompt set does
+/// not hold every row's intermediate activations at once.
+pub const MAX_STACK_ROWS: usize = 2048;
+
+/// Groups of at least two of the sequences with `rows[j]` rows that
+/// `eligible` accepts, in order, each of at most [`MAX_STACK_ROWS`] rows
+/// (a sequence longer than that stays alone).
+pub fn stacks(rows: &[usize], eligible: impl Fn(usize) -> bool) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let (mut cur, mut total) = (Vec::new(), 0);
+    for (j, &t) in rows.iter().enumerate() {
+        if !eligible(t) || t > MAX_STACK_ROWS {
+            continue;
+        }
+        if total + t > MAX_STACK_ROWS {
+            groups.push(std::mem::take(&mut cur));
+            total = 0;
+        }
+        cur.push(j);
+        total += t;
+    }
+    groups.push(cur);
+    groups.retain(|g| g.len() > 1);
+    groups
+}
+
 /// True when [`linear`] on an `[m, k]` input with an `[n, k]` weight computes
 /// every output row exactly as it would with more rows stacked under it, so
 /// independent sequences can share one product (and one packing of the
 /// weight). candle's CPU matmul calls gemm-common 0.19's `gemm_basic_generic`,
 /// whose blocked kernel sums each output in k-blocks that depend on `k` alone
 /// (`cache::kernel_params`); it takes other routes, with other summation
-/// orders, for `k <= 2` (`gevv`), a single row (`gemv`), `m * n <= 256` (the
+/// orders, for `k <= 2` (`gevv`), a single row or column (`gemv`), `m * n <= 256` (the
 /// horizontal kernel) and `m, n <= 64` (its small-size block size). A taller
 /// stack of such rows takes the blocked kernel too.
 pub fn rows_batchable(m: usize, k: usize, n: usize) -> bool {
-    m >= 2 && k > 2 && m * n > 256 && (m > 64 || n > 64)
+    m >= 2 && n >= 2 && k > 2 && m * n > 256 && (m > 64 || n > 64)
 }
 
 /// Loads `name` rounded to the compute dtype (a parameter of a model loaded in `prec`).
