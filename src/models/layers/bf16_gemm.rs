@@ -209,13 +209,33 @@ pub fn matmul_nt(x: &Tensor, w: &Pairs) -> Result<Option<Tensor>> {
     let Some(kc) = exact_for(m, n, k).filter(|_| available()) else {
         return Err(refuse("not computed exactly by this kernel here"));
     };
-    let xv = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-    let Some(a) = pack_rows(&xv, m, k) else {
+    let x = x.contiguous()?;
+    let packed = {
+        let (storage, layout) = x.storage_and_layout();
+        match (&*storage, layout.contiguous_offsets()) {
+            (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((s, e))) => {
+                pack_rows(&v[s..e], m, k)
+            }
+            _ => pack_rows(&x.flatten_all()?.to_vec1::<f32>()?, m, k),
+        }
+    };
+    let Some(a) = packed else {
         return Ok(None);
     };
-    let mut c = vec![0f32; m * n];
     #[cfg(target_arch = "x86_64")]
-    gemm(&a, &w.words, &mut c, (m, n, k), kc);
+    let c = {
+        let mut c: Vec<f32> = Vec::with_capacity(m * n);
+        // SAFETY: the first k-block of every tile stores each of the m·n
+        // elements before any is read (`kernel`), so all are initialised
+        // when the length is set.
+        unsafe {
+            gemm(&a, &w.words, c.as_mut_ptr(), (m, n, k), kc);
+            c.set_len(m * n);
+        }
+        c
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let c = vec![0f32; m * n];
     Ok(Some(Tensor::from_vec(c, (m, n), x.device())?))
 }
 
@@ -223,25 +243,32 @@ pub fn matmul_nt(x: &Tensor, w: &Pairs) -> Result<Option<Tensor>> {
 /// `[group][pair][lane]` = `x[2p] << 16 | x[2p + 1]` of row `16·group +
 /// lane` (0 past the last row or column). `None` when a value is not bf16.
 fn pack_rows(x: &[f32], m: usize, k: usize) -> Option<Vec<u32>> {
+    use rayon::prelude::*;
     let (groups, pairs) = (m.div_ceil(16), k.div_ceil(2));
     let mut out = vec![0u32; groups * pairs * 16];
     let bf = |v: f32| -> Option<u32> {
         let b = v.to_bits();
         (b & 0xffff == 0).then_some(b >> 16)
     };
-    for r in 0..m {
-        let row = &x[r * k..(r + 1) * k];
-        let (g, lane) = (r / 16, r % 16);
-        for p in 0..pairs {
-            let hi = bf(row[2 * p])?;
-            let lo = match row.get(2 * p + 1) {
-                Some(&v) => bf(v)?,
-                None => 0,
-            };
-            out[(g * pairs + p) * 16 + lane] = hi << 16 | lo;
-        }
-    }
-    Some(out)
+    let ok = out
+        .par_chunks_mut((pairs * 16).max(1))
+        .enumerate()
+        .all(|(g, group)| {
+            (g * 16..(g * 16 + 16).min(m)).all(|r| {
+                let (row, lane) = (&x[r * k..(r + 1) * k], r % 16);
+                row.chunks(2).enumerate().all(|(p, two)| {
+                    let lo = two.get(1).map_or(Some(0), |&v| bf(v));
+                    match (bf(two[0]), lo) {
+                        (Some(hi), Some(lo)) => {
+                            group[p * 16 + lane] = hi << 16 | lo;
+                            true
+                        }
+                        _ => false,
+                    }
+                })
+            })
+        });
+    ok.then_some(out)
 }
 
 /// The output, shared by the threads, each writing its own columns.
@@ -262,13 +289,17 @@ impl Out {
 /// pairs `b` of `w [n, k]` ([`Pairs`]), in k-blocks of `kc`; column tiles
 /// split over the threads.
 #[cfg(target_arch = "x86_64")]
-fn gemm(a: &[u32], b: &[u32], c: &mut [f32], (m, n, k): (usize, usize, usize), kc: usize) {
+///
+/// # Safety
+/// [`available`]; `c` points to `m·n` writable f32 (initialised or not: the
+/// first k-block stores every element before any is read).
+unsafe fn gemm(a: &[u32], b: &[u32], c: *mut f32, (m, n, k): (usize, usize, usize), kc: usize) {
     use rayon::prelude::*;
     let tiles = n.div_ceil(NR);
     let threads = rayon::current_num_threads().max(1);
     let per = tiles.div_ceil(threads).max(1);
     let groups = m.div_ceil(16);
-    let out = Out(c.as_mut_ptr());
+    let out = Out(c);
     (0..tiles.div_ceil(per)).into_par_iter().for_each(|chunk| {
         let (t0, t1) = (chunk * per, ((chunk + 1) * per).min(tiles));
         for g0 in (0..groups).step_by(MB / 16) {
