@@ -5,6 +5,8 @@
 //! where it is exact, the f32 GEMM elsewhere). Where the CPU lacks the
 //! instruction the weights stay f32 (`bf16_gemm::available` is false).
 
+mod common;
+
 use candle_core::{Device, Tensor};
 use hsparity::models::layers::{bf16_gemm, linear, Matrix};
 use hsparity::precision::Precision;
@@ -137,4 +139,46 @@ fn refuses_what_it_cannot_compute_exactly() {
         let want = (kc.is_multiple_of(2) || kc >= k).then_some(kc);
         assert_eq!(bf16_gemm::exact_for(130, 70, k), want, "k = {k}, kc = {kc}");
     }
+}
+
+/// A checkpoint stored in bf16 gives its linear weights' pairs straight from
+/// the mapped bytes, equal to the parameter `tensor_in` loads (widened back,
+/// bit for bit), for every linear weight of the model; an f32 checkpoint
+/// gives none (its values need rounding first).
+#[test]
+fn pairs_from_a_bf16_checkpoint_equal_the_loaded_parameter() {
+    use hsparity::loading::{LoadingPath, WeightSource};
+    use hsparity::session::Session;
+    let dir = "fixtures/divergence/bf16-auto";
+    let session = Session::open(&common::target(dir, None), &[LoadingPath::CausalLm]).unwrap();
+    let view = &session.paths[0].view;
+    let mut checked = 0;
+    for l in 0..session.spec.num_layers() {
+        for name in session.spec.layer_tensor_names(l) {
+            let w = view.tensor_in(&name, Precision::Bf16).unwrap();
+            let Some((dims, words)) = view.bf16_pairs(&name).unwrap() else {
+                continue;
+            };
+            assert_eq!(&dims[..], w.dims(), "{name}");
+            let pairs = bf16_gemm::Pairs::from_words(dims, words).unwrap();
+            assert!(
+                bits(&pairs.widen().unwrap()) == bits(&w),
+                "{name}: pairs differ from the parameter"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "only {checked} weights came as pairs");
+    let f32_session = Session::open(
+        &common::target("fixtures/tiny-qwen3_5", None),
+        &[LoadingPath::CausalLm],
+    )
+    .unwrap();
+    let f32_view = &f32_session.paths[0].view;
+    let names = f32_session.spec.layer_tensor_names(0);
+    let name = names
+        .iter()
+        .find(|n| f32_view.shape(n).is_some_and(|s| s.len() == 2))
+        .unwrap();
+    assert!(f32_view.bf16_pairs(name).unwrap().is_none(), "{name}");
 }

@@ -117,6 +117,68 @@ impl Weights {
         Ok(Tensor::from_vec(v, t.shape.clone(), &Device::Cpu)?)
     }
 
+    /// The 2-D tensor `name` stored in bf16, `[N, K]`, as its bf16 pairs
+    /// straight from the mapped bytes (no f32 copy): per row,
+    /// `w[2p] << 16 | w[2p + 1]` (the last `w[K−1] << 16` when K is odd),
+    /// rows in parallel; the layout `models::layers::bf16_gemm::Pairs`
+    /// holds; with the counts of its NaN and Inf values (counted in the same
+    /// pass). `None` when it is not a 2-D bf16 tensor.
+    ///
+    /// Errors: as [`Self::load_f32_rounded`].
+    pub fn load_bf16_pairs(&self, name: &str) -> Result<Option<Bf16Pairs>> {
+        use rayon::prelude::*;
+        let t = self.header(name)?;
+        let (&[n, k], Some(Stored::Bf16)) = (&t.shape[..], Stored::of(t)) else {
+            return Ok(None);
+        };
+        let bytes = self.bytes(&t.name)?;
+        let src = bytes.get(..n * k * 2).ok_or_else(|| {
+            Error::Checkpoint(format!(
+                "tensor {}: {} bytes do not hold shape {:?} in {}",
+                t.name,
+                bytes.len(),
+                t.shape,
+                t.dtype
+            ))
+        })?;
+        let pairs = k.div_ceil(2);
+        let mut words = vec![0u32; n * pairs];
+        // bf16 NaN: exponent all ones, mantissa non-zero; Inf: mantissa zero.
+        let class = |v: u16| match (v & 0x7f80 == 0x7f80, v & 0x007f != 0) {
+            (true, true) => (1, 0),
+            (true, false) => (0, 1),
+            _ => (0, 0),
+        };
+        let (nan, inf) = words
+            .par_chunks_mut(pairs.max(1))
+            .zip(src.par_chunks(2 * k.max(1)))
+            .map(|(out, row)| {
+                let (mut nan, mut inf) = (0usize, 0usize);
+                for (o, two) in out.iter_mut().zip(row.chunks(4)) {
+                    let hi = u16::from_le_bytes([two[0], two[1]]);
+                    let lo = match two {
+                        [_, _, a, b] => u16::from_le_bytes([*a, *b]),
+                        _ => 0,
+                    };
+                    for v in [hi, lo] {
+                        let (a, b) = class(v);
+                        nan += a;
+                        inf += b;
+                    }
+                    *o = u32::from(hi) << 16 | u32::from(lo);
+                }
+                (nan, inf)
+            })
+            .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        self.release(t, 0, n * k * 2);
+        Ok(Some(Bf16Pairs {
+            dims: [n, k],
+            words,
+            nan,
+            inf,
+        }))
+    }
+
     /// Rows `start .. start+len` of the 2-D (or higher) tensor `name`, as f32
     /// `[len, ..]`, rounded to `prec` (`None`: not rounded). Reads only those
     /// rows' bytes (the LM head is applied in vocabulary chunks this way).
@@ -299,6 +361,19 @@ fn dtype_width(t: &TensorHeader) -> Option<usize> {
         "F64" => Some(8),
         _ => None,
     }
+}
+
+/// A bf16 tensor as pairs ([`Weights::load_bf16_pairs`]).
+#[derive(Debug, Clone)]
+pub struct Bf16Pairs {
+    /// `[N, K]`.
+    pub dims: [usize; 2],
+    /// Per row, `w[2p] << 16 | w[2p + 1]` (`w[K−1] << 16` last when K is odd).
+    pub words: Vec<u32>,
+    /// NaN values in the tensor.
+    pub nan: usize,
+    /// Inf values in the tensor.
+    pub inf: usize,
 }
 
 /// Floating-point storage dtypes the weights come in.

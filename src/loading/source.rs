@@ -46,6 +46,19 @@ pub trait WeightSource {
         Ok(self.tensor_in(name, prec)?.narrow(0, start, len)?)
     }
 
+    /// `name` as bf16 pairs (`Weights::load_bf16_pairs`: `[N, K]` and per
+    /// row `w[2p] << 16 | w[2p + 1]`) read straight from a checkpoint that
+    /// stores it in bf16, for a model computing in bf16 on the CPU; `None`
+    /// (the default) when the source cannot, and the caller loads it with
+    /// [`Self::tensor_in`] instead. The values are those `tensor_in(name,
+    /// Bf16)` gives, and the NaN/Inf scan is the same.
+    ///
+    /// Errors: as [`Self::tensor`].
+    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], Vec<u32>)>> {
+        let _ = name;
+        Ok(None)
+    }
+
     /// Shape of `name` without loading it, when the source knows it.
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
         let _ = name;

@@ -354,6 +354,32 @@ impl WeightSource for TensorView {
         }
     }
 
+    /// A bf16 checkpoint key on a CPU view: its pairs from the mapped bytes,
+    /// the key's bytes scanned for NaN/Inf (the counts `tensor_in` records
+    /// for an exact dtype). Missing, converted or non-bf16 tensors: `None`.
+    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], Vec<u32>)>> {
+        if !self.device.is_cpu() {
+            return Ok(None);
+        }
+        let Some(key) = self.key(name)? else {
+            return Ok(None);
+        };
+        let stored_bf16 = self
+            .weights
+            .index()
+            .get(key)
+            .is_some_and(|h| h.dtype == "BF16");
+        if !stored_bf16 {
+            return Ok(None);
+        }
+        Ok(self.weights.load_bf16_pairs(key)?.map(|p| {
+            if !self.scanned(key) {
+                self.record_non_finite(key, p.nan, p.inf);
+            }
+            (p.dims, p.words)
+        }))
+    }
+
     /// Reads only expert `e`'s bytes: a row of a fused tensor on disk, or the
     /// expert's per-expert keys of a converted parameter. The whole parameter
     /// is scanned for NaN/Inf on its first expert read (from its bytes).

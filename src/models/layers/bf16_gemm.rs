@@ -160,6 +160,20 @@ impl Pairs {
         Ok(Self { n, k, words })
     }
 
+    /// Pairs as a checkpoint's bf16 bytes give them (`WeightSource::bf16_pairs`).
+    ///
+    /// Errors: `words` does not hold `dims`.
+    pub fn from_words([n, k]: [usize; 2], words: Vec<u32>) -> Result<Self> {
+        if words.len() != n * k.div_ceil(2) {
+            return Err(candle_core::Error::Msg(format!(
+                "bf16 pairs: {} words do not hold [{n}, {k}]",
+                words.len()
+            ))
+            .into());
+        }
+        Ok(Self { n, k, words })
+    }
+
     /// `[N, K]`.
     pub fn dims(&self) -> [usize; 2] {
         [self.n, self.k]

@@ -119,6 +119,18 @@ impl Matrix {
 /// instruction ([`bf16_gemm::available`]), so that [`Matrix::linear`] reads
 /// them as stored; f32 otherwise.
 pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Matrix> {
+    if prec == Precision::Bf16 && bf16_gemm::available() {
+        // Stored in bf16: the pairs straight from the checkpoint's bytes.
+        if let Some((dims, words)) = src.bf16_pairs(name)? {
+            return Ok(Matrix {
+                dims,
+                wide: OnceLock::new(),
+                pairs: Some(std::sync::Arc::new(bf16_gemm::Pairs::from_words(
+                    dims, words,
+                )?)),
+            });
+        }
+    }
     Matrix::of_param(param(src, name, prec)?, prec)
 }
 
