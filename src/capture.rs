@@ -7,6 +7,7 @@
 //! their inputs are bitwise equal as well.
 
 mod decode;
+mod head;
 mod share;
 
 use candle_core::Tensor;
@@ -16,13 +17,13 @@ use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::moe::Routing;
 use crate::models::{
-    DecoderLayer, Embedding, FinalNorm, GdnForm, LmHead, Positions, Sequence, TextModelSpec,
+    DecoderLayer, Embedding, FinalNorm, GdnForm, Positions, Sequence, TextModelSpec,
 };
 use crate::precision::Precision;
 use crate::progress::RunProgress;
 pub use decode::CachedDecode;
 use decode::{DecodePlan, DecodeRows};
-use share::{group_bytes, load_shared, same_input, share_groups, tensor_bytes};
+use share::{group_bytes, load_shared, same_input, share_groups};
 
 /// What a `hidden_states` entry is (the `layer_type` of the report;
 /// serialised as [`HiddenKind::as_str`]).
@@ -167,6 +168,23 @@ struct LayerRun {
     local_routing: Vec<Option<Vec<Routing>>>,
 }
 
+/// A path's own forward of a layer: its inputs, the earlier runs it may
+/// reuse, and path 0's inputs to run its local forward on in the same batch
+/// (empty: none).
+#[derive(Clone, Copy)]
+struct Own<'a> {
+    inputs: &'a [Tensor],
+    done: &'a [Done<'a>],
+    locals: &'a [Tensor],
+}
+
+/// What [`Run::with_decode`] gives: the own outputs, the cached decode's
+/// rows, and the stacked local forward's outputs (per prompt; empty: none).
+type OwnRun = (Outputs, Option<DecodeRows>, Ran);
+
+/// The outputs (and routings) of a batch's extra sequences, in order.
+type Ran = Vec<(Tensor, Option<Routing>)>;
+
 /// Everything one capture shares across its steps.
 struct Run<'a> {
     spec: &'a TextModelSpec,
@@ -215,8 +233,8 @@ impl Run<'_> {
         inputs: &[Tensor],
         done: &[Done],
         local: bool,
-        extra: Option<Sequence>,
-    ) -> Result<(Outputs, Option<Tensor>)> {
+        extra: Vec<Sequence>,
+    ) -> Result<(Outputs, Ran)> {
         let mut reused: Vec<Option<(Tensor, Option<Routing>)>> = Vec::with_capacity(inputs.len());
         for (k, h) in inputs.iter().enumerate() {
             let earlier = done
@@ -243,7 +261,7 @@ impl Run<'_> {
             .collect();
         seqs.extend(extra);
         let mut ran = layer.forward_batch(&mut seqs, self.spec)?;
-        let extra = (ran.len() > todo.len()).then(|| ran.remove(todo.len()).0);
+        let extra = ran.split_off(todo.len().min(ran.len()));
         for (&k, r) in todo.iter().zip(ran) {
             reused[k] = Some(r);
         }
@@ -271,6 +289,7 @@ impl Run<'_> {
         let mut next: Vec<Vec<Tensor>> = Vec::with_capacity(self.paths.len());
         let mut routes: Vec<Vec<Option<Routing>>> = Vec::with_capacity(self.paths.len());
         let mut decode: Vec<DecodeRows> = Vec::with_capacity(decode_in.len());
+        let mut stacked_local: Vec<Option<Outputs>> = Vec::with_capacity(self.paths.len());
         for p in 0..self.paths.len() {
             let done: Vec<Done> = (0..p)
                 .filter(|&q| groups[q] == groups[p])
@@ -282,27 +301,47 @@ impl Run<'_> {
                     )
                 })
                 .collect();
-            let ((out, r), rows) = match (&self.decode, decode_in.get(p)) {
+            // A path alone in its group runs its local forward (its layer on
+            // path 0's input) stacked with its own: nothing to reuse either way.
+            let n = self.paths.len();
+            let stack_local = local && p > 0 && (0..n).all(|q| q == p || groups[q] != groups[p]);
+            let with_local = if stack_local {
+                states[0].as_slice()
+            } else {
+                &[]
+            };
+            let ((out, r), rows, lo) = match (&self.decode, decode_in.get(p)) {
                 (Some(plan), Some(rows)) => {
                     let same: Vec<usize> = (0..p).filter(|&q| groups[q] == groups[p]).collect();
                     let same: Vec<(usize, &DecodeRows)> =
                         same.into_iter().map(|q| (q, &decode_in[q])).collect();
-                    self.with_decode(&layers[p], p, &states[p], &done, plan, rows, &decode, &same)?
+                    let own = Own {
+                        inputs: &states[p],
+                        done: &done,
+                        locals: with_local,
+                    };
+                    self.with_decode(&layers[p], p, own, plan, rows, &decode, &same)?
                 }
-                _ => (
-                    self.forward(&layers[p], p, &states[p], &done, false, None)?
-                        .0,
-                    None,
-                ),
+                _ => {
+                    let extra = self.local_sequences(with_local);
+                    let (out, lo) = self.forward(&layers[p], p, &states[p], &done, false, extra)?;
+                    (out, None, lo)
+                }
             };
             next.push(out);
             routes.push(r);
             decode.extend(rows);
+            stacked_local.push(stack_local.then(|| lo.into_iter().unzip::<_, _, Vec<_>, Vec<_>>()));
         }
         let n = self.paths.len();
         let (mut locals, mut local_routes) = (vec![None; n], vec![None; n]);
         if local {
             for p in 1..n {
+                if let Some(Some((o, r))) = stacked_local.get_mut(p).map(Option::take) {
+                    locals[p] = Some(o);
+                    local_routes[p] = r.into_iter().collect::<Option<Vec<_>>>();
+                    continue;
+                }
                 // Path p's layer on path 0's input: path 0's output when the
                 // layer is shared with path 0, else reuse any path q with the
                 // same layer already run on that input.
@@ -319,7 +358,7 @@ impl Run<'_> {
                             )
                         })
                         .collect();
-                    self.forward(&layers[p], p, &states[0], &done, true, None)?
+                    self.forward(&layers[p], p, &states[0], &done, true, Vec::new())?
                         .0
                 };
                 locals[p] = Some(o);
@@ -350,31 +389,47 @@ impl Run<'_> {
         &self,
         layer: &DecoderLayer,
         p: usize,
-        inputs: &[Tensor],
-        done: &[Done],
+        own: Own,
         plan: &DecodePlan,
         rows: &DecodeRows,
         done_rows: &[DecodeRows],
         same: &[(usize, &DecodeRows)],
-    ) -> Result<(Outputs, Option<DecodeRows>)> {
+    ) -> Result<OwnRun> {
         let mine = rows.tensors();
         let earlier: Vec<(usize, Vec<Tensor>)> =
             same.iter().map(|(q, r)| (*q, r.tensors())).collect();
         let seen = earlier.iter().map(|(q, t)| (*q, t.as_slice()));
+        let locals = self.local_sequences(own.locals);
         if let Some(q) = same_input(seen, &mine)? {
-            let out = self.forward(layer, p, inputs, done, false, None)?.0;
-            return Ok((out, Some(done_rows[q].clone())));
+            let (out, lo) = self.forward(layer, p, own.inputs, own.done, false, locals)?;
+            return Ok((out, Some(done_rows[q].clone()), lo));
         }
         let mut state = layer.new_state(self.spec);
-        let seq = plan.prefill_sequence(rows, &mut state);
-        let (out, prefill) = self.forward(layer, p, inputs, done, false, Some(seq))?;
-        let prefill = prefill.ok_or_else(|| {
-            crate::error::Error::Tensor(candle_core::Error::Msg(
+        let mut extra = vec![plan.prefill_sequence(rows, &mut state)];
+        extra.extend(locals);
+        let (out, mut ran) = self.forward(layer, p, own.inputs, own.done, false, extra)?;
+        if ran.is_empty() {
+            return Err(crate::error::Error::Tensor(candle_core::Error::Msg(
                 "the cached decode's prefill returned no rows".into(),
-            ))
-        })?;
+            )));
+        }
+        let prefill = ran.remove(0).0;
         let steps = plan.steps(layer, self.spec, rows, &mut state)?;
-        Ok((out, Some(DecodeRows { prefill, steps })))
+        Ok((out, Some(DecodeRows { prefill, steps }), ran))
+    }
+
+    /// Path 0's inputs `inputs` as fresh sequences of a batch (a local forward).
+    fn local_sequences<'s>(&'s self, inputs: &'s [Tensor]) -> Vec<Sequence<'s>> {
+        inputs
+            .iter()
+            .zip(&self.pos)
+            .map(|(h, pos)| Sequence {
+                h,
+                pos,
+                form: self.form,
+                state: None,
+            })
+            .collect()
     }
 
     /// The final norm over the last layer's outputs (propagated and local)
@@ -410,59 +465,6 @@ impl Run<'_> {
             .map(|(norm, rows)| apply(norm, &rows.steps))
             .collect::<Result<_>>()?;
         Ok((states, local, steps))
-    }
-
-    /// Logits of every path with an LM head: `lm_head.weight` in vocabulary
-    /// chunks, each chunk read once for all paths sharing it (same bytes,
-    /// same dtype), and run once per bitwise-distinct input.
-    fn logits(&self, states: &[Vec<Tensor>]) -> Result<Vec<Option<Vec<Tensor>>>> {
-        let names = ["lm_head.weight".to_string()];
-        let groups = share_groups(self.paths, &names);
-        let paths = self.paths;
-        let mut logits: Vec<Option<Vec<Tensor>>> = vec![None; paths.len()];
-        for p in (0..paths.len()).filter(|&p| paths[p].has_lm_head && groups[p] == p) {
-            let members: Vec<usize> = (p..paths.len())
-                .filter(|&q| paths[q].has_lm_head && groups[q] == p)
-                .collect();
-            let mut distinct: Vec<usize> = Vec::new();
-            let mut same_as: Vec<usize> = Vec::with_capacity(members.len());
-            for &q in &members {
-                let seen = distinct
-                    .iter()
-                    .enumerate()
-                    .map(|(j, &r)| (j, states[r].as_slice()));
-                same_as.push(match same_input(seen, &states[q])? {
-                    Some(j) => j,
-                    None => {
-                        distinct.push(q);
-                        distinct.len() - 1
-                    }
-                });
-            }
-            let inputs: Vec<&[Tensor]> = distinct.iter().map(|&r| states[r].as_slice()).collect();
-            let out = LmHead::forward_streamed(paths[p].source, paths[p].precision, &inputs)?;
-            self.progress.loading.inc(tensor_bytes(&paths[p], &names));
-            for (&q, &j) in members.iter().zip(&same_as) {
-                logits[q] = Some(out[j].clone());
-            }
-        }
-        Ok(logits)
-    }
-
-    /// f32 bytes the capture will materialise (each shared copy once).
-    fn total_bytes(&self) -> u64 {
-        let paths = self.paths;
-        let shared = |names: &[String]| group_bytes(paths, names, &share_groups(paths, names));
-        let head = ["lm_head.weight".to_string()];
-        let head_groups = share_groups(paths, &head);
-        (0..self.spec.num_layers())
-            .map(|l| shared(&self.spec.layer_tensor_names(l)))
-            .sum::<u64>()
-            + shared(&["norm.weight".to_string()])
-            + (0..paths.len())
-                .filter(|&p| paths[p].has_lm_head && head_groups[p] == p)
-                .map(|p| tensor_bytes(&paths[p], &head))
-                .sum::<u64>()
     }
 }
 
