@@ -131,16 +131,7 @@ impl Weights {
         let (&[n, k], Some(Stored::Bf16)) = (&t.shape[..], Stored::of(t)) else {
             return Ok(None);
         };
-        let bytes = self.bytes(&t.name)?;
-        let src = bytes.get(..n * k * 2).ok_or_else(|| {
-            Error::Checkpoint(format!(
-                "tensor {}: {} bytes do not hold shape {:?} in {}",
-                t.name,
-                bytes.len(),
-                t.shape,
-                t.dtype
-            ))
-        })?;
+        let src = self.span(t, 0, n * k * 2)?;
         let pairs = k.div_ceil(2);
         let mut words = vec![0u32; n * pairs];
         // bf16 NaN: exponent all ones, mantissa non-zero; Inf: mantissa zero.
@@ -276,18 +267,9 @@ impl Weights {
         prec: Option<Precision>,
     ) -> Result<Vec<f32>> {
         let width = dtype_width(t).ok_or_else(|| self.not_float(t))?;
-        let bytes = self.bytes(&t.name)?;
         let row_elems: usize = t.shape.iter().skip(1).product();
         let (b, e) = (start * row_elems * width, (start + len) * row_elems * width);
-        let src = bytes.get(b..e).ok_or_else(|| {
-            Error::Checkpoint(format!(
-                "tensor {}: {} bytes do not hold shape {:?} in {}",
-                t.name,
-                bytes.len(),
-                t.shape,
-                t.dtype
-            ))
-        })?;
+        let src = self.span(t, b, e)?;
         // A value that is already exact in the compute dtype needs no rounding.
         let prec = prec.filter(|p| !p.is_exact_for(&t.dtype));
         let dtype = Stored::of(t).ok_or_else(|| self.not_float(t))?;
@@ -301,6 +283,22 @@ impl Weights {
         };
         self.release(t, b, e - b);
         Ok(v)
+    }
+
+    /// Bytes `b .. e` of tensor `t`'s data.
+    ///
+    /// Errors: the file holds fewer bytes than its shape and dtype need.
+    fn span(&self, t: &TensorHeader, b: usize, e: usize) -> Result<&[u8]> {
+        let bytes = self.bytes(&t.name)?;
+        bytes.get(b..e).ok_or_else(|| {
+            Error::Checkpoint(format!(
+                "tensor {}: {} bytes do not hold shape {:?} in {}",
+                t.name,
+                bytes.len(),
+                t.shape,
+                t.dtype
+            ))
+        })
     }
 
     /// Drops the pages of bytes `off .. off+len` of tensor `t` from this

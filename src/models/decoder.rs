@@ -8,6 +8,7 @@ use crate::checkpoint::config::{Family, LayerType};
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::layers::attention::{Attention, KvCache};
+use crate::models::layers::each_stacked;
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::Norm;
 use crate::models::moe::{Routing, SparseMoeBlock};
@@ -203,7 +204,7 @@ impl DecoderLayer {
     /// [`Self::forward_routed`] on independent sequences, each as if it ran
     /// alone, bit for bit. The token mixer runs per sequence (with its own
     /// form, positions and decode state); a dense feed-forward runs once over
-    /// the stacked rows (up to [`crate::models::layers::MAX_STACK_ROWS`]) of every sequence long enough that its rows are
+    /// the stacked rows ([`each_stacked`]) of every sequence long enough that its rows are
     /// computed exactly as in a call of its own ([`Mlp::rows_batchable`]), so
     /// each weight matrix is packed once for all of them instead of once per
     /// sequence. Sparse MoE blocks run per sequence (their routing is
@@ -219,29 +220,18 @@ impl DecoderLayer {
             .iter_mut()
             .map(|s| self.mix(s.h, spec, s.pos, s.form, s.state.as_deref_mut()))
             .collect::<Result<_>>()?;
-        let rows: Vec<usize> = mixed.iter().map(|m| m.dim(0).unwrap_or(0)).collect();
-        let groups = match &self.mlp {
-            FeedForward::Dense(m) => crate::models::layers::stacks(&rows, |t| m.rows_batchable(t)),
-            FeedForward::SparseMoe(_) => Vec::new(),
-        };
-        let mut out: Vec<Option<(Tensor, Option<Routing>)>> = vec![None; mixed.len()];
-        for group in groups {
-            let parts: Vec<&Tensor> = group.iter().map(|&j| &mixed[j]).collect();
-            let (y, _) = self.feed_forward(&Tensor::cat(&parts, 0)?)?;
-            let mut start = 0;
-            for &j in &group {
-                out[j] = Some((y.narrow(0, start, rows[j])?, None));
-                start += rows[j];
+        match &self.mlp {
+            FeedForward::Dense(m) => {
+                let refs: Vec<&Tensor> = mixed.iter().collect();
+                let ys = each_stacked(
+                    &refs,
+                    |t| m.rows_batchable(t),
+                    |h| Ok(self.feed_forward(h)?.0),
+                )?;
+                Ok(ys.into_iter().map(|y| (y, None)).collect())
             }
+            FeedForward::SparseMoe(_) => mixed.iter().map(|h| self.feed_forward(h)).collect(),
         }
-        mixed
-            .iter()
-            .zip(out)
-            .map(|(h, o)| match o {
-                Some(o) => Ok(o),
-                None => self.feed_forward(h),
-            })
-            .collect()
     }
 
     /// The first half of the layer: `h + mixer(input_layernorm(h))`, rounded.

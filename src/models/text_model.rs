@@ -9,7 +9,7 @@ use crate::checkpoint::config::Family;
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 use crate::models::layers::norm::Norm;
-use crate::models::layers::{linear, linear_each, param, Matrix};
+use crate::models::layers::{each_stacked, linear, param, Matrix};
 use crate::models::{DecoderLayer, GdnForm, LayerState, Positions, TextModelSpec};
 use crate::precision::Precision;
 
@@ -111,8 +111,9 @@ impl LmHead {
         let all: Vec<&Tensor> = inputs.iter().flat_map(|hs| hs.iter()).collect();
         for_each_vocab_chunk(src, name, prec, |_, w| {
             // Every input against the chunk at once (bitwise each alone).
-            let w = Matrix::of_param_keeping(w.clone(), prec, true)?;
-            let mut ys = linear_each(&all, &w, prec)?.into_iter();
+            let w = Matrix::of_param(w.clone(), prec, true)?;
+            let mut ys =
+                each_stacked(&all, |t| w.rows_batchable(t), |x| w.linear(x, prec))?.into_iter();
             for out in parts.iter_mut() {
                 for (o, y) in out.iter_mut().zip(ys.by_ref()) {
                     o.push(y);

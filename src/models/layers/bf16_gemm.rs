@@ -129,28 +129,18 @@ impl Pairs {
     pub fn of(w: &Tensor) -> Result<Self> {
         use rayon::prelude::*;
         let (n, k) = w.dims2()?;
-        let v = w.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let pairs = k.div_ceil(2);
         let mut words = vec![0u32; n * pairs];
-        let bf = |x: f32| -> Option<u32> {
-            let b = x.to_bits();
-            (b & 0xffff == 0).then_some(b >> 16)
-        };
-        let ok = words
-            .par_chunks_mut(pairs.max(1))
-            .zip(v.par_chunks(k.max(1)))
-            .all(|(out, row)| {
-                row.chunks(2).zip(out.iter_mut()).all(|(p, o)| {
-                    let lo = p.get(1).map_or(Some(0), |&x| bf(x));
-                    match (bf(p[0]), lo) {
-                        (Some(hi), Some(lo)) => {
-                            *o = hi << 16 | lo;
-                            true
-                        }
-                        _ => false,
-                    }
+        let ok = with_f32(w, |v| {
+            words
+                .par_chunks_mut(pairs.max(1))
+                .zip(v.par_chunks(k.max(1)))
+                .all(|(out, row)| {
+                    row.chunks(2)
+                        .zip(out.iter_mut())
+                        .all(|(two, o)| pair_of(two).map(|p| *o = p).is_some())
                 })
-            });
+        })?;
         if !ok {
             return Err(candle_core::Error::Msg(
                 "bf16 dot-product matmul: a weight value is not a bf16 value".into(),
@@ -223,17 +213,7 @@ pub fn matmul_nt(x: &Tensor, w: &Pairs) -> Result<Option<Tensor>> {
     let Some(kc) = exact_for(m, n, k).filter(|_| available()) else {
         return Err(refuse("not computed exactly by this kernel here"));
     };
-    let x = x.contiguous()?;
-    let packed = {
-        let (storage, layout) = x.storage_and_layout();
-        match (&*storage, layout.contiguous_offsets()) {
-            (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((s, e))) => {
-                pack_rows(&v[s..e], m, k)
-            }
-            _ => pack_rows(&x.flatten_all()?.to_vec1::<f32>()?, m, k),
-        }
-    };
-    let Some(a) = packed else {
+    let Some(a) = with_f32(x, |v| pack_rows(v, m, k))? else {
         return Ok(None);
     };
     #[cfg(target_arch = "x86_64")]
@@ -253,6 +233,37 @@ pub fn matmul_nt(x: &Tensor, w: &Pairs) -> Result<Option<Tensor>> {
     Ok(Some(Tensor::from_vec(c, (m, n), x.device())?))
 }
 
+/// One or two f32 values holding bf16 values as a swapped pair: the first
+/// in the high half, the second (0 when absent) in the low half. `None`
+/// when a value is not a bf16 value (its low 16 bits are not zero).
+fn pair_of(two: &[f32]) -> Option<u32> {
+    let bf = |v: f32| {
+        let b = v.to_bits();
+        (b & 0xffff == 0).then_some(b >> 16)
+    };
+    let lo = match two.get(1) {
+        Some(&v) => bf(v)?,
+        None => 0,
+    };
+    Some(bf(*two.first()?)? << 16 | lo)
+}
+
+/// Calls `f` on the values of an f32 CPU tensor, row-major: its own storage
+/// when contiguous, else a copy.
+fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((s, e))) => {
+            Ok(f(&v[s..e]))
+        }
+        _ => {
+            drop(storage);
+            Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
+        }
+    }
+}
+
 /// `x [m, k]` (f32) as swapped bf16 pairs, 16 rows per group:
 /// `[group][pair][lane]` = `x[2p] << 16 | x[2p + 1]` of row `16·group +
 /// lane` (0 past the last row or column). `None` when a value is not bf16.
@@ -260,26 +271,15 @@ fn pack_rows(x: &[f32], m: usize, k: usize) -> Option<Vec<u32>> {
     use rayon::prelude::*;
     let (groups, pairs) = (m.div_ceil(16), k.div_ceil(2));
     let mut out = vec![0u32; groups * pairs * 16];
-    let bf = |v: f32| -> Option<u32> {
-        let b = v.to_bits();
-        (b & 0xffff == 0).then_some(b >> 16)
-    };
     let ok = out
         .par_chunks_mut((pairs * 16).max(1))
         .enumerate()
         .all(|(g, group)| {
             (g * 16..(g * 16 + 16).min(m)).all(|r| {
                 let (row, lane) = (&x[r * k..(r + 1) * k], r % 16);
-                row.chunks(2).enumerate().all(|(p, two)| {
-                    let lo = two.get(1).map_or(Some(0), |&v| bf(v));
-                    match (bf(two[0]), lo) {
-                        (Some(hi), Some(lo)) => {
-                            group[p * 16 + lane] = hi << 16 | lo;
-                            true
-                        }
-                        _ => false,
-                    }
-                })
+                row.chunks(2)
+                    .enumerate()
+                    .all(|(p, two)| pair_of(two).map(|w| group[p * 16 + lane] = w).is_some())
             })
         });
     ok.then_some(out)

@@ -50,29 +50,37 @@ impl Matrix {
         })
     }
 
-    /// An f32 CPU weight holding bf16 values, kept as [`bf16_gemm::Pairs`]
-    /// and, with `keep_f32`, as given too (no widening later; for a
-    /// short-lived weight such as an LM-head chunk).
+    /// An f32 CPU weight holding bf16 values, kept as [`bf16_gemm::Pairs`] only.
     ///
     /// Errors: not 2-D, or a value that is not bf16.
-    pub fn bf16_keeping(w: Tensor, keep_f32: bool) -> Result<Self> {
+    pub fn bf16(w: &Tensor) -> Result<Self> {
+        Ok(Self::of_pairs(bf16_gemm::Pairs::of(w)?))
+    }
+
+    /// A weight kept as its bf16 pairs.
+    fn of_pairs(pairs: bf16_gemm::Pairs) -> Self {
+        Self {
+            dims: pairs.dims(),
+            wide: OnceLock::new(),
+            pairs: Some(std::sync::Arc::new(pairs)),
+        }
+    }
+
+    /// A loaded parameter `w` (rounded to `prec`) as [`matrix`] keeps it: its
+    /// bf16 pairs when `prec` is bf16 on a CPU with the bf16 dot product,
+    /// else `w` as given. `keep_f32`: keep `w` next to the pairs too (a
+    /// short-lived weight such as an LM-head chunk, widened never).
+    ///
+    /// Errors: not 2-D.
+    pub fn of_param(w: Tensor, prec: Precision, keep_f32: bool) -> Result<Self> {
+        if !(prec == Precision::Bf16 && w.device().is_cpu() && bf16_gemm::available()) {
+            return Self::new(w);
+        }
         let mut m = Self::bf16(&w)?;
         if keep_f32 {
             m.wide = OnceLock::from(w);
         }
         Ok(m)
-    }
-
-    /// An f32 CPU weight holding bf16 values, kept as [`bf16_gemm::Pairs`] only.
-    ///
-    /// Errors: not 2-D, or a value that is not bf16.
-    pub fn bf16(w: &Tensor) -> Result<Self> {
-        let pairs = bf16_gemm::Pairs::of(w)?;
-        Ok(Self {
-            dims: pairs.dims(),
-            wide: OnceLock::new(),
-            pairs: Some(std::sync::Arc::new(pairs)),
-        })
     }
 
     /// `[out, in]`.
@@ -122,51 +130,30 @@ pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Mat
     if prec == Precision::Bf16 && bf16_gemm::available() {
         // Stored in bf16: the pairs straight from the checkpoint's bytes.
         if let Some((dims, words)) = src.bf16_pairs(name)? {
-            return Ok(Matrix {
-                dims,
-                wide: OnceLock::new(),
-                pairs: Some(std::sync::Arc::new(bf16_gemm::Pairs::from_words(
-                    dims, words,
-                )?)),
-            });
+            return Ok(Matrix::of_pairs(bf16_gemm::Pairs::from_words(dims, words)?));
         }
     }
-    Matrix::of_param(param(src, name, prec)?, prec)
+    Matrix::of_param(param(src, name, prec)?, prec, false)
 }
 
-impl Matrix {
-    /// A loaded parameter `w` (rounded to `prec`) as [`matrix`] keeps it.
-    ///
-    /// Errors: not 2-D.
-    pub fn of_param(w: Tensor, prec: Precision) -> Result<Self> {
-        Self::of_param_keeping(w, prec, false)
-    }
-
-    /// [`Self::of_param`], keeping the f32 tensor as well with `keep_f32`
-    /// ([`Self::bf16_keeping`]).
-    ///
-    /// Errors: not 2-D.
-    pub fn of_param_keeping(w: Tensor, prec: Precision, keep_f32: bool) -> Result<Self> {
-        if prec == Precision::Bf16 && w.rank() == 2 && w.device().is_cpu() && bf16_gemm::available()
-        {
-            return Matrix::bf16_keeping(w, keep_f32);
-        }
-        Matrix::new(w)
-    }
-}
-
-/// [`Matrix::linear`] on independent inputs `xs` (`[T_j, in]` each): the
-/// inputs whose rows are computed as in any stack ([`Matrix::rows_batchable`])
-/// share one product, so the weight is packed once for all of them; the
-/// others run alone. Each output is bitwise what its own call gives.
+/// `f` on each of the independent inputs `xs` (`[T_j, ·]` each), bit for
+/// bit what `f(xs[j])` gives: the inputs whose row counts `eligible` accepts
+/// (an `f` whose output rows then do not depend on the other rows, e.g.
+/// [`Matrix::rows_batchable`]) are stacked through one call of `f` per group
+/// of at most [`MAX_STACK_ROWS`] rows, so each weight is packed once for all
+/// of them; the others run alone.
 ///
-/// Errors: as [`Matrix::linear`].
-pub fn linear_each(xs: &[&Tensor], w: &Matrix, prec: Precision) -> Result<Vec<Tensor>> {
+/// Errors: what `f` returns.
+pub fn each_stacked(
+    xs: &[&Tensor],
+    eligible: impl Fn(usize) -> bool,
+    f: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Vec<Tensor>> {
     let rows: Vec<usize> = xs.iter().map(|x| x.dim(0).unwrap_or(0)).collect();
     let mut out: Vec<Option<Tensor>> = vec![None; xs.len()];
-    for group in stacks(&rows, |t| w.rows_batchable(t)) {
+    for group in stacks(&rows, eligible) {
         let parts: Vec<&Tensor> = group.iter().map(|&j| xs[j]).collect();
-        let y = w.linear(&Tensor::cat(&parts, 0)?, prec)?;
+        let y = f(&Tensor::cat(&parts, 0)?)?;
         let mut start = 0;
         for &j in &group {
             out[j] = Some(y.narrow(0, start, rows[j])?);
@@ -177,7 +164,7 @@ pub fn linear_each(xs: &[&Tensor], w: &Matrix, prec: Precision) -> Result<Vec<Te
         .zip(out)
         .map(|(x, o)| match o {
             Some(o) => Ok(o),
-            None => w.linear(x, prec),
+            None => f(x),
         })
         .collect()
 }
@@ -190,7 +177,7 @@ pub const MAX_STACK_ROWS: usize = 2048;
 /// Groups of at least two of the sequences with `rows[j]` rows that
 /// `eligible` accepts, in order, each of at most [`MAX_STACK_ROWS`] rows
 /// (a sequence longer than that stays alone).
-pub fn stacks(rows: &[usize], eligible: impl Fn(usize) -> bool) -> Vec<Vec<usize>> {
+fn stacks(rows: &[usize], eligible: impl Fn(usize) -> bool) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let (mut cur, mut total) = (Vec::new(), 0);
     for (j, &t) in rows.iter().enumerate() {
