@@ -176,6 +176,15 @@ fn the_tap_offset_the_align_line_names_aligns_the_dumps() {
             .unwrap()
     };
     let os = |s: &'static str| std::ffi::OsStr::new(s);
+    let succeeds = |o: &std::process::Output| {
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
     let o = run(&[
         os("import"),
         os("fixtures/engine-captures/vllm-misindexed"),
@@ -186,12 +195,7 @@ fn the_tap_offset_the_align_line_names_aligns_the_dumps() {
         os("--out"),
         mis.as_os_str(),
     ]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    succeeds(&o);
     let o = run(&[
         os("dump"),
         os("fixtures/tiny-qwen3_5"),
@@ -202,12 +206,7 @@ fn the_tap_offset_the_align_line_names_aligns_the_dumps() {
         os("--out"),
         reference.as_os_str(),
     ]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    succeeds(&o);
     let o = run(&[
         os("diff"),
         reference.as_os_str(),
@@ -232,10 +231,5 @@ fn the_tap_offset_the_align_line_names_aligns_the_dumps() {
         std::ffi::OsStr::new(&hint),
         os("--no-report"),
     ]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stdout)
-    );
+    succeeds(&o);
 }

@@ -17,27 +17,12 @@ const TINY: &str = "fixtures/tiny-qwen3_5";
 
 /// Deterministic inputs `[t, h]` in about [-2, 2], rounded to `prec`.
 fn input(t: usize, h: usize, seed: u64, prec: Precision) -> Tensor {
-    let mut s = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let v: Vec<f32> = (0..t * h)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-        })
+    let v: Vec<f32> = common::uniform(t * h, seed)
+        .into_iter()
+        .map(|u| (u - 0.5) * 4.0)
         .collect();
     prec.round(&Tensor::from_vec(v, (t, h), &Device::Cpu).unwrap())
         .unwrap()
-}
-
-fn bits(t: &Tensor) -> Vec<u32> {
-    t.flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(f32::to_bits)
-        .collect()
 }
 
 /// Sequences of 1 to 130 tokens through every layer of the tiny fixture
@@ -81,7 +66,7 @@ fn stacked_sequences_give_the_bits_of_each_alone() {
                 for ((x, p), (o, _)) in xs.iter().zip(&pos).zip(&stacked) {
                     let (alone, _) = layer.forward_routed(x, spec, p, form, None).unwrap();
                     assert!(
-                        bits(&alone) == bits(o),
+                        common::bits(&alone) == common::bits(o),
                         "layer {l} {prec:?} {form:?}: {} tokens stacked differ from alone",
                         x.dim(0).unwrap()
                     );

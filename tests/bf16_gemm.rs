@@ -7,38 +7,22 @@
 
 mod common;
 
+use common::bits;
+
 use candle_core::{Device, Tensor};
 use hsparity::models::layers::{bf16_gemm, linear, Matrix};
 use hsparity::precision::Precision;
 
-/// Deterministic bf16 values in about [-4, 4] (a 64-bit LCG), as f32.
+/// Deterministic bf16 values in about [-4, 4], as f32.
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let u = ((s >> 40) as f32) / (1u64 << 24) as f32; // [0, 1)
-            half::bf16::from_f32((u - 0.5) * 8.0).to_f32()
-        })
+    common::uniform(n, seed)
+        .into_iter()
+        .map(|u| half::bf16::from_f32((u - 0.5) * 8.0).to_f32())
         .collect()
 }
 
 fn matrix(rows: usize, cols: usize, seed: u64) -> Tensor {
     Tensor::from_vec(values(rows * cols, seed), (rows, cols), &Device::Cpu).unwrap()
-}
-
-fn bits(t: &Tensor) -> Vec<u32> {
-    t.flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(f32::to_bits)
-        .collect()
 }
 
 /// Shapes the kernel takes: `(m, n, k)`.

@@ -375,94 +375,46 @@ fn runs_past_the_model_or_with_broken_drafter_configs_are_refused() {
     };
     let t = format!("{PAIR}/target");
     let d = format!("{PAIR}/drafter");
-    // 3 prompt tokens + 510 new + block 8 > 512 positions; and a count past the flag's range.
-    bad(
-        &[
-            "drafter",
-            &t,
+    // `VERB target --drafter drafter --prompt-ids 3,4,5 EXTRA… -q` (triage: no report).
+    let on_pair = |verb: &str, extra: &[&str], needle: &str| {
+        let mut args = vec![
+            verb,
+            t.as_str(),
             "--drafter",
-            &d,
+            d.as_str(),
             "--prompt-ids",
             "3,4,5",
-            "--max-new-tokens",
-            "510",
-            "-q",
-        ],
+        ];
+        args.extend_from_slice(extra);
+        if verb == "triage" {
+            args.push("--no-report");
+        }
+        args.push("-q");
+        bad(&args, needle);
+    };
+    // 3 prompt tokens + 510 new + block 8 > 512 positions; and a count past the flag's range.
+    on_pair(
+        "drafter",
+        &["--max-new-tokens", "510"],
         "max_position_embeddings = 512",
     );
-    bad(
-        &[
-            "drafter",
-            &t,
-            "--drafter",
-            &d,
-            "--prompt-ids",
-            "3,4,5",
-            "--max-new-tokens",
-            "18446744073709551615",
-            "-q",
-        ],
+    on_pair(
+        "drafter",
+        &["--max-new-tokens", "18446744073709551615"],
         "is not in 1..=65536",
     );
-    bad(
-        &[
-            "triage",
-            &t,
-            "--drafter",
-            &d,
-            "--prompt-ids",
-            "3,4,5",
-            "--max-new-tokens",
-            "0",
-            "--no-report",
-            "-q",
-        ],
-        "--max-new-tokens",
-    );
-    bad(
-        &[
-            "triage",
-            &t,
-            "--drafter",
-            &d,
-            "--prompt-ids",
-            "3,4,5",
-            "--position-shift",
-            "1000",
-            "--no-report",
-            "-q",
-        ],
+    on_pair("triage", &["--max-new-tokens", "0"], "--max-new-tokens");
+    on_pair(
+        "triage",
+        &["--position-shift", "1000"],
         "1000 extra positions",
     );
-    bad(
-        &[
-            "triage",
-            &t,
-            "--drafter",
-            &d,
-            "--prompt-ids",
-            "3,4,5",
-            "--left-pad",
-            "1000",
-            "--no-report",
-            "-q",
-        ],
+    on_pair(
+        "triage",
+        &["--left-pad", "1000"],
         "1000 extra positions (triage's largest position shift or --left-pad)",
     );
-    bad(
-        &[
-            "drafter",
-            &t,
-            "--drafter",
-            &d,
-            "--prompt-ids",
-            "3,4,5",
-            "--max-tau-gap",
-            "NaN",
-            "-q",
-        ],
-        "--max-tau-gap",
-    );
+    on_pair("drafter", &["--max-tau-gap", "NaN"], "--max-tau-gap");
     // Drafter configs: a zero sliding window, an unknown dtype.
     for (field, value, needle) in [
         ("sliding_window", json!(0), "sliding_window = 0"),

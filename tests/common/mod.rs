@@ -336,3 +336,28 @@ pub fn drafter_options(
         command_line: String::new(),
     }
 }
+
+/// `n` deterministic values in [0, 1) from a 64-bit LCG seeded by `seed`
+/// (test inputs with no RNG crate state).
+pub fn uniform(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 40) as f32 / (1u64 << 24) as f32
+        })
+        .collect()
+}
+
+/// The f32 bit patterns of a tensor, row-major (for bit-for-bit comparisons).
+pub fn bits(t: &candle_core::Tensor) -> Vec<u32> {
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
