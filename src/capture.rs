@@ -168,14 +168,16 @@ struct LayerRun {
     local_routing: Vec<Option<Vec<Routing>>>,
 }
 
-/// A path's own forward of a layer: its inputs, the earlier runs it may
-/// reuse, and path 0's inputs to run its local forward on in the same batch
-/// (empty: none).
+/// A path's own forward of a layer with the cached decode: its inputs, the
+/// earlier runs it may reuse, path 0's inputs to run its local forward on in
+/// the same batch (empty: none), and the check's inputs.
 #[derive(Clone, Copy)]
 struct Own<'a> {
     inputs: &'a [Tensor],
     done: &'a [Done<'a>],
     locals: &'a [Tensor],
+    /// Its cached decode's inputs at this layer.
+    rows: &'a DecodeRows,
 }
 
 /// What [`Run::with_decode`] gives: the own outputs, the cached decode's
@@ -319,8 +321,9 @@ impl Run<'_> {
                         inputs: &states[p],
                         done: &done,
                         locals: with_local,
+                        rows,
                     };
-                    self.with_decode(&layers[p], p, own, plan, rows, &decode, &same)?
+                    self.with_decode(&layers[p], p, own, plan, &decode, &same)?
                 }
                 _ => {
                     let extra = self.local_sequences(with_local);
@@ -382,19 +385,18 @@ impl Run<'_> {
     /// Path p's own forward of `layer` with the cached decode: its prefill
     /// stacked with the prompts, then its single-token steps. `same`: the
     /// earlier paths with the same layer and their check inputs; the outputs
-    /// (`done_rows[q]`) of one whose inputs are bitwise equal to p's `rows`
-    /// are reused.
-    #[allow(clippy::too_many_arguments)]
+    /// (`done_rows[q]`) of one whose inputs are bitwise equal to p's
+    /// (`own.rows`) are reused.
     fn with_decode(
         &self,
         layer: &DecoderLayer,
         p: usize,
         own: Own,
         plan: &DecodePlan,
-        rows: &DecodeRows,
         done_rows: &[DecodeRows],
         same: &[(usize, &DecodeRows)],
     ) -> Result<OwnRun> {
+        let rows = own.rows;
         let mine = rows.tensors();
         let earlier: Vec<(usize, Vec<Tensor>)> =
             same.iter().map(|(q, r)| (*q, r.tensors())).collect();
