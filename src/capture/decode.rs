@@ -89,10 +89,12 @@ impl DecodePlan {
         rows: &DecodeRows,
         state: &mut LayerState,
     ) -> Result<Vec<Tensor>> {
-        rows.steps
-            .iter()
-            .zip(&self.pos_step)
-            .map(|(h, pos)| layer.forward(h, spec, pos, GdnForm::Recurrent, Some(state)))
+        if rows.steps.is_empty() {
+            return Ok(Vec::new());
+        }
+        let h = layer.forward_steps(&Tensor::cat(&rows.steps, 0)?, spec, &self.pos_step, state)?;
+        (0..rows.steps.len())
+            .map(|i| Ok(h.narrow(0, i, 1)?))
             .collect()
     }
 }

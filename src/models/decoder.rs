@@ -8,7 +8,7 @@ use crate::checkpoint::config::{Family, LayerType};
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::layers::attention::{Attention, KvCache};
-use crate::models::layers::each_stacked;
+use crate::models::layers::{each_stacked, Rows};
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::Norm;
 use crate::models::moe::{Routing, SparseMoeBlock};
@@ -231,6 +231,49 @@ impl DecoderLayer {
                 Ok(ys.into_iter().map(|y| (y, None)).collect())
             }
             FeedForward::SparseMoe(_) => mixed.iter().map(|h| self.feed_forward(h)).collect(),
+        }
+    }
+
+    /// `S` single-token decode steps from `state` at once: `h` `[S, H]`
+    /// holds the steps' inputs (teacher-forced: known before the layer
+    /// runs), `pos[i]` step i's position. Bitwise `S` calls of
+    /// [`Self::forward`] on one row each in the recurrent form, continuing
+    /// `state` step after step; every dense product takes each row alone
+    /// ([`Rows::Steps`]) and reads its weight once for all steps. A sparse
+    /// MoE block runs row by row.
+    ///
+    /// Errors: a state of another kind than the layer's mixer, or as
+    /// [`Self::forward`].
+    pub fn forward_steps(
+        &self,
+        h: &Tensor,
+        spec: &TextModelSpec,
+        pos: &[Positions],
+        state: &mut LayerState,
+    ) -> Result<Tensor> {
+        let x = self.input_layernorm.forward(h)?;
+        let x = match (&self.mixer, state) {
+            (Mixer::Linear(m), LayerState::Linear(s)) => m.forward_steps(&x, s)?,
+            (Mixer::Full(m), LayerState::Full(c)) => m.forward_steps(&x, &spec.rotary, pos, c)?,
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "decode steps: the layer's state is not of its mixer's kind".into(),
+                )
+                .into())
+            }
+        };
+        let h = self.prec.round(&(h + x)?)?;
+        match &self.mlp {
+            FeedForward::Dense(m) => {
+                let y = m.forward_rows(&self.post_attention_layernorm.forward(&h)?, Rows::Steps)?;
+                Ok(self.prec.round(&(h + y)?)?)
+            }
+            FeedForward::SparseMoe(_) => {
+                let rows = (0..h.dim(0)?)
+                    .map(|r| Ok(self.feed_forward(&h.narrow(0, r, 1)?)?.0))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Tensor::cat(&rows, 0)?)
+            }
         }
     }
 

@@ -84,8 +84,13 @@ pub fn check(
         }
         let mut state = layer.new_state(spec);
         prefill = layer.forward(&prefill, spec, &pos_pre, GdnForm::Chunked, Some(&mut state))?;
-        for (h, pos) in stepped.iter_mut().zip(&pos_step) {
-            *h = layer.forward(h, spec, pos, GdnForm::Recurrent, Some(&mut state))?;
+        // The steps at once, bitwise one by one (`DecoderLayer::forward_steps`).
+        if stepped.is_empty() {
+            continue;
+        }
+        let out = layer.forward_steps(&Tensor::cat(&stepped, 0)?, spec, &pos_step, &mut state)?;
+        for (i, h) in stepped.iter_mut().enumerate() {
+            *h = out.narrow(0, i, 1)?;
         }
     }
     let norm = FinalNorm::load(spec, src, prec)?;

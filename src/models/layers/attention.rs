@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 
 use super::norm::Norm;
 use super::rope::Rotary;
-use super::{matrix, Matrix};
+use super::{matrix, Matrix, Rows};
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::{LayerGeometry, Positions};
@@ -121,25 +121,86 @@ impl Attention {
         pos: &Positions,
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
+        let p = self.project(x, Rows::Tokens)?;
+        let out = self.attend(&p.q, &p.k, &p.v, rotary, pos, cache)?;
+        self.output(out, p.gate, Rows::Tokens)
+    }
+
+    /// `S` single-token decode steps from `cache` at once: `x` `[S, H]` (one
+    /// step per row, at positions `pos[i]`) → `[S, H]`, bitwise `S` calls of
+    /// [`Self::forward`] on one row each. The projections take each row
+    /// alone ([`Rows::Steps`]), reading each weight once for all steps; each
+    /// step then attends over the cache as its own call would.
+    ///
+    /// Errors: `pos` does not hold one entry per row, or a tensor failure.
+    pub fn forward_steps(
+        &self,
+        x: &Tensor,
+        rotary: &Rotary,
+        pos: &[Positions],
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        let s = x.dim(0)?;
+        if pos.len() != s {
+            return Err(candle_core::Error::Msg(format!(
+                "attention steps: {} positions for {s} rows",
+                pos.len()
+            ))
+            .into());
+        }
+        let p = self.project(x, Rows::Steps)?;
+        let outs = (0..s)
+            .map(|i| {
+                let row = |t: &Tensor| t.narrow(0, i, 1);
+                self.attend(&row(&p.q)?, &row(&p.k)?, &row(&p.v)?, rotary, &pos[i], Some(cache))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.output(Tensor::cat(&outs, 0)?, p.gate, Rows::Steps)
+    }
+
+    /// The projections of `x` `[T, H]`: normed queries `[T, nh, hd]`, the
+    /// output gate `[T, nh·hd]` (gated attention), normed keys and values
+    /// `[T, nkv, hd]`.
+    fn project(&self, x: &Tensor, rows: Rows) -> Result<Projected> {
         let g = &self.geo;
         let prec = g.prec;
         let t = x.dim(0)?;
         let (nh, nkv, hd) = (g.num_heads, g.num_kv_heads, g.head_dim);
         // Qwen3.5: q_proj rows are [query_h | gate_h] per head; Qwen3: query only.
         let (q, gate) = if self.gated {
-            let qg = self.q_proj.linear(x, prec)?.reshape((t, nh, 2 * hd))?;
+            let qg = self.q_proj.apply(x, prec, rows)?.reshape((t, nh, 2 * hd))?;
             (
                 qg.narrow(2, 0, hd)?,
                 Some(qg.narrow(2, hd, hd)?.reshape((t, nh * hd))?),
             )
         } else {
-            (self.q_proj.linear(x, prec)?.reshape((t, nh, hd))?, None)
+            (self.q_proj.apply(x, prec, rows)?.reshape((t, nh, hd))?, None)
         };
-        let q = self.q_norm.forward(&q.contiguous()?)?;
-        let k = self
-            .k_norm
-            .forward(&self.k_proj.linear(x, prec)?.reshape((t, nkv, hd))?)?;
-        let v = self.v_proj.linear(x, prec)?.reshape((t, nkv, hd))?;
+        Ok(Projected {
+            q: self.q_norm.forward(&q.contiguous()?)?,
+            gate,
+            k: self
+                .k_norm
+                .forward(&self.k_proj.apply(x, prec, rows)?.reshape((t, nkv, hd))?)?,
+            v: self.v_proj.apply(x, prec, rows)?.reshape((t, nkv, hd))?,
+        })
+    }
+
+    /// Rotary embedding, the cache and eager attention for `T` tokens'
+    /// projections → `[T, nh·hd]`.
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        rotary: &Rotary,
+        pos: &Positions,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let g = &self.geo;
+        let prec = g.prec;
+        let t = q.dim(0)?;
+        let (nh, nkv, hd) = (g.num_heads, g.num_kv_heads, g.head_dim);
         // [1, heads, T, hd]
         let q = q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
         let k = k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
@@ -170,10 +231,15 @@ impl Attention {
         let scale = (hd as f64).powf(-0.5);
         let scores = prec.round(&q.matmul(&k.t()?.contiguous()?)?)?;
         let scores = prec.round(&(scores * scale)?)?;
-        let scores = scores.broadcast_add(&causal_mask(t, past, x.device())?)?;
+        let scores = scores.broadcast_add(&causal_mask(t, past, q.device())?)?;
         let probs = prec.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
         let out = prec.round(&probs.matmul(&v)?)?; // [1, nh, T, hd]
-        let out = out.squeeze(0)?.transpose(0, 1)?.reshape((t, nh * hd))?;
+        Ok(out.squeeze(0)?.transpose(0, 1)?.reshape((t, nh * hd))?)
+    }
+
+    /// The output gate (gated attention) and `o_proj` of the attended `[T, nh·hd]`.
+    fn output(&self, out: Tensor, gate: Option<Tensor>, rows: Rows) -> Result<Tensor> {
+        let prec = self.geo.prec;
         let out = match gate {
             Some(gate) => {
                 let gate = prec.round(&candle_nn::ops::sigmoid(&gate)?)?;
@@ -181,8 +247,16 @@ impl Attention {
             }
             None => out,
         };
-        self.o_proj.linear(&out, prec)
+        self.o_proj.apply(&out, prec, rows)
     }
+}
+
+/// One forward's projections ([`Attention::project`]).
+struct Projected {
+    q: Tensor,
+    gate: Option<Tensor>,
+    k: Tensor,
+    v: Tensor,
 }
 
 /// `x` stored as fp8 e4m3 with [`FP8_KV_SCALE`] and read back (see [`KvCache::fp8`]).

@@ -169,6 +169,11 @@ impl Pairs {
         [self.n, self.k]
     }
 
+    /// The words, row after row (`K.div_ceil(2)` per row).
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
     /// The weight widened back to f32 `[N, K]` (exact), rows in parallel.
     ///
     /// Errors: a tensor failure.
@@ -250,7 +255,7 @@ fn pair_of(two: &[f32]) -> Option<u32> {
 
 /// Calls `f` on the values of an f32 CPU tensor, row-major: its own storage
 /// when contiguous, else a copy.
-fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+pub(super) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     let t = t.contiguous()?;
     let (storage, layout) = t.storage_and_layout();
     match (&*storage, layout.contiguous_offsets()) {

@@ -3,7 +3,7 @@
 
 use candle_core::Tensor;
 
-use super::{matrix, Matrix};
+use super::{matrix, Matrix, Rows};
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::precision::Precision;
@@ -55,9 +55,14 @@ impl Mlp {
 
     /// `[T, H]` → `[T, H]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_rows(x, Rows::Tokens)
+    }
+
+    /// [`Self::forward`] on rows that are `rows`.
+    pub fn forward_rows(&self, x: &Tensor, rows: Rows) -> Result<Tensor> {
         let p = self.prec;
-        let g = p.round(&self.gate_proj.linear(x, p)?.silu()?)?;
-        let u = self.up_proj.linear(x, p)?;
-        self.down_proj.linear(&p.round(&(g * u)?)?, p)
+        let g = p.round(&self.gate_proj.apply(x, p, rows)?.silu()?)?;
+        let u = self.up_proj.apply(x, p, rows)?;
+        self.down_proj.apply(&p.round(&(g * u)?)?, p, rows)
     }
 }

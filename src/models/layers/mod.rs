@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod bf16_gemm;
+pub mod gemv;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
@@ -22,6 +23,18 @@ use crate::precision::Precision;
 /// bias), accumulated in f32 and rounded once to `prec` as a CPU half GEMM does.
 pub fn linear(x: &Tensor, w: &Tensor, prec: Precision) -> Result<Tensor> {
     prec.round(&x.matmul(&w.t()?)?)
+}
+
+/// What the rows of a layer's input are, which decides how its products
+/// are made (candle sums a single row in another order than a stack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    /// One sequence's tokens (a prefill, or any forward of `T` tokens): one
+    /// product over all rows.
+    Tokens,
+    /// Single-token decode steps, one per row: each row its own product
+    /// ([`Matrix::linear_each_row`]), as `T` separate forwards compute it.
+    Steps,
 }
 
 /// The weight `[out, in]` of a linear map, as [`matrix`] loads it: f32, or
@@ -111,6 +124,41 @@ impl Matrix {
             }
         }
         linear(x, self.f32()?, prec)
+    }
+
+    /// [`Self::linear`] on [`Rows::Tokens`], [`Self::linear_each_row`] on
+    /// [`Rows::Steps`].
+    pub fn apply(&self, x: &Tensor, prec: Precision, rows: Rows) -> Result<Tensor> {
+        match rows {
+            Rows::Tokens => self.linear(x, prec),
+            Rows::Steps => self.linear_each_row(x, prec),
+        }
+    }
+
+    /// `x [S, in]` as `S` separate products, rounded to `prec`: bitwise `S`
+    /// calls of [`Self::linear`] on one row each (what `S` single-token
+    /// decode steps compute), made in one pass over the weight where
+    /// [`gemv`] reproduces candle's single-row route, else row by row.
+    ///
+    /// Errors: a tensor failure.
+    pub fn linear_each_row(&self, x: &Tensor, prec: Precision) -> Result<Tensor> {
+        let (s, k) = x.dims2()?;
+        if s > 1 && x.device().is_cpu() && gemv::reproduces(self.dims[0], k) {
+            let y = match (&self.pairs, self.wide.get()) {
+                (Some(p), _) => Some(gemv::rows_times(x, gemv::Weight::Bf16(p))?),
+                (None, Some(w)) if w.device().is_cpu() => Some(bf16_gemm::with_f32(w, |v| {
+                    gemv::rows_times(x, gemv::Weight::F32(v))
+                })??),
+                _ => None,
+            };
+            if let Some(y) = y {
+                return prec.round(&y);
+            }
+        }
+        let rows = (0..s)
+            .map(|r| self.linear(&x.narrow(0, r, 1)?, prec))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&rows, 0)?)
     }
 
     /// True when the rows of an `[m, in]` input are computed exactly as in

@@ -12,7 +12,7 @@ use candle_core::Tensor;
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::layers::norm::RmsNormGated;
-use crate::models::layers::{matrix, param, Matrix};
+use crate::models::layers::{matrix, param, Matrix, Rows};
 use crate::models::LayerGeometry;
 
 mod faults;
@@ -228,6 +228,7 @@ impl GatedDeltaNet {
         x: &Tensor,
         conv_state: &mut [f32],
         reset: Option<usize>,
+        rows: Rows,
     ) -> Result<(DeltaRuleInputs, Tensor, Vec<f32>)> {
         let geo = &self.geo;
         let t = x.dim(0)?;
@@ -242,7 +243,7 @@ impl GatedDeltaNet {
         let prec = geo.prec;
         let mixed = self
             .in_proj_qkv
-            .linear(x, prec)?
+            .apply(x, prec, rows)?
             .flatten_all()?
             .to_vec1::<f32>()?;
         // Causal depthwise conv: out[t,c] = Σ_j w[c,j]·x[t−K+1+j, c], history
@@ -288,12 +289,12 @@ impl GatedDeltaNet {
         }
         let b = self
             .in_proj_b
-            .linear(x, prec)?
+            .apply(x, prec, rows)?
             .flatten_all()?
             .to_vec1::<f32>()?;
         let a = self
             .in_proj_a
-            .linear(x, prec)?
+            .apply(x, prec, rows)?
             .flatten_all()?
             .to_vec1::<f32>()?;
         // beta = b.sigmoid() in the model dtype; g = -exp(A_log)·softplus(a + dt_bias) in f32.
@@ -306,7 +307,7 @@ impl GatedDeltaNet {
             .enumerate()
             .map(|(i, &a)| self.neg_a[i % nv] * softplus(a + self.dt_bias[i % nv]))
             .collect();
-        let z = self.in_proj_z.linear(x, prec)?.reshape((t, nv, dv))?;
+        let z = self.in_proj_z.apply(x, prec, rows)?.reshape((t, nv, dv))?;
         Ok((
             DeltaRuleInputs {
                 t,
@@ -333,6 +334,33 @@ impl GatedDeltaNet {
         form: GdnForm,
         state: Option<&mut GdnState>,
     ) -> Result<Tensor> {
+        self.forward_rows(x, form, state, Rows::Tokens)
+    }
+
+    /// `S` single-token decode steps from `state` at once: `x` `[S, H]` (one
+    /// step per row) → `[S, H]`, bitwise `S` calls of [`Self::forward`] on
+    /// one row each in the recurrent form. The conv and the delta rule run
+    /// token after token as those calls would; the projections take each
+    /// row alone ([`Rows::Steps`]), reading each weight once for all steps.
+    /// A state fed tentatively or reset mid-forward runs the steps one by one.
+    pub fn forward_steps(&self, x: &Tensor, state: &mut GdnState) -> Result<Tensor> {
+        if state.keep_block || state.reset_row.is_some() {
+            let rows = (0..x.dim(0)?)
+                .map(|r| self.forward(&x.narrow(0, r, 1)?, GdnForm::Recurrent, Some(state)))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Tensor::cat(&rows, 0)?);
+        }
+        self.forward_rows(x, GdnForm::Recurrent, Some(state), Rows::Steps)
+    }
+
+    /// [`Self::forward`] on rows that are `rows`.
+    fn forward_rows(
+        &self,
+        x: &Tensor,
+        form: GdnForm,
+        state: Option<&mut GdnState>,
+        rows: Rows,
+    ) -> Result<Tensor> {
         let mut fresh;
         let st = match state {
             Some(s) => s,
@@ -343,7 +371,7 @@ impl GatedDeltaNet {
         };
         let before = st.keep_block.then(|| st.recurrent.clone());
         let reset = st.reset_row.take();
-        let (inp, z, padded) = self.prepare(x, &mut st.conv, reset)?;
+        let (inp, z, padded) = self.prepare(x, &mut st.conv, reset, rows)?;
         let mut o = faults::kernel(&inp, form, &mut st.recurrent, reset);
         if let Some(recurrent) = before {
             st.keep_block = false;
@@ -359,6 +387,6 @@ impl GatedDeltaNet {
         let (t, nv, dv) = (inp.t, inp.heads, inp.dv);
         let o = Tensor::from_vec(o, (t, nv, dv), x.device())?;
         let y = self.norm.forward(&o, &z)?.reshape((t, nv * dv))?;
-        self.out_proj.linear(&y, self.geo.prec)
+        self.out_proj.apply(&y, self.geo.prec, rows)
     }
 }

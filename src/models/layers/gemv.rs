@@ -1,0 +1,241 @@
+//! Many single-row products `x_r · Wᵀ` at once, each bit for bit what
+//! candle gives for that row alone: the products of a cached decode's
+//! single-token steps, made in one pass over the weight (read once for all
+//! the steps instead of once per step) and on every core.
+//!
+//! Why the bits agree. candle's CPU matmul calls gemm 0.19's `gemm`, which
+//! transposes a row-major destination (`do_transpose`), so a `[1, k]` row
+//! times `Wᵀ` reaches gemm-common 0.19's `gemm_basic_generic` as `n` rows of
+//! `W` by one column. With `n > 256` and `k > 2` it takes
+//! `gemv::mixed_gemv_rowmajor` with the AVX2 SIMD type (`V3`, 8 lanes), which
+//! for each output row sums `W[j]·x` as: eight 8-lane accumulators from +0
+//! taking `fma(w, x, acc)` over each 64-value block of `k` (accumulator `a`,
+//! lane `l` reading element `64b + 8a + l`); then `((a0+a1)+(a2+a3)) +
+//! ((a4+a5)+(a6+a7))` lane-wise; then `fma` over the remaining whole 8-value
+//! groups into that vector; then its lanes added in order 0..7; then a scalar
+//! `fma` per remaining element; the result stored times `beta = 1`. Here an
+//! AVX-512 register holds two of those accumulators (16 consecutive values),
+//! so the same operations happen in the same order on the same values. Other
+//! shapes (`n <= 256`: the horizontal kernel; `k <= 2`: `gevv`) and CPUs
+//! without AVX-512F run candle's product row by row instead.
+//!
+//! bf16 weights are read as their pairs ([`super::bf16_gemm::Pairs`]),
+//! widened in registers: exact, so the values are those of the f32 copy.
+
+use candle_core::Tensor;
+
+use super::bf16_gemm::Pairs;
+use crate::error::Result;
+
+/// True when candle computes a `[1, k]` row times an `[n, k]` weight on the
+/// gemv route this module reproduces, on a CPU where it can.
+pub fn reproduces(n: usize, k: usize) -> bool {
+    n > 256 && k > 2 && available()
+}
+
+/// AVX-512F and FMA (checked once).
+fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("avx2")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A weight `[n, k]` as this module reads it.
+#[derive(Clone, Copy)]
+pub enum Weight<'a> {
+    /// f32, row-major.
+    F32(&'a [f32]),
+    /// bf16 pairs (see [`Pairs`]).
+    Bf16(&'a Pairs),
+}
+
+impl Weight<'_> {
+    /// `[n, k]`.
+    fn dims(&self, k_f32: usize) -> [usize; 2] {
+        match self {
+            Weight::F32(v) => [v.len() / k_f32.max(1), k_f32],
+            Weight::Bf16(p) => p.dims(),
+        }
+    }
+}
+
+/// `x [s, k] · Wᵀ` → `[s, n]`, every row bitwise `x_r.matmul(&w.t())` of
+/// that row alone, for the shapes of [`reproduces`].
+///
+/// Errors: shapes that do not fit, or a shape or CPU [`reproduces`] refuses.
+pub fn rows_times(x: &Tensor, w: Weight<'_>) -> Result<Tensor> {
+    let (s, k) = x.dims2()?;
+    let [n, kw] = w.dims(k);
+    if kw != k || n == 0 {
+        return Err(candle_core::Error::Msg(format!(
+            "row-by-row product of x [{s}, {k}] and w [{n}, {kw}]: shapes do not fit"
+        ))
+        .into());
+    }
+    if !reproduces(n, k) {
+        return Err(candle_core::Error::Msg(format!(
+            "row-by-row product of x [{s}, {k}] and w [{n}, {k}]: not reproduced here"
+        ))
+        .into());
+    }
+    let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+    let out = by_columns(&xs, s, k, n, w);
+    Ok(Tensor::from_vec(out, (s, n), x.device())?)
+}
+
+/// Output columns per rayon task.
+const COLUMNS: usize = 32;
+
+/// Rows of `x` per pass over a weight row (4 × 4 accumulators in registers).
+const ROWS: usize = 4;
+
+/// The products, column blocks in parallel: `[s, n]`.
+fn by_columns(x: &[f32], s: usize, k: usize, n: usize, w: Weight<'_>) -> Vec<f32> {
+    use rayon::prelude::*;
+    // [n][s] first: each task owns whole columns.
+    let mut t = vec![0f32; n * s];
+    t.par_chunks_mut(COLUMNS * s)
+        .enumerate()
+        .for_each(|(c, cols)| {
+            for (jj, col) in cols.chunks_mut(s).enumerate() {
+                let j = c * COLUMNS + jj;
+                for r0 in (0..s).step_by(ROWS) {
+                    let rows = &x[r0 * k..];
+                    let out = &mut col[r0..(r0 + ROWS).min(s)];
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `available()` (checked by the caller); row j and
+                    // the `out.len()` rows of x from r0 lie inside w and x.
+                    unsafe {
+                        match out.len() {
+                            1 => dots::<1>(w, j, rows, k, out),
+                            2 => dots::<2>(w, j, rows, k, out),
+                            3 => dots::<3>(w, j, rows, k, out),
+                            _ => dots::<4>(w, j, rows, k, out),
+                        }
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let _ = (rows, out);
+                }
+            }
+        });
+    let mut y = vec![0f32; s * n];
+    for (j, col) in t.chunks(s).enumerate() {
+        for (r, &v) in col.iter().enumerate() {
+            y[r * n + j] = v;
+        }
+    }
+    y
+}
+
+/// Element `e` of weight row `j`.
+#[inline(always)]
+fn weight_at(w: Weight<'_>, j: usize, k: usize, e: usize) -> f32 {
+    match w {
+        Weight::F32(v) => v[j * k + e],
+        Weight::Bf16(p) => {
+            let word = p.words()[j * k.div_ceil(2) + e / 2];
+            f32::from_bits(if e % 2 == 0 {
+                word & 0xffff_0000
+            } else {
+                word << 16
+            })
+        }
+    }
+}
+
+/// 16 consecutive values of weight row `j` from element `e` (even).
+///
+/// # Safety
+/// AVX-512F; the values lie inside the row.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn load16(w: Weight<'_>, j: usize, k: usize, e: usize) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    match w {
+        Weight::F32(v) => _mm512_loadu_ps(v.as_ptr().add(j * k + e)),
+        Weight::Bf16(p) => {
+            // 8 words = 16 halves in memory order (odd, even) per pair.
+            let words = p.words().as_ptr().add(j * k.div_ceil(2) + e / 2);
+            let halves = _mm256_loadu_si256(words as *const __m256i);
+            let v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+            _mm512_permute_ps(v, 0xB1)
+        }
+    }
+}
+
+/// 8 consecutive values of weight row `j` from element `e` (even).
+///
+/// # Safety
+/// AVX2; the values lie inside the row.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn load8(w: Weight<'_>, j: usize, k: usize, e: usize) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    match w {
+        Weight::F32(v) => _mm256_loadu_ps(v.as_ptr().add(j * k + e)),
+        Weight::Bf16(p) => {
+            let words = p.words().as_ptr().add(j * k.div_ceil(2) + e / 2);
+            let halves = _mm_loadu_si128(words as *const __m128i);
+            let v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+            _mm256_permute_ps(v, 0xB1)
+        }
+    }
+}
+
+/// `out[r] = W[j] · x_r` for the `R` rows of `x` (`k` values each) in
+/// `mixed_gemv_rowmajor`'s order (module docs).
+///
+/// # Safety
+/// AVX-512F, AVX2 and FMA; row `j` of `w` and `R` rows of `x` exist.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn dots<const R: usize>(w: Weight<'_>, j: usize, x: &[f32], k: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let (k64, k8) = (k / 64 * 64, k / 8 * 8);
+    let xp = x.as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    let mut d = 0;
+    while d < k64 {
+        for c in 0..4 {
+            let wv = load16(w, j, k, d + 16 * c);
+            for (r, a) in acc.iter_mut().enumerate() {
+                a[c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xp.add(r * k + d + 16 * c)), a[c]);
+            }
+        }
+        d += 64;
+    }
+    for (r, a) in acc.iter().enumerate() {
+        // Accumulators 2c and 2c+1 are the halves of register c.
+        let pair = |v: __m512| {
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+            _mm256_add_ps(_mm512_castps512_ps256(v), hi)
+        };
+        let (s0, s1, s2, s3) = (pair(a[0]), pair(a[1]), pair(a[2]), pair(a[3]));
+        let mut v = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+        let mut e = k64;
+        while e < k8 {
+            v = _mm256_fmadd_ps(load8(w, j, k, e), _mm256_loadu_ps(xp.add(r * k + e)), v);
+            e += 8;
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        let mut sum = lanes[0];
+        for &l in &lanes[1..] {
+            sum += l;
+        }
+        for e in k8..k {
+            sum = weight_at(w, j, k, e).mul_add(x[r * k + e], sum);
+        }
+        out[r] = sum;
+    }
+}

@@ -1,0 +1,106 @@
+//! Many single-row products at once (`models::layers::gemv`) give, row for
+//! row, the bits of candle's product of that row alone — f32 weights and
+//! bf16 pairs, every part of the single-row route's order (64-value blocks,
+//! 8-value groups, the scalar tail, none of some) — and
+//! `Matrix::linear_each_row` gives `Matrix::linear`'s bits row by row on
+//! every shape, the ones the kernel does not take included.
+
+mod common;
+
+use common::bits;
+
+use candle_core::{Device, Tensor};
+use hsparity::models::layers::bf16_gemm::{self, Pairs};
+use hsparity::models::layers::{gemv, Matrix};
+use hsparity::precision::Precision;
+
+/// `[rows, cols]` of values in about [-4, 4]; bf16 values when `bf16`.
+fn matrix(rows: usize, cols: usize, seed: u64, bf16: bool) -> Tensor {
+    let v: Vec<f32> = common::uniform(rows * cols, seed)
+        .into_iter()
+        .map(|u| (u - 0.5) * 8.0)
+        .map(|v| {
+            if bf16 {
+                half::bf16::from_f32(v).to_f32()
+            } else {
+                v
+            }
+        })
+        .collect();
+    Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
+}
+
+/// Row by row, as a decode step computes it: `x_r.matmul(&w.t())`.
+fn one_by_one(x: &Tensor, w: &Tensor) -> Tensor {
+    let rows: Vec<Tensor> = (0..x.dim(0).unwrap())
+        .map(|r| x.narrow(0, r, 1).unwrap().matmul(&w.t().unwrap()).unwrap())
+        .collect();
+    Tensor::cat(&rows, 0).unwrap()
+}
+
+/// `(s, n, k)` the kernel takes.
+const TAKEN: &[(usize, usize, usize)] = &[
+    (2, 257, 3),     // k just above gevv's, n just above the horizontal kernel's
+    (7, 300, 63),    // no 64-value block: 8-value groups and a tail only
+    (5, 1024, 1024), // blocks only (the mid checkpoint's projections)
+    (8, 513, 1069),  // blocks, groups and an odd tail
+    (3, 600, 1096),  // blocks, then one group and no tail
+];
+
+#[test]
+fn each_row_has_the_bits_of_its_own_product() {
+    if !gemv::reproduces(1024, 1024) {
+        eprintln!("skipped: this CPU has no AVX-512F (steps run candle's product row by row)");
+        return;
+    }
+    for &(s, n, k) in TAKEN {
+        let x = matrix(s, k, 3 + k as u64, false);
+        for bf16 in [false, true] {
+            let w = matrix(n, k, 11 + n as u64, bf16);
+            let want = one_by_one(&x, &w);
+            let wv = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let got = if bf16 {
+                gemv::rows_times(&x, gemv::Weight::Bf16(&Pairs::of(&w).unwrap())).unwrap()
+            } else {
+                gemv::rows_times(&x, gemv::Weight::F32(&wv)).unwrap()
+            };
+            assert!(
+                bits(&got) == bits(&want),
+                "[{s}, {n}, {k}] bf16 {bf16}: rows differ from their own products"
+            );
+        }
+    }
+}
+
+#[test]
+fn shapes_off_the_single_row_route_are_refused() {
+    let x = matrix(3, 64, 1, false);
+    let small = matrix(256, 64, 2, false).flatten_all().unwrap();
+    let small = small.to_vec1::<f32>().unwrap();
+    assert!(!gemv::reproduces(256, 64), "n <= 256: the horizontal kernel");
+    assert!(!gemv::reproduces(1024, 2), "k <= 2: gevv");
+    assert!(gemv::rows_times(&x, gemv::Weight::F32(&small)).is_err());
+}
+
+#[test]
+fn linear_each_row_gives_linear_row_by_row_on_every_shape() {
+    let shapes = [(4, 1024, 1024), (3, 200, 64), (1, 512, 512), (6, 300, 2)];
+    for (s, n, k) in shapes {
+        let x = matrix(s, k, 5 + s as u64, true);
+        for prec in [Precision::F32, Precision::Bf16] {
+            let w = matrix(n, k, 17 + k as u64, true);
+            let m = Matrix::of_param(w, prec, false).unwrap();
+            let want: Vec<Tensor> = (0..s)
+                .map(|r| m.linear(&x.narrow(0, r, 1).unwrap(), prec).unwrap())
+                .collect();
+            let want = Tensor::cat(&want, 0).unwrap();
+            let got = m.linear_each_row(&x, prec).unwrap();
+            assert!(
+                bits(&got) == bits(&want),
+                "[{s}, {n}, {k}] {prec:?}: linear_each_row differs from linear row by row \
+                 (bf16 kernel available: {})",
+                bf16_gemm::available()
+            );
+        }
+    }
+}
