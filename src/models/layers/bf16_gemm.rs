@@ -34,17 +34,7 @@ use candle_core::{Device, Tensor};
 
 use crate::error::Result;
 
-/// candle's f32 kernel on x86-64 with FMA: register tile rows (2 × 8 lanes).
-const F32_MR: usize = 16;
-/// Its register tile columns.
-const F32_NR: usize = 6;
-/// Output columns per register tile here (lanes are rows: 16 per vector).
-const NR: usize = 12;
-/// Row vectors per register tile (16 rows each).
-const MV: usize = 2;
-/// Rows per cache block (their packed pairs stay in L2 while a thread's
-/// column tiles pass over them).
-const MB: usize = 128;
+use super::tiles::{self, Tile};
 
 /// True when this CPU has AVX512-BF16 (with AVX512F) and FMA, its
 /// `vdpbf16ps` adds as this kernel assumes ([`adds_as_assumed`]), and
@@ -100,15 +90,7 @@ unsafe fn adds_as_assumed() -> bool {
 /// that product takes its blocked kernel and the block is a whole number of
 /// pairs: then [`matmul_nt`] gives its bits. `None`: use the f32 GEMM.
 pub fn exact_for(m: usize, n: usize, k: usize) -> Option<usize> {
-    if m <= 1 || n <= 1 || m * n <= 256 || k <= 2 {
-        return None;
-    }
-    let kc = if m <= 64 && n <= 64 {
-        k.min(512)
-    } else {
-        gemm_common::cache::kernel_params(m, n, k, F32_MR, F32_NR, 4).kc
-    };
-    (kc % 2 == 0 || kc >= k).then_some(kc)
+    tiles::blocked_kc(m, n, k).filter(|&kc| kc % 2 == 0 || kc >= k)
 }
 
 /// A bf16 weight `[N, K]` as the kernel reads it: per row, its pairs
@@ -290,91 +272,31 @@ fn pack_rows(x: &[f32], m: usize, k: usize) -> Option<Vec<u32>> {
     ok.then_some(out)
 }
 
-/// The output, shared by the threads, each writing its own columns.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: threads write disjoint elements (their own column tiles).
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// The pointer (a method, so closures capture the `Send` wrapper whole).
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// `c [m, n] = x · wᵀ` from the packed rows `a` ([`pack_rows`]) and the
-/// pairs `b` of `w [n, k]` ([`Pairs`]), in k-blocks of `kc`; column tiles
-/// split over the threads.
-#[cfg(target_arch = "x86_64")]
+/// pairs `b` of `w [n, k]` ([`Pairs`]), in k-blocks of `kc`.
 ///
 /// # Safety
 /// [`available`]; `c` points to `m·n` writable f32 (initialised or not: the
 /// first k-block stores every element before any is read).
+#[cfg(target_arch = "x86_64")]
 unsafe fn gemm(a: &[u32], b: &[u32], c: *mut f32, (m, n, k): (usize, usize, usize), kc: usize) {
-    use rayon::prelude::*;
-    let tiles = n.div_ceil(NR);
-    let threads = rayon::current_num_threads().max(1);
-    let per = tiles.div_ceil(threads).max(1);
-    let groups = m.div_ceil(16);
-    let out = Out(c);
-    (0..tiles.div_ceil(per)).into_par_iter().for_each(|chunk| {
-        let (t0, t1) = (chunk * per, ((chunk + 1) * per).min(tiles));
-        for g0 in (0..groups).step_by(MB / 16) {
-            let g1 = (g0 + MB / 16).min(groups);
-            for t in t0..t1 {
-                let (n0, nc) = (t * NR, NR.min(n - t * NR));
-                for g in (g0..g1).step_by(MV) {
-                    let gv = MV.min(g1 - g);
-                    let shape = Tile {
-                        m,
-                        n,
-                        k,
-                        kc,
-                        g,
-                        gv,
-                        n0,
-                        nc,
-                    };
-                    // SAFETY: `available()` was checked by the caller; the
-                    // tile's rows and columns are in bounds of a, b and c,
-                    // and this thread alone writes columns n0..n0+nc.
-                    unsafe { tile(a, b, out.ptr(), shape) };
-                }
+    let out = tiles::Out(c);
+    tiles::each_tile((m, n, k), kc, |t| {
+        macro_rules! cols {
+            ($v:literal; $($c:literal),*) => {
+                match t.nc { $( $c => kernel::<$v, $c>(a, b, out.ptr(), t), )* _ => unreachable!("nc <= NR") }
+            };
+        }
+        // SAFETY: `available()` was checked by the caller; the tile's rows
+        // and columns are in bounds of a, b and c, and this thread alone
+        // writes columns n0..n0+nc.
+        unsafe {
+            match t.gv {
+                1 => cols!(1; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+                _ => cols!(2; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
             }
         }
     });
-}
-
-/// One register tile's place: row groups `g..g+gv`, columns `n0..n0+nc`.
-#[derive(Clone, Copy)]
-struct Tile {
-    m: usize,
-    n: usize,
-    k: usize,
-    kc: usize,
-    g: usize,
-    gv: usize,
-    n0: usize,
-    nc: usize,
-}
-
-/// Dispatches a tile to the kernel of its size.
-///
-/// # Safety
-/// As [`kernel`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn tile(a: &[u32], b: &[u32], c: *mut f32, t: Tile) {
-    macro_rules! cols {
-        ($v:literal; $($c:literal),*) => {
-            match t.nc { $( $c => kernel::<$v, $c>(a, b, c, t), )* _ => unreachable!("nc <= NR") }
-        };
-    }
-    match t.gv {
-        1 => cols!(1; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
-        _ => cols!(2; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
-    }
 }
 
 /// `V·16` rows × `C` columns: for each k-block, accumulators from +0 over
@@ -407,19 +329,7 @@ unsafe fn kernel<const V: usize, const C: usize>(a: &[u32], b: &[u32], c: *mut f
                 }
             }
         }
-        for (v, row) in acc.iter().enumerate() {
-            for (j, lanes) in row.iter().enumerate() {
-                let mut s = [0f32; 16];
-                _mm512_storeu_ps(s.as_mut_ptr(), *lanes);
-                for (l, &x) in s.iter().enumerate() {
-                    let r = (t.g + v) * 16 + l;
-                    if r < t.m {
-                        let o = c.add(r * t.n + t.n0 + j);
-                        *o = if block == 0 { x } else { *o + x };
-                    }
-                }
-            }
-        }
+        tiles::store(&acc, c, t, block == 0);
         block = end;
     }
 }

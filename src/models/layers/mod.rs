@@ -6,7 +6,9 @@
 
 pub mod attention;
 pub mod bf16_gemm;
+pub mod f32_gemm;
 pub mod gemv;
+mod tiles;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
@@ -114,7 +116,8 @@ impl Matrix {
 
     /// `x · Wᵀ` rounded to `prec`, as [`linear`] on the f32 weight gives it,
     /// bit for bit: by [`bf16_gemm`] where it computes that product exactly
-    /// ([`bf16_gemm::exact_for`]), else candle's GEMM on the f32 weight.
+    /// ([`bf16_gemm::exact_for`]), else by [`f32_gemm`] on the f32 weight
+    /// where that does ([`f32_gemm::exact_for`]), else candle's GEMM.
     pub fn linear(&self, x: &Tensor, prec: Precision) -> Result<Tensor> {
         if let (Some(p), &[m, k]) = (&self.pairs, x.dims()) {
             if bf16_gemm::exact_for(m, self.dims[0], k).is_some() {
@@ -123,7 +126,14 @@ impl Matrix {
                 }
             }
         }
-        linear(x, self.f32()?, prec)
+        let w = self.f32()?;
+        if let &[m, k] = x.dims() {
+            let on_cpu = x.device().is_cpu() && w.device().is_cpu();
+            if on_cpu && f32_gemm::exact_for(m, self.dims[0], k).is_some() {
+                return prec.round(&f32_gemm::matmul_nt(x, w)?);
+            }
+        }
+        linear(x, w, prec)
     }
 
     /// [`Self::linear`] on [`Rows::Tokens`], [`Self::linear_each_row`] on

@@ -1,0 +1,159 @@
+//! `x · Wᵀ` on f32 operands with AVX-512 FMA, computing candle's f32 GEMM
+//! bits: the same sums in the same order on 16-lane vectors where candle's
+//! kernel (gemm-common 0.19, AVX2 `fma::f32`, 16 × 6 register tile) uses
+//! 8-lane ones, twice the multiply-adds per instruction on a CPU that
+//! executes 512-bit FMAs at full width, and no per-call packing of the
+//! weight (read in place, one row per output column).
+//!
+//! Why the bits agree. candle's blocked kernel sums each output in k-blocks
+//! of `kc` values ([`super::tiles::blocked_kc`]): within a block one
+//! accumulator starting at +0 takes `fma(x, w, acc)` in increasing k, and
+//! the block sums are added to the output in order. Here one lane per
+//! output row takes the same FMAs in the same order, and the block sums are
+//! added the same way ([`super::tiles::store`]). A fused multiply-add is
+//! one IEEE rounding whatever the vector width, so every intermediate value
+//! is the same, subnormals included. The other routes candle takes (a
+//! single row or column, `m·n <= 256`, `k <= 2`) are not taken here.
+//!
+//! Without AVX-512F (or off x86-64) [`available`] is false and
+//! [`super::linear`] uses candle's GEMM, with the same results.
+//! `HSPARITY_NO_AVX512_GEMM=1` forces that path.
+
+use candle_core::Tensor;
+
+use super::bf16_gemm::with_f32;
+use super::tiles::{self, Tile};
+use crate::error::Result;
+
+/// True when this CPU has AVX-512F and `HSPARITY_NO_AVX512_GEMM` is not
+/// set; checked once.
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::env::var_os("HSPARITY_NO_AVX512_GEMM").is_none()
+                && is_x86_feature_detected!("avx512f")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The k-block when [`matmul_nt`] computes `x [m, k] · w [n, k]ᵀ` here (the
+/// blocked route, on a CPU with AVX-512F); `None`: use candle's GEMM.
+pub fn exact_for(m: usize, n: usize, k: usize) -> Option<usize> {
+    tiles::blocked_kc(m, n, k).filter(|_| available())
+}
+
+/// `x · wᵀ` for `x`: `[M, K]` and `w`: `[N, K]`, both f32 on the CPU →
+/// `[M, N]` f32: bitwise `x.matmul(&w.t())`, for the shapes of [`exact_for`].
+///
+/// Errors: shapes that do not fit or are not computed here.
+pub fn matmul_nt(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    let (n, kw) = w.dims2()?;
+    let refuse = |why: &str| -> crate::error::Error {
+        candle_core::Error::Msg(format!(
+            "AVX-512 matmul of x [{m}, {k}] and w [{n}, {kw}]: {why}"
+        ))
+        .into()
+    };
+    if k != kw {
+        return Err(refuse("shapes do not fit"));
+    }
+    let Some(kc) = exact_for(m, n, k) else {
+        return Err(refuse("not computed exactly by this kernel here"));
+    };
+    let a = with_f32(x, |v| pack_rows(v, m, k))?;
+    let c = with_f32(w, |b| {
+        let mut c: Vec<f32> = Vec::with_capacity(m * n);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `available()` (exact_for); the first k-block of every tile
+        // stores each of the m·n elements before any is read, so all are
+        // initialised when the length is set.
+        unsafe {
+            gemm(&a, b, c.as_mut_ptr(), (m, n, k), kc);
+            c.set_len(m * n);
+        }
+        c
+    })?;
+    Ok(Tensor::from_vec(c, (m, n), x.device())?)
+}
+
+/// `x [m, k]` 16 rows per group: `[group][k][lane]` = `x[16·group + lane][k]`
+/// (0 past the last row).
+fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let groups = m.div_ceil(16);
+    let mut out = vec![0f32; groups * k * 16];
+    out.par_chunks_mut((k * 16).max(1))
+        .enumerate()
+        .for_each(|(g, group)| {
+            for r in g * 16..(g * 16 + 16).min(m) {
+                let (row, lane) = (&x[r * k..(r + 1) * k], r % 16);
+                for (kk, &v) in row.iter().enumerate() {
+                    group[kk * 16 + lane] = v;
+                }
+            }
+        });
+    out
+}
+
+/// `c [m, n] = x · wᵀ` from the packed rows `a` ([`pack_rows`]) and `b`
+/// the weight `[n, k]` row-major, in k-blocks of `kc`.
+///
+/// # Safety
+/// [`available`]; `c` points to `m·n` writable f32.
+#[cfg(target_arch = "x86_64")]
+unsafe fn gemm(a: &[f32], b: &[f32], c: *mut f32, (m, n, k): (usize, usize, usize), kc: usize) {
+    let out = tiles::Out(c);
+    tiles::each_tile((m, n, k), kc, |t| {
+        macro_rules! cols {
+            ($v:literal; $($c:literal),*) => {
+                match t.nc { $( $c => kernel::<$v, $c>(a, b, out.ptr(), t), )* _ => unreachable!("nc <= NR") }
+            };
+        }
+        // SAFETY: `available()` was checked by the caller; the tile lies
+        // inside a, b and c, and this thread alone writes its columns.
+        unsafe {
+            match t.gv {
+                1 => cols!(1; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+                _ => cols!(2; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+            }
+        }
+    });
+}
+
+/// `V·16` rows × `C` columns: for each k-block, accumulators from +0 take
+/// `fma(x, w, acc)` in increasing k, then go to the output (the first
+/// block stored, the later ones added).
+///
+/// # Safety
+/// AVX-512F; `a` holds the packed rows of an `[m, k]` input, `b` an
+/// `[n, k]` weight, `c` an `[m, n]` output, and the tile lies inside them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel<const V: usize, const C: usize>(a: &[f32], b: &[f32], c: *mut f32, t: Tile) {
+    use std::arch::x86_64::*;
+    let ap: [*const f32; V] = std::array::from_fn(|v| a.as_ptr().add((t.g + v) * t.k * 16));
+    let bp: [*const f32; C] = std::array::from_fn(|j| b.as_ptr().add((t.n0 + j) * t.k));
+    let mut block = 0;
+    while block < t.k {
+        let end = (block + t.kc).min(t.k);
+        let mut acc = [[_mm512_setzero_ps(); C]; V];
+        for kk in block..end {
+            let va: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(ap[v].add(kk * 16)));
+            for j in 0..C {
+                let vb = _mm512_set1_ps(*bp[j].add(kk));
+                for v in 0..V {
+                    acc[v][j] = _mm512_fmadd_ps(va[v], vb, acc[v][j]);
+                }
+            }
+        }
+        tiles::store(&acc, c, t, block == 0);
+        block = end;
+    }
+}

@@ -1,0 +1,128 @@
+//! The blocked layout the CPU matmul kernels here share ([`super::bf16_gemm`],
+//! [`super::f32_gemm`]): the input packed 16 rows per vector (one lane per
+//! row), register tiles of `MV` row vectors × up to [`NR`] output columns,
+//! column tiles split over the threads, rows walked in cache blocks of
+//! [`MB`]. Where candle's f32 GEMM takes its blocked kernel (gemm-common
+//! 0.19's `gemm_basic_generic`), [`blocked_kc`] gives the k-block it sums
+//! each output in; a kernel that sums in the same blocks, one rounded
+//! addition per k in increasing k, gives its bits whatever the tile shape.
+
+/// candle's f32 kernel on x86-64 with FMA: register tile rows (2 × 8 lanes).
+const F32_MR: usize = 16;
+/// Its register tile columns.
+const F32_NR: usize = 6;
+/// Output columns per register tile here (lanes are rows: 16 per vector).
+pub(super) const NR: usize = 12;
+/// Row vectors per register tile (16 rows each).
+pub(super) const MV: usize = 2;
+/// Rows per cache block (their packed values stay in L2 while a thread's
+/// column tiles pass over them).
+const MB: usize = 128;
+
+/// The k-block candle's f32 GEMM sums `x [m, k] · w [n, k]ᵀ` in when that
+/// product takes its blocked kernel (`cache::kernel_params`; `min(k, 512)`
+/// for `m, n <= 64`); `None` for the other routes (a single row or column,
+/// `m·n <= 256`, `k <= 2`).
+pub fn blocked_kc(m: usize, n: usize, k: usize) -> Option<usize> {
+    if m <= 1 || n <= 1 || m * n <= 256 || k <= 2 {
+        return None;
+    }
+    Some(if m <= 64 && n <= 64 {
+        k.min(512)
+    } else {
+        gemm_common::cache::kernel_params(m, n, k, F32_MR, F32_NR, 4).kc
+    })
+}
+
+/// One register tile's place: row groups `g..g+gv`, columns `n0..n0+nc`,
+/// of an `[m, k] · [n, k]ᵀ` product summed in k-blocks of `kc`.
+#[derive(Clone, Copy)]
+pub(super) struct Tile {
+    pub(super) m: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) kc: usize,
+    pub(super) g: usize,
+    pub(super) gv: usize,
+    pub(super) n0: usize,
+    pub(super) nc: usize,
+}
+
+/// The output, shared by the threads, each writing its own columns.
+#[derive(Clone, Copy)]
+pub(super) struct Out(pub(super) *mut f32);
+// SAFETY: threads write disjoint elements (their own column tiles).
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The pointer (a method, so closures capture the `Send` wrapper whole).
+    pub(super) fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Calls `tile` on every register tile of an `[m, n]` output, column tiles
+/// split over the threads (each thread's tiles write only its columns).
+pub(super) fn each_tile(
+    (m, n, k): (usize, usize, usize),
+    kc: usize,
+    tile: impl Fn(Tile) + Sync,
+) {
+    use rayon::prelude::*;
+    let tiles = n.div_ceil(NR);
+    let threads = rayon::current_num_threads().max(1);
+    let per = tiles.div_ceil(threads).max(1);
+    let groups = m.div_ceil(16);
+    (0..tiles.div_ceil(per)).into_par_iter().for_each(|chunk| {
+        let (t0, t1) = (chunk * per, ((chunk + 1) * per).min(tiles));
+        for g0 in (0..groups).step_by(MB / 16) {
+            let g1 = (g0 + MB / 16).min(groups);
+            for t in t0..t1 {
+                let (n0, nc) = (t * NR, NR.min(n - t * NR));
+                for g in (g0..g1).step_by(MV) {
+                    let gv = MV.min(g1 - g);
+                    tile(Tile {
+                        m,
+                        n,
+                        k,
+                        kc,
+                        g,
+                        gv,
+                        n0,
+                        nc,
+                    });
+                }
+            }
+        }
+    });
+}
+
+/// Stores (the first k-block) or adds (the later ones) a tile's `16·V × C`
+/// sums `acc[v][j]` (lane `l`: row `16(g+v)+l`) into `c`.
+///
+/// # Safety
+/// AVX-512F; `c` is an `[m, n]` output holding the tile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn store<const V: usize, const C: usize>(
+    acc: &[[std::arch::x86_64::__m512; C]; V],
+    c: *mut f32,
+    t: Tile,
+    first: bool,
+) {
+    use std::arch::x86_64::*;
+    for (v, row) in acc.iter().enumerate() {
+        for (j, lanes) in row.iter().enumerate() {
+            let mut s = [0f32; 16];
+            _mm512_storeu_ps(s.as_mut_ptr(), *lanes);
+            for (l, &x) in s.iter().enumerate() {
+                let r = (t.g + v) * 16 + l;
+                if r < t.m {
+                    let o = c.add(r * t.n + t.n0 + j);
+                    *o = if first { x } else { *o + x };
+                }
+            }
+        }
+    }
+}
