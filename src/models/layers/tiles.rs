@@ -112,16 +112,23 @@ pub(super) unsafe fn store<const V: usize, const C: usize>(
     first: bool,
 ) {
     use std::arch::x86_64::*;
-    for (v, row) in acc.iter().enumerate() {
-        for (j, lanes) in row.iter().enumerate() {
-            let mut s = [0f32; 16];
-            _mm512_storeu_ps(s.as_mut_ptr(), *lanes);
-            for (l, &x) in s.iter().enumerate() {
-                let r = (t.g + v) * 16 + l;
-                if r < t.m {
-                    let o = c.add(r * t.n + t.n0 + j);
-                    *o = if first { x } else { *o + x };
-                }
+    let mut s = [[[0f32; 16]; C]; V];
+    for (sv, av) in s.iter_mut().zip(acc) {
+        for (sj, aj) in sv.iter_mut().zip(av) {
+            _mm512_storeu_ps(sj.as_mut_ptr(), *aj);
+        }
+    }
+    // Row by row: each row's C outputs are adjacent.
+    for (v, sv) in s.iter().enumerate() {
+        for l in 0..16 {
+            let r = (t.g + v) * 16 + l;
+            if r >= t.m {
+                break;
+            }
+            let o = c.add(r * t.n + t.n0);
+            for (j, sj) in sv.iter().enumerate() {
+                let o = o.add(j);
+                *o = if first { sj[l] } else { *o + sj[l] };
             }
         }
     }
