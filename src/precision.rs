@@ -157,16 +157,29 @@ impl Precision {
 
     /// Rounds a buffer in place (bitwise [`Self::round_f32`] of every element).
     pub fn round_slice(self, v: &mut [f32]) {
+        use rayon::prelude::*;
+        if self == Precision::F32 {
+            return;
+        }
+        // Elementwise: pieces in parallel once there are several.
+        if v.len() > 4 * ROUND_PIECE {
+            v.par_chunks_mut(ROUND_PIECE)
+                .for_each(|c| self.round_piece(c));
+        } else {
+            v.chunks_mut(ROUND_PIECE).for_each(|c| self.round_piece(c));
+        }
+    }
+
+    /// [`Self::round_slice`] on at most [`ROUND_PIECE`] values.
+    fn round_piece(self, c: &mut [f32]) {
         match self {
             Precision::F32 => {}
-            Precision::Bf16 => v.iter_mut().for_each(|x| *x = round_bf16(*x)),
+            Precision::Bf16 => c.iter_mut().for_each(|x| *x = round_bf16(*x)),
             Precision::F16 => {
                 let mut half = [half::f16::ZERO; ROUND_PIECE];
-                for c in v.chunks_mut(ROUND_PIECE) {
-                    let h = &mut half[..c.len()];
-                    h.convert_from_f32_slice(c);
-                    h.convert_to_f32_slice(c);
-                }
+                let h = &mut half[..c.len()];
+                h.convert_from_f32_slice(c);
+                h.convert_to_f32_slice(c);
             }
         }
     }

@@ -73,21 +73,3 @@ fn shapes_on_candles_other_routes_are_refused() {
     let (x, w) = (matrix(40, 64, 1), matrix(40, 65, 2));
     assert!(f32_gemm::matmul_nt(&x, &w).is_err(), "k differs");
 }
-
-#[test]
-#[ignore]
-fn tmp_speed() {
-    for (m, n, k) in [(512, 3072, 1024), (512, 1024, 3072), (512, 4096, 1024)] {
-        let (x, w) = (matrix(m, k, 1), matrix(n, k, 2));
-        let wt = w.t().unwrap();
-        let fl = 2.0 * (m * n * k) as f64;
-        for _ in 0..2 { f32_gemm::matmul_nt(&x, &w).unwrap(); x.matmul(&wt).unwrap(); }
-        let t = std::time::Instant::now();
-        for _ in 0..10 { f32_gemm::matmul_nt(&x, &w).unwrap(); }
-        let a = t.elapsed().as_secs_f64() / 10.0;
-        let t = std::time::Instant::now();
-        for _ in 0..10 { x.matmul(&wt).unwrap(); }
-        let b = t.elapsed().as_secs_f64() / 10.0;
-        println!("[{m},{n},{k}] avx512 {:.0} GFLOP/s candle {:.0} GFLOP/s", fl / a / 1e9, fl / b / 1e9);
-    }
-}

@@ -80,6 +80,7 @@ fn per_head(inp: &DeltaRuleInputs) -> Vec<Head> {
     let (t, nh, dk, dv) = (inp.t, inp.heads, inp.dk, inp.dv);
     let scale = 1.0 / (dk as f32).sqrt();
     (0..nh)
+        .into_par_iter()
         .map(|h| {
             let mut q = Vec::with_capacity(t * dk);
             let mut k = Vec::with_capacity(t * dk);
@@ -165,12 +166,13 @@ fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
 fn interleave_heads(per: &[Vec<f32>], t: usize, dv: usize) -> Vec<f32> {
     let nh = per.len();
     let mut out = vec![0f32; t * nh * dv];
-    for (h, oh) in per.iter().enumerate() {
-        for i in 0..t {
-            out[(i * nh + h) * dv..(i * nh + h + 1) * dv]
-                .copy_from_slice(&oh[i * dv..(i + 1) * dv]);
-        }
-    }
+    out.par_chunks_mut((nh * dv).max(1))
+        .enumerate()
+        .for_each(|(i, row)| {
+            for (h, oh) in per.iter().enumerate() {
+                row[h * dv..(h + 1) * dv].copy_from_slice(&oh[i * dv..(i + 1) * dv]);
+            }
+        });
     out
 }
 

@@ -8,6 +8,7 @@
 //! live in [`super::delta_rule`].
 
 use candle_core::Tensor;
+use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::loading::WeightSource;
@@ -253,22 +254,25 @@ impl GatedDeltaNet {
         let mut padded = Vec::with_capacity((hist + t) * c);
         padded.extend_from_slice(conv_state);
         padded.extend_from_slice(&mixed);
+        // Rows are independent (each reads the padded input only): in parallel.
         let mut conv = vec![0f32; t * c];
-        for i in 0..t {
-            // Rows from a reset on see no column before it (padded row i + j
-            // is position i + j − hist of this forward).
-            let first = reset
-                .filter(|&r| i >= r)
-                .map_or(0, |r| (r + hist).saturating_sub(i));
-            for ch in 0..c {
-                let mut acc = 0f32;
-                for j in first.min(kk)..kk {
-                    acc += self.conv_w[ch * kk + j] * padded[(i + j) * c + ch];
+        conv.par_chunks_mut(c.max(1))
+            .enumerate()
+            .for_each(|(i, out)| {
+                // Rows from a reset on see no column before it (padded row
+                // i + j is position i + j − hist of this forward).
+                let first = reset
+                    .filter(|&r| i >= r)
+                    .map_or(0, |r| (r + hist).saturating_sub(i));
+                for (ch, o) in out.iter_mut().enumerate() {
+                    let mut acc = 0f32;
+                    for j in first.min(kk)..kk {
+                        acc += self.conv_w[ch * kk + j] * padded[(i + j) * c + ch];
+                    }
+                    let acc = prec.round_f32(acc);
+                    *o = prec.round_f32(acc / (1.0 + (-acc).exp()));
                 }
-                let acc = prec.round_f32(acc);
-                conv[i * c + ch] = prec.round_f32(acc / (1.0 + (-acc).exp()));
-            }
-        }
+            });
         conv_state.copy_from_slice(&padded[t * c..(t + hist) * c]);
         if let Some(r) = reset {
             faults::clear_before_reset(conv_state, c, t, r);
