@@ -135,7 +135,9 @@ impl WeightSource for Random {
     fn tensor(&self, name: &str) -> hsparity::error::Result<Tensor> {
         let shape = self.shape(name);
         let n: usize = shape.iter().product();
-        let seed = name.bytes().fold(7u64, |a, b| a.wrapping_mul(31) ^ u64::from(b));
+        let seed = name
+            .bytes()
+            .fold(7u64, |a, b| a.wrapping_mul(31) ^ u64::from(b));
         let v: Vec<f32> = common::uniform(n, seed)
             .into_iter()
             .map(|u| (u - 0.5) * 0.2)

@@ -38,7 +38,10 @@ fn the_kernel_gives_the_bits_of_candles_gemm() {
         return;
     }
     for &(m, n, k) in TAKEN {
-        assert!(f32_gemm::exact_for(m, n, k).is_some(), "[{m}, {n}, {k}] is taken");
+        assert!(
+            f32_gemm::exact_for(m, n, k).is_some(),
+            "[{m}, {n}, {k}] is taken"
+        );
         let (x, w) = (matrix(m, k, 1 + m as u64), matrix(n, k, 7 + k as u64));
         let got = f32_gemm::matmul_nt(&x, &w).unwrap();
         let want = x.matmul(&w.t().unwrap()).unwrap();
@@ -59,7 +62,10 @@ fn subnormal_values_give_the_same_bits() {
     let got = f32_gemm::matmul_nt(&x, &w).unwrap();
     let want = x.matmul(&w.t().unwrap()).unwrap();
     let v = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    assert!(v.iter().any(|x| x.is_subnormal()), "the test reaches subnormals");
+    assert!(
+        v.iter().any(|x| x.is_subnormal()),
+        "the test reaches subnormals"
+    );
     assert!(bits(&got) == bits(&want));
 }
 

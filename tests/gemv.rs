@@ -77,7 +77,10 @@ fn shapes_off_the_single_row_route_are_refused() {
     let x = matrix(3, 64, 1, false);
     let small = matrix(256, 64, 2, false).flatten_all().unwrap();
     let small = small.to_vec1::<f32>().unwrap();
-    assert!(!gemv::reproduces(256, 64), "n <= 256: the horizontal kernel");
+    assert!(
+        !gemv::reproduces(256, 64),
+        "n <= 256: the horizontal kernel"
+    );
     assert!(!gemv::reproduces(1024, 2), "k <= 2: gevv");
     assert!(gemv::rows_times(&x, gemv::Weight::F32(&small)).is_err());
 }

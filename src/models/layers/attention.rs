@@ -152,7 +152,14 @@ impl Attention {
         let outs = (0..s)
             .map(|i| {
                 let row = |t: &Tensor| t.narrow(0, i, 1);
-                self.attend(&row(&p.q)?, &row(&p.k)?, &row(&p.v)?, rotary, &pos[i], Some(cache))
+                self.attend(
+                    &row(&p.q)?,
+                    &row(&p.k)?,
+                    &row(&p.v)?,
+                    rotary,
+                    &pos[i],
+                    Some(cache),
+                )
             })
             .collect::<Result<Vec<_>>>()?;
         self.output(Tensor::cat(&outs, 0)?, p.gate, Rows::Steps)
@@ -174,7 +181,10 @@ impl Attention {
                 Some(qg.narrow(2, hd, hd)?.reshape((t, nh * hd))?),
             )
         } else {
-            (self.q_proj.apply(x, prec, rows)?.reshape((t, nh, hd))?, None)
+            (
+                self.q_proj.apply(x, prec, rows)?.reshape((t, nh, hd))?,
+                None,
+            )
         };
         Ok(Projected {
             q: self.q_norm.forward(&q.contiguous()?)?,

@@ -144,7 +144,7 @@ fn weight_at(w: Weight<'_>, j: usize, k: usize, e: usize) -> f32 {
         Weight::F32(v) => v[j * k + e],
         Weight::Bf16(p) => {
             let word = p.words()[j * k.div_ceil(2) + e / 2];
-            f32::from_bits(if e % 2 == 0 {
+            f32::from_bits(if e.is_multiple_of(2) {
                 word & 0xffff_0000
             } else {
                 word << 16

@@ -8,10 +8,10 @@ pub mod attention;
 pub mod bf16_gemm;
 pub mod f32_gemm;
 pub mod gemv;
-mod tiles;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
+mod tiles;
 
 use std::sync::OnceLock;
 

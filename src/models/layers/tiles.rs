@@ -64,11 +64,7 @@ impl Out {
 
 /// Calls `tile` on every register tile of an `[m, n]` output, column tiles
 /// split over the threads (each thread's tiles write only its columns).
-pub(super) fn each_tile(
-    (m, n, k): (usize, usize, usize),
-    kc: usize,
-    tile: impl Fn(Tile) + Sync,
-) {
+pub(super) fn each_tile((m, n, k): (usize, usize, usize), kc: usize, tile: impl Fn(Tile) + Sync) {
     use rayon::prelude::*;
     let tiles = n.div_ceil(NR);
     let threads = rayon::current_num_threads().max(1);
