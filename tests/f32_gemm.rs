@@ -79,3 +79,38 @@ fn shapes_on_candles_other_routes_are_refused() {
     let (x, w) = (matrix(40, 64, 1), matrix(40, 65, 2));
     assert!(f32_gemm::matmul_nt(&x, &w).is_err(), "k differs");
 }
+
+/// `compare --json` without the environment block (which holds the peak RSS).
+fn report(args: &[&str], candle_only: bool) -> serde_json::Value {
+    let mut cmd = common::hsparity();
+    cmd.args(["compare", "--json", "--no-report", "--quiet"])
+        .args(args);
+    if candle_only {
+        cmd.env("HSPARITY_NO_AVX512_GEMM", "1")
+            .env("HSPARITY_NO_BF16_DOT", "1");
+    }
+    let out = cmd.output().unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_object_mut().unwrap().remove("environment");
+    v
+}
+
+/// End to end, every kernel of hsparity's own against candle's GEMM
+/// everywhere: the same report, figure for figure, in f32, bf16 and the
+/// fp16-on-disk pair that diverges (bf16 against f16).
+#[test]
+fn compare_gives_the_same_report_with_candles_gemm_everywhere() {
+    let cases: [&[&str]; 3] = [
+        &["fixtures/tiny-qwen3_5", "--dtype", "f32"],
+        &["fixtures/tiny-qwen3_5", "--dtype", "bf16"],
+        &["fixtures/divergence/fp16-disk", "--paths", "causal-lm,vlm"],
+    ];
+    for args in cases {
+        let ours = report(args, false);
+        assert!(
+            ours["pairs"].as_array().is_some_and(|p| !p.is_empty()),
+            "{args:?}"
+        );
+        assert_eq!(ours, report(args, true), "{args:?}");
+    }
+}

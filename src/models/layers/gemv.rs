@@ -17,7 +17,8 @@
 //! AVX-512 register holds two of those accumulators (16 consecutive values),
 //! so the same operations happen in the same order on the same values. Other
 //! shapes (`n <= 256`: the horizontal kernel; `k <= 2`: `gevv`) and CPUs
-//! without AVX-512F run candle's product row by row instead.
+//! without AVX-512F run candle's product row by row instead; so does
+//! `HSPARITY_NO_AVX512_GEMM=1`.
 //!
 //! bf16 weights are read as their pairs ([`super::bf16_gemm::Pairs`]),
 //! widened in registers: exact, so the values are those of the f32 copy.
@@ -33,13 +34,14 @@ pub fn reproduces(n: usize, k: usize) -> bool {
     n > 256 && k > 2 && available()
 }
 
-/// AVX-512F and FMA (checked once).
+/// AVX-512F and FMA, and `HSPARITY_NO_AVX512_GEMM` not set (checked once).
 fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *HAS.get_or_init(|| {
-            is_x86_feature_detected!("avx512f")
+            std::env::var_os("HSPARITY_NO_AVX512_GEMM").is_none()
+                && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("avx2")
         })
