@@ -280,7 +280,7 @@ struct CompareArgs {
     /// Also evaluate this DFlash drafter (directory or Hub id) on every path.
     #[arg(value_parser = dir_or_id(), long)]
     drafter: Option<String>,
-    /// Force the prefill-vs-incremental check (by default it runs for models up to 4 GiB of f32 weights; its 8 single-token steps read every layer 8 more times per path).
+    /// Force the prefill-vs-incremental check (by default it runs on any model where this CPU has AVX-512F, whose 8 single-token steps then read each layer's weights once; elsewhere, or with --gdn-form recurrent, for models up to 4 GiB of f32 weights).
     #[arg(long, conflicts_with = "no_incremental")]
     incremental: bool,
     /// Skip the prefill-vs-incremental check.

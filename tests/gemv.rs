@@ -2,8 +2,8 @@
 //! row, the bits of candle's product of that row alone — f32 weights and
 //! bf16 pairs, every part of the single-row route's order (64-value blocks,
 //! 8-value groups, the scalar tail, none of some) — and
-//! `Matrix::linear_each_row` gives `Matrix::linear`'s bits row by row on
-//! every shape, the ones the kernel does not take included.
+//! `Matrix::linear_each_row` (and `Matrix::linear` on one row) give candle's
+//! bits row by row on every shape, the ones the kernel does not take included.
 
 mod common;
 
@@ -11,7 +11,7 @@ use common::bits;
 
 use candle_core::{Device, Tensor};
 use hsparity::models::layers::bf16_gemm::{self, Pairs};
-use hsparity::models::layers::{gemv, Matrix};
+use hsparity::models::layers::{gemv, linear, Matrix};
 use hsparity::precision::Precision;
 
 /// `[rows, cols]` of values in about [-4, 4]; bf16 values when `bf16`.
@@ -92,17 +92,23 @@ fn linear_each_row_gives_linear_row_by_row_on_every_shape() {
         let x = matrix(s, k, 5 + s as u64, true);
         for prec in [Precision::F32, Precision::Bf16] {
             let w = matrix(n, k, 17 + k as u64, true);
-            let m = Matrix::of_param(w, prec, false).unwrap();
+            let m = Matrix::of_param(w.clone(), prec, false).unwrap();
+            // candle's product of each row alone, rounded.
             let want: Vec<Tensor> = (0..s)
-                .map(|r| m.linear(&x.narrow(0, r, 1).unwrap(), prec).unwrap())
+                .map(|r| linear(&x.narrow(0, r, 1).unwrap(), &w, prec).unwrap())
                 .collect();
             let want = Tensor::cat(&want, 0).unwrap();
             let got = m.linear_each_row(&x, prec).unwrap();
             assert!(
                 bits(&got) == bits(&want),
-                "[{s}, {n}, {k}] {prec:?}: linear_each_row differs from linear row by row \
+                "[{s}, {n}, {k}] {prec:?}: linear_each_row differs from candle row by row \
                  (bf16 kernel available: {})",
                 bf16_gemm::available()
+            );
+            let one = m.linear(&x.narrow(0, 0, 1).unwrap(), prec).unwrap();
+            assert!(
+                bits(&one) == bits(&want.narrow(0, 0, 1).unwrap()),
+                "[1, {n}, {k}] {prec:?}: Matrix::linear on one row differs from candle"
             );
         }
     }

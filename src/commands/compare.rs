@@ -31,8 +31,8 @@ pub struct CompareOptions {
     pub taps: Vec<usize>,
     /// Delta-rule form.
     pub gdn_form: GdnForm,
-    /// Prefill-vs-incremental check: `None` = automatic (models up to
-    /// [`INCREMENTAL_AUTO_BYTES`] of f32 weights), `Some(b)` = forced on/off.
+    /// Prefill-vs-incremental check: `None` = automatic (see
+    /// [`INCREMENTAL_AUTO_BYTES`]), `Some(b)` = forced on/off.
     pub incremental: Option<bool>,
     /// Also evaluate a DFlash drafter on every path (`--drafter`).
     pub drafter: Option<DrafterSettings>,
@@ -43,10 +43,14 @@ pub struct CompareOptions {
 }
 
 /// The prefill-vs-incremental check adds, per path and layer, a prefill of
-/// one prompt and 8 single-token steps (each reading the whole layer's
-/// weights, widened to f32 for them) to the capture's sweep (a second
-/// layer-major pass in the recurrent form): by default it runs when the f32
-/// text weights take at most this many bytes.
+/// one prompt and 8 single-token steps to the capture's sweep, on the layer
+/// already loaded. Where the steps' products run in one pass over each weight
+/// ([`crate::models::layers::gemv::available`]) that costs a few percent of
+/// the sweep and the check runs by default on any model; elsewhere each step
+/// reads the layer's weights again (from memory), and by default it runs when
+/// the f32 text weights take at most this many bytes. With `--gdn-form
+/// recurrent` the check is a second layer-major pass over the checkpoint, and
+/// the byte limit applies too.
 pub const INCREMENTAL_AUTO_BYTES: u64 = 4 << 30;
 
 /// Runs the comparison and returns the report.
@@ -376,17 +380,24 @@ fn incremental_wanted(session: &Session, opts: &CompareOptions) -> std::result::
         .get("language_model")
         .map(|c| c.params * 4)
         .unwrap_or(0);
+    let in_sweep = opts.gdn_form == GdnForm::Chunked;
+    let steps_once =
+        in_sweep && session.spec.device.is_cpu() && crate::models::layers::gemv::available();
     if opts
         .incremental
-        .unwrap_or(f32_bytes <= INCREMENTAL_AUTO_BYTES)
+        .unwrap_or(steps_once || f32_bytes <= INCREMENTAL_AUTO_BYTES)
     {
-        Ok(())
-    } else {
-        Err(format!(
-            "prefill-vs-incremental check skipped: its 8 single-token steps read every layer 8 more times per path ({:.1} GiB in f32); pass --incremental to force it",
-            f32_bytes as f64 / (1u64 << 30) as f64
-        ))
+        return Ok(());
     }
+    let gib = f32_bytes as f64 / (1u64 << 30) as f64;
+    let why = if in_sweep {
+        format!("without AVX-512F its 8 single-token steps read every layer's weights 8 more times per path ({gib:.1} GiB in f32 each time)")
+    } else {
+        format!("with --gdn-form recurrent it is a second pass over the checkpoint per path ({gib:.1} GiB in f32)")
+    };
+    Err(format!(
+        "prefill-vs-incremental check skipped: {why}; pass --incremental to force it"
+    ))
 }
 
 /// Adds the drafter's τ per path to the summary; a τ gap over the limit fails the run.

@@ -34,8 +34,10 @@ pub fn reproduces(n: usize, k: usize) -> bool {
     n > 256 && k > 2 && available()
 }
 
-/// AVX-512F and FMA, and `HSPARITY_NO_AVX512_GEMM` not set (checked once).
-fn available() -> bool {
+/// True when this CPU runs the kernel (AVX-512F and FMA) and
+/// `HSPARITY_NO_AVX512_GEMM` is not set (checked once): then a cached
+/// decode's steps read each weight once, not once per step.
+pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -115,10 +115,18 @@ impl Matrix {
     }
 
     /// `x · Wᵀ` rounded to `prec`, as [`linear`] on the f32 weight gives it,
-    /// bit for bit: by [`bf16_gemm`] where it computes that product exactly
-    /// ([`bf16_gemm::exact_for`]), else by [`f32_gemm`] on the f32 weight
-    /// where that does ([`f32_gemm::exact_for`]), else candle's GEMM.
+    /// bit for bit: a single row by [`gemv`] where it reproduces that route
+    /// (the weight read as stored), else by [`bf16_gemm`] where it computes
+    /// the product exactly ([`bf16_gemm::exact_for`]), else by [`f32_gemm`]
+    /// on the f32 weight where that does ([`f32_gemm::exact_for`]), else
+    /// candle's GEMM.
     pub fn linear(&self, x: &Tensor, prec: Precision) -> Result<Tensor> {
+        // A single row: candle's single-row route, by [`gemv`].
+        if x.dims().first() == Some(&1) {
+            if let Some(y) = self.single_rows(x)? {
+                return prec.round(&y);
+            }
+        }
         if let (Some(p), &[m, k]) = (&self.pairs, x.dims()) {
             if bf16_gemm::exact_for(m, self.dims[0], k).is_some() {
                 if let Some(y) = bf16_gemm::matmul_nt(x, p)? {
@@ -152,23 +160,33 @@ impl Matrix {
     ///
     /// Errors: a tensor failure.
     pub fn linear_each_row(&self, x: &Tensor, prec: Precision) -> Result<Tensor> {
-        let (s, k) = x.dims2()?;
-        if s > 1 && x.device().is_cpu() && gemv::reproduces(self.dims[0], k) {
-            let y = match (&self.pairs, self.wide.get()) {
-                (Some(p), _) => Some(gemv::rows_times(x, gemv::Weight::Bf16(p))?),
-                (None, Some(w)) if w.device().is_cpu() => Some(bf16_gemm::with_f32(w, |v| {
-                    gemv::rows_times(x, gemv::Weight::F32(v))
-                })??),
-                _ => None,
-            };
-            if let Some(y) = y {
-                return prec.round(&y);
-            }
+        let s = x.dim(0)?;
+        if let Some(y) = self.single_rows(x)? {
+            return prec.round(&y);
         }
         let rows = (0..s)
             .map(|r| self.linear(&x.narrow(0, r, 1)?, prec))
             .collect::<Result<Vec<_>>>()?;
         Ok(Tensor::cat(&rows, 0)?)
+    }
+
+    /// Each row of `x [S, in]` as its own single-row product, not rounded,
+    /// when [`gemv`] reproduces candle's single-row route for this weight on
+    /// the CPU (read as stored: bf16 pairs are not widened); `None` elsewhere.
+    fn single_rows(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        let &[_, k] = x.dims() else {
+            return Ok(None);
+        };
+        if !(x.device().is_cpu() && gemv::reproduces(self.dims[0], k)) {
+            return Ok(None);
+        }
+        match (&self.pairs, self.wide.get()) {
+            (Some(p), _) => Ok(Some(gemv::rows_times(x, gemv::Weight::Bf16(p))?)),
+            (None, Some(w)) if w.device().is_cpu() => Ok(Some(bf16_gemm::with_f32(w, |v| {
+                gemv::rows_times(x, gemv::Weight::F32(v))
+            })??)),
+            _ => Ok(None),
+        }
     }
 
     /// True when the rows of an `[m, in]` input are computed exactly as in
