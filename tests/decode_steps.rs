@@ -2,7 +2,7 @@
 //! (`DecoderLayer::forward_steps`) give the bits of the steps run one by
 //! one (`DecoderLayer::forward`, recurrent form, one row each), outputs and
 //! the state left behind: on every layer of the tiny fixtures (Qwen3.5,
-//! Qwen3, the MoE family; fp8 KV cache too), and on a random layer wide
+//! Qwen3, the MoE family; fp8 KV cache and a tentative block too), and on a random layer wide
 //! enough that its products take the many-rows single-row kernel
 //! (`models::layers::gemv`) instead of candle's product row by row.
 
@@ -27,14 +27,24 @@ fn input(t: usize, h: usize, seed: u64, prec: Precision) -> Tensor {
         .unwrap()
 }
 
-/// Prefills 5 tokens into a fresh state (chunked form; `fp8`: an fp8 KV
-/// cache), then takes 4 steps one by one and all at once from copies of
-/// that state, then one more single step from each state left behind: the
-/// same bits everywhere.
-fn steps_match(spec: &TextModelSpec, layer: &DecoderLayer, fp8: bool, what: &str, seed: u64) {
+/// How the state of [`steps_match`] is set up before the steps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Before {
+    /// As a prefill leaves it.
+    Prefill,
+    /// With an fp8 KV cache (attention layers only).
+    Fp8,
+    /// A tentative block begun (a speculative loop's verify), one token kept after.
+    Tentative,
+}
+
+/// Prefills 5 tokens into a fresh state (chunked form), then takes 4 steps
+/// one by one and all at once from copies of that state, then one more
+/// single step from each state left behind: the same bits everywhere.
+fn steps_match(spec: &TextModelSpec, layer: &DecoderLayer, before: Before, what: &str, seed: u64) {
     let (h, prec) = (spec.geo.hidden, layer.prec);
     let mut state = layer.new_state(spec);
-    if fp8 {
+    if before == Before::Fp8 {
         match &mut state {
             LayerState::Full(c) => *c = KvCache::fp8(),
             LayerState::Linear(_) => return,
@@ -45,6 +55,9 @@ fn steps_match(spec: &TextModelSpec, layer: &DecoderLayer, fp8: bool, what: &str
     layer
         .forward(&pre, spec, &pos_pre, GdnForm::Chunked, Some(&mut state))
         .unwrap();
+    if before == Before::Tentative {
+        state.begin_tentative();
+    }
     let steps = input(4, h, seed + 1, prec);
     let pos: Vec<_> = (5..9).map(|t| spec.positions(t, 1).unwrap()).collect();
     let (mut one, mut all) = (state.clone(), state);
@@ -62,6 +75,12 @@ fn steps_match(spec: &TextModelSpec, layer: &DecoderLayer, fp8: bool, what: &str
         common::bits(&singles) == common::bits(&at_once),
         "{what}: steps at once differ from one by one"
     );
+    if before == Before::Tentative {
+        // A tentative state takes its steps one by one either way (only the
+        // first is the block); both commit the same prefix.
+        one.commit(5, 6).unwrap();
+        all.commit(5, 6).unwrap();
+    }
     let next = input(1, h, seed + 2, prec);
     let pos_next = spec.positions(9, 1).unwrap();
     let after = |s: &mut LayerState| {
@@ -88,9 +107,9 @@ fn steps_at_once_give_the_bits_of_steps_one_by_one_on_the_fixtures() {
         for prec in [Precision::F32, Precision::Bf16] {
             for l in 0..spec.num_layers() {
                 let layer = DecoderLayer::load(spec, src, l, prec).unwrap();
-                for fp8 in [false, true] {
-                    let what = format!("{dir} layer {l} {prec:?} fp8 {fp8}");
-                    steps_match(spec, &layer, fp8, &what, l as u64 * 7);
+                for before in [Before::Prefill, Before::Fp8, Before::Tentative] {
+                    let what = format!("{dir} layer {l} {prec:?} {before:?}");
+                    steps_match(spec, &layer, before, &what, l as u64 * 7);
                 }
             }
         }
@@ -179,9 +198,9 @@ fn steps_at_once_give_the_bits_of_steps_one_by_one_on_a_wide_layer() {
     for prec in [Precision::F32, Precision::Bf16] {
         for l in [0, 2] {
             let layer = DecoderLayer::load(&spec, &src, l, prec).unwrap();
-            for fp8 in [false, true] {
-                let what = format!("wide layer {l} {prec:?} fp8 {fp8}");
-                steps_match(&spec, &layer, fp8, &what, 100 + l as u64);
+            for before in [Before::Prefill, Before::Fp8, Before::Tentative] {
+                let what = format!("wide layer {l} {prec:?} {before:?}");
+                steps_match(&spec, &layer, before, &what, 100 + l as u64);
             }
         }
     }

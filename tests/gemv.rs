@@ -83,6 +83,34 @@ fn shapes_off_the_single_row_route_are_refused() {
     );
     assert!(!gemv::reproduces(1024, 2), "k <= 2: gevv");
     assert!(gemv::rows_times(&x, gemv::Weight::F32(&small)).is_err());
+    if !gemv::reproduces(300, 64) {
+        return;
+    }
+    let w = matrix(300, 64, 3, false).flatten_all().unwrap();
+    let w = w.to_vec1::<f32>().unwrap();
+    assert!(
+        gemv::rows_times(&x, gemv::Weight::F32(&w[..w.len() - 5])).is_err(),
+        "values that do not fill whole rows"
+    );
+    let strided = matrix(64, 3, 4, false).t().unwrap();
+    assert!(
+        gemv::rows_times(&strided, gemv::Weight::F32(&w)).is_err(),
+        "rows whose values are not adjacent take candle's blocked route"
+    );
+    let none = gemv::rows_times(&x.narrow(0, 0, 0).unwrap(), gemv::Weight::F32(&w)).unwrap();
+    assert_eq!(none.dims(), &[0, 300]);
+}
+
+/// Rows whose values are not adjacent (a transposed input) go row by row
+/// through candle, whose single-row product of such a row is its blocked
+/// route: the same bits as candle's.
+#[test]
+fn a_strided_input_gives_candles_bits_row_by_row() {
+    let x = matrix(200, 3, 9, false).t().unwrap();
+    let w = matrix(300, 200, 10, false);
+    let m = Matrix::new(w.clone()).unwrap();
+    let got = m.linear_each_row(&x, Precision::F32).unwrap();
+    assert!(bits(&got) == bits(&one_by_one(&x, &w)));
 }
 
 #[test]

@@ -239,8 +239,9 @@ impl DecoderLayer {
     /// runs), `pos[i]` step i's position. Bitwise `S` calls of
     /// [`Self::forward`] on one row each in the recurrent form, continuing
     /// `state` step after step; every dense product takes each row alone
-    /// ([`Rows::Steps`]) and reads its weight once for all steps. A sparse
-    /// MoE block runs row by row.
+    /// ([`Rows::Steps`]), reading its weight once for all steps where
+    /// [`crate::models::layers::gemv`] reproduces the single-row route. A
+    /// sparse MoE block runs row by row.
     ///
     /// Errors: a state of another kind than the layer's mixer, or as
     /// [`Self::forward`].

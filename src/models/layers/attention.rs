@@ -129,7 +129,7 @@ impl Attention {
     /// `S` single-token decode steps from `cache` at once: `x` `[S, H]` (one
     /// step per row, at positions `pos[i]`) → `[S, H]`, bitwise `S` calls of
     /// [`Self::forward`] on one row each. The projections take each row
-    /// alone ([`Rows::Steps`]), reading each weight once for all steps; each
+    /// alone ([`Rows::Steps`]; see [`super::Matrix::linear_each_row`]); each
     /// step then attends over the cache as its own call would.
     ///
     /// Errors: `pos` does not hold one entry per row, or a tensor failure.

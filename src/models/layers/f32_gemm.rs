@@ -16,8 +16,12 @@
 //! single row or column, `m·n <= 256`, `k <= 2`) are not taken here.
 //!
 //! Without AVX-512F (or off x86-64) [`available`] is false and
-//! [`super::linear`] uses candle's GEMM, with the same results.
-//! `HSPARITY_NO_AVX512_GEMM=1` forces that path.
+//! [`super::Matrix::linear`] uses candle's GEMM, with the same results.
+//! Setting `HSPARITY_NO_AVX512_GEMM` (to any value) forces that path. The
+//! kernel parameters assumed are those of gemm 0.19 built without its
+//! `x86-v4` feature (as candle 0.11 builds it); `tests/f32_gemm.rs`
+//! compares with candle's own product, so a build that changed them would
+//! fail there.
 
 use candle_core::Tensor;
 

@@ -18,7 +18,10 @@
 //! so the same operations happen in the same order on the same values. Other
 //! shapes (`n <= 256`: the horizontal kernel; `k <= 2`: `gevv`) and CPUs
 //! without AVX-512F run candle's product row by row instead; so does
-//! `HSPARITY_NO_AVX512_GEMM=1`.
+//! setting `HSPARITY_NO_AVX512_GEMM` (to any value). The order assumed is
+//! gemm 0.19 built without its `x86-v4` feature (the AVX2 kernels, as
+//! candle 0.11 builds it); `tests/gemv.rs` compares with candle's own
+//! product, so a build that changed it would fail there.
 //!
 //! bf16 weights are read as their pairs ([`super::bf16_gemm::Pairs`]),
 //! widened in registers: exact, so the values are those of the f32 copy.
@@ -64,33 +67,37 @@ pub enum Weight<'a> {
 }
 
 impl Weight<'_> {
-    /// `[n, k]`.
-    fn dims(&self, k_f32: usize) -> [usize; 2] {
+    /// `[n, k]`; `None` when f32 values do not fill whole rows of `k_f32`.
+    fn dims(&self, k_f32: usize) -> Option<[usize; 2]> {
         match self {
-            Weight::F32(v) => [v.len() / k_f32.max(1), k_f32],
-            Weight::Bf16(p) => p.dims(),
+            Weight::F32(v) => (k_f32 > 0 && v.len() % k_f32 == 0).then(|| [v.len() / k_f32, k_f32]),
+            Weight::Bf16(p) => Some(p.dims()),
         }
     }
 }
 
 /// `x [s, k] · Wᵀ` → `[s, n]`, every row bitwise `x_r.matmul(&w.t())` of
-/// that row alone, for the shapes of [`reproduces`].
+/// that row alone, for the shapes of [`reproduces`] and a row-major `x`
+/// (a row whose values are not adjacent takes candle's blocked route).
 ///
-/// Errors: shapes that do not fit, or a shape or CPU [`reproduces`] refuses.
+/// Errors: shapes that do not fit, `x` not contiguous, or a shape or CPU
+/// [`reproduces`] refuses.
 pub fn rows_times(x: &Tensor, w: Weight<'_>) -> Result<Tensor> {
     let (s, k) = x.dims2()?;
-    let [n, kw] = w.dims(k);
-    if kw != k || n == 0 {
-        return Err(candle_core::Error::Msg(format!(
-            "row-by-row product of x [{s}, {k}] and w [{n}, {kw}]: shapes do not fit"
-        ))
-        .into());
+    let refuse = |why: String| -> crate::error::Error {
+        candle_core::Error::Msg(format!("row-by-row product of x [{s}, {k}]: {why}")).into()
+    };
+    let Some([n, kw]) = w.dims(k).filter(|&[n, kw]| kw == k && n > 0) else {
+        return Err(refuse("the weight is not [n, k]".into()));
+    };
+    if !x.is_contiguous() {
+        return Err(refuse("x is not row-major".into()));
     }
-    if !reproduces(n, k) {
-        return Err(candle_core::Error::Msg(format!(
-            "row-by-row product of x [{s}, {k}] and w [{n}, {k}]: not reproduced here"
-        ))
-        .into());
+    if !reproduces(n, kw) {
+        return Err(refuse(format!("w [{n}, {kw}]: not reproduced here")));
+    }
+    if s == 0 {
+        return Ok(Tensor::zeros((0, n), candle_core::DType::F32, x.device())?);
     }
     let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
     let out = by_columns(&xs, s, k, n, w);

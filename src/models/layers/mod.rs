@@ -156,7 +156,8 @@ impl Matrix {
     /// `x [S, in]` as `S` separate products, rounded to `prec`: bitwise `S`
     /// calls of [`Self::linear`] on one row each (what `S` single-token
     /// decode steps compute), made in one pass over the weight where
-    /// [`gemv`] reproduces candle's single-row route, else row by row.
+    /// [`gemv`] reproduces candle's single-row route (more than 256 outputs,
+    /// a CPU with AVX-512F, a row-major `x`), else row by row.
     ///
     /// Errors: a tensor failure.
     pub fn linear_each_row(&self, x: &Tensor, prec: Precision) -> Result<Tensor> {
@@ -177,7 +178,7 @@ impl Matrix {
         let &[_, k] = x.dims() else {
             return Ok(None);
         };
-        if !(x.device().is_cpu() && gemv::reproduces(self.dims[0], k)) {
+        if !(x.device().is_cpu() && x.is_contiguous() && gemv::reproduces(self.dims[0], k)) {
             return Ok(None);
         }
         match (&self.pairs, self.wide.get()) {

@@ -345,7 +345,7 @@ impl GatedDeltaNet {
     /// step per row) → `[S, H]`, bitwise `S` calls of [`Self::forward`] on
     /// one row each in the recurrent form. The conv and the delta rule run
     /// token after token as those calls would; the projections take each
-    /// row alone ([`Rows::Steps`]), reading each weight once for all steps.
+    /// row alone ([`Rows::Steps`]; see [`Matrix::linear_each_row`]).
     /// A state fed tentatively or reset mid-forward runs the steps one by one.
     pub fn forward_steps(&self, x: &Tensor, state: &mut GdnState) -> Result<Tensor> {
         if state.keep_block || state.reset_row.is_some() {
