@@ -383,11 +383,11 @@ fn incremental_wanted(session: &Session, opts: &CompareOptions) -> std::result::
     let in_sweep = opts.gdn_form == GdnForm::Chunked;
     let steps_once =
         in_sweep && session.spec.device.is_cpu() && crate::models::layers::gemv::available();
-    if opts
-        .incremental
-        .unwrap_or(steps_once || f32_bytes <= INCREMENTAL_AUTO_BYTES)
-    {
-        return Ok(());
+    match opts.incremental {
+        Some(true) => return Ok(()),
+        Some(false) => return Err("prefill-vs-incremental check not run (--no-incremental)".into()),
+        None if steps_once || f32_bytes <= INCREMENTAL_AUTO_BYTES => return Ok(()),
+        None => {}
     }
     let gib = f32_bytes as f64 / (1u64 << 30) as f64;
     let why = if in_sweep {
