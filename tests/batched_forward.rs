@@ -5,7 +5,7 @@
 
 mod common;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use hsparity::commands::compare::{self, CompareOptions};
 use hsparity::loading::LoadingPath;
 use hsparity::models::{DecoderLayer, FeedForward, GdnForm, Sequence};
@@ -15,15 +15,7 @@ use hsparity::session::Session;
 
 const TINY: &str = "fixtures/tiny-qwen3_5";
 
-/// Deterministic inputs `[t, h]` in about [-2, 2], rounded to `prec`.
-fn input(t: usize, h: usize, seed: u64, prec: Precision) -> Tensor {
-    let v: Vec<f32> = common::uniform(t * h, seed)
-        .into_iter()
-        .map(|u| (u - 0.5) * 4.0)
-        .collect();
-    prec.round(&Tensor::from_vec(v, (t, h), &Device::Cpu).unwrap())
-        .unwrap()
-}
+use common::hidden_input as input;
 
 /// Sequences of 1 to 130 tokens through every layer of the tiny fixture
 /// (linear and full attention, chunked and recurrent delta rule), stacked

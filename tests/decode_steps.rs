@@ -17,15 +17,7 @@ use hsparity::models::{DecoderLayer, GdnForm, LayerState, TextModelSpec};
 use hsparity::precision::Precision;
 use hsparity::session::Session;
 
-/// Deterministic inputs `[t, h]` in about [-2, 2], rounded to `prec`.
-fn input(t: usize, h: usize, seed: u64, prec: Precision) -> Tensor {
-    let v: Vec<f32> = common::uniform(t * h, seed)
-        .into_iter()
-        .map(|u| (u - 0.5) * 4.0)
-        .collect();
-    prec.round(&Tensor::from_vec(v, (t, h), &Device::Cpu).unwrap())
-        .unwrap()
-}
+use common::hidden_input as input;
 
 /// How the state of [`steps_match`] is set up before the steps.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -351,6 +351,22 @@ pub fn uniform(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Deterministic hidden states `[t, h]` in about [-2, 2], rounded to `prec`
+/// (a layer's input in tests of its forward).
+pub fn hidden_input(
+    t: usize,
+    h: usize,
+    seed: u64,
+    prec: hsparity::precision::Precision,
+) -> candle_core::Tensor {
+    let v: Vec<f32> = uniform(t * h, seed)
+        .into_iter()
+        .map(|u| (u - 0.5) * 4.0)
+        .collect();
+    prec.round(&candle_core::Tensor::from_vec(v, (t, h), &candle_core::Device::Cpu).unwrap())
+        .unwrap()
+}
+
 /// The f32 bit patterns of a tensor, row-major (for bit-for-bit comparisons).
 pub fn bits(t: &candle_core::Tensor) -> Vec<u32> {
     t.flatten_all()

@@ -115,19 +115,10 @@ fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
 unsafe fn gemm(a: &[f32], b: &[f32], c: *mut f32, (m, n, k): (usize, usize, usize), kc: usize) {
     let out = tiles::Out(c);
     tiles::each_tile((m, n, k), kc, |t| {
-        macro_rules! cols {
-            ($v:literal; $($c:literal),*) => {
-                match t.nc { $( $c => kernel::<$v, $c>(a, b, out.ptr(), t), )* _ => unreachable!("nc <= NR") }
-            };
-        }
-        // SAFETY: `available()` was checked by the caller; the tile lies
-        // inside a, b and c, and this thread alone writes its columns.
-        unsafe {
-            match t.gv {
-                1 => cols!(1; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
-                _ => cols!(2; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
-            }
-        }
+        // SAFETY: `available()` was checked by the caller; the tile's rows
+        // and columns are in bounds of a, b and c, and this thread alone
+        // writes columns n0..n0+nc.
+        unsafe { tiles::by_shape!(kernel, a, b, out.ptr(), t) }
     });
 }
 

@@ -34,6 +34,32 @@ pub fn blocked_kc(m: usize, n: usize, k: usize) -> Option<usize> {
     })
 }
 
+/// `$kernel::<V, C>($a, $b, $c, $t)` for the tile's `V = $t.gv` row
+/// vectors (1 or [`MV`]) and `C = $t.nc` columns (1 to [`NR`]): the kernels
+/// take their tile shape as const parameters, so the loops unroll.
+macro_rules! by_shape {
+    ($kernel:ident, $a:expr, $b:expr, $c:expr, $t:expr) => {
+        match $t.gv {
+            1 => $crate::models::layers::tiles::cols!($kernel, 1, $a, $b, $c, $t),
+            _ => $crate::models::layers::tiles::cols!($kernel, 2, $a, $b, $c, $t),
+        }
+    };
+}
+
+/// [`by_shape`] for `V` row vectors.
+macro_rules! cols {
+    ($kernel:ident, $v:literal, $a:expr, $b:expr, $c:expr, $t:expr) => {
+        $crate::models::layers::tiles::cols!(@ $kernel, $v, $a, $b, $c, $t; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+    };
+    (@ $kernel:ident, $v:literal, $a:expr, $b:expr, $c:expr, $t:expr; $($n:literal),*) => {
+        match $t.nc {
+            $( $n => $kernel::<$v, $n>($a, $b, $c, $t), )*
+            _ => unreachable!("nc <= NR"),
+        }
+    };
+}
+pub(super) use {by_shape, cols};
+
 /// One register tile's place: row groups `g..g+gv`, columns `n0..n0+nc`,
 /// of an `[m, k] · [n, k]ᵀ` product summed in k-blocks of `kc`.
 #[derive(Clone, Copy)]
