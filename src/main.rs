@@ -5,18 +5,24 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::error::ErrorKind;
+use clap::{CommandFactory, FromArgMatches};
 use hsparity::cli::{self, Cli};
 
 fn main() -> ExitCode {
     elementwise_on_the_calling_thread();
     reuse_freed_buffers();
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => {
             // --help, --version: clap's own text on stdout.
             let _ = e.print();
             return ExitCode::SUCCESS;
+        }
+        Err(e) if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // No command: the help as clap lays it out, on stderr.
+            let _ = e.print();
+            return ExitCode::from(2);
         }
         Err(e) => {
             eprintln_or_drop(one_line(&e.render().to_string()));
@@ -30,6 +36,21 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The command line, every option that takes a value accepting one that
+/// looks like a negative number, so that `--max-new-tokens -3` is refused by
+/// the option's own range (clap would take `-3` for a flag and suggest `--`).
+fn parse() -> Result<Cli, clap::Error> {
+    fn negative_values(c: clap::Command) -> clap::Command {
+        c.mut_args(|a| {
+            let takes = a.get_action().takes_values();
+            a.allow_negative_numbers(takes)
+        })
+        .mut_subcommands(negative_values)
+    }
+    let matches = negative_values(Cli::command()).try_get_matches()?;
+    Cli::from_arg_matches(&matches)
 }
 
 /// candle splits each large elementwise op (the roundings, `silu`, products,

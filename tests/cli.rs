@@ -308,6 +308,43 @@ fn bad_input_exits_2_with_a_clear_message() {
         "--bogus-flag",
     );
     assert_bad_input(&["dump", CKPT, "--path", "vlm"], "--out");
+    // A negative number is the option's value, refused by its own parser
+    // (not taken for a flag, with a tip to write `--`).
+    let neg = [
+        "drafter",
+        "fixtures/toy-pair/target",
+        "--drafter",
+        "fixtures/toy-pair/drafter",
+        "--max-new-tokens",
+        "-3",
+    ];
+    assert_bad_input(&neg, "invalid value '-3' for '--max-new-tokens");
+    assert_bad_input(
+        &[
+            "drafter",
+            "fixtures/toy-pair/target",
+            "--drafter",
+            "fixtures/nope",
+        ],
+        "drafter fixtures/nope: not a local directory",
+    );
+    let err = stderr(&hsparity().args(neg).output().unwrap());
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(!err.contains("tip:"), "{err}");
+}
+
+/// No command: clap's help, laid out on several lines, on stderr; exit 2.
+#[test]
+fn no_command_prints_the_help_and_exits_2() {
+    let out = hsparity().output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.lines().any(|l| l.trim() == "Commands:"), "{err}");
+    assert!(
+        err.lines().any(|l| l.trim_start().starts_with("compare ")),
+        "{err}"
+    );
+    assert!(stdout(&out).is_empty());
 }
 
 #[test]

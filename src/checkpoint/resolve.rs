@@ -134,6 +134,17 @@ pub fn resolve(arg: &str) -> Result<ResolvedSource> {
 /// cache (the message names the cache directory and suggests
 /// `huggingface-cli download org/name`).
 pub fn resolve_with_cache(arg: &str, cache_dir: Option<&Path>) -> Result<ResolvedSource> {
+    resolve_named("checkpoint", arg, cache_dir)
+}
+
+/// [`resolve`] for a model the command line names otherwise (`--drafter`):
+/// the messages call it `what` instead of "checkpoint".
+pub fn resolve_as(what: &str, arg: &str) -> Result<ResolvedSource> {
+    resolve_named(what, arg, hub_cache_dir().as_deref())
+}
+
+/// [`resolve_with_cache`], the argument called `what` in messages.
+fn resolve_named(what: &str, arg: &str, cache_dir: Option<&Path>) -> Result<ResolvedSource> {
     let p = Path::new(arg);
     if p.is_dir() {
         return Ok(ResolvedSource {
@@ -147,30 +158,30 @@ pub fn resolve_with_cache(arg: &str, cache_dir: Option<&Path>) -> Result<Resolve
     }
     if p.exists() {
         return Err(Error::Input(format!(
-            "checkpoint {arg}: is a file, expected a directory holding config.json and *.safetensors, or a Hub id org/name[@revision]"
+            "{what} {arg}: is a file, expected a directory holding config.json and *.safetensors, or a Hub id org/name[@revision]"
         )));
     }
     let Some((repo_id, rev)) = parse_repo_id(arg) else {
         return Err(Error::Input(format!(
-            "checkpoint {arg}: no such directory, and not a Hub id of the form org/name[@revision]"
+            "{what} {arg}: no such directory, and not a Hub id of the form org/name[@revision]"
         )));
     };
     let Some(cache_dir) = cache_dir else {
         return Err(Error::Input(format!(
-            "checkpoint {arg}: not a local directory, and no Hugging Face cache directory is known \
+            "{what} {arg}: not a local directory, and no Hugging Face cache directory is known \
              (set HF_HUB_CACHE or HF_HOME)"
         )));
     };
     let revision = rev.unwrap_or_else(|| "main".to_string());
     if !is_valid_revision(&revision) {
         return Err(Error::Input(format!(
-            "checkpoint {arg}: revision {revision:?} is not a valid revision name (expected a branch, \
+            "{what} {arg}: revision {revision:?} is not a valid revision name (expected a branch, \
              tag or 40-hex commit, without empty, `.` or `..` path components)"
         )));
     }
-    let not_cached = |what: String| {
+    let not_cached = |missing: String| {
         Error::Input(format!(
-            "checkpoint {arg}: {what} in the Hugging Face cache {} (hsparity never downloads, as if \
+            "{what} {arg}: {missing} in the Hugging Face cache {} (hsparity never downloads, as if \
              HF_HUB_OFFLINE=1); fetch it first with `huggingface-cli download {repo_id}{}`",
             cache_dir.display(),
             if revision == "main" {
@@ -195,7 +206,7 @@ pub fn resolve_with_cache(arg: &str, cache_dir: Option<&Path>) -> Result<Resolve
             let c = s.trim();
             if !is_commit_hash(c) {
                 return Err(Error::Input(format!(
-                    "checkpoint {arg}: {}: expected a 40-hex commit hash, found {:?} (corrupt Hugging Face cache?)",
+                    "{what} {arg}: {}: expected a 40-hex commit hash, found {:?} (corrupt Hugging Face cache?)",
                     ref_path.display(),
                     crate::text::preview(c)
                 )));

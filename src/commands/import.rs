@@ -36,7 +36,7 @@ pub struct ImportCmdOptions {
 ///
 /// Errors: the drafter does not resolve, or its config is invalid.
 pub fn with_drafter(mut read: ImportOptions, source: &str) -> Result<ImportOptions> {
-    let dir = resolve::resolve(source)?.dir;
+    let dir = resolve::resolve_as("drafter", source)?.dir;
     let path = dir.join("config.json");
     let cfg = DflashConfig::from_file(&path)?;
     read.target_layer_ids.get_or_insert(cfg.target_layer_ids);

@@ -84,7 +84,7 @@ pub fn load_drafter(
     n_layers: usize,
     device: &candle_core::Device,
 ) -> Result<(Drafter, Precision)> {
-    let dsrc = resolve::resolve(source)?;
+    let dsrc = resolve::resolve_as("drafter", source)?;
     let cfg_path = dsrc.dir.join("config.json");
     let cfg = DflashConfig::from_file(&cfg_path)?;
     let dprec = drafter_precision(&cfg_path)?;
