@@ -9,7 +9,7 @@ mod common;
 use common::bits;
 
 use candle_core::{Device, Tensor};
-use hsparity::models::layers::f32_gemm;
+use hsparity::models::layers::{f32_gemm, routes};
 
 /// `[rows, cols]` of f32 values in about [-4, 4] (full 24-bit mantissas).
 fn matrix(rows: usize, cols: usize, seed: u64) -> Tensor {
@@ -33,7 +33,7 @@ const TAKEN: &[(usize, usize, usize)] = &[
 
 #[test]
 fn the_kernel_gives_the_bits_of_candles_gemm() {
-    if !f32_gemm::available() {
+    if !routes::avx512() {
         eprintln!("skipped: this CPU has no AVX-512F (linear keeps candle's GEMM)");
         return;
     }
@@ -53,7 +53,7 @@ fn the_kernel_gives_the_bits_of_candles_gemm() {
 /// must the kernel.
 #[test]
 fn subnormal_values_give_the_same_bits() {
-    if !f32_gemm::available() {
+    if !routes::avx512() {
         eprintln!("skipped: this CPU has no AVX-512F");
         return;
     }

@@ -45,7 +45,7 @@ pub struct CompareOptions {
 /// The prefill-vs-incremental check adds, per path and layer, a prefill of
 /// one prompt and 8 single-token steps to the capture's sweep, on the layer
 /// already loaded. Where the steps' products run in one pass over each weight
-/// ([`crate::models::layers::gemv::available`]) that costs a few percent of
+/// ([`crate::models::layers::routes::avx512`]) that costs a few percent of
 /// the sweep and the check runs by default on any model; elsewhere each step
 /// reads the layer's weights again (from memory), and by default it runs when
 /// the f32 text weights take at most this many bytes. With `--gdn-form
@@ -382,7 +382,7 @@ fn incremental_wanted(session: &Session, opts: &CompareOptions) -> std::result::
         .unwrap_or(0);
     let in_sweep = opts.gdn_form == GdnForm::Chunked;
     let steps_once =
-        in_sweep && session.spec.device.is_cpu() && crate::models::layers::gemv::available();
+        in_sweep && session.spec.device.is_cpu() && crate::models::layers::routes::avx512();
     match opts.incremental {
         Some(true) => return Ok(()),
         Some(false) => return Err("prefill-vs-incremental check not run (--no-incremental)".into()),

@@ -34,7 +34,9 @@ use candle_core::{Device, Tensor};
 
 use crate::error::Result;
 
+use super::routes::blocked_kc;
 use super::tiles::{self, Tile};
+use super::with_f32;
 
 /// True when this CPU has AVX512-BF16 (with AVX512F) and FMA, its
 /// `vdpbf16ps` adds as this kernel assumes ([`adds_as_assumed`]), and
@@ -90,7 +92,7 @@ unsafe fn adds_as_assumed() -> bool {
 /// that product takes its blocked kernel and the block is a whole number of
 /// pairs: then [`matmul_nt`] gives its bits. `None`: use the f32 GEMM.
 pub fn exact_for(m: usize, n: usize, k: usize) -> Option<usize> {
-    tiles::blocked_kc(m, n, k).filter(|&kc| kc % 2 == 0 || kc >= k)
+    blocked_kc(m, n, k).filter(|&kc| kc % 2 == 0 || kc >= k)
 }
 
 /// A bf16 weight `[N, K]` as the kernel reads it: per row, its pairs
@@ -204,16 +206,13 @@ pub fn matmul_nt(x: &Tensor, w: &Pairs) -> Result<Option<Tensor>> {
         return Ok(None);
     };
     #[cfg(target_arch = "x86_64")]
-    let c = {
-        let mut c: Vec<f32> = Vec::with_capacity(m * n);
-        // SAFETY: the first k-block of every tile stores each of the m·n
-        // elements before any is read (`kernel`), so all are initialised
-        // when the length is set.
-        unsafe {
-            gemm(&a, &w.words, c.as_mut_ptr(), (m, n, k), kc);
-            c.set_len(m * n);
-        }
-        c
+    // SAFETY: `available()` (checked above); every tile lies inside a, the
+    // pairs and the output, and `kernel` stores each element of its tile in
+    // the first k-block before reading it.
+    let c = unsafe {
+        tiles::product((m, n, k), kc, |t, c| {
+            tiles::by_shape!(kernel, &a, &w.words, c, t)
+        })
     };
     #[cfg(not(target_arch = "x86_64"))]
     let c = vec![0f32; m * n];
@@ -235,22 +234,6 @@ fn pair_of(two: &[f32]) -> Option<u32> {
     Some(bf(*two.first()?)? << 16 | lo)
 }
 
-/// Calls `f` on the values of an f32 CPU tensor, row-major: its own storage
-/// when contiguous, else a copy.
-pub(super) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    match (&*storage, layout.contiguous_offsets()) {
-        (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((s, e))) => {
-            Ok(f(&v[s..e]))
-        }
-        _ => {
-            drop(storage);
-            Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
-        }
-    }
-}
-
 /// `x [m, k]` (f32) as swapped bf16 pairs, 16 rows per group:
 /// `[group][pair][lane]` = `x[2p] << 16 | x[2p + 1]` of row `16·group +
 /// lane` (0 past the last row or column). `None` when a value is not bf16.
@@ -270,23 +253,6 @@ fn pack_rows(x: &[f32], m: usize, k: usize) -> Option<Vec<u32>> {
             })
         });
     ok.then_some(out)
-}
-
-/// `c [m, n] = x · wᵀ` from the packed rows `a` ([`pack_rows`]) and the
-/// pairs `b` of `w [n, k]` ([`Pairs`]), in k-blocks of `kc`.
-///
-/// # Safety
-/// [`available`]; `c` points to `m·n` writable f32 (initialised or not: the
-/// first k-block stores every element before any is read).
-#[cfg(target_arch = "x86_64")]
-unsafe fn gemm(a: &[u32], b: &[u32], c: *mut f32, (m, n, k): (usize, usize, usize), kc: usize) {
-    let out = tiles::Out(c);
-    tiles::each_tile((m, n, k), kc, |t| {
-        // SAFETY: `available()` was checked by the caller; the tile's rows
-        // and columns are in bounds of a, b and c, and this thread alone
-        // writes columns n0..n0+nc.
-        unsafe { tiles::by_shape!(kernel, a, b, out.ptr(), t) }
-    });
 }
 
 /// `V·16` rows × `C` columns: for each k-block, accumulators from +0 over

@@ -6,7 +6,7 @@
 //! weight (read in place, one row per output column).
 //!
 //! Why the bits agree. candle's blocked kernel sums each output in k-blocks
-//! of `kc` values ([`super::tiles::blocked_kc`]): within a block one
+//! of `kc` values ([`super::routes::Route::Blocked`]): within a block one
 //! accumulator starting at +0 takes `fma(x, w, acc)` in increasing k, and
 //! the block sums are added to the output in order. Here one lane per
 //! output row takes the same FMAs in the same order, and the block sums are
@@ -15,7 +15,7 @@
 //! is the same, subnormals included. The other routes candle takes (a
 //! single row or column, `m·n <= 256`, `k <= 2`) are not taken here.
 //!
-//! Without AVX-512F (or off x86-64) [`available`] is false and
+//! Without AVX-512F (or off x86-64) [`avx512`] is false and
 //! [`super::Matrix::linear`] uses candle's GEMM, with the same results.
 //! Setting `HSPARITY_NO_AVX512_GEMM` (to any value) forces that path. The
 //! kernel parameters assumed are those of gemm 0.19 built without its
@@ -25,31 +25,16 @@
 
 use candle_core::Tensor;
 
-use super::bf16_gemm::with_f32;
+use super::routes::{avx512, blocked_kc};
 use super::tiles::{self, Tile};
+use super::with_f32;
 use crate::error::Result;
 
-/// True when this CPU has AVX-512F and `HSPARITY_NO_AVX512_GEMM` is not
-/// set; checked once.
-pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::env::var_os("HSPARITY_NO_AVX512_GEMM").is_none()
-                && is_x86_feature_detected!("avx512f")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// The k-block when [`matmul_nt`] computes `x [m, k] · w [n, k]ᵀ` here (the
-/// blocked route, on a CPU with AVX-512F); `None`: use candle's GEMM.
+/// blocked route, on a CPU with AVX-512F: [`avx512`]); `None`: use candle's
+/// GEMM.
 pub fn exact_for(m: usize, n: usize, k: usize) -> Option<usize> {
-    tiles::blocked_kc(m, n, k).filter(|_| available())
+    blocked_kc(m, n, k).filter(|_| avx512())
 }
 
 /// `x · wᵀ` for `x`: `[M, K]` and `w`: `[N, K]`, both f32 on the CPU →
@@ -72,18 +57,15 @@ pub fn matmul_nt(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         return Err(refuse("not computed exactly by this kernel here"));
     };
     let a = with_f32(x, |v| pack_rows(v, m, k))?;
+    #[cfg(target_arch = "x86_64")]
     let c = with_f32(w, |b| {
-        let mut c: Vec<f32> = Vec::with_capacity(m * n);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `available()` (exact_for); the first k-block of every tile
-        // stores each of the m·n elements before any is read, so all are
-        // initialised when the length is set.
-        unsafe {
-            gemm(&a, b, c.as_mut_ptr(), (m, n, k), kc);
-            c.set_len(m * n);
-        }
-        c
+        // SAFETY: `avx512()` (exact_for); every tile lies inside a, b and the
+        // output, and `kernel` stores each element of its tile in the first
+        // k-block before reading it.
+        unsafe { tiles::product((m, n, k), kc, |t, c| tiles::by_shape!(kernel, &a, b, c, t)) }
     })?;
+    #[cfg(not(target_arch = "x86_64"))]
+    let c = vec![0f32; m * n]; // not reached: exact_for is None off x86-64
     Ok(Tensor::from_vec(c, (m, n), x.device())?)
 }
 
@@ -104,22 +86,6 @@ fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
             }
         });
     out
-}
-
-/// `c [m, n] = x · wᵀ` from the packed rows `a` ([`pack_rows`]) and `b`
-/// the weight `[n, k]` row-major, in k-blocks of `kc`.
-///
-/// # Safety
-/// [`available`]; `c` points to `m·n` writable f32.
-#[cfg(target_arch = "x86_64")]
-unsafe fn gemm(a: &[f32], b: &[f32], c: *mut f32, (m, n, k): (usize, usize, usize), kc: usize) {
-    let out = tiles::Out(c);
-    tiles::each_tile((m, n, k), kc, |t| {
-        // SAFETY: `available()` was checked by the caller; the tile's rows
-        // and columns are in bounds of a, b and c, and this thread alone
-        // writes columns n0..n0+nc.
-        unsafe { tiles::by_shape!(kernel, a, b, out.ptr(), t) }
-    });
 }
 
 /// `V·16` rows × `C` columns: for each k-block, accumulators from +0 take

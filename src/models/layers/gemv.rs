@@ -29,32 +29,15 @@
 use candle_core::Tensor;
 
 use super::bf16_gemm::Pairs;
+use super::routes::{avx512, route, Route};
 use crate::error::Result;
 
 /// True when candle computes a `[1, k]` row times an `[n, k]` weight on the
-/// gemv route this module reproduces, on a CPU where it can.
+/// gemv route this module reproduces ([`Route::Gemv`]), on a CPU where it
+/// can ([`avx512`]): then a cached decode's steps read each weight once, not
+/// once per step.
 pub fn reproduces(n: usize, k: usize) -> bool {
-    n > 256 && k > 2 && available()
-}
-
-/// True when this CPU runs the kernel (AVX-512F and FMA) and
-/// `HSPARITY_NO_AVX512_GEMM` is not set (checked once): then a cached
-/// decode's steps read each weight once, not once per step.
-pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::env::var_os("HSPARITY_NO_AVX512_GEMM").is_none()
-                && is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("avx2")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    route(1, n, k) == Route::Gemv && avx512()
 }
 
 /// A weight `[n, k]` as this module reads it.
@@ -124,7 +107,7 @@ fn by_columns(x: &[f32], s: usize, k: usize, n: usize, w: Weight<'_>) -> Vec<f32
                     let rows = &x[r0 * k..];
                     let out = &mut col[r0..(r0 + ROWS).min(s)];
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `available()` (checked by the caller); row j and
+                    // SAFETY: `avx512()` (checked by the caller); row j and
                     // the `out.len()` rows of x from r0 lie inside w and x.
                     unsafe {
                         match out.len() {

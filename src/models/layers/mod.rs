@@ -11,6 +11,7 @@ pub mod gemv;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
+pub mod routes;
 mod tiles;
 
 use std::sync::OnceLock;
@@ -20,6 +21,7 @@ use candle_core::Tensor;
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::precision::Precision;
+use routes::Route;
 
 /// `x · Wᵀ` for `x`: `[T, in]`, `w`: `[out, in]` → `[T, out]` (nn.Linear, no
 /// bias), accumulated in f32 and rounded once to `prec` as a CPU half GEMM does.
@@ -41,10 +43,10 @@ pub enum Rows {
 
 /// The weight `[out, in]` of a linear map, as [`matrix`] loads it: f32, or
 /// (a model computing in bf16 on a CPU with the bf16 dot product) its bf16
-/// pairs as [`bf16_gemm`] reads them — half the bytes of the f32 copy —
-/// with the f32 widening made on first need for the products that kernel
-/// does not compute bit for bit (a single row, tiny shapes), kept until the
-/// layer is dropped.
+/// pairs as [`bf16_gemm`] and [`gemv`] read them — half the bytes of the
+/// f32 copy — with the f32 widening made on first need for the products
+/// neither computes bit for bit (tiny shapes, inputs that are not bf16
+/// values), kept until the layer is dropped.
 #[derive(Debug, Clone)]
 pub struct Matrix {
     dims: [usize; 2],
@@ -121,27 +123,39 @@ impl Matrix {
     /// on the f32 weight where that does ([`f32_gemm::exact_for`]), else
     /// candle's GEMM.
     pub fn linear(&self, x: &Tensor, prec: Precision) -> Result<Tensor> {
-        // A single row: candle's single-row route, by [`gemv`].
-        if x.dims().first() == Some(&1) {
-            if let Some(y) = self.single_rows(x)? {
-                return prec.round(&y);
-            }
+        let y = match *x.dims() {
+            [m, k] => match routes::route(m, self.dims[0], k) {
+                Route::Gemv if m == 1 => self.single_rows(x)?,
+                Route::Blocked { .. } => self.blocked(x)?,
+                _ => None,
+            },
+            _ => None,
+        };
+        match y {
+            Some(y) => prec.round(&y),
+            None => linear(x, self.f32()?, prec),
         }
-        if let (Some(p), &[m, k]) = (&self.pairs, x.dims()) {
-            if bf16_gemm::exact_for(m, self.dims[0], k).is_some() {
+    }
+
+    /// `x · Wᵀ` on candle's blocked route by a kernel of hsparity's own, not
+    /// rounded: the bf16 pairs by [`bf16_gemm`] (bf16 inputs, an even
+    /// k-block), else the f32 weight by [`f32_gemm`]; `None` where neither
+    /// computes it.
+    fn blocked(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        let ((m, k), n) = (x.dims2()?, self.dims[0]);
+        if let Some(p) = &self.pairs {
+            if bf16_gemm::exact_for(m, n, k).is_some() {
                 if let Some(y) = bf16_gemm::matmul_nt(x, p)? {
-                    return prec.round(&y);
+                    return Ok(Some(y));
                 }
             }
         }
         let w = self.f32()?;
-        if let &[m, k] = x.dims() {
-            let on_cpu = x.device().is_cpu() && w.device().is_cpu();
-            if on_cpu && f32_gemm::exact_for(m, self.dims[0], k).is_some() {
-                return prec.round(&f32_gemm::matmul_nt(x, w)?);
-            }
+        let on_cpu = x.device().is_cpu() && w.device().is_cpu();
+        if on_cpu && f32_gemm::exact_for(m, n, k).is_some() {
+            return Ok(Some(f32_gemm::matmul_nt(x, w)?));
         }
-        linear(x, w, prec)
+        Ok(None)
     }
 
     /// [`Self::linear`] on [`Rows::Tokens`], [`Self::linear_each_row`] on
@@ -183,7 +197,7 @@ impl Matrix {
         }
         match (&self.pairs, self.wide.get()) {
             (Some(p), _) => Ok(Some(gemv::rows_times(x, gemv::Weight::Bf16(p))?)),
-            (None, Some(w)) if w.device().is_cpu() => Ok(Some(bf16_gemm::with_f32(w, |v| {
+            (None, Some(w)) if w.device().is_cpu() => Ok(Some(with_f32(w, |v| {
                 gemv::rows_times(x, gemv::Weight::F32(v))
             })??)),
             _ => Ok(None),
@@ -276,14 +290,27 @@ fn stacks(rows: &[usize], eligible: impl Fn(usize) -> bool) -> Vec<Vec<usize>> {
 /// True when [`linear`] on an `[m, k]` input with an `[n, k]` weight computes
 /// every output row exactly as it would with more rows stacked under it, so
 /// independent sequences can share one product (and one packing of the
-/// weight). candle's CPU matmul calls gemm-common 0.19's `gemm_basic_generic`,
-/// whose blocked kernel sums each output in k-blocks that depend on `k` alone
-/// (`cache::kernel_params`); it takes other routes, with other summation
-/// orders, for `k <= 2` (`gevv`), a single row or column (`gemv`), `m * n <= 256` (the
-/// horizontal kernel) and `m, n <= 64` (its small-size block size). A taller
-/// stack of such rows takes the blocked kernel too.
+/// weight): candle's blocked kernel, whose k-blocks depend on `k` alone,
+/// outside the small-size rule ([`routes::route`]). A taller stack of such
+/// rows takes the same route.
 pub fn rows_batchable(m: usize, k: usize, n: usize) -> bool {
-    m >= 2 && n >= 2 && k > 2 && m * n > 256 && (m > 64 || n > 64)
+    matches!(routes::route(m, n, k), Route::Blocked { small: false, .. })
+}
+
+/// Calls `f` on the values of an f32 CPU tensor, row-major: its own storage
+/// when contiguous, else a copy.
+fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((s, e))) => {
+            Ok(f(&v[s..e]))
+        }
+        _ => {
+            drop(storage);
+            Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
+        }
+    }
 }
 
 /// Loads `name` rounded to the compute dtype (a parameter of a model loaded in `prec`).

@@ -2,15 +2,11 @@
 //! [`super::f32_gemm`]): the input packed 16 rows per vector (one lane per
 //! row), register tiles of `MV` row vectors × up to [`NR`] output columns,
 //! column tiles split over the threads, rows walked in cache blocks of
-//! [`MB`]. Where candle's f32 GEMM takes its blocked kernel (gemm-common
-//! 0.19's `gemm_basic_generic`), [`blocked_kc`] gives the k-block it sums
-//! each output in; a kernel that sums in the same blocks, one rounded
-//! addition per k in increasing k, gives its bits whatever the tile shape.
+//! [`MB`]. Where candle's f32 GEMM takes its blocked kernel
+//! ([`super::routes::Route::Blocked`]), a kernel that sums in the same
+//! k-blocks, one rounded addition per k in increasing k, gives its bits
+//! whatever the tile shape.
 
-/// candle's f32 kernel on x86-64 with FMA: register tile rows (2 × 8 lanes).
-const F32_MR: usize = 16;
-/// Its register tile columns.
-const F32_NR: usize = 6;
 /// Output columns per register tile here (lanes are rows: 16 per vector).
 pub(super) const NR: usize = 12;
 /// Row vectors per register tile (16 rows each).
@@ -18,21 +14,6 @@ pub(super) const MV: usize = 2;
 /// Rows per cache block (their packed values stay in L2 while a thread's
 /// column tiles pass over them).
 const MB: usize = 128;
-
-/// The k-block candle's f32 GEMM sums `x [m, k] · w [n, k]ᵀ` in when that
-/// product takes its blocked kernel (`cache::kernel_params`; `min(k, 512)`
-/// for `m, n <= 64`); `None` for the other routes (a single row or column,
-/// `m·n <= 256`, `k <= 2`).
-pub fn blocked_kc(m: usize, n: usize, k: usize) -> Option<usize> {
-    if m <= 1 || n <= 1 || m * n <= 256 || k <= 2 {
-        return None;
-    }
-    Some(if m <= 64 && n <= 64 {
-        k.min(512)
-    } else {
-        gemm_common::cache::kernel_params(m, n, k, F32_MR, F32_NR, 4).kc
-    })
-}
 
 /// `$kernel::<V, C>($a, $b, $c, $t)` for the tile's `V = $t.gv` row
 /// vectors (1 or [`MV`]) and `C = $t.nc` columns (1 to [`NR`]): the kernels
@@ -76,21 +57,41 @@ pub(super) struct Tile {
 
 /// The output, shared by the threads, each writing its own columns.
 #[derive(Clone, Copy)]
-pub(super) struct Out(pub(super) *mut f32);
+struct Out(*mut f32);
 // SAFETY: threads write disjoint elements (their own column tiles).
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
 impl Out {
     /// The pointer (a method, so closures capture the `Send` wrapper whole).
-    pub(super) fn ptr(self) -> *mut f32 {
+    fn ptr(self) -> *mut f32 {
         self.0
     }
 }
 
+/// The `[m, n]` output of a product, made by `tile(t, c)` on every
+/// register tile `t` of it (`c`: the output), column tiles split over the
+/// threads.
+///
+/// # Safety
+/// `tile(t, c)` writes only tile `t` of `c`, and stores each of its
+/// elements (its first k-block) before reading any.
+pub(super) unsafe fn product(
+    dims: (usize, usize, usize),
+    kc: usize,
+    tile: impl Fn(Tile, *mut f32) + Sync,
+) -> Vec<f32> {
+    let mut c: Vec<f32> = Vec::with_capacity(dims.0 * dims.1);
+    let out = Out(c.as_mut_ptr());
+    each_tile(dims, kc, |t| tile(t, out.ptr()));
+    // SAFETY: the tiles cover the output and each stored all its elements.
+    unsafe { c.set_len(dims.0 * dims.1) };
+    c
+}
+
 /// Calls `tile` on every register tile of an `[m, n]` output, column tiles
 /// split over the threads (each thread's tiles write only its columns).
-pub(super) fn each_tile((m, n, k): (usize, usize, usize), kc: usize, tile: impl Fn(Tile) + Sync) {
+fn each_tile((m, n, k): (usize, usize, usize), kc: usize, tile: impl Fn(Tile) + Sync) {
     use rayon::prelude::*;
     let tiles = n.div_ceil(NR);
     let threads = rayon::current_num_threads().max(1);
