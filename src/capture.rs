@@ -114,15 +114,15 @@ pub trait Observer {
     fn logits(&mut self, logits: &[Option<Vec<Tensor>>]) -> Result<()>;
 
     /// The cached decode of [`CaptureOptions::cached_decode`]: `steps[p]`
-    /// are path p's final-normed states of the stepped tokens (`[1, H]`
-    /// each; the prompt's last `check.steps` tokens, after a prefill of the
-    /// `prefill_tokens` before them). Called once, after the final norm's
-    /// `hidden_states`; the default ignores it.
+    /// are path p's final-normed states of the stepped tokens (`[steps, H]`,
+    /// one row per step: the prompt's last `check.steps` tokens, after a
+    /// prefill of the `prefill_tokens` before them). Called once, after the
+    /// final norm's `hidden_states`; the default ignores it.
     fn cached_decode(
         &mut self,
         check: CachedDecode,
         prefill_tokens: usize,
-        steps: &[Vec<Tensor>],
+        steps: &[Tensor],
     ) -> Result<()> {
         let _ = (check, prefill_tokens, steps);
         Ok(())
@@ -398,7 +398,7 @@ impl Run<'_> {
     ) -> Result<OwnRun> {
         let rows = own.rows;
         let mine = rows.tensors();
-        let earlier: Vec<(usize, Vec<Tensor>)> =
+        let earlier: Vec<(usize, [Tensor; 2])> =
             same.iter().map(|(q, r)| (*q, r.tensors())).collect();
         let seen = earlier.iter().map(|(q, t)| (*q, t.as_slice()));
         let locals = self.local_sequences(own.locals);
@@ -441,7 +441,7 @@ impl Run<'_> {
         states: &[Vec<Tensor>],
         local: &[Option<Vec<Tensor>>],
         decode: &[DecodeRows],
-    ) -> Result<(PerPath, LocalPerPath, PerPath)> {
+    ) -> Result<(PerPath, LocalPerPath, Vec<Tensor>)> {
         let names = ["norm.weight".to_string()];
         let groups = share_groups(self.paths, &names);
         let norms = load_shared(self.paths, &groups, |s, p| FinalNorm::load(self.spec, s, p))?;
@@ -464,7 +464,7 @@ impl Run<'_> {
         let steps = norms
             .iter()
             .zip(decode)
-            .map(|(norm, rows)| apply(norm, &rows.steps))
+            .map(|(norm, rows)| norm.forward(&rows.steps))
             .collect::<Result<_>>()?;
         Ok((states, local, steps))
     }

@@ -57,13 +57,11 @@ impl DecodePlan {
     }
 
     /// The check's inputs to the first layer: the prompt's embeddings `[T, H]`
-    /// split into the prefill rows and one row per step.
+    /// split into the prefill rows and the steps' rows.
     pub(super) fn split(&self, emb: &Tensor) -> Result<DecodeRows> {
         Ok(DecodeRows {
             prefill: emb.narrow(0, 0, self.pre)?,
-            steps: (self.pre..self.pre + self.check.steps)
-                .map(|t| emb.narrow(0, t, 1))
-                .collect::<candle_core::Result<_>>()?,
+            steps: emb.narrow(0, self.pre, self.check.steps)?,
         })
     }
 
@@ -81,37 +79,30 @@ impl DecodePlan {
         }
     }
 
-    /// The single-token steps of `layer` after its prefill left `state`.
+    /// The single-token steps of `layer` after its prefill left `state`
+    /// (`[steps, H]`, one row per step).
     pub(super) fn steps(
         &self,
         layer: &DecoderLayer,
         spec: &TextModelSpec,
         rows: &DecodeRows,
         state: &mut LayerState,
-    ) -> Result<Vec<Tensor>> {
-        if rows.steps.is_empty() {
-            return Ok(Vec::new());
-        }
-        let h = layer.forward_steps(&Tensor::cat(&rows.steps, 0)?, spec, &self.pos_step, state)?;
-        (0..rows.steps.len())
-            .map(|i| Ok(h.narrow(0, i, 1)?))
-            .collect()
+    ) -> Result<Tensor> {
+        layer.forward_steps(&rows.steps, spec, &self.pos_step, state)
     }
 }
 
 /// One path's rows of the check at one layer boundary: the prefill's
-/// `[pre, H]` and each step's `[1, H]`.
+/// `[pre, H]` and the steps' `[steps, H]` (one row per step).
 #[derive(Debug, Clone)]
 pub(super) struct DecodeRows {
     pub(super) prefill: Tensor,
-    pub(super) steps: Vec<Tensor>,
+    pub(super) steps: Tensor,
 }
 
 impl DecodeRows {
-    /// Every tensor, in order (to compare two paths' rows bit for bit).
-    pub(super) fn tensors(&self) -> Vec<Tensor> {
-        std::iter::once(self.prefill.clone())
-            .chain(self.steps.iter().cloned())
-            .collect()
+    /// Both tensors, in order (to compare two paths' rows bit for bit).
+    pub(super) fn tensors(&self) -> [Tensor; 2] {
+        [self.prefill.clone(), self.steps.clone()]
     }
 }

@@ -244,8 +244,9 @@ struct KeepFinal<'a> {
     decode: Option<CachedSteps>,
 }
 
-/// `((prompt, prefill tokens), per path the stepped tokens' final-normed states)`.
-type CachedSteps = ((usize, usize), Vec<Vec<Tensor>>);
+/// `((prompt, prefill tokens), per path the stepped tokens' final-normed
+/// states `[steps, H]`)`.
+type CachedSteps = ((usize, usize), Vec<Tensor>);
 
 /// What [`capture_pairs`] returns.
 struct Captured {
@@ -282,7 +283,7 @@ impl Observer for KeepFinal<'_> {
         &mut self,
         check: CachedDecode,
         prefill_tokens: usize,
-        steps: &[Vec<Tensor>],
+        steps: &[Tensor],
     ) -> Result<()> {
         self.decode = Some(((check.prompt, prefill_tokens), steps.to_vec()));
         Ok(())

@@ -69,9 +69,7 @@ pub fn check(
     let emb = Embedding::gather(src, prec, ids)?;
     let mut full = full_last.is_none().then(|| emb.clone());
     let mut prefill = emb.narrow(0, 0, pre)?;
-    let mut stepped: Vec<Tensor> = (pre..ids.len())
-        .map(|t| emb.narrow(0, t, 1))
-        .collect::<candle_core::Result<_>>()?;
+    let mut stepped = emb.narrow(0, pre, steps)?;
     let pos_full = spec.positions(0, ids.len())?;
     let pos_pre = spec.positions(0, pre)?;
     let pos_step: Vec<_> = (pre..ids.len())
@@ -85,13 +83,7 @@ pub fn check(
         let mut state = layer.new_state(spec);
         prefill = layer.forward(&prefill, spec, &pos_pre, GdnForm::Chunked, Some(&mut state))?;
         // The steps at once, bitwise one by one (`DecoderLayer::forward_steps`).
-        if stepped.is_empty() {
-            continue;
-        }
-        let out = layer.forward_steps(&Tensor::cat(&stepped, 0)?, spec, &pos_step, &mut state)?;
-        for (i, h) in stepped.iter_mut().enumerate() {
-            *h = out.narrow(0, i, 1)?;
-        }
+        stepped = layer.forward_steps(&stepped, spec, &pos_step, &mut state)?;
     }
     let norm = FinalNorm::load(spec, src, prec)?;
     let full_last = match (full_last, &full) {
@@ -99,27 +91,29 @@ pub fn check(
         (None, Some(f)) => norm.forward(f)?,
         (None, None) => return Ok(None), // not reached: computed above when not given
     };
-    let normed: Vec<Tensor> = stepped
-        .iter()
-        .map(|h| norm.forward(h))
-        .collect::<Result<_>>()?;
+    let normed = norm.forward(&stepped)?;
     judge(path.path.name(), prec, k, pre, &normed, &full_last).map(Some)
 }
 
 /// The check's row: the stepped tokens' final-normed states `steps`
-/// (`[1, H]` each, after a prefill of `pre` tokens of prompt `k`) against
+/// (`[steps, H]`, after a prefill of `pre` tokens of prompt `k`) against
 /// the full forward's `full_last` (`[T, H]`), judged under `prec`'s tolerance.
 fn judge(
     path: &str,
     prec: Precision,
     k: usize,
     pre: usize,
-    steps: &[Tensor],
+    steps: &Tensor,
     full_last: &Tensor,
 ) -> Result<IncrementalCheck> {
+    let n = steps.dim(0)?;
     let mut acc = Accumulator::default();
-    for (j, h) in steps.iter().enumerate() {
-        acc.add(k, h, &full_last.narrow(0, pre + j, 1)?)?;
+    for j in 0..n {
+        acc.add(
+            k,
+            &steps.narrow(0, j, 1)?,
+            &full_last.narrow(0, pre + j, 1)?,
+        )?;
     }
     let metrics = acc.finish();
     let verdict = Tolerance::for_precision(prec).judge(&metrics);
@@ -127,7 +121,7 @@ fn judge(
         path: path.into(),
         prompt: k,
         prefill_tokens: pre,
-        steps: steps.len(),
+        steps: n,
         metrics,
         verdict,
     })
@@ -135,7 +129,7 @@ fn judge(
 
 /// The check from the capture's own cached decode
 /// ([`crate::capture::CaptureOptions::cached_decode`], chunked form):
-/// `steps[i]` are path i's final-normed stepped states after a prefill of
+/// `steps[i]` are path i's final-normed stepped states `[steps, H]` after a prefill of
 /// `pre` tokens of prompt `k`, `full_rows[i]` its full forward's
 /// final-normed states of that prompt. The same rows as [`check_all`].
 ///
@@ -145,7 +139,7 @@ pub fn from_capture(
     precisions: &[Precision],
     (k, pre): (usize, usize),
     full_rows: &[Option<Tensor>],
-    steps: &[Vec<Tensor>],
+    steps: &[Tensor],
 ) -> Result<Vec<IncrementalCheck>> {
     session
         .paths
