@@ -7,34 +7,10 @@
 
 mod common;
 
-use common::bits;
+use common::{bits, matrix, BLOCKED_SHAPES};
 
-use candle_core::{Device, Tensor};
 use hsparity::models::layers::{bf16_gemm, linear, Matrix};
 use hsparity::precision::Precision;
-
-/// Deterministic bf16 values in about [-4, 4], as f32.
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    common::uniform(n, seed)
-        .into_iter()
-        .map(|u| half::bf16::from_f32((u - 0.5) * 8.0).to_f32())
-        .collect()
-}
-
-fn matrix(rows: usize, cols: usize, seed: u64) -> Tensor {
-    Tensor::from_vec(values(rows * cols, seed), (rows, cols), &Device::Cpu).unwrap()
-}
-
-/// Shapes the kernel takes: `(m, n, k)`.
-const EXACT: &[(usize, usize, usize)] = &[
-    (2, 200, 3),       // k just above gevv's
-    (5, 61, 31),       // odd k, row and column remainders
-    (17, 25, 100),     // small-size rule, one block
-    (40, 60, 1030),    // small-size rule: blocks of 512, the last partial
-    (65, 19, 1024),    // blocked kernel, several row groups
-    (130, 70, 2047),   // odd k over two blocks of 1024
-    (128, 1024, 3072), // the mid checkpoint's down projection
-];
 
 /// Bit for bit candle's `x.matmul(&w.t())` on the same values.
 #[test]
@@ -45,12 +21,15 @@ fn the_kernel_gives_the_bits_of_the_f32_gemm() {
         );
         return;
     }
-    for &(m, n, k) in EXACT {
+    for &(m, n, k) in BLOCKED_SHAPES {
         assert!(
             bf16_gemm::exact_for(m, n, k).is_some(),
             "[{m}, {n}, {k}] is taken"
         );
-        let (x, w) = (matrix(m, k, 1 + m as u64), matrix(n, k, 7 + k as u64));
+        let (x, w) = (
+            matrix(m, k, 1 + m as u64, true),
+            matrix(n, k, 7 + k as u64, true),
+        );
         let pairs = bf16_gemm::Pairs::of(&w).unwrap();
         let got = bf16_gemm::matmul_nt(&x, &pairs)
             .unwrap()
@@ -79,8 +58,11 @@ fn a_bf16_matrix_gives_the_bits_of_linear_on_every_shape() {
         (50, 50, 2),
         (1, 3072, 1024),
     ];
-    for &(m, n, k) in EXACT.iter().chain(&others) {
-        let (x, w) = (matrix(m, k, 3 + n as u64), matrix(n, k, 5 + m as u64));
+    for &(m, n, k) in BLOCKED_SHAPES.iter().chain(&others) {
+        let (x, w) = (
+            matrix(m, k, 3 + n as u64, true),
+            matrix(n, k, 5 + m as u64, true),
+        );
         for prec in [Precision::Bf16, Precision::F32] {
             let want = linear(&x, &w, prec).unwrap();
             let plain = Matrix::new(w.clone()).unwrap();
@@ -100,13 +82,13 @@ fn a_bf16_matrix_gives_the_bits_of_linear_on_every_shape() {
 /// silently); weights that are not bf16 values and misfit shapes are refused.
 #[test]
 fn refuses_what_it_cannot_compute_exactly() {
-    let w = matrix(3, 8, 1);
-    let x = (matrix(300, 8, 2) + 1e-3).unwrap(); // not bf16 values
+    let w = matrix(3, 8, 1, true);
+    let x = (matrix(300, 8, 2, true) + 1e-3).unwrap(); // not bf16 values
     if bf16_gemm::available() {
         let pairs = bf16_gemm::Pairs::of(&w).unwrap();
         assert!(bf16_gemm::matmul_nt(&x, &pairs).unwrap().is_none());
         assert!(
-            bf16_gemm::matmul_nt(&matrix(300, 9, 2), &pairs).is_err(),
+            bf16_gemm::matmul_nt(&matrix(300, 9, 2, true), &pairs).is_err(),
             "shapes"
         );
         let packed = Matrix::bf16(&w).unwrap();

@@ -6,30 +6,10 @@
 
 mod common;
 
-use common::bits;
+use common::{bits, matrix, BLOCKED_SHAPES};
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use hsparity::models::layers::{f32_gemm, routes};
-
-/// `[rows, cols]` of f32 values in about [-4, 4] (full 24-bit mantissas).
-fn matrix(rows: usize, cols: usize, seed: u64) -> Tensor {
-    let v: Vec<f32> = common::uniform(rows * cols, seed)
-        .into_iter()
-        .map(|u| (u - 0.5) * 8.0)
-        .collect();
-    Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
-}
-
-/// Shapes the kernel takes: `(m, n, k)`.
-const TAKEN: &[(usize, usize, usize)] = &[
-    (2, 200, 3),       // k just above gevv's
-    (5, 61, 31),       // row and column remainders
-    (17, 25, 100),     // small-size rule, one block
-    (40, 60, 1030),    // small-size rule: blocks of 512, the last partial
-    (65, 19, 1024),    // blocked kernel, several row groups
-    (130, 70, 2047),   // odd k over two blocks
-    (128, 1024, 3072), // the mid checkpoint's down projection
-];
 
 #[test]
 fn the_kernel_gives_the_bits_of_candles_gemm() {
@@ -37,12 +17,15 @@ fn the_kernel_gives_the_bits_of_candles_gemm() {
         eprintln!("skipped: this CPU has no AVX-512F (linear keeps candle's GEMM)");
         return;
     }
-    for &(m, n, k) in TAKEN {
+    for &(m, n, k) in BLOCKED_SHAPES {
         assert!(
             f32_gemm::exact_for(m, n, k).is_some(),
             "[{m}, {n}, {k}] is taken"
         );
-        let (x, w) = (matrix(m, k, 1 + m as u64), matrix(n, k, 7 + k as u64));
+        let (x, w) = (
+            matrix(m, k, 1 + m as u64, false),
+            matrix(n, k, 7 + k as u64, false),
+        );
         let got = f32_gemm::matmul_nt(&x, &w).unwrap();
         let want = x.matmul(&w.t().unwrap()).unwrap();
         assert!(bits(&got) == bits(&want), "[{m}, {n}, {k}]: bits differ");
@@ -58,7 +41,10 @@ fn subnormal_values_give_the_same_bits() {
         return;
     }
     let tiny = |t: Tensor| (t * 1e-20).unwrap();
-    let (x, w) = (tiny(matrix(33, 300, 3)), tiny(matrix(70, 300, 4)));
+    let (x, w) = (
+        tiny(matrix(33, 300, 3, false)),
+        tiny(matrix(70, 300, 4, false)),
+    );
     let got = f32_gemm::matmul_nt(&x, &w).unwrap();
     let want = x.matmul(&w.t().unwrap()).unwrap();
     let v = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -73,10 +59,10 @@ fn subnormal_values_give_the_same_bits() {
 fn shapes_on_candles_other_routes_are_refused() {
     for (m, n, k) in [(1, 512, 512), (512, 1, 512), (16, 16, 64), (300, 300, 2)] {
         assert!(f32_gemm::exact_for(m, n, k).is_none(), "[{m}, {n}, {k}]");
-        let (x, w) = (matrix(m, k, 1), matrix(n, k, 2));
+        let (x, w) = (matrix(m, k, 1, false), matrix(n, k, 2, false));
         assert!(f32_gemm::matmul_nt(&x, &w).is_err(), "[{m}, {n}, {k}]");
     }
-    let (x, w) = (matrix(40, 64, 1), matrix(40, 65, 2));
+    let (x, w) = (matrix(40, 64, 1, false), matrix(40, 65, 2, false));
     assert!(f32_gemm::matmul_nt(&x, &w).is_err(), "k differs");
 }
 

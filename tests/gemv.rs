@@ -7,28 +7,12 @@
 
 mod common;
 
-use common::bits;
+use common::{bits, matrix};
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use hsparity::models::layers::bf16_gemm::{self, Pairs};
 use hsparity::models::layers::{gemv, linear, Matrix};
 use hsparity::precision::Precision;
-
-/// `[rows, cols]` of values in about [-4, 4]; bf16 values when `bf16`.
-fn matrix(rows: usize, cols: usize, seed: u64, bf16: bool) -> Tensor {
-    let v: Vec<f32> = common::uniform(rows * cols, seed)
-        .into_iter()
-        .map(|u| (u - 0.5) * 8.0)
-        .map(|v| {
-            if bf16 {
-                half::bf16::from_f32(v).to_f32()
-            } else {
-                v
-            }
-        })
-        .collect();
-    Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
-}
 
 /// Row by row, as a decode step computes it: `x_r.matmul(&w.t())`.
 fn one_by_one(x: &Tensor, w: &Tensor) -> Tensor {

@@ -351,6 +351,37 @@ pub fn uniform(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// A deterministic `[rows, cols]` matrix of values in about [-4, 4]: bf16
+/// values (in f32) when `bf16`, else full 24-bit mantissas (products that
+/// round). For the matmul kernels' tests.
+pub fn matrix(rows: usize, cols: usize, seed: u64, bf16: bool) -> candle_core::Tensor {
+    let v: Vec<f32> = uniform(rows * cols, seed)
+        .into_iter()
+        .map(|u| (u - 0.5) * 8.0)
+        .map(|v| {
+            if bf16 {
+                half::bf16::from_f32(v).to_f32()
+            } else {
+                v
+            }
+        })
+        .collect();
+    candle_core::Tensor::from_vec(v, (rows, cols), &candle_core::Device::Cpu).unwrap()
+}
+
+/// `(m, n, k)` on candle's blocked route that every kernel reproducing it
+/// is checked on: each tile remainder, one and several k-blocks, odd k, the
+/// small-size rule.
+pub const BLOCKED_SHAPES: &[(usize, usize, usize)] = &[
+    (2, 200, 3),       // k just above gevv's
+    (5, 61, 31),       // odd k, row and column remainders
+    (17, 25, 100),     // small-size rule, one block
+    (40, 60, 1030),    // small-size rule: blocks of 512, the last partial
+    (65, 19, 1024),    // blocked kernel, several row groups
+    (130, 70, 2047),   // odd k over two blocks
+    (128, 1024, 3072), // the mid checkpoint's down projection
+];
+
 /// Deterministic hidden states `[t, h]` in about [-2, 2], rounded to `prec`
 /// (a layer's input in tests of its forward).
 pub fn hidden_input(
