@@ -70,11 +70,23 @@ impl From<Mlp> for FeedForward {
 impl FeedForward {
     /// `[T, H]` → `[T, H]`, and the router's choice of an MoE block.
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Option<Routing>)> {
-        match self {
-            FeedForward::Dense(m) => Ok((m.forward(x)?, None)),
-            FeedForward::SparseMoe(b) => {
+        self.forward_rows(x, Rows::Tokens)
+    }
+
+    /// [`Self::forward`] on rows that are `rows`. A sparse MoE block takes
+    /// [`Rows::Steps`] one row at a time and reports no routing for them.
+    pub fn forward_rows(&self, x: &Tensor, rows: Rows) -> Result<(Tensor, Option<Routing>)> {
+        match (self, rows) {
+            (FeedForward::Dense(m), _) => Ok((m.forward_rows(x, rows)?, None)),
+            (FeedForward::SparseMoe(b), Rows::Tokens) => {
                 let o = b.forward(x)?;
                 Ok((o.output, Some(o.routing)))
+            }
+            (FeedForward::SparseMoe(b), Rows::Steps) => {
+                let ys = (0..x.dim(0)?)
+                    .map(|r| Ok(b.forward(&x.narrow(0, r, 1)?)?.output))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((Tensor::cat(&ys, 0)?, None))
             }
         }
     }
@@ -198,7 +210,7 @@ impl DecoderLayer {
         state: Option<&mut LayerState>,
     ) -> Result<(Tensor, Option<Routing>)> {
         let h = self.mix(h, spec, pos, form, state)?;
-        self.feed_forward(&h)
+        self.feed_forward(&h, Rows::Tokens)
     }
 
     /// [`Self::forward_routed`] on independent sequences, each as if it ran
@@ -226,11 +238,14 @@ impl DecoderLayer {
                 let ys = each_stacked(
                     &refs,
                     |t| m.rows_batchable(t),
-                    |h| Ok(self.feed_forward(h)?.0),
+                    |h| Ok(self.feed_forward(h, Rows::Tokens)?.0),
                 )?;
                 Ok(ys.into_iter().map(|y| (y, None)).collect())
             }
-            FeedForward::SparseMoe(_) => mixed.iter().map(|h| self.feed_forward(h)).collect(),
+            FeedForward::SparseMoe(_) => mixed
+                .iter()
+                .map(|h| self.feed_forward(h, Rows::Tokens))
+                .collect(),
         }
     }
 
@@ -264,18 +279,7 @@ impl DecoderLayer {
             }
         };
         let h = self.prec.round(&(h + x)?)?;
-        match &self.mlp {
-            FeedForward::Dense(m) => {
-                let y = m.forward_rows(&self.post_attention_layernorm.forward(&h)?, Rows::Steps)?;
-                Ok(self.prec.round(&(h + y)?)?)
-            }
-            FeedForward::SparseMoe(_) => {
-                let rows = (0..h.dim(0)?)
-                    .map(|r| Ok(self.feed_forward(&h.narrow(0, r, 1)?)?.0))
-                    .collect::<Result<Vec<_>>>()?;
-                Ok(Tensor::cat(&rows, 0)?)
-            }
-        }
+        Ok(self.feed_forward(&h, Rows::Steps)?.0)
     }
 
     /// The first half of the layer: `h + mixer(input_layernorm(h))`, rounded.
@@ -301,10 +305,10 @@ impl DecoderLayer {
 
     /// The second half: `h + mlp(post_attention_layernorm(h))`, rounded
     /// (row by row: any stack of sequences' rows), and an MoE block's routing.
-    fn feed_forward(&self, h: &Tensor) -> Result<(Tensor, Option<Routing>)> {
+    fn feed_forward(&self, h: &Tensor, rows: Rows) -> Result<(Tensor, Option<Routing>)> {
         let (y, routing) = self
             .mlp
-            .forward(&self.post_attention_layernorm.forward(h)?)?;
+            .forward_rows(&self.post_attention_layernorm.forward(h)?, rows)?;
         Ok((self.prec.round(&(h + y)?)?, routing))
     }
 }
