@@ -17,6 +17,7 @@ pub mod dump;
 pub mod error;
 pub mod import;
 pub mod input;
+pub mod kernels;
 pub mod loading;
 pub mod models;
 pub mod output;

@@ -5,7 +5,7 @@
 //! one aligns at 0; synthetic cases pin the rule. Layer ids and N come from
 //! the generator's manifest.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 const STAGES: &[&[&str]] = &[
     &[
         "error",
+        "kernels",
         "precision",
         "device",
         "sysinfo",

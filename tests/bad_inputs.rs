@@ -6,12 +6,11 @@
 //! file (or field, or flag) and the problem, never panic, print nothing on
 //! stdout and write no report. NaN/Inf weights are a finding (exit 1).
 
-mod common;
+use crate::common;
 
 use common::hsparity;
 
-#[path = "common/bad_inputs.rs"]
-mod corpus;
+use crate::common::bad_inputs as corpus;
 
 use std::path::Path;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! bits each gives alone, and the prefill-vs-incremental check run inside
 //! the capture's sweep gives the rows of the separate layer-major pass.
 
-mod common;
+use crate::common;
 
 use candle_core::Tensor;
 use hsparity::commands::compare::{self, CompareOptions};

@@ -2,7 +2,7 @@
 //! file or tensor (exit code 2 in the CLI). Built from copies of the tiny
 //! fixture (real f32 shards written by transformers).
 
-mod common;
+use crate::common;
 
 use std::io::{Seek, SeekFrom, Write};
 

@@ -3,7 +3,7 @@
 //! passed explicitly (the env-var lookup is tested in its own process, see
 //! `checkpoint_resolve_env.rs`).
 
-mod common;
+use crate::common;
 
 use hsparity::checkpoint::resolve::resolve_with_cache;
 use hsparity::checkpoint::{Checkpoint, SourceKind};

@@ -1,7 +1,7 @@
 //! The `hsparity` binary end to end: exit codes (0 pass, 1 divergence or
 //! missing tensors, 2 bad input), report files, JSON contract, dumps.
 
-mod common;
+use crate::common;
 
 use common::hsparity;
 

@@ -4,15 +4,15 @@
 //! the state left behind: on every layer of the tiny fixtures (Qwen3.5,
 //! Qwen3, the MoE family; fp8 KV cache and a tentative block too), and on a random layer wide
 //! enough that its products take the many-rows single-row kernel
-//! (`models::layers::gemv`) instead of candle's product row by row.
+//! (`kernels::Kernel::Gemv`) instead of candle's product row by row.
 
-mod common;
+use crate::common;
 
 use candle_core::{Device, Tensor};
 use hsparity::checkpoint::config::ModelConfig;
+use hsparity::kernels::{self, Kernel, Stored};
 use hsparity::loading::{LoadingPath, WeightSource};
 use hsparity::models::layers::attention::KvCache;
-use hsparity::models::layers::gemv;
 use hsparity::models::{DecoderLayer, GdnForm, LayerState, TextModelSpec};
 use hsparity::precision::Precision;
 use hsparity::session::Session;
@@ -180,7 +180,17 @@ fn steps_at_once_give_the_bits_of_steps_one_by_one_on_a_wide_layer() {
     let spec = TextModelSpec::new(&cfg.text).unwrap();
     let g = &spec.geo;
     assert!(
-        gemv::reproduces(g.conv_dim(), g.hidden) == gemv::reproduces(1024, 1024),
+        kernels::plan(
+            1,
+            g.conv_dim(),
+            g.hidden,
+            Stored::F32,
+            kernels::capabilities()
+        )
+        .map(|p| p.kernel())
+            == kernels::capabilities()
+                .avx512_gemm()
+                .then_some(Kernel::Gemv),
         "the wide layer's projections take the kernel where the CPU has it"
     );
     let src = Random {

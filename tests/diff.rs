@@ -1,7 +1,7 @@
 //! `hsparity diff`: dumps captured anywhere compared with the same metrics and
 //! verdicts as `compare`; the input-equality gate; dtype noise; tap offsets.
 
-mod common;
+use crate::common;
 
 use common::hsparity;
 

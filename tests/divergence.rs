@@ -4,7 +4,7 @@
 //! category, tie, missing/unexpected names, and hidden states computed in the
 //! dtype transformers picked; between paths the same bitwise verdict.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

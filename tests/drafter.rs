@@ -3,7 +3,7 @@
 //! reference DFlash loop (temperature 0, block 8, 64 new tokens, full target
 //! re-forwards, z-lab GitHub main's end rule) on both loading paths.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -8,7 +8,7 @@
 //! bad input exits 2 with one line naming the file and the key. Every count
 //! comes from `fixtures/engine-captures/manifest.json`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! tools/make_fixtures.py: output_hidden_states=True, eager attention,
 //! use_cache=False, fp32, every weight randomised, norms included).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

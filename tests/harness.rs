@@ -5,8 +5,6 @@
 //! package's golden (`tools/train_toy_pair.py`); the correct crop gives
 //! the greedy continuation instead, so the comparison can fail.
 
-mod common;
-
 use hsparity::checkpoint::Checkpoint;
 use hsparity::drafter::eval::EndRule;
 use hsparity::drafter::faults::Faults;

@@ -10,10 +10,9 @@
 //! report; a finding exits 1; never a panic, a hang (every run here is
 //! killed after [`LIMIT`]), a stray file or an overwrite.
 
-mod common;
+use crate::common;
 
-#[path = "common/bad_inputs.rs"]
-mod corpus;
+use crate::common::bad_inputs as corpus;
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;

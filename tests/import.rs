@@ -10,7 +10,7 @@
 //! ([`UNPADDED`]), within one bf16 ulp of the row's scale where it ran a
 //! right-padded batch ([`PADDED`]: SpecForge's short sample of a batch).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

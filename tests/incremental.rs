@@ -3,7 +3,7 @@
 //! decode does (in transformers 5.23.0 a prefill of 90 + 10 cached steps
 //! departs from the full forward by 2.4e-5 on a random Qwen3.5).
 
-mod common;
+use crate::common;
 
 use candle_core::Tensor;
 use common::{assert_close, F32_MODEL};

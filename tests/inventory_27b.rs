@@ -4,7 +4,7 @@
 //! device (`state_dict()` of each Auto class) against the published weight
 //! table (`fixtures/qwen3.6-27b/tensors.json`).
 
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

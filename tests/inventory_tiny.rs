@@ -3,7 +3,7 @@
 //! plus the loading-path rules on edited copies (ties, text-only saves,
 //! dtype sniffing, duplicate tensors).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

@@ -6,7 +6,7 @@
 //! meta device (`fixtures/qwen3.5-35b-a3b/expected_counts.json`). All written
 //! by `tools/make_moe_fixtures.py`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! `router-dtype` suspect (the router's softmax in the model dtype), which
 //! changes the taps from the first MoE layer whose routing it alters.
 
-mod common;
+use crate::common;
 
 use serde_json::Value;
 

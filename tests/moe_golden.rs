@@ -7,7 +7,7 @@
 //! the raw last layer, logits and, per layer, the router's choice.
 //! Tolerances are the dense family's ([`F32_HYBRID`], [`HALF`]).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

@@ -7,7 +7,7 @@
 //! the broken layouts refused with exit 2 naming the expert. All expected
 //! numbers come from `tools/make_moe_fixtures.py`.
 
-mod common;
+use crate::common;
 
 use common::moe::{derive_35b, json, load_35b, write_error_layout, LAYOUTS};
 use hsparity::checkpoint::Checkpoint;

@@ -8,7 +8,7 @@
 //! prompt's token count and text sha256; bad input exits 2 with one line
 //! naming the line or file.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

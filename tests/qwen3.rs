@@ -3,7 +3,7 @@
 //! weights incl. norms, head_dim 24 ≠ hidden/heads, rope_theta 1e6, tied
 //! embeddings with no `lm_head.weight` on disk).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -12,7 +12,7 @@
 //!   Regenerate them with `tools/regen_examples.sh`
 //!   (= `HSPARITY_REGEN_EXAMPLES=1 cargo test --release --test report_render`).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -115,7 +115,8 @@ fn normalise(text: &str, report_dir: &Path) -> String {
     let t = text
         .replace(BIN, "hsparity")
         .replace(report_dir.to_str().unwrap(), EXAMPLES);
-    t.lines()
+    canonical_kernels(&t)
+        .lines()
         .map(|l| {
             // Peak RSS is machine-dependent: `peak RSS 0.01 GiB` / `"peak_rss_bytes": 123`.
             if let Some((head, _)) = l.split_once("peak RSS ") {
@@ -142,6 +143,39 @@ fn normalise(text: &str, report_dir: &Path) -> String {
         .collect::<Vec<_>>()
         .join("\n")
         + if t.ends_with('\n') { "\n" } else { "" }
+}
+
+/// `environment.kernels` (which kernels this CPU has and ran: machine-
+/// dependent, and changing speed only) with every list emptied.
+fn canonical_kernels(text: &str) -> String {
+    let mut out = Vec::new();
+    let mut lines = text.lines();
+    while let Some(l) = lines.next() {
+        let Some((indent, _)) = l.split_once("\"kernels\": {") else {
+            out.push(l.to_string());
+            continue;
+        };
+        for inner in lines.by_ref() {
+            if inner.trim_start().starts_with('}')
+                && inner.len() - inner.trim_start().len() == indent.len()
+            {
+                let comma = if inner.trim_end().ends_with(',') {
+                    ","
+                } else {
+                    ""
+                };
+                out.push(format!("{indent}\"kernels\": {{"));
+                let lists = ["cpu_features", "disabled_by", "available", "ran"];
+                for (i, key) in lists.iter().enumerate() {
+                    let sep = if i + 1 < lists.len() { "," } else { "" };
+                    out.push(format!("{indent}  \"{key}\": []{sep}"));
+                }
+                out.push(format!("{indent}}}{comma}"));
+                break;
+            }
+        }
+    }
+    out.join("\n") + if text.ends_with('\n') { "\n" } else { "" }
 }
 
 /// Splits into maximal runs of number characters and of everything else.

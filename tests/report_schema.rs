@@ -8,7 +8,7 @@
 //! --align` on an imported dump, `drafter --features`), and the committed
 //! examples.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

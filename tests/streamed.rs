@@ -5,7 +5,7 @@
 //! Gated DeltaNet state advanced by exactly n tokens); weights held resident
 //! in their stored dtype give the same results as the mapped checkpoint.
 
-mod common;
+use crate::common;
 
 use candle_core::Tensor;
 use common::{assert_close, F32_MODEL};

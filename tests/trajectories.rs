@@ -6,7 +6,7 @@
 //! round for round, a tampered token is caught at its position, and bad
 //! files are refused with the line.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -9,7 +9,7 @@
 //! rendering and drafter-swa-as-full exactly the drafter's full-attention
 //! form.
 
-mod common;
+use crate::common;
 
 use common::same_len;
 use hsparity::commands::drafter::{self as drafter_verb, DrafterOptions};

@@ -2,7 +2,7 @@
 # Behaviour snapshot: runs every verb on the bundled fixtures and writes what it
 # printed (JSON, terminal tables, report.md, exit codes, stderr of refused
 # inputs) into OUT_DIR, with run-dependent values (wall times, peak RSS,
-# thread counts, the default memory budget (a share of the memory free at
+# thread counts, the kernels this CPU has and ran, the default memory budget (a share of the memory free at
 # the time), temporary paths, time stamps) normalised.
 #
 # Use it around a refactor that must not change behaviour:
@@ -29,6 +29,7 @@ norm_json='walk(if type == "object" then
   | (if has("peak_rss_bytes") then .peak_rss_bytes = 0 else . end)
   | (if has("threads") then .threads = 0 else . end)
   | (if has("budget_bytes") then .budget_bytes = 0 else . end)
+  | (if has("hsparity_version") and has("kernels") then del(.kernels) else . end)
   else . end)'
 norm_text() {
   sed -E -e "s#$work#WORK#g" \
@@ -37,6 +38,7 @@ norm_text() {
     -e 's/wall time [0-9.]+ s/wall time X s/g' \
     -e 's/budget [0-9.]+ GiB \(([0-9]+)% of the available memory \([0-9.]+ GiB\)\)/budget X GiB (\1% of the available memory (X GiB))/g' \
     -e 's/[0-9]{8}-[0-9]{6}(-[0-9]+)?/STAMP/g' \
+    -e 's/% of the available memory \([0-9.]+ GiB\)/% of the available memory (X GiB)/g' \
     -e 's/┆ [0-9]+\.[0-9]{2}( +)┆/┆ S\1┆/g'
 }
 

@@ -5,5 +5,5 @@
 # The list of examples and their command lines lives in that test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-HSPARITY_REGEN_EXAMPLES=1 cargo test --release --test report_render examples_are_current -- --exact
+HSPARITY_REGEN_EXAMPLES=1 cargo test --release --test integration report_render::examples_are_current -- --exact
 git status --short reports/examples

@@ -120,7 +120,7 @@ impl Weights {
     /// The 2-D tensor `name` stored in bf16, `[N, K]`, as its bf16 pairs
     /// straight from the mapped bytes (no f32 copy): per row,
     /// `w[2p] << 16 | w[2p + 1]` (the last `w[K−1] << 16` when K is odd),
-    /// rows in parallel; the layout `models::layers::bf16_gemm::Pairs`
+    /// rows in parallel; the layout `kernels::Pairs`
     /// holds; with the counts of its NaN and Inf values (counted in the same
     /// pass). `None` when it is not a 2-D bf16 tensor.
     ///

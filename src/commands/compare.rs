@@ -44,8 +44,10 @@ pub struct CompareOptions {
 
 /// The prefill-vs-incremental check adds, per path and layer, a prefill of
 /// one prompt and 8 single-token steps to the capture's sweep, on the layer
-/// already loaded. Where the steps' products run in one pass over each weight
-/// ([`crate::models::layers::routes::avx512`]) that costs a few percent of
+/// already loaded. Where the steps' products can run in one pass over each
+/// weight ([`crate::kernels::Capabilities::cpu_reads_weights_once`]: the CPU
+/// has the single-row kernel, whatever `HSPARITY_NO_AVX512_GEMM` says, so that
+/// the switch changes the check's speed, not whether it runs) that costs a few percent of
 /// the sweep and the check runs by default on any model; elsewhere each step
 /// reads the layer's weights again (from memory), and by default it runs when
 /// the f32 text weights take at most this many bytes. With `--gdn-form
@@ -382,8 +384,9 @@ fn incremental_wanted(session: &Session, opts: &CompareOptions) -> std::result::
         .map(|c| c.params * 4)
         .unwrap_or(0);
     let in_sweep = opts.gdn_form == GdnForm::Chunked;
-    let steps_once =
-        in_sweep && session.spec.device.is_cpu() && crate::models::layers::routes::avx512();
+    let steps_once = in_sweep
+        && session.spec.device.is_cpu()
+        && crate::kernels::capabilities().cpu_reads_weights_once();
     match opts.incremental {
         Some(true) => return Ok(()),
         Some(false) => return Err("prefill-vs-incremental check not run (--no-incremental)".into()),

@@ -255,7 +255,7 @@ impl DecoderLayer {
     /// [`Self::forward`] on one row each in the recurrent form, continuing
     /// `state` step after step; every dense product takes each row alone
     /// ([`Rows::Steps`]), reading its weight once for all steps where
-    /// [`crate::models::layers::gemv`] reproduces the single-row route. A
+    /// the single-row kernel ([`crate::kernels::Kernel::Gemv`]) reproduces the single-row route. A
     /// sparse MoE block runs row by row.
     ///
     /// Errors: a state of another kind than the layer's mixer, or as

@@ -251,6 +251,45 @@ pub struct Environment {
         serialize_with = "describe_form"
     )]
     pub gdn_form: Option<crate::models::GdnForm>,
+    /// hsparity's own CPU kernels: what this CPU and environment allow, and
+    /// which ran in this process ([`crate::kernels`]).
+    pub kernels: KernelFacts,
+}
+
+/// `environment.kernels`: the CPU features the kernels look at, the
+/// kernels the CPU and the environment's switches allow, and those that ran
+/// (in this process, up to the report; none ran on a machine or a run where
+/// candle's GEMM computed everything, with the same results).
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelFacts {
+    /// CPU features (`avx2`, `avx512f`, `avx512bf16`).
+    pub cpu_features: Vec<&'static str>,
+    /// Switches set in the environment (`HSPARITY_NO_AVX512_GEMM`, `HSPARITY_NO_BF16_DOT`).
+    pub disabled_by: Vec<&'static str>,
+    /// Kernels that may run.
+    pub available: Vec<&'static str>,
+    /// Kernels that ran.
+    pub ran: Vec<&'static str>,
+}
+
+impl KernelFacts {
+    /// Read now, from [`crate::kernels::capabilities`] and [`crate::kernels::ran`].
+    pub fn now() -> Self {
+        let caps = crate::kernels::capabilities();
+        let disabled_by = [
+            (caps.no_avx512_gemm, "HSPARITY_NO_AVX512_GEMM"),
+            (caps.no_bf16_dot, "HSPARITY_NO_BF16_DOT"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        KernelFacts {
+            cpu_features: caps.cpu_features(),
+            disabled_by,
+            available: caps.available(),
+            ran: crate::kernels::ran(),
+        }
+    }
 }
 
 fn describe_form<S: serde::Serializer>(
@@ -311,6 +350,7 @@ impl Environment {
             threads: candle_core::utils::get_num_threads(),
             peak_rss_bytes: crate::sysinfo::peak_rss_bytes(),
             gdn_form: None,
+            kernels: KernelFacts::now(),
         }
     }
 }

@@ -3,7 +3,6 @@
 //! fake Hugging Face cache, or just arguments), never stored as binaries.
 //!
 //! Used by `tests/bad_inputs.rs`, which runs every case through the binary.
-#![allow(dead_code)]
 
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};

@@ -3,25 +3,25 @@
 //! embedding, softmax attention (gated for Qwen3.5, plain for Qwen3), and
 //! the SwiGLU MLP. Each follows `transformers/models/qwen3_5/modeling_qwen3_5.py`
 //! (5.23.0) or `models/qwen3/modeling_qwen3.py` where those differ.
+//!
+//! [`Matrix`] is where candle tensors meet hsparity's own kernels
+//! ([`crate::kernels`]): it asks [`kernels::plan`] which kernel computes a
+//! product exactly, hands it the tensors' values as slices, and falls back
+//! to candle's GEMM where none does.
 
 pub mod attention;
-pub mod bf16_gemm;
-pub mod f32_gemm;
-pub mod gemv;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
-pub mod routes;
-mod tiles;
 
 use std::sync::OnceLock;
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 
 use crate::error::Result;
+use crate::kernels::{self, Pairs, Plan, Route, Stored, Weight};
 use crate::loading::WeightSource;
 use crate::precision::Precision;
-use routes::Route;
 
 /// `x · Wᵀ` for `x`: `[T, in]`, `w`: `[out, in]` → `[T, out]` (nn.Linear, no
 /// bias), accumulated in f32 and rounded once to `prec` as a CPU half GEMM does.
@@ -43,7 +43,7 @@ pub enum Rows {
 
 /// The weight `[out, in]` of a linear map, as [`matrix`] loads it: f32, or
 /// (a model computing in bf16 on a CPU with the bf16 dot product) its bf16
-/// pairs as [`bf16_gemm`] and [`gemv`] read them — half the bytes of the
+/// pairs as the bf16 kernels read them ([`Pairs`]) — half the bytes of the
 /// f32 copy — with the f32 widening made on first need for the products
 /// neither computes bit for bit (tiny shapes, inputs that are not bf16
 /// values), kept until the layer is dropped.
@@ -51,7 +51,7 @@ pub enum Rows {
 pub struct Matrix {
     dims: [usize; 2],
     wide: OnceLock<Tensor>,
-    pairs: Option<std::sync::Arc<bf16_gemm::Pairs>>,
+    pairs: Option<std::sync::Arc<Pairs>>,
 }
 
 impl Matrix {
@@ -67,15 +67,15 @@ impl Matrix {
         })
     }
 
-    /// An f32 CPU weight holding bf16 values, kept as [`bf16_gemm::Pairs`] only.
+    /// An f32 CPU weight holding bf16 values, kept as [`Pairs`] only.
     ///
     /// Errors: not 2-D, or a value that is not bf16.
     pub fn bf16(w: &Tensor) -> Result<Self> {
-        Ok(Self::of_pairs(bf16_gemm::Pairs::of(w)?))
+        Ok(Self::of_pairs(pairs_of(w)?))
     }
 
     /// A weight kept as its bf16 pairs.
-    fn of_pairs(pairs: bf16_gemm::Pairs) -> Self {
+    fn of_pairs(pairs: Pairs) -> Self {
         Self {
             dims: pairs.dims(),
             wide: OnceLock::new(),
@@ -90,7 +90,8 @@ impl Matrix {
     ///
     /// Errors: not 2-D.
     pub fn of_param(w: Tensor, prec: Precision, keep_f32: bool) -> Result<Self> {
-        if !(prec == Precision::Bf16 && w.device().is_cpu() && bf16_gemm::available()) {
+        if !(prec == Precision::Bf16 && w.device().is_cpu() && kernels::capabilities().bf16_gemm())
+        {
             return Self::new(w);
         }
         let mut m = Self::bf16(&w)?;
@@ -108,7 +109,10 @@ impl Matrix {
     /// The weight in f32 (widened once from its bf16 pairs).
     pub fn f32(&self) -> Result<&Tensor> {
         if let (None, Some(p)) = (self.wide.get(), &self.pairs) {
-            let _ = self.wide.set(p.widen()?);
+            let [n, k] = p.dims();
+            let _ = self
+                .wide
+                .set(Tensor::from_vec(p.widen(), (n, k), &Device::Cpu)?);
         }
         self.wide.get().ok_or_else(|| {
             candle_core::Error::Msg("a linear weight holds neither f32 nor bf16 values".into())
@@ -117,14 +121,12 @@ impl Matrix {
     }
 
     /// `x · Wᵀ` rounded to `prec`, as [`linear`] on the f32 weight gives it,
-    /// bit for bit: a single row by [`gemv`] where it reproduces that route
-    /// (the weight read as stored), else by [`bf16_gemm`] where it computes
-    /// the product exactly ([`bf16_gemm::exact_for`]), else by [`f32_gemm`]
-    /// on the f32 weight where that does ([`f32_gemm::exact_for`]), else
-    /// candle's GEMM.
+    /// bit for bit: by the kernel [`kernels::plan`] names for the shape (a
+    /// single row on the gemv route, the weight read as stored; the blocked
+    /// route on the bf16 pairs, else on the f32 weight), else candle's GEMM.
     pub fn linear(&self, x: &Tensor, prec: Precision) -> Result<Tensor> {
         let y = match *x.dims() {
-            [m, k] => match routes::route(m, self.dims[0], k) {
+            [m, k] => match kernels::route(m, self.dims[0], k) {
                 Route::Gemv if m == 1 => self.single_rows(x)?,
                 Route::Blocked { .. } => self.blocked(x)?,
                 _ => None,
@@ -138,24 +140,34 @@ impl Matrix {
     }
 
     /// `x · Wᵀ` on candle's blocked route by a kernel of hsparity's own, not
-    /// rounded: the bf16 pairs by [`bf16_gemm`] (bf16 inputs, an even
-    /// k-block), else the f32 weight by [`f32_gemm`]; `None` where neither
+    /// rounded: the bf16 pairs by the bf16 kernel (bf16 inputs, an even
+    /// k-block), else the f32 weight by the f32 kernel; `None` where neither
     /// computes it.
     fn blocked(&self, x: &Tensor) -> Result<Option<Tensor>> {
         let ((m, k), n) = (x.dims2()?, self.dims[0]);
+        if !x.device().is_cpu() {
+            return Ok(None);
+        }
+        let caps = kernels::capabilities();
         if let Some(p) = &self.pairs {
-            if bf16_gemm::exact_for(m, n, k).is_some() {
-                if let Some(y) = bf16_gemm::matmul_nt(x, p)? {
-                    return Ok(Some(y));
+            if let Some(plan) = kernels::plan(m, n, k, Stored::Bf16, caps) {
+                if plan.kernel() == kernels::Kernel::Bf16Gemm {
+                    if let Some(y) = with_f32(x, |v| plan.run(v, Weight::Bf16(p)))?? {
+                        return Ok(Some(Tensor::from_vec(y, (m, n), x.device())?));
+                    }
                 }
             }
         }
+        let Some(plan) = kernels::plan(m, n, k, Stored::F32, caps) else {
+            return Ok(None);
+        };
         let w = self.f32()?;
-        let on_cpu = x.device().is_cpu() && w.device().is_cpu();
-        if on_cpu && f32_gemm::exact_for(m, n, k).is_some() {
-            return Ok(Some(f32_gemm::matmul_nt(x, w)?));
+        if !w.device().is_cpu() {
+            return Ok(None);
         }
-        Ok(None)
+        let y = with_f32(x, |xv| with_f32(w, |wv| plan.run(xv, Weight::F32(wv))))???;
+        Ok(y.map(|y| Tensor::from_vec(y, (m, n), x.device()))
+            .transpose()?)
     }
 
     /// [`Self::linear`] on [`Rows::Tokens`], [`Self::linear_each_row`] on
@@ -169,9 +181,9 @@ impl Matrix {
 
     /// `x [S, in]` as `S` separate products, rounded to `prec`: bitwise `S`
     /// calls of [`Self::linear`] on one row each (what `S` single-token
-    /// decode steps compute), made in one pass over the weight where
-    /// [`gemv`] reproduces candle's single-row route (more than 256 outputs,
-    /// a CPU with AVX-512F, a row-major `x`), else row by row.
+    /// decode steps compute), made in one pass over the weight where the
+    /// single-row kernel reproduces candle's single-row route (more than 256
+    /// outputs, a CPU with AVX-512F, a row-major `x`), else row by row.
     ///
     /// Errors: a tensor failure.
     pub fn linear_each_row(&self, x: &Tensor, prec: Precision) -> Result<Tensor> {
@@ -185,27 +197,46 @@ impl Matrix {
         Ok(Tensor::cat(&rows, 0)?)
     }
 
+    /// The single-row kernel's plan for this weight and rows of `k` values
+    /// on this CPU: each row its own product, the weight read as stored.
+    fn gemv_plan(&self, k: usize) -> Option<Plan> {
+        let stored = if self.pairs.is_some() {
+            Stored::Bf16
+        } else {
+            Stored::F32
+        };
+        kernels::plan(1, self.dims[0], k, stored, kernels::capabilities())
+            .filter(|p| p.kernel() == kernels::Kernel::Gemv)
+    }
+
     /// Each row of `x [S, in]` as its own single-row product, not rounded,
-    /// when [`gemv`] reproduces candle's single-row route for this weight on
-    /// the CPU (read as stored: bf16 pairs are not widened); `None` elsewhere.
+    /// when the single-row kernel reproduces candle's single-row route for
+    /// this weight on the CPU (read as stored: bf16 pairs are not widened);
+    /// `None` elsewhere.
     fn single_rows(&self, x: &Tensor) -> Result<Option<Tensor>> {
-        let &[_, k] = x.dims() else {
+        let &[s, k] = x.dims() else {
             return Ok(None);
         };
-        if !(x.device().is_cpu() && x.is_contiguous() && gemv::reproduces(self.dims[0], k)) {
+        if !(x.device().is_cpu() && x.is_contiguous()) {
             return Ok(None);
         }
-        match (&self.pairs, self.wide.get()) {
-            (Some(p), _) => Ok(Some(gemv::rows_times(x, gemv::Weight::Bf16(p))?)),
-            (None, Some(w)) if w.device().is_cpu() => Ok(Some(with_f32(w, |v| {
-                gemv::rows_times(x, gemv::Weight::F32(v))
-            })??)),
-            _ => Ok(None),
-        }
+        let Some(plan) = self.gemv_plan(k) else {
+            return Ok(None);
+        };
+        let n = self.dims[0];
+        let y = match (&self.pairs, self.wide.get()) {
+            (Some(p), _) => with_f32(x, |xv| plan.run(xv, Weight::Bf16(p)))??,
+            (None, Some(w)) if w.device().is_cpu() => {
+                with_f32(x, |xv| with_f32(w, |wv| plan.run(xv, Weight::F32(wv))))???
+            }
+            _ => return Ok(None),
+        };
+        Ok(y.map(|y| Tensor::from_vec(y, (s, n), x.device()))
+            .transpose()?)
     }
 
     /// True when the rows of an `[m, in]` input are computed exactly as in
-    /// any taller stack of rows (see [`rows_batchable`]; [`bf16_gemm`] sums
+    /// any taller stack of rows (see [`rows_batchable`]; the bf16 kernel sums
     /// as candle's blocked kernel does, so the same shapes qualify).
     pub fn rows_batchable(&self, m: usize) -> bool {
         let on_cpu = self.pairs.is_some() || self.wide.get().is_some_and(|w| w.device().is_cpu());
@@ -215,13 +246,13 @@ impl Matrix {
 
 /// Loads the weight matrix `name` of a linear map ([`param`]): as bf16
 /// pairs when the model computes in bf16 on a CPU with the bf16 dot-product
-/// instruction ([`bf16_gemm::available`]), so that [`Matrix::linear`] reads
-/// them as stored; f32 otherwise.
+/// kernel ([`kernels::Capabilities::bf16_gemm`]), so that [`Matrix::linear`]
+/// reads them as stored; f32 otherwise.
 pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Matrix> {
-    if prec == Precision::Bf16 && bf16_gemm::available() {
+    if prec == Precision::Bf16 && kernels::capabilities().bf16_gemm() {
         // Stored in bf16: the pairs straight from the checkpoint's bytes.
         if let Some((dims, words)) = src.bf16_pairs(name)? {
-            return Ok(Matrix::of_pairs(bf16_gemm::Pairs::from_words(dims, words)?));
+            return Ok(Matrix::of_pairs(Pairs::from_words(dims, words)?));
         }
     }
     Matrix::of_param(param(src, name, prec)?, prec, false)
@@ -291,15 +322,23 @@ fn stacks(rows: &[usize], eligible: impl Fn(usize) -> bool) -> Vec<Vec<usize>> {
 /// every output row exactly as it would with more rows stacked under it, so
 /// independent sequences can share one product (and one packing of the
 /// weight): candle's blocked kernel, whose k-blocks depend on `k` alone,
-/// outside the small-size rule ([`routes::route`]). A taller stack of such
+/// outside the small-size rule ([`kernels::route`]). A taller stack of such
 /// rows takes the same route.
 pub fn rows_batchable(m: usize, k: usize, n: usize) -> bool {
-    matches!(routes::route(m, n, k), Route::Blocked { small: false, .. })
+    matches!(kernels::route(m, n, k), Route::Blocked { small: false, .. })
+}
+
+/// The bf16 pairs of a 2-D f32 CPU tensor holding bf16 values.
+///
+/// Errors: not 2-D, or a value that is not bf16.
+pub fn pairs_of(w: &Tensor) -> Result<Pairs> {
+    let (n, k) = w.dims2()?;
+    with_f32(w, |v| Pairs::of(v, [n, k]))?
 }
 
 /// Calls `f` on the values of an f32 CPU tensor, row-major: its own storage
 /// when contiguous, else a copy.
-fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     let t = t.contiguous()?;
     let (storage, layout) = t.storage_and_layout();
     match (&*storage, layout.contiguous_offsets()) {

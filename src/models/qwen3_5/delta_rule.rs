@@ -2,7 +2,8 @@
 //! chunked form of `modeling_qwen3_5.py`'s `torch_recurrent_gated_delta_rule`
 //! and `torch_chunk_gated_delta_rule` over f32 buffers, one rayon task per
 //! head. Each head's loop is compiled twice, portable and for AVX2, and the
-//! AVX2 build runs where the CPU has it (detected at run time): the same
+//! AVX2 build runs where the CPU has it ([`crate::kernels::capabilities`],
+//! recorded as `delta-rule-avx2`): the same
 //! operations in the same order on wider lanes (independent elements only;
 //! no fused multiply-add is enabled, no sum is reassociated), so both builds
 //! give bitwise the same values.
@@ -30,8 +31,9 @@ fn on_widest(
     d: Dims,
 ) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
+    if crate::kernels::capabilities().avx2 {
+        crate::kernels::Kernel::DeltaRuleAvx2.record();
+        // SAFETY: the CPU has AVX2 (read from CPUID with the capabilities).
         return unsafe { avx2(h, s, d) };
     }
     let _ = avx2;

@@ -1,8 +1,8 @@
 //! Which kernel candle's CPU matmul runs for `x [m, k] · w [n, k]ᵀ`, and so
 //! in which order it sums each output: the one place hsparity encodes
-//! gemm-common 0.19's route choice, for every kernel that reproduces one of
-//! those orders ([`super::f32_gemm`], [`super::bf16_gemm`], [`super::gemv`])
-//! and for the stacking of independent sequences ([`super::rows_batchable`]).
+//! gemm-common 0.19's route choice, for [`super::plan`] (every kernel
+//! reproduces one of those orders) and for the stacking of independent
+//! sequences (`models::layers::rows_batchable`).
 //!
 //! candle calls gemm 0.19's `gemm`, which transposes a row-major destination
 //! (`do_transpose`), so gemm-common's `gemm_basic_generic` sees `n` rows of
@@ -64,25 +64,5 @@ pub fn blocked_kc(m: usize, n: usize, k: usize) -> Option<usize> {
     match route(m, n, k) {
         Route::Blocked { kc, .. } => Some(kc),
         _ => None,
-    }
-}
-
-/// True when this CPU runs hsparity's AVX-512 kernels ([`super::f32_gemm`],
-/// [`super::gemv`]: AVX-512F, with FMA and AVX2) and
-/// `HSPARITY_NO_AVX512_GEMM` is not set (to any value); checked once.
-pub fn avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::env::var_os("HSPARITY_NO_AVX512_GEMM").is_none()
-                && is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("avx2")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }

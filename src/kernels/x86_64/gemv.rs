@@ -20,72 +20,13 @@
 //! without AVX-512F run candle's product row by row instead; so does
 //! setting `HSPARITY_NO_AVX512_GEMM` (to any value). The order assumed is
 //! gemm 0.19 built without its `x86-v4` feature (the AVX2 kernels, as
-//! candle 0.11 builds it); `tests/gemv.rs` compares with candle's own
+//! candle 0.11 builds it); the kernel tests compare with candle's own
 //! product, so a build that changed it would fail there.
 //!
-//! bf16 weights are read as their pairs ([`super::bf16_gemm::Pairs`]),
+//! bf16 weights are read as their pairs ([`crate::kernels::Pairs`]),
 //! widened in registers: exact, so the values are those of the f32 copy.
 
-use candle_core::Tensor;
-
-use super::bf16_gemm::Pairs;
-use super::routes::{avx512, route, Route};
-use crate::error::Result;
-
-/// True when candle computes a `[1, k]` row times an `[n, k]` weight on the
-/// gemv route this module reproduces ([`Route::Gemv`]), on a CPU where it
-/// can ([`avx512`]): then a cached decode's steps read each weight once, not
-/// once per step.
-pub fn reproduces(n: usize, k: usize) -> bool {
-    route(1, n, k) == Route::Gemv && avx512()
-}
-
-/// A weight `[n, k]` as this module reads it.
-#[derive(Clone, Copy)]
-pub enum Weight<'a> {
-    /// f32, row-major.
-    F32(&'a [f32]),
-    /// bf16 pairs (see [`Pairs`]).
-    Bf16(&'a Pairs),
-}
-
-impl Weight<'_> {
-    /// `[n, k]`; `None` when f32 values do not fill whole rows of `k_f32`.
-    fn dims(&self, k_f32: usize) -> Option<[usize; 2]> {
-        match self {
-            Weight::F32(v) => (k_f32 > 0 && v.len() % k_f32 == 0).then(|| [v.len() / k_f32, k_f32]),
-            Weight::Bf16(p) => Some(p.dims()),
-        }
-    }
-}
-
-/// `x [s, k] · Wᵀ` → `[s, n]`, every row bitwise `x_r.matmul(&w.t())` of
-/// that row alone, for the shapes of [`reproduces`] and a row-major `x`
-/// (a row whose values are not adjacent takes candle's blocked route).
-///
-/// Errors: shapes that do not fit, `x` not contiguous, or a shape or CPU
-/// [`reproduces`] refuses.
-pub fn rows_times(x: &Tensor, w: Weight<'_>) -> Result<Tensor> {
-    let (s, k) = x.dims2()?;
-    let refuse = |why: String| -> crate::error::Error {
-        candle_core::Error::Msg(format!("row-by-row product of x [{s}, {k}]: {why}")).into()
-    };
-    let Some([n, kw]) = w.dims(k).filter(|&[n, kw]| kw == k && n > 0) else {
-        return Err(refuse("the weight is not [n, k]".into()));
-    };
-    if !x.is_contiguous() {
-        return Err(refuse("x is not row-major".into()));
-    }
-    if !reproduces(n, kw) {
-        return Err(refuse(format!("w [{n}, {kw}]: not reproduced here")));
-    }
-    if s == 0 {
-        return Ok(Tensor::zeros((0, n), candle_core::DType::F32, x.device())?);
-    }
-    let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-    let out = by_columns(&xs, s, k, n, w);
-    Ok(Tensor::from_vec(out, (s, n), x.device())?)
-}
+use crate::kernels::Weight;
 
 /// Output columns per rayon task.
 const COLUMNS: usize = 32;
@@ -94,7 +35,15 @@ const COLUMNS: usize = 32;
 const ROWS: usize = 4;
 
 /// The products, column blocks in parallel: `[s, n]`.
-fn by_columns(x: &[f32], s: usize, k: usize, n: usize, w: Weight<'_>) -> Vec<f32> {
+///
+/// # Safety
+/// AVX-512F, AVX2 and FMA; `x` holds whole rows of `k` values and `w` is
+/// `[n, k]`.
+pub(super) unsafe fn rows_times(x: &[f32], w: Weight<'_>, n: usize, k: usize) -> Vec<f32> {
+    let s = x.len() / k.max(1);
+    if s == 0 {
+        return Vec::new();
+    }
     use rayon::prelude::*;
     // [n][s] first: each task owns whole columns.
     let mut t = vec![0f32; n * s];
@@ -106,9 +55,9 @@ fn by_columns(x: &[f32], s: usize, k: usize, n: usize, w: Weight<'_>) -> Vec<f32
                 for r0 in (0..s).step_by(ROWS) {
                     let rows = &x[r0 * k..];
                     let out = &mut col[r0..(r0 + ROWS).min(s)];
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `avx512()` (checked by the caller); row j and
-                    // the `out.len()` rows of x from r0 lie inside w and x.
+                    // SAFETY: the CPU has the features (the caller's
+                    // contract); row j and the `out.len()` rows of x from r0
+                    // lie inside w and x.
                     unsafe {
                         match out.len() {
                             1 => dots::<1>(w, j, rows, k, out),
@@ -117,8 +66,6 @@ fn by_columns(x: &[f32], s: usize, k: usize, n: usize, w: Weight<'_>) -> Vec<f32
                             _ => dots::<4>(w, j, rows, k, out),
                         }
                     }
-                    #[cfg(not(target_arch = "x86_64"))]
-                    let _ = (rows, out);
                 }
             }
         });
@@ -136,14 +83,7 @@ fn by_columns(x: &[f32], s: usize, k: usize, n: usize, w: Weight<'_>) -> Vec<f32
 fn weight_at(w: Weight<'_>, j: usize, k: usize, e: usize) -> f32 {
     match w {
         Weight::F32(v) => v[j * k + e],
-        Weight::Bf16(p) => {
-            let word = p.words()[j * k.div_ceil(2) + e / 2];
-            f32::from_bits(if e.is_multiple_of(2) {
-                word & 0xffff_0000
-            } else {
-                word << 16
-            })
-        }
+        Weight::Bf16(p) => p.at(j, e),
     }
 }
 
@@ -151,7 +91,6 @@ fn weight_at(w: Weight<'_>, j: usize, k: usize, e: usize) -> f32 {
 ///
 /// # Safety
 /// AVX-512F; the values lie inside the row.
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn load16(w: Weight<'_>, j: usize, k: usize, e: usize) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
@@ -171,7 +110,6 @@ unsafe fn load16(w: Weight<'_>, j: usize, k: usize, e: usize) -> std::arch::x86_
 ///
 /// # Safety
 /// AVX2; the values lie inside the row.
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn load8(w: Weight<'_>, j: usize, k: usize, e: usize) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
@@ -191,7 +129,6 @@ unsafe fn load8(w: Weight<'_>, j: usize, k: usize, e: usize) -> std::arch::x86_6
 ///
 /// # Safety
 /// AVX-512F, AVX2 and FMA; row `j` of `w` and `R` rows of `x` exist.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn dots<const R: usize>(w: Weight<'_>, j: usize, x: &[f32], k: usize, out: &mut [f32]) {
     use std::arch::x86_64::*;

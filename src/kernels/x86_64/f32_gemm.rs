@@ -6,7 +6,7 @@
 //! weight (read in place, one row per output column).
 //!
 //! Why the bits agree. candle's blocked kernel sums each output in k-blocks
-//! of `kc` values ([`super::routes::Route::Blocked`]): within a block one
+//! of `kc` values ([`crate::kernels::Route::Blocked`]): within a block one
 //! accumulator starting at +0 takes `fma(x, w, acc)` in increasing k, and
 //! the block sums are added to the output in order. Here one lane per
 //! output row takes the same FMAs in the same order, and the block sums are
@@ -15,58 +15,31 @@
 //! is the same, subnormals included. The other routes candle takes (a
 //! single row or column, `m·n <= 256`, `k <= 2`) are not taken here.
 //!
-//! Without AVX-512F (or off x86-64) [`avx512`] is false and
-//! [`super::Matrix::linear`] uses candle's GEMM, with the same results.
-//! Setting `HSPARITY_NO_AVX512_GEMM` (to any value) forces that path. The
-//! kernel parameters assumed are those of gemm 0.19 built without its
-//! `x86-v4` feature (as candle 0.11 builds it); `tests/f32_gemm.rs`
-//! compares with candle's own product, so a build that changed them would
-//! fail there.
+//! Without AVX-512F (or off x86-64) no plan names this kernel and
+//! `models::layers::Matrix::linear` uses candle's GEMM, with the same
+//! results. Setting `HSPARITY_NO_AVX512_GEMM` (to any value) forces that
+//! path. The kernel parameters assumed are those of gemm 0.19 built
+//! without its `x86-v4` feature (as candle 0.11 builds it); the kernel
+//! tests compare with candle's own product, so a build that changed them
+//! would fail there.
 
-use candle_core::Tensor;
-
-use super::routes::{avx512, blocked_kc};
 use super::tiles::{self, Tile};
-use super::with_f32;
-use crate::error::Result;
 
-/// The k-block when [`matmul_nt`] computes `x [m, k] · w [n, k]ᵀ` here (the
-/// blocked route, on a CPU with AVX-512F: [`avx512`]); `None`: use candle's
-/// GEMM.
-pub fn exact_for(m: usize, n: usize, k: usize) -> Option<usize> {
-    blocked_kc(m, n, k).filter(|_| avx512())
-}
-
-/// `x · wᵀ` for `x`: `[M, K]` and `w`: `[N, K]`, both f32 on the CPU →
-/// `[M, N]` f32: bitwise `x.matmul(&w.t())`, for the shapes of [`exact_for`].
+/// `x [m, k] · w [n, k]ᵀ` → `[m, n]` in k-blocks of `kc`: bitwise candle's
+/// blocked route.
 ///
-/// Errors: shapes that do not fit or are not computed here.
-pub fn matmul_nt(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let (m, k) = x.dims2()?;
-    let (n, kw) = w.dims2()?;
-    let refuse = |why: &str| -> crate::error::Error {
-        candle_core::Error::Msg(format!(
-            "AVX-512 matmul of x [{m}, {k}] and w [{n}, {kw}]: {why}"
-        ))
-        .into()
-    };
-    if k != kw {
-        return Err(refuse("shapes do not fit"));
-    }
-    let Some(kc) = exact_for(m, n, k) else {
-        return Err(refuse("not computed exactly by this kernel here"));
-    };
-    let a = with_f32(x, |v| pack_rows(v, m, k))?;
-    #[cfg(target_arch = "x86_64")]
-    let c = with_f32(w, |b| {
-        // SAFETY: `avx512()` (exact_for); every tile lies inside a, b and the
-        // output, and `kernel` stores each element of its tile in the first
-        // k-block before reading it.
-        unsafe { tiles::product((m, n, k), kc, |t, c| tiles::by_shape!(kernel, &a, b, c, t)) }
-    })?;
-    #[cfg(not(target_arch = "x86_64"))]
-    let c = vec![0f32; m * n]; // not reached: exact_for is None off x86-64
-    Ok(Tensor::from_vec(c, (m, n), x.device())?)
+/// # Safety
+/// AVX-512F; `x` holds `m·k` values and `w` `n·k`.
+pub(super) unsafe fn matmul_nt(
+    x: &[f32],
+    w: &[f32],
+    (m, n, k): (usize, usize, usize),
+    kc: usize,
+) -> Vec<f32> {
+    let a = pack_rows(x, m, k);
+    // SAFETY: every tile lies inside a, w and the output, and `kernel`
+    // stores each element of its tile in the first k-block before reading it.
+    unsafe { tiles::product((m, n, k), kc, |t, c| tiles::by_shape!(kernel, &a, w, c, t)) }
 }
 
 /// `x [m, k]` 16 rows per group: `[group][k][lane]` = `x[16·group + lane][k]`
@@ -95,7 +68,6 @@ fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
 /// # Safety
 /// AVX-512F; `a` holds the packed rows of an `[m, k]` input, `b` an
 /// `[n, k]` weight, `c` an `[m, n]` output, and the tile lies inside them.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn kernel<const V: usize, const C: usize>(a: &[f32], b: &[f32], c: *mut f32, t: Tile) {
     use std::arch::x86_64::*;

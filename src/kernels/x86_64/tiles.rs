@@ -1,9 +1,9 @@
-//! The blocked layout the CPU matmul kernels here share ([`super::bf16_gemm`],
-//! [`super::f32_gemm`]): the input packed 16 rows per vector (one lane per
+//! The blocked layout the two blocked kernels share (`bf16_gemm`,
+//! `f32_gemm`): the input packed 16 rows per vector (one lane per
 //! row), register tiles of `MV` row vectors × up to [`NR`] output columns,
 //! column tiles split over the threads, rows walked in cache blocks of
 //! [`MB`]. Where candle's f32 GEMM takes its blocked kernel
-//! ([`super::routes::Route::Blocked`]), a kernel that sums in the same
+//! ([`crate::kernels::Route::Blocked`]), a kernel that sums in the same
 //! k-blocks, one rounded addition per k in increasing k, gives its bits
 //! whatever the tile shape.
 
@@ -21,8 +21,8 @@ const MB: usize = 128;
 macro_rules! by_shape {
     ($kernel:ident, $a:expr, $b:expr, $c:expr, $t:expr) => {
         match $t.gv {
-            1 => $crate::models::layers::tiles::cols!($kernel, 1, $a, $b, $c, $t),
-            _ => $crate::models::layers::tiles::cols!($kernel, 2, $a, $b, $c, $t),
+            1 => $crate::kernels::x86_64::tiles::cols!($kernel, 1, $a, $b, $c, $t),
+            _ => $crate::kernels::x86_64::tiles::cols!($kernel, 2, $a, $b, $c, $t),
         }
     };
 }
@@ -30,7 +30,7 @@ macro_rules! by_shape {
 /// [`by_shape`] for `V` row vectors.
 macro_rules! cols {
     ($kernel:ident, $v:literal, $a:expr, $b:expr, $c:expr, $t:expr) => {
-        $crate::models::layers::tiles::cols!(@ $kernel, $v, $a, $b, $c, $t; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+        $crate::kernels::x86_64::tiles::cols!(@ $kernel, $v, $a, $b, $c, $t; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
     };
     (@ $kernel:ident, $v:literal, $a:expr, $b:expr, $c:expr, $t:expr; $($n:literal),*) => {
         match $t.nc {
@@ -126,7 +126,6 @@ fn each_tile((m, n, k): (usize, usize, usize), kc: usize, tile: impl Fn(Tile) + 
 ///
 /// # Safety
 /// AVX-512F; `c` is an `[m, n]` output holding the tile.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn store<const V: usize, const C: usize>(
     acc: &[[std::arch::x86_64::__m512; C]; V],

@@ -1,0 +1,324 @@
+//! hsparity's hand-written CPU kernels: products that give candle's own
+//! bits faster than candle, on slices, with one dispatch policy.
+//!
+//! A foundation room: it imports no model, loading or tensor code. Its
+//! callers ([`crate::models::layers::Matrix`]) adapt candle tensors to the
+//! slices here and fall back to candle's GEMM, the oracle every kernel is
+//! tested against bit for bit, wherever no kernel is planned.
+//!
+//! The policy, in one place:
+//! - [`Capabilities`] is read once per process ([`capabilities`]): the CPU's
+//!   features (CPUID) and the two environment switches
+//!   (`HSPARITY_NO_AVX512_GEMM`, `HSPARITY_NO_BF16_DOT`, set to any value).
+//! - [`plan`] answers "which kernel computes `x [m, k] · w [n, k]ᵀ` exactly
+//!   here?" for every kernel, from candle's route for that shape
+//!   ([`routes::route`]) and the capabilities; `None` means candle's GEMM.
+//! - A [`Plan`] is the only way to run a kernel, and running one records its
+//!   name ([`ran`]) for the report's `environment.kernels`.
+//! - The arithmetic lives in per-architecture modules behind `cfg`
+//!   (`x86_64`: AVX-512 FMA, AVX512-BF16, the AVX2 build of the delta rule);
+//!   on any other architecture the capabilities are all off, no plan is
+//!   made, and candle's GEMM computes everything, with the same results.
+//!
+//! The switches change speed only: which kernel computes a product, never
+//! the bits, and never which checks a command runs (`compare` decides its
+//! incremental check from the CPU, [`Capabilities::cpu_reads_weights_once`]).
+
+pub mod routes;
+
+mod pairs;
+#[cfg(target_arch = "x86_64")]
+mod x86_64;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+pub use pairs::Pairs;
+pub use routes::{route, Route};
+
+use crate::error::Result;
+
+/// What this process may run: the CPU's features and the environment's
+/// switches, read once ([`capabilities`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    /// AVX2 (the delta rule's wide build).
+    pub avx2: bool,
+    /// AVX-512F with FMA and AVX2 (the f32 and single-row kernels).
+    pub avx512f: bool,
+    /// AVX512-BF16 whose `vdpbf16ps` adds as the bf16 kernel assumes
+    /// (probed once: odd element first, each addition rounded).
+    pub avx512bf16: bool,
+    /// `HSPARITY_NO_AVX512_GEMM` is set: the f32 and single-row kernels off.
+    pub no_avx512_gemm: bool,
+    /// `HSPARITY_NO_BF16_DOT` is set: the bf16 kernel off.
+    pub no_bf16_dot: bool,
+}
+
+impl Capabilities {
+    /// This CPU's features and this process's environment.
+    pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        let cpu = x86_64::detect();
+        #[cfg(not(target_arch = "x86_64"))]
+        let cpu = Self::default();
+        Self {
+            no_avx512_gemm: std::env::var_os("HSPARITY_NO_AVX512_GEMM").is_some(),
+            no_bf16_dot: std::env::var_os("HSPARITY_NO_BF16_DOT").is_some(),
+            ..cpu
+        }
+    }
+
+    /// No kernel at all (candle's GEMM everywhere), as on an architecture
+    /// without one.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// The f32 blocked kernel and the single-row kernel may run.
+    pub fn avx512_gemm(&self) -> bool {
+        self.avx512f && !self.no_avx512_gemm
+    }
+
+    /// The bf16 dot-product kernel may run.
+    pub fn bf16_gemm(&self) -> bool {
+        self.avx512f && self.avx512bf16 && !self.no_bf16_dot
+    }
+
+    /// A cached decode's single-token steps can read each weight once for
+    /// all steps on this CPU (the single-row kernel exists here), whatever
+    /// the switches say: what `compare` decides its default incremental
+    /// check from, so that a switch changes its speed, not whether it runs.
+    pub fn cpu_reads_weights_once(&self) -> bool {
+        self.avx512f
+    }
+
+    /// The CPU features the kernels look at, by name.
+    pub fn cpu_features(&self) -> Vec<&'static str> {
+        [
+            (self.avx2, "avx2"),
+            (self.avx512f, "avx512f"),
+            (self.avx512bf16, "avx512bf16"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+
+    /// The kernels that may run, by name.
+    pub fn available(&self) -> Vec<&'static str> {
+        Kernel::ALL
+            .into_iter()
+            .filter(|k| match k {
+                Kernel::F32Gemm | Kernel::Gemv => self.avx512_gemm(),
+                Kernel::Bf16Gemm => self.bf16_gemm(),
+                Kernel::DeltaRuleAvx2 => self.avx2,
+            })
+            .map(Kernel::name)
+            .collect()
+    }
+}
+
+/// This process's capabilities, read on first use.
+pub fn capabilities() -> &'static Capabilities {
+    static CAPS: OnceLock<Capabilities> = OnceLock::new();
+    CAPS.get_or_init(Capabilities::detect)
+}
+
+/// A kernel of this room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// candle's blocked f32 route on 16-lane FMAs.
+    F32Gemm,
+    /// candle's blocked f32 route on bf16 pairs (`vdpbf16ps`).
+    Bf16Gemm,
+    /// candle's single-row route, many rows in one pass over the weight.
+    Gemv,
+    /// The Gated DeltaNet's head loops compiled for AVX2
+    /// (`models::qwen3_5::delta_rule`: the same operations, wider lanes).
+    DeltaRuleAvx2,
+}
+
+impl Kernel {
+    /// Every kernel, in the order reports list them.
+    pub const ALL: [Kernel; 4] = [
+        Kernel::F32Gemm,
+        Kernel::Bf16Gemm,
+        Kernel::Gemv,
+        Kernel::DeltaRuleAvx2,
+    ];
+
+    /// The name reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::F32Gemm => "f32-gemm-avx512",
+            Kernel::Bf16Gemm => "bf16-gemm-avx512bf16",
+            Kernel::Gemv => "gemv-avx512",
+            Kernel::DeltaRuleAvx2 => "delta-rule-avx2",
+        }
+    }
+
+    fn slot(self) -> &'static AtomicBool {
+        static RAN: [AtomicBool; 4] = [
+            AtomicBool::new(false),
+            AtomicBool::new(false),
+            AtomicBool::new(false),
+            AtomicBool::new(false),
+        ];
+        &RAN[self as usize]
+    }
+
+    /// Records that this kernel ran (see [`ran`]).
+    pub fn record(self) {
+        self.slot().store(true, Ordering::Relaxed);
+    }
+}
+
+/// The kernels that have run in this process so far, by name.
+pub fn ran() -> Vec<&'static str> {
+    Kernel::ALL
+        .into_iter()
+        .filter(|k| k.slot().load(Ordering::Relaxed))
+        .map(Kernel::name)
+        .collect()
+}
+
+/// How a weight is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// f32, row-major `[n, k]`.
+    F32,
+    /// bf16 pairs ([`Pairs`]).
+    Bf16,
+}
+
+/// A weight `[n, k]` as the kernels read it.
+#[derive(Clone, Copy)]
+pub enum Weight<'a> {
+    /// f32, row-major.
+    F32(&'a [f32]),
+    /// bf16 pairs.
+    Bf16(&'a Pairs),
+}
+
+impl Weight<'_> {
+    /// How it is held.
+    pub fn stored(&self) -> Stored {
+        match self {
+            Weight::F32(_) => Stored::F32,
+            Weight::Bf16(_) => Stored::Bf16,
+        }
+    }
+}
+
+/// A product a kernel computes exactly: made by [`plan`] only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    kernel: Kernel,
+    m: usize,
+    n: usize,
+    k: usize,
+    kc: usize,
+}
+
+/// The kernel that computes `x [m, k] · w [n, k]ᵀ` (`w` held as `stored`)
+/// bit for bit as candle's CPU matmul does, under `caps`; `None`: candle's
+/// GEMM (the route no kernel here reproduces, or a CPU or switch without
+/// it). For a bf16 weight on the blocked route where the bf16 kernel cannot
+/// sum as candle does (an odd k-block) the plan is the f32 kernel, which
+/// needs the weight widened.
+///
+/// - a single row on candle's gemv route: [`Kernel::Gemv`];
+/// - the blocked route: [`Kernel::Bf16Gemm`] for bf16 pairs with an even
+///   k-block (or one block), else [`Kernel::F32Gemm`];
+/// - anything else (`m·n <= 256`, `k <= 2`, a single column): none.
+pub fn plan(m: usize, n: usize, k: usize, stored: Stored, caps: &Capabilities) -> Option<Plan> {
+    let make = |kernel, kc| Plan {
+        kernel,
+        m,
+        n,
+        k,
+        kc,
+    };
+    match route(m, n, k) {
+        Route::Gemv if m == 1 && caps.avx512_gemm() => Some(make(Kernel::Gemv, k)),
+        Route::Blocked { kc, .. } => {
+            let pairs_fit = kc.is_multiple_of(2) || kc >= k;
+            if stored == Stored::Bf16 && pairs_fit && caps.bf16_gemm() {
+                Some(make(Kernel::Bf16Gemm, kc))
+            } else if caps.avx512_gemm() {
+                Some(make(Kernel::F32Gemm, kc))
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+impl Plan {
+    /// The kernel.
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    /// The k-block the sums are made in (`k` for [`Kernel::Gemv`]).
+    pub fn kc(&self) -> usize {
+        self.kc
+    }
+
+    /// `[m, n, k]`.
+    pub fn dims(&self) -> [usize; 3] {
+        [self.m, self.n, self.k]
+    }
+
+    /// `x [m, k] · w [n, k]ᵀ` → `[m, n]` row-major, not rounded; for a
+    /// [`Kernel::Gemv`] plan `x` may hold any number of rows `s`, each its
+    /// own single-row product (`[s, n]`). `None` when the bf16 kernel finds
+    /// an input value that is not a bf16 value (the caller takes the f32
+    /// route).
+    ///
+    /// Errors: `x` or `w` do not hold the planned shape, or `w` is not held
+    /// as the plan's kernel reads it.
+    pub fn run(&self, x: &[f32], w: Weight<'_>) -> Result<Option<Vec<f32>>> {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let refuse = |why: &str| -> crate::error::Error {
+            candle_core::Error::Msg(format!(
+                "{} of x [{m}, {k}] and w [{n}, {k}]: {why}",
+                self.kernel.name()
+            ))
+            .into()
+        };
+        let w_fits = match w {
+            Weight::F32(v) => v.len() == n * k,
+            Weight::Bf16(p) => p.dims() == [n, k],
+        };
+        if !w_fits {
+            return Err(refuse("the weight does not hold [n, k]"));
+        }
+        let x_fits = match self.kernel {
+            Kernel::Gemv => x.len().is_multiple_of(k.max(1)),
+            _ => x.len() == m * k,
+        };
+        if !x_fits {
+            return Err(refuse("the input does not hold [m, k]"));
+        }
+        let wants = match self.kernel {
+            Kernel::Bf16Gemm => Some(Stored::Bf16),
+            Kernel::F32Gemm => Some(Stored::F32),
+            _ => None,
+        };
+        if wants.is_some_and(|s| s != w.stored()) {
+            return Err(refuse("the weight is not held as this kernel reads it"));
+        }
+        self.kernel.record();
+        #[cfg(target_arch = "x86_64")]
+        {
+            Ok(x86_64::run(self, x, w))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            Err(refuse("no kernel on this architecture"))
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! A bf16 weight as the bf16 kernels read it: per row, its values in
+//! swapped 32-bit pairs (the first of each pair in the high half), so one
+//! `vdpbf16ps` lane adds the pair's two products in candle's order (the
+//! x86-64 kernel's module docs say why).
+
+use rayon::prelude::*;
+
+use crate::error::Result;
+
+/// A bf16 weight `[N, K]`: per row, its pairs `w[2p] << 16 | w[2p + 1]`
+/// (the last one `w[K−1] << 16` when K is odd), made once per weight.
+#[derive(Debug, Clone)]
+pub struct Pairs {
+    n: usize,
+    k: usize,
+    words: Vec<u32>,
+}
+
+fn refused(msg: String) -> crate::error::Error {
+    candle_core::Error::Msg(msg).into()
+}
+
+impl Pairs {
+    /// The pairs of a row-major `[n, k]` weight holding bf16 values in f32
+    /// (a parameter rounded to bf16), rows in parallel.
+    ///
+    /// Errors: `values` does not hold `[n, k]`, or a value is not bf16.
+    pub fn of(values: &[f32], [n, k]: [usize; 2]) -> Result<Self> {
+        if values.len() != n * k {
+            return Err(refused(format!(
+                "bf16 pairs: {} values do not hold [{n}, {k}]",
+                values.len()
+            )));
+        }
+        let pairs = k.div_ceil(2);
+        let mut words = vec![0u32; n * pairs];
+        let ok = words
+            .par_chunks_mut(pairs.max(1))
+            .zip(values.par_chunks(k.max(1)))
+            .all(|(out, row)| {
+                row.chunks(2)
+                    .zip(out.iter_mut())
+                    .all(|(two, o)| pair_of(two).map(|p| *o = p).is_some())
+            });
+        if !ok {
+            return Err(refused(
+                "bf16 dot-product matmul: a weight value is not a bf16 value".into(),
+            ));
+        }
+        Ok(Self { n, k, words })
+    }
+
+    /// Pairs as a checkpoint's bf16 bytes give them (`WeightSource::bf16_pairs`).
+    ///
+    /// Errors: `words` does not hold `dims`.
+    pub fn from_words([n, k]: [usize; 2], words: Vec<u32>) -> Result<Self> {
+        if words.len() != n * k.div_ceil(2) {
+            return Err(refused(format!(
+                "bf16 pairs: {} words do not hold [{n}, {k}]",
+                words.len()
+            )));
+        }
+        Ok(Self { n, k, words })
+    }
+
+    /// `[N, K]`.
+    pub fn dims(&self) -> [usize; 2] {
+        [self.n, self.k]
+    }
+
+    /// The words, row after row (`K.div_ceil(2)` per row).
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    /// The weight widened back to f32, row-major `[N, K]` (exact), rows in
+    /// parallel.
+    pub fn widen(&self) -> Vec<f32> {
+        let (k, pairs) = (self.k, self.k.div_ceil(2));
+        let mut v = vec![0f32; self.n * k];
+        v.par_chunks_mut(k.max(1))
+            .zip(self.words.par_chunks(pairs.max(1)))
+            .for_each(|(out, row)| {
+                for (i, &w) in row.iter().enumerate() {
+                    out[2 * i] = f32::from_bits(w & 0xffff_0000);
+                    if 2 * i + 1 < k {
+                        out[2 * i + 1] = f32::from_bits(w << 16);
+                    }
+                }
+            });
+        v
+    }
+
+    /// Element `e` of row `j`, widened.
+    #[inline(always)]
+    pub fn at(&self, j: usize, e: usize) -> f32 {
+        let word = self.words[j * self.k.div_ceil(2) + e / 2];
+        f32::from_bits(if e.is_multiple_of(2) {
+            word & 0xffff_0000
+        } else {
+            word << 16
+        })
+    }
+}
+
+/// One or two f32 values holding bf16 values as a swapped pair: the first
+/// in the high half, the second (0 when absent) in the low half. `None`
+/// when a value is not a bf16 value (its low 16 bits are not zero).
+pub(crate) fn pair_of(two: &[f32]) -> Option<u32> {
+    let bf = |v: f32| {
+        let b = v.to_bits();
+        (b & 0xffff == 0).then_some(b >> 16)
+    };
+    let lo = match two.get(1) {
+        Some(&v) => bf(v)?,
+        None => 0,
+    };
+    Some(bf(*two.first()?)? << 16 | lo)
+}

@@ -1,0 +1,141 @@
+//! `x · Wᵀ` on bf16 operands with the CPU's bf16 dot-product instruction
+//! (AVX512-BF16 `vdpbf16ps`), computing the same f32 sums as candle's f32
+//! GEMM on the widened values, bit for bit, while reading the weights as
+//! stored (bf16, half the bytes, no f32 copy per layer).
+//!
+//! Why the bits agree. A model computing in bf16 feeds `models::layers::linear`
+//! bf16 values (every op's output is rounded, [`crate::precision`]) and bf16
+//! weights, and a product of two bf16 values is exact in f32. candle's CPU
+//! matmul (gemm-common 0.19, `gemm_basic_generic`, the AVX2 FMA kernel
+//! `fma::f32`, 16 × 6 register tile) sums each output in k-blocks of `kc`
+//! values (`cache::kernel_params`; `min(k, 512)` for `m, n <= 64`): within a
+//! block one accumulator starting at +0 takes `fma(x, w, acc)` in increasing
+//! k, i.e. one rounded addition of an exact product per k; the block sums
+//! are added to the output in order. `vdpbf16ps` adds the two exact
+//! products of a 32-bit pair to an f32 lane as two rounded additions, the
+//! odd element first (Intel's instruction reference for VDPBF16PS; probed
+//! once at start-up, [`adds_as_assumed`]), so with the two halves of every pair swapped and
+//! one lane per output row it makes the same additions in the same order.
+//! The shapes candle sends elsewhere (a single row or column, `m·n <= 256`,
+//! `k <= 2`, an odd `kc`) are not planned here ([`crate::kernels::plan`]);
+//! the caller uses the f32 route for them.
+//!
+//! One difference remains: the instruction treats subnormal inputs and
+//! results as zero, where the FMA keeps them: an input below 1.2e-38 in
+//! magnitude (a bf16 subnormal, which no checkpoint weight or normalised
+//! activation is in practice), or a partial sum landing there, would part
+//! the two paths; NaN payloads may differ too.
+//!
+//! Portable fallback: without the instruction (or off x86-64) no plan names
+//! this kernel, weights stay f32 and `linear` uses the f32 route, with the
+//! same results. `HSPARITY_NO_BF16_DOT=1` forces that path.
+
+use super::tiles::{self, Tile};
+use crate::kernels::pairs::pair_of;
+use crate::kernels::Pairs;
+
+/// Probes the instruction on values where the order and the rounding of its
+/// two additions show: with an accumulator of 1 and the products −1 and
+/// 2⁻²⁴, odd element first gives 0 (1 + 2⁻²⁴ rounds to 1), even first
+/// 2⁻²⁴; two products of 2⁻²⁴ leave 1 when each addition rounds (a fused
+/// pair sum would give 1 + 2⁻²³). Any other behaviour disables the kernel.
+///
+/// # Safety
+/// The CPU has AVX512F and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn adds_as_assumed() -> bool {
+    use std::arch::x86_64::*;
+    let bf = |v: f32| u32::from(half::bf16::from_f32(v).to_bits());
+    // One lane: a = (lo, hi) of x, b = 1.0 in both halves.
+    let dp = |lo: f32, hi: f32| -> f32 {
+        let a = _mm512_set1_epi32((bf(lo) | bf(hi) << 16) as i32);
+        let b = _mm512_set1_epi32((bf(1.0) | bf(1.0) << 16) as i32);
+        let r = _mm512_dpbf16_ps(
+            _mm512_set1_ps(1.0),
+            std::mem::transmute::<__m512i, __m512bh>(a),
+            std::mem::transmute::<__m512i, __m512bh>(b),
+        );
+        _mm_cvtss_f32(_mm512_castps512_ps128(r))
+    };
+    let tiny = 2f32.powi(-24);
+    dp(-1.0, tiny) == 0.0 && dp(tiny, -1.0) == tiny && dp(tiny, tiny) == 1.0
+}
+
+/// `x [m, k]` (f32 holding bf16 values) `· w [n, k]ᵀ` (its pairs) → `[m, n]`
+/// f32, not rounded, in k-blocks of `kc`: bitwise candle's blocked route on
+/// the widened weight. `None` when an input value is not a bf16 value.
+///
+/// # Safety
+/// AVX512F and AVX512-BF16 (adding as [`adds_as_assumed`] checks); `x`
+/// holds `m·k` values and `w` is `[n, k]`; `kc` is even or at least `k`.
+pub(super) unsafe fn matmul_nt(
+    x: &[f32],
+    w: &Pairs,
+    (m, n, k): (usize, usize, usize),
+    kc: usize,
+) -> Option<Vec<f32>> {
+    let a = pack_rows(x, m, k)?;
+    // SAFETY: every tile lies inside a, the pairs and the output, and
+    // `kernel` stores each element of its tile in the first k-block before
+    // reading it.
+    Some(unsafe {
+        tiles::product((m, n, k), kc, |t, c| {
+            tiles::by_shape!(kernel, &a, w.words(), c, t)
+        })
+    })
+}
+
+/// `x [m, k]` (f32) as swapped bf16 pairs, 16 rows per group:
+/// `[group][pair][lane]` = `x[2p] << 16 | x[2p + 1]` of row `16·group +
+/// lane` (0 past the last row or column). `None` when a value is not bf16.
+fn pack_rows(x: &[f32], m: usize, k: usize) -> Option<Vec<u32>> {
+    use rayon::prelude::*;
+    let (groups, pairs) = (m.div_ceil(16), k.div_ceil(2));
+    let mut out = vec![0u32; groups * pairs * 16];
+    let ok = out
+        .par_chunks_mut((pairs * 16).max(1))
+        .enumerate()
+        .all(|(g, group)| {
+            (g * 16..(g * 16 + 16).min(m)).all(|r| {
+                let (row, lane) = (&x[r * k..(r + 1) * k], r % 16);
+                row.chunks(2)
+                    .enumerate()
+                    .all(|(p, two)| pair_of(two).map(|w| group[p * 16 + lane] = w).is_some())
+            })
+        });
+    ok.then_some(out)
+}
+
+/// `V·16` rows × `C` columns: for each k-block, accumulators from +0 over
+/// its pairs (one `vdpbf16ps` per pair: the even element's product, then the
+/// odd one's), then added to the output (the first block stored).
+///
+/// # Safety
+/// The CPU has AVX512F and AVX512-BF16; `a` holds the packed rows of an
+/// `[m, k]` input, `b` the pairs of an `[n, k]` weight, `c` an `[m, n]`
+/// output, and the tile lies inside them.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn kernel<const V: usize, const C: usize>(a: &[u32], b: &[u32], c: *mut f32, t: Tile) {
+    use std::arch::x86_64::*;
+    let pairs = t.k.div_ceil(2);
+    let ap: [*const u32; V] = std::array::from_fn(|v| a.as_ptr().add((t.g + v) * pairs * 16));
+    let bp: [*const u32; C] = std::array::from_fn(|j| b.as_ptr().add((t.n0 + j) * pairs));
+    let mut block = 0;
+    while block < t.k {
+        let end = (block + t.kc).min(t.k);
+        let mut acc = [[_mm512_setzero_ps(); C]; V];
+        for p in block / 2..end.div_ceil(2) {
+            let va: [__m512bh; V] = std::array::from_fn(|v| {
+                std::mem::transmute(_mm512_loadu_si512(ap[v].add(p * 16) as *const _))
+            });
+            for j in 0..C {
+                let vb: __m512bh = std::mem::transmute(_mm512_set1_epi32(*bp[j].add(p) as i32));
+                for v in 0..V {
+                    acc[v][j] = _mm512_dpbf16_ps(acc[v][j], va[v], vb);
+                }
+            }
+        }
+        tiles::store(&acc, c, t, block == 0);
+        block = end;
+    }
+}

@@ -1,0 +1,46 @@
+//! The x86-64 kernels: AVX-512 FMA for f32 products and single rows,
+//! AVX512-BF16 for bf16 pairs, sharing one tile scheduler ([`tiles`]).
+//! Entered only through [`super::Plan::run`], so every kernel here runs on
+//! a CPU [`detect`] found its features on.
+
+mod bf16_gemm;
+mod f32_gemm;
+mod gemv;
+mod tiles;
+
+use super::{Capabilities, Kernel, Plan, Weight};
+
+/// The CPU's features (CPUID), the bf16 instruction's addition order probed.
+pub(super) fn detect() -> Capabilities {
+    let avx2 = is_x86_feature_detected!("avx2");
+    let avx512f = avx2 && is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx512f");
+    let avx512bf16 = avx512f
+        && is_x86_feature_detected!("avx512bf16")
+        // SAFETY: the features it needs were just detected.
+        && unsafe { bf16_gemm::adds_as_assumed() };
+    Capabilities {
+        avx2,
+        avx512f,
+        avx512bf16,
+        ..Capabilities::default()
+    }
+}
+
+/// Runs `plan` (shapes and operands checked by the caller).
+pub(super) fn run(plan: &Plan, x: &[f32], w: Weight<'_>) -> Option<Vec<f32>> {
+    let [m, n, k] = plan.dims();
+    // SAFETY: a plan is made only where `super::capabilities()` (CPUID)
+    // found each kernel's features, and `Plan::run` checked that `x` and `w`
+    // hold the planned shapes.
+    unsafe {
+        match (plan.kernel(), w) {
+            (Kernel::F32Gemm, Weight::F32(b)) => {
+                Some(f32_gemm::matmul_nt(x, b, (m, n, k), plan.kc()))
+            }
+            (Kernel::Bf16Gemm, Weight::Bf16(p)) => bf16_gemm::matmul_nt(x, p, (m, n, k), plan.kc()),
+            (Kernel::Gemv, w) => Some(gemv::rows_times(x, w, n, k)),
+            // Refused by `Plan::run` before this point.
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,561 @@
+//! hsparity's own CPU kernels (`hsparity::kernels`) give candle's bits:
+//! the f32 blocked kernel, the bf16 dot-product kernel (on the widened
+//! values) and the single-row kernel, on listed shapes (one and several
+//! k-blocks, odd k, the small-size block rule, every tile remainder,
+//! subnormals) and on generated ones (empty and `k = 0` included); the one
+//! dispatch policy (`kernels::plan`) follows candle's routes; `Matrix`
+//! gives `linear`'s bits on every shape, kernel or not; and `compare`'s
+//! report is the same with candle's GEMM everywhere.
+//!
+//! A test whose kernel this CPU lacks says so on stderr (`SKIPPED …`, not
+//! captured by the test harness) and passes, unless `HSPARITY_REQUIRE_KERNELS`
+//! names that kernel (`.ci/run` sets it from the CPU's features): then it
+//! fails, so a CI machine with AVX-512 cannot pass on the fallback alone.
+
+use std::io::Write;
+
+use crate::common::{self, bits, matrix, BLOCKED_SHAPES};
+
+use candle_core::Tensor;
+use hsparity::kernels::{self, Capabilities, Kernel, Pairs, Route, Stored, Weight};
+use hsparity::models::layers::{linear, pairs_of, Matrix};
+use hsparity::precision::Precision;
+use proptest::prelude::*;
+
+/// True when `kernel` may run here. Otherwise writes `SKIPPED test: why` to
+/// the process's stderr and returns false, or fails the test when
+/// `HSPARITY_REQUIRE_KERNELS` (comma-separated names) lists the kernel.
+fn runs_here(kernel: Kernel, test: &str) -> bool {
+    let caps = kernels::capabilities();
+    if caps.available().contains(&kernel.name()) {
+        return true;
+    }
+    let required = std::env::var("HSPARITY_REQUIRE_KERNELS").unwrap_or_default();
+    let switches = [
+        (caps.no_avx512_gemm, "HSPARITY_NO_AVX512_GEMM"),
+        (caps.no_bf16_dot, "HSPARITY_NO_BF16_DOT"),
+    ];
+    let off: Vec<&str> = switches.iter().filter(|s| s.0).map(|s| s.1).collect();
+    let why = format!(
+        "{} cannot run here (CPU features {:?}, switched off by {:?})",
+        kernel.name(),
+        caps.cpu_features(),
+        off
+    );
+    let required = required.split(',').any(|r| r.trim() == kernel.name());
+    assert!(
+        !required,
+        "{test}: HSPARITY_REQUIRE_KERNELS names it, but {why}"
+    );
+    let _ = writeln!(std::io::stderr(), "SKIPPED kernels::{test}: {why}");
+    false
+}
+
+/// Every kernel's capability on, as on a CPU with all of them.
+fn every_kernel() -> Capabilities {
+    Capabilities {
+        avx2: true,
+        avx512f: true,
+        avx512bf16: true,
+        ..Capabilities::none()
+    }
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// `plan` then `run` on tensors: `[m, n]`, or `None` when no kernel is
+/// planned or the bf16 kernel declines the input.
+fn by_kernel(x: &Tensor, w: &Tensor, stored: Stored) -> Option<Tensor> {
+    let ((m, k), (n, _)) = (x.dims2().unwrap(), w.dims2().unwrap());
+    let plan = kernels::plan(m, n, k, stored, kernels::capabilities())?;
+    let (xv, wv) = (values(x), values(w));
+    let pairs = pairs_of(w).ok();
+    let weight = match stored {
+        Stored::F32 => Weight::F32(&wv),
+        Stored::Bf16 => Weight::Bf16(pairs.as_ref().expect("bf16 weight values")),
+    };
+    let y = plan.run(&xv, weight).unwrap()?;
+    Some(Tensor::from_vec(y, (m, n), x.device()).unwrap())
+}
+
+/// Row by row, as a decode step computes it: `x_r.matmul(&w.t())`.
+fn one_by_one(x: &Tensor, w: &Tensor) -> Tensor {
+    let rows: Vec<Tensor> = (0..x.dim(0).unwrap())
+        .map(|r| x.narrow(0, r, 1).unwrap().matmul(&w.t().unwrap()).unwrap())
+        .collect();
+    Tensor::cat(&rows, 0).unwrap()
+}
+
+// ---- the dispatch policy -------------------------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// One policy for every kernel: the single-row kernel exactly on
+    /// candle's gemv route for one row, a blocked kernel exactly on its
+    /// blocked route (bf16 only where a k-block holds whole pairs), nothing
+    /// elsewhere or without the capability.
+    #[test]
+    fn plans_follow_candles_routes(m in 0usize..300, n in 0usize..600, k in 0usize..1200) {
+        let all = every_kernel();
+        for stored in [Stored::F32, Stored::Bf16] {
+            let got = kernels::plan(m, n, k, stored, &all).map(|p| (p.kernel(), p.kc()));
+            let want = match kernels::route(m, n, k) {
+                Route::Gemv if m == 1 => Some((Kernel::Gemv, k)),
+                Route::Blocked { kc, .. } if stored == Stored::Bf16 && (kc % 2 == 0 || kc >= k) => {
+                    Some((Kernel::Bf16Gemm, kc))
+                }
+                Route::Blocked { kc, .. } => Some((Kernel::F32Gemm, kc)),
+                _ => None,
+            };
+            prop_assert_eq!(got, want, "[{}, {}, {}] {:?}", m, n, k, stored);
+            prop_assert!(kernels::plan(m, n, k, stored, &Capabilities::none()).is_none());
+            let switched = Capabilities { no_avx512_gemm: true, no_bf16_dot: true, ..all };
+            prop_assert!(kernels::plan(m, n, k, stored, &switched).is_none());
+        }
+    }
+}
+
+/// The switches turn kernels off but not the CPU's ability the incremental
+/// check is decided from.
+#[test]
+fn switches_change_which_kernel_runs_not_what_the_cpu_can_do() {
+    let all = every_kernel();
+    let off = Capabilities {
+        no_avx512_gemm: true,
+        no_bf16_dot: true,
+        ..all
+    };
+    assert!(all.avx512_gemm() && all.bf16_gemm());
+    assert!(!off.avx512_gemm() && !off.bf16_gemm());
+    assert_eq!(off.available(), vec!["delta-rule-avx2"]);
+    assert!(off.cpu_reads_weights_once());
+    assert!(!Capabilities::none().cpu_reads_weights_once());
+}
+
+// ---- the blocked kernels -------------------------------------------------
+
+#[test]
+fn the_f32_kernel_gives_the_bits_of_candles_gemm() {
+    if !runs_here(
+        Kernel::F32Gemm,
+        "the_f32_kernel_gives_the_bits_of_candles_gemm",
+    ) {
+        return;
+    }
+    for &(m, n, k) in BLOCKED_SHAPES {
+        let (x, w) = (
+            matrix(m, k, 1 + m as u64, false),
+            matrix(n, k, 7 + k as u64, false),
+        );
+        let got = by_kernel(&x, &w, Stored::F32).expect("planned");
+        let want = x.matmul(&w.t().unwrap()).unwrap();
+        assert!(bits(&got) == bits(&want), "[{m}, {n}, {k}]: bits differ");
+    }
+}
+
+/// Products and sums down in the subnormal range: FMA keeps them, and so
+/// must the kernel.
+#[test]
+fn subnormal_values_give_the_same_bits() {
+    if !runs_here(Kernel::F32Gemm, "subnormal_values_give_the_same_bits") {
+        return;
+    }
+    let tiny = |t: Tensor| (t * 1e-20).unwrap();
+    let (x, w) = (
+        tiny(matrix(33, 300, 3, false)),
+        tiny(matrix(70, 300, 4, false)),
+    );
+    let got = by_kernel(&x, &w, Stored::F32).expect("planned");
+    let want = x.matmul(&w.t().unwrap()).unwrap();
+    assert!(
+        values(&want).iter().any(|x| x.is_subnormal()),
+        "the test reaches subnormals"
+    );
+    assert!(bits(&got) == bits(&want));
+}
+
+/// Bit for bit candle's `x.matmul(&w.t())` on the same values.
+#[test]
+fn the_bf16_kernel_gives_the_bits_of_the_f32_gemm() {
+    if !runs_here(
+        Kernel::Bf16Gemm,
+        "the_bf16_kernel_gives_the_bits_of_the_f32_gemm",
+    ) {
+        return;
+    }
+    for &(m, n, k) in BLOCKED_SHAPES {
+        let (x, w) = (
+            matrix(m, k, 1 + m as u64, true),
+            matrix(n, k, 7 + k as u64, true),
+        );
+        let plan = kernels::plan(m, n, k, Stored::Bf16, kernels::capabilities()).unwrap();
+        assert_eq!(plan.kernel(), Kernel::Bf16Gemm, "[{m}, {n}, {k}] is taken");
+        let got = by_kernel(&x, &w, Stored::Bf16).expect("bf16 inputs");
+        let want = x.matmul(&w.t().unwrap()).unwrap();
+        assert!(
+            bits(&got) == bits(&want),
+            "[{m}, {k}] x [{n}, {k}]: bits differ from the f32 GEMM"
+        );
+        let widened = pairs_of(&w).unwrap().widen();
+        assert!(
+            widened.iter().map(|v| v.to_bits()).collect::<Vec<_>>() == bits(&w),
+            "[{n}, {k}]: widening is exact"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// On generated shapes (empty ones and `k = 0` among them), `Matrix`
+    /// gives `linear`'s bits — or the same refusal — whichever kernel the
+    /// shape plans, in f32 and bf16, for f32 weights and bf16 pairs.
+    #[test]
+    fn matrix_gives_linears_bits_on_generated_shapes(
+        m in prop_oneof![Just(0usize), Just(1usize), 2usize..90],
+        n in prop_oneof![Just(0usize), Just(1usize), 2usize..300],
+        k in prop_oneof![Just(0usize), 1usize..3, 3usize..700],
+        seed in 0u64..1000,
+    ) {
+        let (x, w) = (matrix(m, k, seed, true), matrix(n, k, seed + 1, true));
+        for prec in [Precision::F32, Precision::Bf16] {
+            let want = linear(&x, &w, prec).map(|t| bits(&t)).map_err(|e| e.to_string());
+            let plain = Matrix::new(w.clone()).unwrap();
+            let got = plain.linear(&x, prec).map(|t| bits(&t)).map_err(|e| e.to_string());
+            prop_assert_eq!(&got, &want, "[{}, {}, {}] {:?} f32 weight", m, n, k, prec);
+            let packed = Matrix::bf16(&w).unwrap();
+            let got = packed.linear(&x, prec).map(|t| bits(&t)).map_err(|e| e.to_string());
+            prop_assert_eq!(&got, &want, "[{}, {}, {}] {:?} bf16 pairs", m, n, k, prec);
+            if m > 0 {
+                let rows = plain.linear_each_row(&x, prec).map(|t| bits(&t)).map_err(|e| e.to_string());
+                let one: std::result::Result<Vec<u32>, String> = (0..m)
+                    .map(|r| linear(&x.narrow(0, r, 1).unwrap(), &w, prec).map(|t| bits(&t)).map_err(|e| e.to_string()))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map(|v| v.concat());
+                prop_assert_eq!(rows, one, "[{}, {}, {}] {:?} row by row", m, n, k, prec);
+            }
+        }
+    }
+}
+
+/// `Matrix::linear` equals `linear` on the f32 weight for the kernels'
+/// shapes and for those they leave to candle (one row, one column,
+/// `m·n <= 256`, `k <= 2`), in bf16 and f32.
+#[test]
+fn a_bf16_matrix_gives_the_bits_of_linear_on_every_shape() {
+    let others = [
+        (1, 300, 64),
+        (300, 1, 64),
+        (8, 30, 64),
+        (50, 50, 2),
+        (1, 3072, 1024),
+    ];
+    for &(m, n, k) in BLOCKED_SHAPES.iter().chain(&others) {
+        let (x, w) = (
+            matrix(m, k, 3 + n as u64, true),
+            matrix(n, k, 5 + m as u64, true),
+        );
+        for prec in [Precision::Bf16, Precision::F32] {
+            let want = linear(&x, &w, prec).unwrap();
+            let plain = Matrix::new(w.clone()).unwrap();
+            assert!(bits(&plain.linear(&x, prec).unwrap()) == bits(&want));
+            let packed = Matrix::bf16(&w).unwrap();
+            assert!(
+                bits(&packed.linear(&x, prec).unwrap()) == bits(&want),
+                "[{m}, {k}] x [{n}, {k}] {prec:?}: bits differ from linear"
+            );
+        }
+    }
+}
+
+/// Inputs that are not bf16 values leave the bf16 kernel (never rounded
+/// silently); weights that are not bf16 values, misfit operands and a
+/// k-block that would split a pair are refused.
+#[test]
+fn refuses_what_it_cannot_compute_exactly() {
+    let w = matrix(3, 8, 1, true);
+    assert!(pairs_of(&(w.clone() + 1e-3).unwrap()).is_err());
+    assert!(Pairs::from_words([3, 8], vec![0; 11]).is_err());
+    assert!(Pairs::of(&[0.0; 5], [2, 3]).is_err());
+    let all = every_kernel();
+    assert!(
+        kernels::plan(1, 300, 64, Stored::Bf16, &all).is_some_and(|p| p.kernel() == Kernel::Gemv)
+    );
+    assert_eq!(kernels::plan(8, 30, 64, Stored::Bf16, &all), None);
+    // A k-block of an odd number of values would split a pair: the f32
+    // kernel instead. Its size depends on the L1 cache (kernel_params).
+    for k in [1025, 1030, 2049, 3071] {
+        let kc = gemm_common::cache::kernel_params(130, 70, k, 16, 6, 4).kc;
+        let want = if kc.is_multiple_of(2) || kc >= k {
+            Kernel::Bf16Gemm
+        } else {
+            Kernel::F32Gemm
+        };
+        let got = kernels::plan(130, 70, k, Stored::Bf16, &all)
+            .unwrap()
+            .kernel();
+        assert_eq!(got, want, "k = {k}, kc = {kc}");
+    }
+    if !runs_here(Kernel::Bf16Gemm, "refuses_what_it_cannot_compute_exactly") {
+        return;
+    }
+    let x = (matrix(300, 8, 2, true) + 1e-3).unwrap(); // not bf16 values
+    let plan = kernels::plan(300, 3, 8, Stored::Bf16, kernels::capabilities()).unwrap();
+    let pairs = pairs_of(&w).unwrap();
+    assert!(plan
+        .run(&values(&x), Weight::Bf16(&pairs))
+        .unwrap()
+        .is_none());
+    assert!(
+        plan.run(&values(&x)[1..], Weight::Bf16(&pairs)).is_err(),
+        "x's shape"
+    );
+    assert!(
+        plan.run(&values(&x), Weight::F32(&values(&w))).is_err(),
+        "f32 weight"
+    );
+    let other = pairs_of(&matrix(4, 8, 1, true)).unwrap();
+    assert!(
+        plan.run(&values(&x), Weight::Bf16(&other)).is_err(),
+        "w's shape"
+    );
+    let packed = Matrix::bf16(&w).unwrap();
+    let want = linear(&x, &w, Precision::Bf16).unwrap();
+    assert!(bits(&packed.linear(&x, Precision::Bf16).unwrap()) == bits(&want));
+}
+
+/// A checkpoint stored in bf16 gives its linear weights' pairs straight from
+/// the mapped bytes, equal to the parameter `tensor_in` loads (widened back,
+/// bit for bit), for every linear weight of the model; an f32 checkpoint
+/// gives none (its values need rounding first).
+#[test]
+fn pairs_from_a_bf16_checkpoint_equal_the_loaded_parameter() {
+    use hsparity::loading::{LoadingPath, WeightSource};
+    use hsparity::session::Session;
+    let dir = "fixtures/divergence/bf16-auto";
+    let session = Session::open(&common::target(dir, None), &[LoadingPath::CausalLm]).unwrap();
+    let view = &session.paths[0].view;
+    let mut checked = 0;
+    for l in 0..session.spec.num_layers() {
+        for name in session.spec.layer_tensor_names(l) {
+            let w = view.tensor_in(&name, Precision::Bf16).unwrap();
+            let Some((dims, words)) = view.bf16_pairs(&name).unwrap() else {
+                continue;
+            };
+            assert_eq!(&dims[..], w.dims(), "{name}");
+            let pairs = Pairs::from_words(dims, words).unwrap();
+            let widened: Vec<u32> = pairs.widen().iter().map(|v| v.to_bits()).collect();
+            assert!(
+                widened == bits(&w),
+                "{name}: pairs differ from the parameter"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "only {checked} weights came as pairs");
+    let f32_session = Session::open(
+        &common::target("fixtures/tiny-qwen3_5", None),
+        &[LoadingPath::CausalLm],
+    )
+    .unwrap();
+    let f32_view = &f32_session.paths[0].view;
+    let names = f32_session.spec.layer_tensor_names(0);
+    let name = names
+        .iter()
+        .find(|n| f32_view.shape(n).is_some_and(|s| s.len() == 2))
+        .unwrap();
+    assert!(f32_view.bf16_pairs(name).unwrap().is_none(), "{name}");
+}
+
+// ---- the single-row kernel -----------------------------------------------
+
+/// `(s, n, k)` the single-row kernel takes.
+const TAKEN: &[(usize, usize, usize)] = &[
+    (2, 257, 3),     // k just above gevv's, n just above the horizontal kernel's
+    (7, 300, 63),    // no 64-value block: 8-value groups and a tail only
+    (5, 1024, 1024), // blocks only (the mid checkpoint's projections)
+    (8, 513, 1069),  // blocks, groups and an odd tail
+    (3, 600, 1096),  // blocks, then one group and no tail
+];
+
+#[test]
+fn each_row_has_the_bits_of_its_own_product() {
+    if !runs_here(Kernel::Gemv, "each_row_has_the_bits_of_its_own_product") {
+        return;
+    }
+    for &(s, n, k) in TAKEN {
+        let x = matrix(s, k, 3 + k as u64, false);
+        let plan = kernels::plan(1, n, k, Stored::F32, kernels::capabilities()).unwrap();
+        assert_eq!(plan.kernel(), Kernel::Gemv);
+        for bf16 in [false, true] {
+            let w = matrix(n, k, 11 + n as u64, bf16);
+            let want = one_by_one(&x, &w);
+            let (wv, pairs) = (values(&w), pairs_of(&w).ok());
+            let weight = match (bf16, &pairs) {
+                (true, Some(p)) => Weight::Bf16(p),
+                _ => Weight::F32(&wv),
+            };
+            let got = plan.run(&values(&x), weight).unwrap().unwrap();
+            let got = Tensor::from_vec(got, (s, n), x.device()).unwrap();
+            assert!(
+                bits(&got) == bits(&want),
+                "[{s}, {n}, {k}] bf16 {bf16}: rows differ from their own products"
+            );
+        }
+    }
+}
+
+#[test]
+fn shapes_off_the_single_row_route_are_not_planned() {
+    let all = every_kernel();
+    assert_eq!(
+        kernels::plan(1, 256, 64, Stored::F32, &all),
+        None,
+        "n <= 256: the horizontal kernel"
+    );
+    assert_eq!(
+        kernels::plan(1, 1024, 2, Stored::F32, &all),
+        None,
+        "k <= 2: gevv"
+    );
+    if !runs_here(
+        Kernel::Gemv,
+        "shapes_off_the_single_row_route_are_not_planned",
+    ) {
+        return;
+    }
+    let plan = kernels::plan(1, 300, 64, Stored::F32, kernels::capabilities()).unwrap();
+    let (x, w) = (
+        values(&matrix(3, 64, 1, false)),
+        values(&matrix(300, 64, 3, false)),
+    );
+    assert!(
+        plan.run(&x, Weight::F32(&w[..w.len() - 5])).is_err(),
+        "values that do not fill whole rows"
+    );
+    assert!(
+        plan.run(&x[..70], Weight::F32(&w)).is_err(),
+        "rows that are not whole"
+    );
+    assert_eq!(
+        plan.run(&[], Weight::F32(&w)).unwrap(),
+        Some(Vec::new()),
+        "no rows"
+    );
+}
+
+/// Rows whose values are not adjacent (a transposed input) go row by row
+/// through candle, whose single-row product of such a row is its blocked
+/// route: the same bits as candle's.
+#[test]
+fn a_strided_input_gives_candles_bits_row_by_row() {
+    let x = matrix(200, 3, 9, false).t().unwrap();
+    let w = matrix(300, 200, 10, false);
+    let m = Matrix::new(w.clone()).unwrap();
+    let got = m.linear_each_row(&x, Precision::F32).unwrap();
+    assert!(bits(&got) == bits(&one_by_one(&x, &w)));
+}
+
+#[test]
+fn linear_each_row_gives_linear_row_by_row_on_every_shape() {
+    let shapes = [(4, 1024, 1024), (3, 200, 64), (1, 512, 512), (6, 300, 2)];
+    for (s, n, k) in shapes {
+        let x = matrix(s, k, 5 + s as u64, true);
+        for prec in [Precision::F32, Precision::Bf16] {
+            let w = matrix(n, k, 17 + k as u64, true);
+            let m = Matrix::of_param(w.clone(), prec, false).unwrap();
+            // candle's product of each row alone, rounded.
+            let want: Vec<Tensor> = (0..s)
+                .map(|r| linear(&x.narrow(0, r, 1).unwrap(), &w, prec).unwrap())
+                .collect();
+            let want = Tensor::cat(&want, 0).unwrap();
+            let got = m.linear_each_row(&x, prec).unwrap();
+            assert!(
+                bits(&got) == bits(&want),
+                "[{s}, {n}, {k}] {prec:?}: linear_each_row differs from candle row by row \
+                 (kernels here: {:?})",
+                kernels::capabilities().available()
+            );
+            let one = m.linear(&x.narrow(0, 0, 1).unwrap(), prec).unwrap();
+            assert!(
+                bits(&one) == bits(&want.narrow(0, 0, 1).unwrap()),
+                "[1, {n}, {k}] {prec:?}: Matrix::linear on one row differs from candle"
+            );
+        }
+    }
+}
+
+// ---- end to end ----------------------------------------------------------
+
+/// `compare --json`, and the kernels its environment says ran.
+fn report(args: &[&str], candle_only: bool) -> (serde_json::Value, Vec<String>) {
+    let mut cmd = common::hsparity();
+    cmd.args(["compare", "--json", "--no-report", "--quiet"])
+        .args(args);
+    if candle_only {
+        cmd.env("HSPARITY_NO_AVX512_GEMM", "1")
+            .env("HSPARITY_NO_BF16_DOT", "1");
+    }
+    let out = cmd.output().unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let env = v.as_object_mut().unwrap().remove("environment").unwrap();
+    let ran = env["kernels"]["ran"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap().to_string())
+        .collect();
+    (v, ran)
+}
+
+/// End to end, every kernel of hsparity's own against candle's GEMM
+/// everywhere: the same report, figure for figure, in f32, bf16 and the
+/// fp16-on-disk pair that diverges (bf16 against f16); and the two runs
+/// really ran different kernels (the environment says which).
+#[test]
+fn compare_gives_the_same_report_with_candles_gemm_everywhere() {
+    let cases: [(&[&str], Kernel); 3] = [
+        (
+            &["fixtures/tiny-qwen3_5", "--dtype", "f32"],
+            Kernel::F32Gemm,
+        ),
+        (
+            &["fixtures/tiny-qwen3_5", "--dtype", "bf16"],
+            Kernel::Bf16Gemm,
+        ),
+        (
+            &["fixtures/divergence/fp16-disk", "--paths", "causal-lm,vlm"],
+            Kernel::F32Gemm,
+        ),
+    ];
+    for (args, kernel) in cases {
+        let (ours, ran) = report(args, false);
+        assert!(
+            ours["pairs"].as_array().is_some_and(|p| !p.is_empty()),
+            "{args:?}"
+        );
+        let (candle, candle_ran) = report(args, true);
+        assert_eq!(ours, candle, "{args:?}");
+        assert!(
+            !candle_ran
+                .iter()
+                .any(|k| k.contains("gemm") || k.contains("gemv")),
+            "{args:?}: switched off, yet {candle_ran:?} ran"
+        );
+        let name = "compare_gives_the_same_report_with_candles_gemm_everywhere";
+        if runs_here(Kernel::DeltaRuleAvx2, name) {
+            let wide = Kernel::DeltaRuleAvx2.name();
+            assert!(ran.iter().any(|k| k == wide) && candle_ran.iter().any(|k| k == wide));
+        }
+        if runs_here(kernel, name) {
+            assert!(
+                ran.iter().any(|k| k == kernel.name()),
+                "{args:?}: {} did not run ({ran:?})",
+                kernel.name()
+            );
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! hsparity's integration tests, one binary (`cargo test --release`). Each
+//! module is one subject; put a new test beside the tests of its subject,
+//! and start a module only for a new one. Helpers shared by several modules
+//! live in `common` (fixtures, sparse checkpoints, the `hsparity` command,
+//! the named closeness tiers); expected numbers come from the generators in
+//! `tools/`, never typed in.
+
+mod common;
+
+// Fidelity against transformers 5.23.0: hidden states, logits and load
+// reports of each loading path on the fixtures' goldens. A new family,
+// layout or loading rule gets its golden test here.
+mod divergence;
+mod gdn_kernels;
+mod golden_tiny;
+mod incremental;
+mod inventory_27b;
+mod inventory_tiny;
+mod moe_block;
+mod moe_conversion;
+mod moe_golden;
+mod moe_inventory;
+mod moe_router;
+mod qwen3;
+
+// hsparity's own kernels and bitwise refactors of the forward: every fast
+// path against candle's product (or the slow path it replaces), bit for bit.
+// A new kernel or a new way to batch the forward is tested here.
+mod batched_forward;
+mod decode_steps;
+mod kernels;
+mod streamed;
+mod trajectories;
+
+// The drafter: τ and DDTree against the dflash package, triage, the harness
+// and engine faults it emulates, the bootstrap.
+mod bootstrap;
+mod drafter;
+mod faults;
+mod harness;
+mod moe_drafter;
+mod triage;
+
+// Other engines' captures and dumps: import, diff, align.
+mod align;
+mod diff;
+mod engines;
+mod import;
+
+// Prompts: chat templates, benchmark sets, the prompt options.
+mod chat_templates;
+mod prompt_options;
+mod prompt_sets;
+
+// The command line and what it writes: exit codes, reports, the JSON schema.
+mod cli;
+mod report_render;
+mod report_schema;
+
+// Inputs that must be refused with a clear error: bad checkpoints, the Hub
+// cache, the bad-input and hostile-input corpora, bounded property tests of
+// the parsers. A new way to refuse input is tested here.
+mod bad_inputs;
+mod checkpoint_errors;
+mod checkpoint_resolve;
+mod checkpoint_resolve_env;
+mod fuzz_headers;
+mod fuzz_inputs;
+mod hostile_inputs;
+
+// The shape of the repository: the import graph, sizes, citations.
+mod architecture;
