@@ -198,13 +198,15 @@ struct RunArgs {
 }
 
 impl TargetArgs {
-    fn target(&self, run: &RunArgs) -> Result<Target> {
-        Ok(Target {
+    /// The target, every path computing in `dtype` (`None`: its own).
+    fn target(&self, run: &RunArgs, dtype: Option<Precision>) -> Target {
+        Target {
             checkpoint: self.checkpoint.clone(),
-            prompts: self.prompts.options()?,
+            prompts: self.prompts.options(),
             seed: run.seed,
             device: run.device,
-        })
+            dtype,
+        }
     }
 }
 
@@ -455,10 +457,9 @@ fn run_dump(a: DumpArgs) -> Result<u8> {
     let opts = dump::DumpOptions {
         logits: !a.no_logits,
         form: a.gdn_form,
-        dtype: a.dtype.0,
         quiet: a.run.quiet,
     };
-    let target = a.target.target(&a.run)?;
+    let target = a.target.target(&a.run, a.dtype.0);
     let (d, findings) = dump::run_to_file(&target, a.path, &opts, &a.out, a.force)?;
     crate::progress::stderr_line!(
         "wrote {} ({} prompt{}, {} hidden states each)",
@@ -476,40 +477,91 @@ fn run_dump(a: DumpArgs) -> Result<u8> {
     Ok(u8::from(!findings.is_empty()))
 }
 
+/// `compare`: the options resolved from the flags, the report folder claimed
+/// before the (possibly long) run.
+fn run_compare(a: CompareArgs) -> Result<u8> {
+    let opts = compare::CompareOptions {
+        target: a.target.target(&a.run, a.dtype.0),
+        paths: distinct(a.paths)?,
+        taps: a.taps,
+        gdn_form: a.gdn_form,
+        incremental: match (a.incremental, a.no_incremental) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        },
+        drafter: a.drafter.map(|source| a.eval.settings(source)),
+        quiet: a.run.quiet,
+        command_line: command_line(),
+    };
+    let folder = a
+        .report
+        .prepare::<report::CompareReport>(&a.target.checkpoint)?;
+    finish(&compare::run(&opts)?, a.json, folder)
+}
+
+/// `drafter`, or `drafter --features FILE`.
+fn run_drafter(a: DrafterArgs) -> Result<u8> {
+    let opts = drafter::DrafterOptions {
+        target: a.target.target(&a.run, a.dtype.0),
+        paths: distinct(a.paths)?,
+        drafter: a.eval.settings(a.drafter),
+        quiet: a.run.quiet,
+        command_line: command_line(),
+    };
+    match a.features.features {
+        Some(file) => {
+            let (format, read) = a.features.read.options();
+            let rep = features::run(&features::FeaturesOptions {
+                drafter: opts,
+                features: file,
+                format,
+                read,
+            })?;
+            finish(&rep, a.json, None)
+        }
+        None if a.features.read.any() => Err(Error::Input(
+            "--format, --target-layer-ids, --layer-ids, --keep-padding and --rank say how to read \
+             --features FILE; give --features"
+                .into(),
+        )),
+        None => finish(&drafter::run(&opts)?, a.json, None),
+    }
+}
+
+/// `triage`: the report folder claimed before the run.
+fn run_triage(a: TriageArgs) -> Result<u8> {
+    let folder = a
+        .report
+        .prepare::<report::TriageReport>(&a.target.checkpoint)?;
+    let rep = triage::run(&triage::TriageOptions {
+        target: a.target.target(&a.run, None),
+        settings: TriageSettings {
+            drafter: a.drafter,
+            replay: a.replay.replay(EndRule::GithubMain),
+            observed_tau: a.observed_tau,
+            position_shift: a.position_shift,
+            seed: a.run.seed,
+            quiet: a.run.quiet,
+            memory_budget: a.budget.memory_budget,
+            harness: triage_harness::HarnessOptions::new(a.reset_at, a.left_pad),
+            trajectories: a.trajectories.given(&a.replay),
+        },
+        command_line: command_line(),
+    })?;
+    finish(&rep, a.json, folder)
+}
+
 /// Runs the parsed command line; returns the exit code (0 or 1).
 ///
 /// Errors: every bad input (the binary prints the message and exits 2).
 pub fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Inventory(a) => {
-            let inv = inventory::run(
-                &a.checkpoint,
-                &a.paths.map(distinct).transpose()?.unwrap_or_default(),
-            )?;
-            finish(&inv, a.json, None)
+            let paths = a.paths.map(distinct).transpose()?.unwrap_or_default();
+            finish(&inventory::run(&a.checkpoint, &paths)?, a.json, None)
         }
-        Command::Compare(a) => {
-            let opts = compare::CompareOptions {
-                target: a.target.target(&a.run)?,
-                paths: distinct(a.paths)?,
-                dtype: a.dtype.0,
-                taps: a.taps,
-                gdn_form: a.gdn_form,
-                incremental: match (a.incremental, a.no_incremental) {
-                    (true, _) => Some(true),
-                    (_, true) => Some(false),
-                    _ => None,
-                },
-                drafter: a.drafter.map(|source| a.eval.settings(source)),
-                quiet: a.run.quiet,
-                command_line: command_line(),
-            };
-            // Refuse or fail before the (possibly long) run, not after.
-            let folder = a
-                .report
-                .prepare::<report::CompareReport>(&a.target.checkpoint)?;
-            finish(&compare::run(&opts)?, a.json, folder)
-        }
+        Command::Compare(a) => run_compare(a),
         Command::Diff(a) => {
             let folder = a.report.prepare::<report::DiffReport>("diff")?;
             let rep = diff::run(&diff::DiffOptions {
@@ -521,60 +573,13 @@ pub fn run(cli: Cli) -> Result<u8> {
             })?;
             finish(&rep, a.json, folder)
         }
-        Command::Drafter(a) => {
-            let opts = drafter::DrafterOptions {
-                target: a.target.target(&a.run)?,
-                paths: distinct(a.paths)?,
-                dtype: a.dtype.0,
-                drafter: a.eval.settings(a.drafter),
-                quiet: a.run.quiet,
-                command_line: command_line(),
-            };
-            match a.features.features {
-                Some(file) => {
-                    let (format, read) = a.features.read.options();
-                    let rep = features::run(&features::FeaturesOptions {
-                        drafter: opts,
-                        features: file,
-                        format,
-                        read,
-                    })?;
-                    finish(&rep, a.json, None)
-                }
-                None if a.features.read.any() => Err(Error::Input(
-                    "--format, --target-layer-ids, --layer-ids, --keep-padding and --rank say how to read \
-                     --features FILE; give --features"
-                        .into(),
-                )),
-                None => finish(&drafter::run(&opts)?, a.json, None),
-            }
-        }
-        Command::Triage(a) => {
-            let folder = a
-                .report
-                .prepare::<report::TriageReport>(&a.target.checkpoint)?;
-            let rep = triage::run(&triage::TriageOptions {
-                target: a.target.target(&a.run)?,
-                settings: TriageSettings {
-                    drafter: a.drafter,
-                    replay: a.replay.replay(EndRule::GithubMain),
-                    observed_tau: a.observed_tau,
-                    position_shift: a.position_shift,
-                    seed: a.run.seed,
-                    quiet: a.run.quiet,
-                    memory_budget: a.budget.memory_budget,
-                    harness: triage_harness::HarnessOptions::new(a.reset_at, a.left_pad),
-                    trajectories: a.trajectories.given(&a.replay),
-                },
-                command_line: command_line(),
-            })?;
-            finish(&rep, a.json, folder)
-        }
+        Command::Drafter(a) => run_drafter(a),
+        Command::Triage(a) => run_triage(a),
         Command::Dump(a) => run_dump(a),
         Command::Prompts(a) => {
             let rep = prompts::run(&prompts::PromptsOptions {
                 checkpoint: a.target.checkpoint.clone(),
-                prompts: a.target.prompts.options()?,
+                prompts: a.target.prompts.options(),
                 command_line: command_line(),
             })?;
             finish(&rep, a.json, None)

@@ -124,26 +124,33 @@ impl PromptSetSpec {
     /// Errors ([`Error::Input`], one line quoting the argument): an unknown
     /// name (the message lists the built-in ones), or N not an integer ≥ 1.
     pub fn parse(arg: &str) -> Result<PromptSetSpec> {
+        arg.parse()
+            .map_err(|e| Error::Input(format!("--prompt-set {arg:?}: {e}")))
+    }
+}
+
+impl std::str::FromStr for PromptSetSpec {
+    type Err = String;
+
+    /// `NAME` or `NAME:N`; the message does not name the flag (see
+    /// [`PromptSetSpec::parse`]).
+    fn from_str(arg: &str) -> std::result::Result<Self, String> {
         let (name, n) = match arg.split_once(':') {
             Some((a, b)) => (a, Some(b)),
             None => (arg, None),
         };
-        let name = builtin(name)
-            .map_err(|e| Error::Input(format!("--prompt-set {arg:?}: {e}")))?
-            .name;
+        let name = builtin(name)?.name;
         let n = match n {
             None => None,
             Some(s) => match s.trim().parse::<usize>() {
                 Ok(0) => {
-                    return Err(Error::Input(format!(
-                        "--prompt-set {arg:?}: N must be at least 1 (NAME:N takes the first N prompts of the benchmark's selection)"
-                    )))
+                    return Err("N must be at least 1 (NAME:N takes the first N prompts of the benchmark's selection)".into())
                 }
                 Ok(n) => Some(n),
                 Err(_) => {
-                    return Err(Error::Input(format!(
-                        "--prompt-set {arg:?}: {s:?} is not a number of prompts (NAME or NAME:N, N >= 1)"
-                    )))
+                    return Err(format!(
+                        "{s:?} is not a number of prompts (NAME or NAME:N, N >= 1)"
+                    ))
                 }
             },
         };

@@ -25,6 +25,10 @@ pub struct Target {
     pub seed: u64,
     /// Compute device (`--device`).
     pub device: DeviceSpec,
+    /// `--dtype`: every path computes in this dtype; `None` = each path in
+    /// its own (what transformers would load it in). Resolved once, into
+    /// each path's [`ResolvedPath::compute`], by [`Session::open`].
+    pub dtype: Option<Precision>,
 }
 
 /// A checkpoint opened with its loading paths resolved and prompts tokenised.
@@ -55,7 +59,11 @@ impl Session {
         let ckpt = Checkpoint::open(&target.checkpoint)?;
         let paths = paths
             .iter()
-            .map(|&p| Ok(loading::resolve(&ckpt, p)?.seeded(target.seed, &dev)))
+            .map(|&p| {
+                Ok(loading::resolve(&ckpt, p)?
+                    .seeded(target.seed, &dev)
+                    .computing_in(target.dtype))
+            })
             .collect::<Result<Vec<_>>>()?;
         paths
             .iter()

@@ -11,7 +11,7 @@ use hsparity::loading::LoadingPath;
 use hsparity::models::{DecoderLayer, FeedForward, GdnForm, Sequence};
 use hsparity::parity::incremental;
 use hsparity::precision::Precision;
-use hsparity::session::Session;
+use hsparity::session::{Session, Target};
 
 const TINY: &str = "fixtures/tiny-qwen3_5";
 
@@ -75,9 +75,11 @@ fn stacked_sequences_give_the_bits_of_each_alone() {
 fn the_check_in_the_capture_sweep_equals_the_separate_pass() {
     for dtype in [Precision::F32, Precision::Bf16] {
         let opts = CompareOptions {
-            target: common::target(TINY, Some(&format!("{TINY}/prompts.jsonl"))),
+            target: Target {
+                dtype: Some(dtype),
+                ..common::target(TINY, Some(&format!("{TINY}/prompts.jsonl")))
+            },
             paths: vec![LoadingPath::CausalLm, LoadingPath::Vlm],
-            dtype: Some(dtype),
             taps: Vec::new(),
             gdn_form: GdnForm::Chunked,
             incremental: Some(true),

@@ -185,7 +185,6 @@ fn cross_path_bitwise_verdicts_match_transformers() {
             let opts = CompareOptions {
                 target: common::target(&dir(f), Some(&format!("{}/prompts.jsonl", dir(f)))),
                 paths: vec![a.parse().unwrap(), b.parse().unwrap()],
-                dtype: None,
                 taps: vec![],
                 gdn_form: Default::default(),
                 quiet: true,

@@ -38,7 +38,6 @@ fn options(dir: &str, end_rule: EndRule) -> DrafterOptions {
             Some(&format!("{dir}/prompts.jsonl")),
         ),
         paths: vec![LoadingPath::CausalLm, LoadingPath::Vlm],
-        dtype: None,
         drafter: DrafterSettings {
             source: format!("{dir}/drafter"),
             replay: Replay {

@@ -26,7 +26,6 @@ fn opts(form: GdnForm, logits: bool) -> DumpOptions {
         logits,
         form,
         quiet: true,
-        ..Default::default()
     }
 }
 

@@ -95,3 +95,45 @@ fn greedy_generation_is_the_argmax_of_full_forwards() {
         seq.push(tok);
     }
 }
+
+/// Whether `compare` runs the check, resolved once from the flags, the
+/// model's f32 bytes, the delta-rule form and the CPU: a kernel switch
+/// (`HSPARITY_NO_AVX512_GEMM`) changes the check's speed, never whether it
+/// runs.
+#[test]
+fn the_incremental_plan_follows_the_flags_the_size_and_the_cpu() {
+    use hsparity::kernels::Capabilities;
+    use hsparity::parity::incremental::INCREMENTAL_AUTO_BYTES;
+    use hsparity::parity::IncrementalPlan;
+    let avx512 = Capabilities {
+        avx2: true,
+        avx512f: true,
+        ..Capabilities::none()
+    };
+    let switched = Capabilities {
+        no_avx512_gemm: true,
+        ..avx512
+    };
+    let none = Capabilities::none();
+    let big = INCREMENTAL_AUTO_BYTES + 1;
+    let (c, r) = (GdnForm::Chunked, GdnForm::Recurrent);
+    let plan = IncrementalPlan::resolve;
+    assert_eq!(plan(Some(true), big, r, true, &none), IncrementalPlan::Run);
+    assert!(
+        matches!(plan(Some(false), 0, c, true, &avx512), IncrementalPlan::Skip(w) if w.contains("--no-incremental"))
+    );
+    assert_eq!(plan(None, big, c, true, &avx512), IncrementalPlan::Run);
+    assert_eq!(plan(None, big, c, true, &switched), IncrementalPlan::Run);
+    assert_eq!(
+        plan(None, INCREMENTAL_AUTO_BYTES, c, true, &none),
+        IncrementalPlan::Run
+    );
+    let skip = |p: IncrementalPlan| match p {
+        IncrementalPlan::Skip(w) => w,
+        IncrementalPlan::Run => panic!("runs"),
+    };
+    assert!(skip(plan(None, big, c, true, &none)).contains("without AVX-512F"));
+    assert!(skip(plan(None, big, c, false, &avx512)).contains("without AVX-512F"));
+    assert!(skip(plan(None, big, r, true, &avx512)).contains("--gdn-form recurrent"));
+    assert!(skip(plan(None, big, c, true, &none)).contains("pass --incremental to force it"));
+}

@@ -5,9 +5,16 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::error::Result;
 use crate::prompt_sets::PromptSetSpec;
-use crate::prompts::{parse_ids, PromptOptions};
+use crate::prompts::{parse_id_list, PromptOptions};
+
+/// One `--prompt-ids` value, parsed by clap ([`parse_id_list`]).
+#[derive(Debug, Clone)]
+pub(super) struct TokenIds(Vec<u32>);
+
+fn token_ids(s: &str) -> std::result::Result<TokenIds, String> {
+    parse_id_list(s).map(TokenIds)
+}
 
 /// The prompt options every verb that runs the model takes.
 #[derive(Args)]
@@ -16,8 +23,8 @@ pub(super) struct PromptArgs {
     #[arg(long = "prompt")]
     prompt: Vec<String>,
     /// Prompt as token ids, e.g. 1,2,3; repeatable (use --prompt-ids=... for a value starting with '-').
-    #[arg(long = "prompt-ids")]
-    prompt_ids: Vec<String>,
+    #[arg(long = "prompt-ids", value_parser = token_ids)]
+    prompt_ids: Vec<TokenIds>,
     /// JSONL file: one {"text": ...} or {"input_ids": [...]} per line.
     #[arg(long)]
     prompts: Option<PathBuf>,
@@ -37,34 +44,23 @@ pub(super) struct PromptArgs {
     #[arg(long, value_name = "TEXT")]
     system: Option<String>,
     /// Built-in benchmark prompts, formatted and selected as z-lab/dflash benchmark.py does (NAME:N = --max-samples N): gsm8k, humaneval, math500, mbpp, mt-bench (first turn).
-    #[arg(long, value_name = "NAME[:N]")]
-    prompt_set: Option<String>,
+    #[arg(long, value_name = "NAME[:N]", value_parser = clap::value_parser!(PromptSetSpec))]
+    prompt_set: Option<PromptSetSpec>,
 }
 
 impl PromptArgs {
-    /// The options as typed values.
-    ///
-    /// Errors: a `--prompt-ids` entry that is not a token id; a
-    /// `--prompt-set` with an unknown name or an N that is not ≥ 1.
-    pub(super) fn options(&self) -> Result<PromptOptions> {
-        Ok(PromptOptions {
+    /// The options as typed values (clap parsed each flag's value).
+    pub(super) fn options(&self) -> PromptOptions {
+        PromptOptions {
             texts: self.prompt.clone(),
-            ids: self
-                .prompt_ids
-                .iter()
-                .map(|s| parse_ids(s))
-                .collect::<Result<_>>()?,
+            ids: self.prompt_ids.iter().map(|t| t.0.clone()).collect(),
             file: self.prompts.clone(),
             messages: self.messages.clone(),
             chat: self.chat,
             chat_template: self.chat_template.clone(),
             enable_thinking: self.enable_thinking,
             system: self.system.clone(),
-            prompt_set: self
-                .prompt_set
-                .as_deref()
-                .map(PromptSetSpec::parse)
-                .transpose()?,
-        })
+            prompt_set: self.prompt_set,
+        }
     }
 }

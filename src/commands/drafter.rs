@@ -2,9 +2,11 @@
 //! loading path, DDTree-N from the same drafts, and cross runs (path B's
 //! features against path A's trajectory).
 
+use crate::drafter::trajectories::Given;
 use crate::drafter::{self, DrafterSettings};
 use crate::error::Result;
 use crate::loading::LoadingPath;
+use crate::models::dflash::Drafter;
 use crate::models::GdnForm;
 use crate::precision::Precision;
 use crate::report::{DrafterReport, Environment};
@@ -13,12 +15,10 @@ use crate::session::{Session, Target};
 /// Options of `drafter`.
 #[derive(Debug, Clone)]
 pub struct DrafterOptions {
-    /// Checkpoint, prompts, seed, device.
+    /// Checkpoint, prompts, seed, device, `--dtype`.
     pub target: Target,
     /// Loading paths; the first is the reference of the cross runs and τ gap.
     pub paths: Vec<LoadingPath>,
-    /// `None` = each path's own dtype; else this dtype for every target path.
-    pub dtype: Option<Precision>,
     /// The drafter and what is replayed.
     pub drafter: DrafterSettings,
     /// Hide progress.
@@ -35,29 +35,78 @@ pub struct DrafterOptions {
 pub fn run(opts: &DrafterOptions) -> Result<DrafterReport> {
     drafter::check_tau_gap(opts.drafter.max_tau_gap)?;
     let mut session = Session::open(&opts.target, &opts.paths)?;
-    let settings = &opts.drafter;
-    let given = drafter::attach_trajectories(
-        &mut session,
-        settings.trajectories.as_ref(),
-        opts.target.prompts.names_prompts(),
-    )?;
-    let (dr, dprec, given) =
-        drafter::load_checked(&session, &settings.source, settings.replay, 0, given)?;
-    let (mut eval, notes) = drafter::paths::evaluate(
+    let prepared = prepare(&mut session, &opts.drafter, &opts.target)?;
+    let report = evaluate(
         &session,
-        &dr,
-        dprec,
-        settings,
-        given.as_ref(),
-        opts.dtype,
-        opts.quiet,
+        prepared,
+        (opts.target.seed, &opts.command_line, opts.quiet),
     )?;
-    eval.tau_gap_interval = drafter::gap::gap(&eval, opts.target.seed);
+    Ok(report.with_findings(&session.findings()))
+}
+
+/// A drafter loaded and checked against a session before any long run.
+pub(crate) struct Prepared<'a> {
+    settings: &'a DrafterSettings,
+    drafter: Drafter,
+    dprec: Precision,
+    given: Option<Given>,
+}
+
+impl Prepared<'_> {
+    /// The drafter.
+    pub(crate) fn drafter(&self) -> &Drafter {
+        &self.drafter
+    }
+}
+
+/// Reads the supplied trajectories into `session` and loads and checks the
+/// drafter against it (config, taps, mask id, weights, positions):
+/// what `drafter` and `compare --drafter` do before their long runs.
+///
+/// Errors: as [`drafter::attach_trajectories`] and [`drafter::load_checked`].
+pub(crate) fn prepare<'a>(
+    session: &mut Session,
+    settings: &'a DrafterSettings,
+    target: &Target,
+) -> Result<Prepared<'a>> {
+    let given = drafter::attach_trajectories(
+        session,
+        settings.trajectories.as_ref(),
+        target.prompts.names_prompts(),
+    )?;
+    let (drafter, dprec, given) =
+        drafter::load_checked(session, &settings.source, settings.replay, 0, given)?;
+    Ok(Prepared {
+        settings,
+        drafter,
+        dprec,
+        given,
+    })
+}
+
+/// The prepared drafter evaluated on every path of `session`
+/// ([`drafter::paths::evaluate`]), with the τ gap's interval, as a report.
+///
+/// Errors: as [`drafter::paths::evaluate`].
+pub(crate) fn evaluate(
+    session: &Session,
+    p: Prepared<'_>,
+    (seed, command_line, quiet): (u64, &str, bool),
+) -> Result<DrafterReport> {
+    let (mut eval, notes) = drafter::paths::evaluate(
+        session,
+        &p.drafter,
+        p.dprec,
+        p.settings,
+        p.given.as_ref(),
+        quiet,
+    )?;
+    eval.tau_gap_interval = drafter::gap::gap(&eval, seed);
+    let env = Environment::of_session(session, GdnForm::Chunked)?;
     Ok(crate::report::drafter::build(
         eval,
-        Environment::of_session(&session, GdnForm::Chunked)?,
-        opts.command_line.clone(),
+        env,
+        command_line.into(),
         notes,
-    )
-    .with_findings(&session.findings()))
+    ))
 }

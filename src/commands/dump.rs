@@ -10,7 +10,6 @@ use crate::dump::{Dump, DumpPrompt, FORMAT};
 use crate::error::Result;
 use crate::loading::LoadingPath;
 use crate::models::GdnForm;
-use crate::precision::Precision;
 use crate::progress::RunProgress;
 use crate::session::{Session, Target};
 
@@ -21,8 +20,6 @@ pub struct DumpOptions {
     pub logits: bool,
     /// Delta-rule form.
     pub form: GdnForm,
-    /// Compute dtype; `None` = what the loading path would pick.
-    pub dtype: Option<Precision>,
     /// Hide progress.
     pub quiet: bool,
 }
@@ -81,7 +78,7 @@ pub fn run_checked(
 ) -> Result<(Dump, Vec<String>)> {
     let session = Session::open(target, &[path])?;
     let p = &session.paths[0];
-    let precision = opts.dtype.unwrap_or(p.dtype);
+    let precision = p.compute;
     let (logits, form, quiet) = (opts.logits, opts.form, opts.quiet);
     let mut obs = Collect {
         dump: Dump::default(),

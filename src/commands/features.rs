@@ -125,14 +125,8 @@ pub fn run(o: &FeaturesOptions) -> Result<FeaturesReport> {
             .and_then(|s| Precision::from_name(s))
             .unwrap_or(Precision::F32),
     };
-    let (mut eval, more) = features::evaluate(
-        &session,
-        (&dr, dprec),
-        settings,
-        d.dtype,
-        (&file, &prompts),
-        d.quiet,
-    )?;
+    let (mut eval, more) =
+        features::evaluate(&session, (&dr, dprec), settings, (&file, &prompts), d.quiet)?;
     notes.extend(more);
     eval.tau_gap_interval =
         crate::drafter::gap::gap_from(&eval.features.tau, &eval.paths, d.target.seed);

@@ -304,7 +304,6 @@ struct Run<'a> {
     session: &'a Session,
     drafter: &'a Drafter,
     settings: &'a DrafterSettings,
-    dtype: Option<Precision>,
     prompts: &'a [FeaturePrompt],
     plan: &'a MemoryPlan,
     bar: indicatif::ProgressBar,
@@ -318,7 +317,7 @@ impl Run<'_> {
     /// τ on the file's taps, drafting through the embeddings of path 0 and the lm_head of `hp`.
     fn file_tau(&self, file: &FileFacts, hp: &ResolvedPath) -> Result<PathTau> {
         let p0 = &self.session.paths[0];
-        let d0 = self.dtype.unwrap_or(p0.dtype);
+        let d0 = p0.compute;
         self.bar
             .set_message(format!("{}: the file's taps", file.file));
         let t = DraftTarget {
@@ -400,7 +399,7 @@ impl Run<'_> {
         for p in &self.session.paths {
             let own_head = p.view.has_lm_head();
             let head_src: &dyn WeightSource = if own_head { &p.view } else { &hp.view };
-            let d = self.dtype.unwrap_or(p.dtype);
+            let d = p.compute;
             let key = weights_key(&self.session.spec, &p.view, Some(head_src), d);
             let from = if own_head {
                 format!("{} (its own)", p.path.name())
@@ -432,7 +431,7 @@ impl Run<'_> {
 
 /// Evaluates `drafter` (computing in `dprec`) on the file's taps (`prompts`,
 /// from [`from_dump`]) and on every loading path's own taps over the same
-/// tokens, in `dtype` when given (else each path's own). Returns the
+/// tokens, each path in its compute dtype (`ResolvedPath::compute`). Returns the
 /// evaluation and notes for the report.
 ///
 /// Errors: no loading path with an `lm_head`; a tensor failure.
@@ -440,7 +439,6 @@ pub fn evaluate(
     session: &Session,
     (drafter, dprec): (&Drafter, Precision),
     settings: &DrafterSettings,
-    dtype: Option<Precision>,
     (file, prompts): (&FileFacts, &[FeaturePrompt]),
     quiet: bool,
 ) -> Result<(FeaturesEval, Vec<String>)> {
@@ -450,7 +448,6 @@ pub fn evaluate(
         session,
         drafter,
         settings,
-        dtype,
         prompts,
         plan: &plan,
         bar: bars.count(1 + session.paths.len() as u64, "replays"),

@@ -304,7 +304,7 @@ pub fn plan_for(session: &Session, drafter: &Drafter, budget: Option<u64>) -> Me
 }
 
 /// Evaluates `drafter` (computing in `dprec`) on every loading path of
-/// `session`, in `dtype` when given (else each path's own dtype). One path
+/// `session`, each in its compute dtype (`ResolvedPath::compute`). One path
 /// at a time: generate its greedy trajectories with the DFlash loop, replay
 /// on them, replay its features on path 0's trajectory (cross), drop its
 /// weights. With `given` trajectories, one teacher-forced sweep per path
@@ -320,7 +320,6 @@ pub fn evaluate(
     dprec: Precision,
     settings: &DrafterSettings,
     given: Option<&Given>,
-    dtype: Option<Precision>,
     quiet: bool,
 ) -> Result<(DrafterEval, Vec<String>)> {
     let plan = plan_for(session, drafter, settings.memory_budget);
@@ -356,7 +355,7 @@ pub fn evaluate(
     let mut keys = Vec::new();
     for (i, p) in session.paths.iter().enumerate() {
         let (head, lm_head_from) = head_of(session, p, &mut notes)?;
-        let dtype = dtype.unwrap_or(p.dtype);
+        let dtype = p.compute;
         let key = weights_key(&session.spec, &p.view, Some(head), dtype);
         let same_as = keys.iter().position(|k| *k == key);
         keys.push(key);

@@ -124,8 +124,11 @@ pub struct ResolvedPath {
     pub path: LoadingPath,
     /// The class it builds.
     pub class: ModelClass,
-    /// Resolved dtype (same as `inventory.dtype`).
+    /// Resolved dtype (same as `inventory.dtype`): what the path loads in.
     pub dtype: Precision,
+    /// The dtype it computes in: `dtype`, unless the run overrides it
+    /// (`--dtype`, resolved once by `Session::open`: [`Self::computing_in`]).
+    pub compute: Precision,
     /// The inventory.
     pub inventory: PathInventory,
     /// Text-model tensors for the candle model.
@@ -139,6 +142,12 @@ impl ResolvedPath {
     /// tensor placed on `device`.
     pub fn seeded(mut self, seed: u64, device: &candle_core::Device) -> Self {
         self.view = self.view.with_seed(seed).with_device(device.clone());
+        self
+    }
+
+    /// The same path computing in `dtype` (`None`: its own).
+    pub fn computing_in(mut self, dtype: Option<Precision>) -> Self {
+        self.compute = dtype.unwrap_or(self.dtype);
         self
     }
 }

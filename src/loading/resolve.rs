@@ -541,6 +541,7 @@ pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
         path,
         class,
         dtype,
+        compute: dtype,
         inventory,
         view: TensorView::new(ckpt.weights.clone(), a.view_entries),
         text_config: cfg.text.clone(),

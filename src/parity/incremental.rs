@@ -136,7 +136,6 @@ fn judge(
 /// Errors: a tensor failure; a path without its full forward's rows.
 pub fn from_capture(
     session: &Session,
-    precisions: &[Precision],
     (k, pre): (usize, usize),
     full_rows: &[Option<Tensor>],
     steps: &[Tensor],
@@ -144,10 +143,9 @@ pub fn from_capture(
     session
         .paths
         .iter()
-        .zip(precisions)
         .zip(full_rows.iter().zip(steps))
-        .map(|((p, &prec), (full, steps))| match full {
-            Some(full) => judge(p.path.name(), prec, k, pre, steps, full),
+        .map(|(p, (full, steps))| match full {
+            Some(full) => judge(p.path.name(), p.compute, k, pre, steps, full),
             None => Err(crate::error::Error::Tensor(candle_core::Error::Msg(
                 format!(
                     "{}: the capture kept no full forward for the prefill-vs-incremental check",
@@ -158,21 +156,18 @@ pub fn from_capture(
         .collect()
 }
 
-/// The check on every path of `session` computing in `precisions[i]`, run
+/// The check on every path of `session` in its compute dtype, run
 /// once per distinct set of weights and dtype (every kernel is
 /// deterministic, so paths reading the same bytes in the same dtype give the
 /// same check). `full_rows[i]`: path i's full-forward final-normed states
 /// of the check's prompt when the capture kept them.
 ///
 /// Errors: as [`check`].
-pub fn check_all(
-    session: &Session,
-    precisions: &[Precision],
-    full_rows: &[Option<Tensor>],
-) -> Result<Vec<IncrementalCheck>> {
+pub fn check_all(session: &Session, full_rows: &[Option<Tensor>]) -> Result<Vec<IncrementalCheck>> {
     let mut done: Vec<((Precision, Vec<String>), IncrementalCheck)> = Vec::new();
     let mut out = Vec::new();
-    for (i, (p, &prec)) in session.paths.iter().zip(precisions).enumerate() {
+    for (i, p) in session.paths.iter().enumerate() {
+        let prec = p.compute;
         let key = weights_key(&session.spec, &p.view, None, prec);
         let c = match done.iter().find(|(k, _)| *k == key) {
             Some((_, c)) => Some(IncrementalCheck {
@@ -187,4 +182,87 @@ pub fn check_all(
         }
     }
     Ok(out)
+}
+
+/// Whether `compare` runs the prefill-vs-incremental check, resolved once
+/// from the flags, the model and the CPU ([`IncrementalPlan::resolve`]) and
+/// reported: a skip says why in the report's notes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IncrementalPlan {
+    /// The check runs: in the capture's sweep in the chunked form, as a
+    /// second pass with `--gdn-form recurrent`.
+    Run,
+    /// It does not; the note saying why.
+    Skip(String),
+}
+
+/// The prefill-vs-incremental check adds, per path and layer, a prefill of
+/// one prompt and [`STEPS`] single-token steps to the capture's sweep, on
+/// the layer already loaded. Where the steps' products can run in one pass
+/// over each weight (the CPU has the single-row kernel,
+/// [`crate::kernels::Capabilities::cpu_reads_weights_once`], whatever
+/// `HSPARITY_NO_AVX512_GEMM` says, so that the switch changes the check's
+/// speed, not whether it runs) that costs a few percent of the sweep and the
+/// check runs by default on any model; elsewhere each step reads the
+/// layer's weights again (from memory), and by default it runs when the f32
+/// text weights take at most this many bytes. With `--gdn-form recurrent`
+/// the check is a second layer-major pass over the checkpoint, and the byte
+/// limit applies too.
+pub const INCREMENTAL_AUTO_BYTES: u64 = 4 << 30;
+
+impl IncrementalPlan {
+    /// `--incremental` (`Some(true)`) / `--no-incremental` (`Some(false)`),
+    /// else automatic: on where the check's steps read each weight once (the
+    /// chunked form on a CPU with [`crate::kernels::Capabilities::cpu_reads_weights_once`]),
+    /// else for text weights of at most [`INCREMENTAL_AUTO_BYTES`] in f32.
+    pub fn resolve(
+        flag: Option<bool>,
+        f32_bytes: u64,
+        form: GdnForm,
+        on_cpu: bool,
+        caps: &crate::kernels::Capabilities,
+    ) -> Self {
+        let in_sweep = form == GdnForm::Chunked;
+        let steps_once = in_sweep && on_cpu && caps.cpu_reads_weights_once();
+        match flag {
+            Some(true) => return Self::Run,
+            Some(false) => {
+                return Self::Skip("prefill-vs-incremental check not run (--no-incremental)".into())
+            }
+            None if steps_once || f32_bytes <= INCREMENTAL_AUTO_BYTES => return Self::Run,
+            None => {}
+        }
+        let gib = f32_bytes as f64 / (1u64 << 30) as f64;
+        let why = if in_sweep {
+            format!("without AVX-512F its {STEPS} single-token steps read every layer's weights {STEPS} more times per path ({gib:.1} GiB in f32 each time)")
+        } else {
+            format!("with --gdn-form recurrent it is a second pass over the checkpoint per path ({gib:.1} GiB in f32)")
+        };
+        Self::Skip(format!(
+            "prefill-vs-incremental check skipped: {why}; pass --incremental to force it"
+        ))
+    }
+
+    /// [`Self::resolve`] for `session`'s first path (its text weights' f32
+    /// bytes), device and this process's CPU.
+    pub fn for_session(flag: Option<bool>, session: &Session, form: GdnForm) -> Self {
+        let f32_bytes = session.paths[0]
+            .inventory
+            .components
+            .get("language_model")
+            .map(|c| c.params * 4)
+            .unwrap_or(0);
+        Self::resolve(
+            flag,
+            f32_bytes,
+            form,
+            session.spec.device.is_cpu(),
+            crate::kernels::capabilities(),
+        )
+    }
+
+    /// True for [`Self::Run`].
+    pub fn runs(&self) -> bool {
+        *self == Self::Run
+    }
 }

@@ -5,11 +5,12 @@
 pub mod align;
 pub mod dumps;
 pub mod incremental;
+pub mod live;
 pub mod metrics;
 pub mod pairs;
 pub mod verdict;
 
-pub use incremental::IncrementalCheck;
+pub use incremental::{IncrementalCheck, IncrementalPlan};
 pub use metrics::{Accumulator, Location, Metrics};
 pub use pairs::{HiddenStateRow, PairObserver, PairReport, RouterAgreement};
 pub use verdict::{Tolerance, Verdict};

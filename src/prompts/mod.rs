@@ -445,6 +445,14 @@ pub fn violations(prompts: &[Prompt], limits: PromptLimits) -> Vec<String> {
 /// Parses `1,2,3` into ids (an empty string gives no ids). Errors: a
 /// non-integer, negative or empty entry (`1,,2`, `1,2,`).
 pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    parse_id_list(s).map_err(|e| Error::Input(format!("--prompt-ids {:?}: {e}", preview(s))))
+}
+
+/// [`parse_ids`]'s list, the message not naming the flag (a clap value
+/// parser's error, which clap prefixes with the flag and the value).
+///
+/// Errors: an empty entry, or one that is not a token id.
+pub fn parse_id_list(s: &str) -> std::result::Result<Vec<u32>, String> {
     if s.trim().is_empty() {
         return Ok(Vec::new());
     }
@@ -453,18 +461,13 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .enumerate()
         .map(|(i, x)| {
             if x.is_empty() {
-                return Err(Error::Input(format!(
-                    "--prompt-ids {:?}: entry {} is empty (two commas in a row, or one at an end)",
-                    preview(s),
+                return Err(format!(
+                    "entry {} is empty (two commas in a row, or one at an end)",
                     i + 1
-                )));
+                ));
             }
-            x.parse::<u32>().map_err(|_| {
-                Error::Input(format!(
-                    "--prompt-ids {:?}: {x:?} is not a token id (non-negative integer below 2^32)",
-                    preview(s)
-                ))
-            })
+            x.parse::<u32>()
+                .map_err(|_| format!("{x:?} is not a token id (non-negative integer below 2^32)"))
         })
         .collect()
 }

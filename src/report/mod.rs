@@ -8,7 +8,7 @@
 //! - [`inventory`]: the inventory table;
 //! - [`tabular`]: the one row model every table is built in, sunk into
 //!   comfy-table or Markdown; [`format`]: number formatting;
-//! - [`terminal`] / [`markdown`] / [`svg`]: `compare`'s terminal text,
+//! - `compare::{terminal, markdown, svg}`: `compare`'s terminal text,
 //!   `report.md` and `parity.svg`; [`json`]: the one JSON printer.
 //!
 //! The JSON shape is documented field by field in `docs/report-schema.md` and
@@ -22,11 +22,8 @@ pub mod format;
 pub mod import;
 pub mod inventory;
 pub mod json;
-pub mod markdown;
 pub mod prompts;
-pub mod svg;
 pub mod tabular;
-pub mod terminal;
 pub mod triage;
 
 use std::path::Path;

@@ -320,7 +320,6 @@ pub fn drafter_options(
     hsparity::commands::drafter::DrafterOptions {
         target,
         paths: paths.to_vec(),
-        dtype: None,
         drafter: hsparity::drafter::DrafterSettings {
             source: drafter.into(),
             replay: hsparity::drafter::Replay {

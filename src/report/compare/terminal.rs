@@ -2,8 +2,8 @@
 //! paths, then one table per pair with a row per `hidden_states` index, the
 //! prefill-vs-incremental checks and the drafter's τ table.
 
-use super::compare::{incremental_table, pair_table, router_summary, CompareReport};
-use super::format::{cos, gib, max_abs_at, sci, yes_no};
+use super::{incremental_table, pair_table, router_summary, CompareReport};
+use crate::report::format::{cos, gib, max_abs_at, sci, yes_no};
 
 /// The whole terminal report.
 pub fn render(report: &CompareReport) -> String {
@@ -104,7 +104,7 @@ pub fn render(report: &CompareReport) -> String {
     }
     if let Some(d) = &report.drafter {
         out.push('\n');
-        out.push_str(&super::drafter::render(d));
+        out.push_str(&crate::report::drafter::render(d));
     }
     if let Some(b) = report.environment.peak_rss_bytes {
         out.push_str(&format!("peak RSS {}\n", gib(b)));

@@ -3,6 +3,11 @@
 //! drafter evaluation; the sentences that explain a pair ([`Compare::causes`])
 //! and the run's summary ([`summarize`]).
 
+pub mod build;
+pub mod markdown;
+pub mod svg;
+pub mod terminal;
+
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -331,17 +336,16 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
 }
 
 impl Document for CompareReport {
-    const FILES: &'static [&'static str] =
-        &["report.md", "report.json", super::markdown::PLOT_FILE];
+    const FILES: &'static [&'static str] = &["report.md", "report.json", markdown::PLOT_FILE];
 
     fn terminal(&self) -> String {
-        super::terminal::render(self)
+        terminal::render(self)
     }
 
     fn files(&self) -> Result<Vec<(&'static str, String)>> {
         Ok(vec![
-            ("report.md", super::markdown::render(self)),
-            (super::markdown::PLOT_FILE, super::svg::render(self)?),
+            ("report.md", markdown::render(self)),
+            (markdown::PLOT_FILE, svg::render(self)?),
         ])
     }
 

@@ -6,12 +6,12 @@
 //! shown above the fold), the drafter's τ table, notes and the command that
 //! reproduces the run.
 
-use super::compare::{
+use super::{
     dropped_by_rule, hidden_state_label, incremental_table, pair_row, pair_table, CompareReport,
 };
-use super::format::{cos, gib, max_abs_at, sci, yes_no};
-use super::tabular::{Cell, Column, Row, Table};
 use crate::parity::{HiddenStateRow, PairReport};
+use crate::report::format::{cos, gib, max_abs_at, sci, yes_no};
+use crate::report::tabular::{Cell, Column, Row, Table};
 
 /// Rows above which the per-layer table is folded in `<details>`.
 pub const FOLD_ROWS: usize = 24;
@@ -59,7 +59,7 @@ pub fn render(report: &CompareReport) -> String {
         md.push_str(&incremental_table(&report.incremental).markdown());
     }
     if let Some(d) = &report.drafter {
-        md.push_str(&super::drafter::markdown(d));
+        md.push_str(&crate::report::drafter::markdown(d));
     }
     md.push_str(&format!("\n{}.\n", report.tap_convention));
     if !report.notes.is_empty() {
@@ -144,7 +144,7 @@ fn inventory(report: &CompareReport) -> String {
         "\n## Inventory\n\nCheckpoint: {} tensors in {} shard(s).\n\n{}\n",
         report.inventory.checkpoint_tensors,
         report.inventory.shards,
-        super::inventory::inventory_table(&report.inventory.paths).markdown()
+        crate::report::inventory::inventory_table(&report.inventory.paths).markdown()
     );
     for p in &report.inventory.paths {
         md.push_str(&format!("- `{}` (`{}`):\n", p.name, p.class));
@@ -237,7 +237,7 @@ fn pair_section(report: &CompareReport, pair: &PairReport) -> String {
     } else {
         md.push_str(&rows);
     }
-    if let Some(r) = super::compare::router_summary(pair) {
+    if let Some(r) = super::router_summary(pair) {
         md.push_str(&format!("\n{}.\n", r.trim_end_matches('.')));
     }
     if let Some(l) = &pair.logits {
