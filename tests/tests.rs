@@ -28,6 +28,7 @@ mod qwen3;
 // A new kernel or a new way to batch the forward is tested here.
 mod batched_forward;
 mod decode_steps;
+mod families;
 mod kernels;
 mod streamed;
 mod trajectories;

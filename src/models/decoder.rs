@@ -4,7 +4,7 @@
 
 use candle_core::Tensor;
 
-use crate::checkpoint::config::{Family, LayerType};
+use crate::checkpoint::config::LayerType;
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::layers::attention::{Attention, KvCache};
@@ -170,11 +170,7 @@ impl DecoderLayer {
         i: usize,
         prec: Precision,
     ) -> Result<Self> {
-        match spec.family {
-            Family::Qwen3_5 => crate::models::qwen3_5::load_layer(spec, src, i, prec),
-            Family::Qwen3 => crate::models::qwen3::load_layer(spec, src, i, prec),
-            Family::Qwen3_5Moe => crate::models::qwen3_5_moe::load_layer(spec, src, i, prec),
-        }
+        spec.model.load_layer(spec, src, i, prec)
     }
 
     /// Fresh (empty) decode state for this layer.

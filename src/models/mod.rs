@@ -5,7 +5,8 @@
 //!
 //! - [`spec`]: geometry and rope ([`TextModelSpec`]);
 //! - [`layers`]: what the families share (linear, norms, rope, attention, MLP);
-//! - [`qwen3_5`] (hybrid: Gated DeltaNet + gated attention), [`qwen3`]
+//! - [`family`]: the one trait a family implements ([`family::ModelFamily`]);
+//!   [`qwen3_5`] (hybrid: Gated DeltaNet + gated attention), [`qwen3`]
 //!   (dense) and [`qwen3_5_moe`] (hybrid with a sparse MoE block in every
 //!   layer): each family's model file, building [`DecoderLayer`]s;
 //! - [`decoder`]: the decoder layer and its decode state;
@@ -15,6 +16,7 @@
 
 pub mod decoder;
 pub mod dflash;
+pub mod family;
 pub mod layers;
 pub mod moe;
 pub mod qwen3;

@@ -14,8 +14,10 @@ use crate::checkpoint::config::LayerType;
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 use crate::models::decoder::{DecoderLayer, FeedForward};
+use crate::models::family::ModelFamily;
+use crate::models::layers::norm::Norm;
 use crate::models::moe::SparseMoeBlock;
-use crate::models::qwen3_5::{self, ATTENTION_TENSORS};
+use crate::models::qwen3_5::{self, NORM_TENSORS};
 use crate::models::TextModelSpec;
 use crate::precision::Precision;
 
@@ -31,51 +33,53 @@ pub const MOE_TENSORS: &[&str] = &[
     "mlp.shared_expert_gate.weight",
 ];
 
-/// `Qwen3_5MoeDecoderLayer` `layers.{i}`: Gated DeltaNet or gated attention
-/// by `layer_types[i]`, then the sparse MoE block (top-k and the router's
-/// softmax from `spec.moe`).
-///
-/// Errors: any tensor missing or unreadable; a spec without MoE sizes
-/// ([`Error::Config`]).
-pub fn load_layer(
-    spec: &TextModelSpec,
-    src: &dyn WeightSource,
-    i: usize,
-    prec: Precision,
-) -> Result<DecoderLayer> {
-    let moe = spec.moe.ok_or_else(|| {
-        Error::Config("a qwen3_5_moe model needs num_experts and num_experts_per_tok".into())
-    })?;
-    let block = SparseMoeBlock::load(
-        src,
-        &format!("layers.{i}.mlp"),
-        moe.config.num_experts_per_tok,
-        prec,
-    )?
-    .with_router_softmax(moe.router_softmax);
-    qwen3_5::load_layer_with(spec, src, i, prec, FeedForward::SparseMoe(block))
-}
+/// The Qwen3.5 MoE family ([`ModelFamily`]): Qwen3.5's layers with the
+/// sparse MoE block in the MLP slot.
+#[derive(Debug)]
+pub struct Qwen3_5Moe;
 
-/// Names (relative to the text model) of every tensor layer `i` (of kind
-/// `ty`) reads: the mixer's, the norms and the MoE block's.
-pub fn layer_tensor_names(i: usize, ty: LayerType) -> Vec<String> {
-    let p = format!("layers.{i}");
-    let mixer: Vec<String> = match ty {
-        LayerType::FullAttention => ATTENTION_TENSORS.iter().map(|s| s.to_string()).collect(),
-        LayerType::LinearAttention => qwen3_5::layer_tensor_names(i, ty)
-            .into_iter()
-            .filter_map(|n| {
-                n.strip_prefix(&format!("{p}."))
-                    .filter(|s| s.starts_with("linear_attn."))
-                    .map(str::to_string)
-            })
-            .collect(),
-    };
-    mixer
-        .iter()
-        .map(String::as_str)
-        .chain(["input_layernorm.weight", "post_attention_layernorm.weight"])
-        .chain(MOE_TENSORS.iter().copied())
-        .map(|s| format!("{p}.{s}"))
-        .collect()
+impl ModelFamily for Qwen3_5Moe {
+    /// `Qwen3_5MoeDecoderLayer` `layers.{i}`: Gated DeltaNet or gated
+    /// attention by `layer_types[i]`, then the sparse MoE block (top-k and
+    /// the router's softmax from `spec.moe`). Errors also: a spec without
+    /// MoE sizes ([`Error::Config`]).
+    fn load_layer(
+        &self,
+        spec: &TextModelSpec,
+        src: &dyn WeightSource,
+        i: usize,
+        prec: Precision,
+    ) -> Result<DecoderLayer> {
+        let moe = spec.moe.ok_or_else(|| {
+            Error::Config("a qwen3_5_moe model needs num_experts and num_experts_per_tok".into())
+        })?;
+        let block = SparseMoeBlock::load(
+            src,
+            &format!("layers.{i}.mlp"),
+            moe.config.num_experts_per_tok,
+            prec,
+        )?
+        .with_router_softmax(moe.router_softmax);
+        qwen3_5::load_layer_with(spec, src, i, prec, FeedForward::SparseMoe(block))
+    }
+
+    /// The mixer's, the norms and the MoE block's.
+    fn layer_tensor_names(&self, i: usize, ty: LayerType) -> Vec<String> {
+        qwen3_5::mixer_tensor_names(ty)
+            .iter()
+            .chain(NORM_TENSORS)
+            .chain(MOE_TENSORS)
+            .map(|s| format!("layers.{i}.{s}"))
+            .collect()
+    }
+
+    fn norm(
+        &self,
+        src: &dyn WeightSource,
+        prefix: &str,
+        eps: f64,
+        prec: Precision,
+    ) -> Result<Norm> {
+        qwen3_5::norm(src, prefix, eps, prec)
+    }
 }

@@ -6,6 +6,7 @@ use candle_core::{Device, Tensor};
 
 use crate::checkpoint::config::{Family, LayerType, MoeConfig, TextConfig};
 use crate::error::Result;
+use crate::models::family::ModelFamily;
 use crate::models::layers::rope::Rotary;
 use crate::models::moe::RouterSoftmax;
 use crate::precision::Precision;
@@ -87,8 +88,10 @@ pub struct MoeSpec {
 /// Shared, weight-free pieces of a decoder: family, geometry, layer kinds, rope.
 #[derive(Debug, Clone)]
 pub struct TextModelSpec {
-    /// Which model file builds the layers.
+    /// The config's model family.
     pub family: Family,
+    /// Its model file, which builds the layers (chosen once, from `family`).
+    pub model: &'static dyn ModelFamily,
     /// Geometry (computing in f32; layers take their own dtype).
     pub geo: LayerGeometry,
     /// The mixer of each decoder layer.
@@ -108,6 +111,7 @@ impl TextModelSpec {
     pub fn new(cfg: &TextConfig) -> Result<Self> {
         Ok(Self {
             family: cfg.family,
+            model: crate::models::family::of(cfg.family),
             geo: LayerGeometry::new(cfg, Precision::F32),
             layer_types: cfg.layer_types()?,
             rotary: Rotary::new(cfg.rope_theta(), cfg.rotary_dim()),
@@ -148,12 +152,6 @@ impl TextModelSpec {
 
     /// Names (relative to the text model) of every tensor layer `i` reads.
     pub fn layer_tensor_names(&self, i: usize) -> Vec<String> {
-        match self.family {
-            Family::Qwen3_5 => crate::models::qwen3_5::layer_tensor_names(i, self.layer_types[i]),
-            Family::Qwen3 => crate::models::qwen3::layer_tensor_names(i),
-            Family::Qwen3_5Moe => {
-                crate::models::qwen3_5_moe::layer_tensor_names(i, self.layer_types[i])
-            }
-        }
+        self.model.layer_tensor_names(i, self.layer_types[i])
     }
 }

@@ -5,7 +5,6 @@
 
 use candle_core::Tensor;
 
-use crate::checkpoint::config::Family;
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 use crate::models::layers::norm::Norm;
@@ -51,12 +50,7 @@ impl FinalNorm {
     /// Loads `norm.weight` with the family's norm, computing in `prec`.
     pub fn load(spec: &TextModelSpec, src: &dyn WeightSource, prec: Precision) -> Result<Self> {
         let eps = spec.geo.eps;
-        Ok(Self(match spec.family {
-            Family::Qwen3_5 | Family::Qwen3_5Moe => {
-                crate::models::qwen3_5::norm(src, "norm", eps, prec)?
-            }
-            Family::Qwen3 => crate::models::qwen3::norm(src, "norm", eps, prec)?,
-        }))
+        Ok(Self(spec.model.norm(src, "norm", eps, prec)?))
     }
     /// `[T, H]` → `[T, H]`.
     pub fn forward(&self, h: &Tensor) -> Result<Tensor> {

@@ -10,6 +10,7 @@ use crate::checkpoint::config::LayerType;
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::decoder::{DecoderLayer, FeedForward, Mixer};
+use crate::models::family::ModelFamily;
 use crate::models::layers::attention::Attention;
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::{Norm, RmsNorm};
@@ -17,21 +18,47 @@ use crate::models::TextModelSpec;
 use crate::precision::Precision;
 use gated_delta_net::GatedDeltaNet;
 
+/// The Qwen3.5 family ([`ModelFamily`]).
+#[derive(Debug)]
+pub struct Qwen3_5;
+
+impl ModelFamily for Qwen3_5 {
+    /// `Qwen3_5DecoderLayer` `layers.{i}`: Gated DeltaNet or gated attention
+    /// by `layer_types[i]`, then the dense MLP.
+    fn load_layer(
+        &self,
+        spec: &TextModelSpec,
+        src: &dyn WeightSource,
+        i: usize,
+        prec: Precision,
+    ) -> Result<DecoderLayer> {
+        let mlp = Mlp::load(src, &format!("layers.{i}.mlp"), prec)?.into();
+        load_layer_with(spec, src, i, prec, mlp)
+    }
+
+    fn layer_tensor_names(&self, i: usize, ty: LayerType) -> Vec<String> {
+        mixer_tensor_names(ty)
+            .iter()
+            .chain(NORM_TENSORS)
+            .chain(MLP_TENSORS)
+            .map(|s| format!("layers.{i}.{s}"))
+            .collect()
+    }
+
+    fn norm(
+        &self,
+        src: &dyn WeightSource,
+        prefix: &str,
+        eps: f64,
+        prec: Precision,
+    ) -> Result<Norm> {
+        norm(src, prefix, eps, prec)
+    }
+}
+
 /// `Qwen3_5RMSNorm` `{prefix}.weight`.
 pub fn norm(src: &dyn WeightSource, prefix: &str, eps: f64, prec: Precision) -> Result<Norm> {
     Ok(Norm::ZeroCentred(RmsNorm::load(src, prefix, eps, prec)?))
-}
-
-/// `Qwen3_5DecoderLayer` `layers.{i}`: Gated DeltaNet or gated attention by
-/// `layer_types[i]`. Errors: any tensor missing or unreadable.
-pub fn load_layer(
-    spec: &TextModelSpec,
-    src: &dyn WeightSource,
-    i: usize,
-    prec: Precision,
-) -> Result<DecoderLayer> {
-    let mlp = Mlp::load(src, &format!("layers.{i}.mlp"), prec)?.into();
-    load_layer_with(spec, src, i, prec, mlp)
 }
 
 /// Layer `layers.{i}` of the Qwen3.5 families around its feed-forward `mlp`
@@ -70,29 +97,26 @@ pub fn load_layer_with(
     })
 }
 
-/// Names (relative to the text model) of every tensor layer `i` (of kind `ty`) reads.
-pub fn layer_tensor_names(i: usize, ty: LayerType) -> Vec<String> {
-    let p = format!("layers.{i}");
-    let mixer: &[&str] = match ty {
-        LayerType::LinearAttention => &[
-            "linear_attn.in_proj_qkv.weight",
-            "linear_attn.in_proj_z.weight",
-            "linear_attn.in_proj_b.weight",
-            "linear_attn.in_proj_a.weight",
-            "linear_attn.conv1d.weight",
-            "linear_attn.dt_bias",
-            "linear_attn.A_log",
-            "linear_attn.norm.weight",
-            "linear_attn.out_proj.weight",
-        ],
+/// The tensors of a layer's mixer (`layer_types[i]`), relative to the layer.
+pub fn mixer_tensor_names(ty: LayerType) -> &'static [&'static str] {
+    match ty {
+        LayerType::LinearAttention => GATED_DELTA_NET_TENSORS,
         LayerType::FullAttention => ATTENTION_TENSORS,
-    };
-    mixer
-        .iter()
-        .chain(MLP_AND_NORM_TENSORS)
-        .map(|s| format!("{p}.{s}"))
-        .collect()
+    }
 }
+
+/// The tensors of a `linear_attn` (Gated DeltaNet) block.
+pub const GATED_DELTA_NET_TENSORS: &[&str] = &[
+    "linear_attn.in_proj_qkv.weight",
+    "linear_attn.in_proj_z.weight",
+    "linear_attn.in_proj_b.weight",
+    "linear_attn.in_proj_a.weight",
+    "linear_attn.conv1d.weight",
+    "linear_attn.dt_bias",
+    "linear_attn.A_log",
+    "linear_attn.norm.weight",
+    "linear_attn.out_proj.weight",
+];
 
 /// The tensors of a `self_attn` block.
 pub const ATTENTION_TENSORS: &[&str] = &[
@@ -104,10 +128,11 @@ pub const ATTENTION_TENSORS: &[&str] = &[
     "self_attn.k_norm.weight",
 ];
 
-/// The norms and MLP of a decoder layer, after its mixer.
-pub const MLP_AND_NORM_TENSORS: &[&str] = &[
-    "input_layernorm.weight",
-    "post_attention_layernorm.weight",
+/// The two norms of a decoder layer.
+pub const NORM_TENSORS: &[&str] = &["input_layernorm.weight", "post_attention_layernorm.weight"];
+
+/// The tensors of a dense SwiGLU MLP.
+pub const MLP_TENSORS: &[&str] = &[
     "mlp.gate_proj.weight",
     "mlp.up_proj.weight",
     "mlp.down_proj.weight",
