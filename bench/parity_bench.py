@@ -19,7 +19,7 @@ Prints median wall time and peak RSS of each side, the ratios, and a roofline li
 the matmul FLOPs (the linear layers and the LM head, 2 x parameters x tokens per
 forward) of the forwards each tool runs divided by its wall time, against the f32 and
 bf16 GEMM peaks of torch.matmul on the layers' shapes, measured in the same run.
-Goals (issue 16): compare >= 2x faster on every mid case, >= 3x on the identical-path
+Goals: compare >= 2x faster on every mid case, >= 3x on the identical-path
 cases (mid, mid-bf16); peak RSS <= 0.3x transformers'.
 """
 

@@ -56,7 +56,7 @@ enum Command {
     Drafter(DrafterArgs),
     /// Rank the usual suspects of a drafter regression by what they cost in τ.
     Triage(TriageArgs),
-    /// Write one loading path's hidden states to safetensors (hsparity.dump.v1, see README).
+    /// Write one loading path's hidden states to safetensors (hsparity.dump.v1, docs/dump-format.md).
     Dump(DumpArgs),
     /// What a run would feed the model: each prompt's text after the chat template, and its token ids.
     Prompts(PromptsArgs),

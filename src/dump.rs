@@ -1,5 +1,5 @@
 //! Dump files: hidden states of one loading path (or one engine's capture) in
-//! safetensors, the format of `hsparity.dump.v1` (README, "Dump format"),
+//! safetensors, the format of `hsparity.dump.v1` (`docs/dump-format.md`),
 //! readable and writable from Python with `safetensors.torch`.
 //!
 //! Keys for prompt `k`: `p{k}.input_ids` (I64 `[T]`), `p{k}.hidden_states.{i}`
@@ -170,7 +170,7 @@ impl Dump {
         if prompts.is_empty() {
             return Err(bad(
                 "no p0.hidden_states.{i} (nor p0.last_layer_output): not an hsparity dump (hsparity.dump.v1: \
-                 p{k}.hidden_states.{i}, with p{k}.input_ids; see the README's dump format)"
+                 p{k}.hidden_states.{i}, with p{k}.input_ids; see docs/dump-format.md)"
                     .into(),
             ));
         }

@@ -1,7 +1,10 @@
 //! The shape of `src/` (docs/architecture.md): modules import only from the
-//! same or an earlier stage of the pipeline, no source file is over 600
-//! lines, no function outside tests over 120 lines, and nothing in the
-//! repository cites documents that are not in it.
+//! same or an earlier stage of the pipeline (through `crate::` paths, or
+//! `super::` paths that reach the crate root; `super::super::` is refused),
+//! no source file is over 600 lines, no function outside `#[cfg(test)]`
+//! items over 120 lines (code after a test module is measured too, whatever
+//! the function's visibility), and every citation names its source: an
+//! upstream standard or project, or a document the repository holds.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -163,22 +166,78 @@ fn is_char_literal(b: &[char], i: usize) -> bool {
     )
 }
 
-/// `(name, first line, line count)` of every `fn` item outside `#[cfg(test)]`.
+/// The lines (0-based, inclusive ranges) of every item marked
+/// `#[cfg(test)]`: from the attribute to the end of the item it marks (a
+/// `mod tests { … }` block, a function, a `use`), so that code after a test
+/// module is still measured.
+fn test_items(lines: &[&str]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut n = 0;
+    while n < lines.len() {
+        if !lines[n].trim_start().starts_with("#[cfg(test)]") {
+            n += 1;
+            continue;
+        }
+        let (mut depth, mut opened, mut end) = (0i64, false, lines.len() - 1);
+        'scan: for (m, l) in lines.iter().enumerate().skip(n + 1) {
+            for c in l.chars() {
+                match c {
+                    ';' if !opened && depth == 0 => {
+                        end = m;
+                        break 'scan;
+                    }
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => {
+                        depth -= 1;
+                        if opened && depth == 0 {
+                            end = m;
+                            break 'scan;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        out.push((n, end));
+        n = end + 1;
+    }
+    out
+}
+
+/// `t` without a leading visibility (`pub`, `pub(crate)`, `pub(super)`,
+/// `pub(in path)`) and qualifiers (`const`, `async`, `unsafe`, `extern "…"`).
+fn without_qualifiers(t: &str) -> &str {
+    let mut t = t;
+    if let Some(rest) = t.strip_prefix("pub(") {
+        t = rest.split_once(')').map_or(rest, |(_, r)| r).trim_start();
+    } else if let Some(rest) = t.strip_prefix("pub ") {
+        t = rest;
+    }
+    loop {
+        let before = t;
+        for q in ["const ", "async ", "unsafe ", "extern \"C\" ", "extern "] {
+            t = t.strip_prefix(q).unwrap_or(t);
+        }
+        if t == before {
+            return t;
+        }
+    }
+}
+
+/// `(name, first line, line count)` of every `fn` item outside the items
+/// marked `#[cfg(test)]`.
 fn functions(code: &str) -> Vec<(String, usize, usize)> {
     let lines: Vec<&str> = code.lines().collect();
     let mut out = Vec::new();
-    let test_start = lines
-        .iter()
-        .position(|l| l.trim_start().starts_with("#[cfg(test)]"))
-        .unwrap_or(lines.len());
-    for (n, line) in lines.iter().enumerate().take(test_start) {
-        let t = line.trim_start();
-        let t = t
-            .strip_prefix("pub(crate) ")
-            .or_else(|| t.strip_prefix("pub "))
-            .unwrap_or(t);
-        let t = t.strip_prefix("const ").unwrap_or(t);
-        let t = t.strip_prefix("unsafe ").unwrap_or(t);
+    let tests = test_items(&lines);
+    for (n, line) in lines.iter().enumerate() {
+        if tests.iter().any(|&(a, b)| (a..=b).contains(&n)) {
+            continue;
+        }
+        let t = without_qualifiers(line.trim_start());
         let Some(rest) = t.strip_prefix("fn ") else {
             continue;
         };
@@ -211,6 +270,45 @@ fn functions(code: &str) -> Vec<(String, usize, usize)> {
     out
 }
 
+/// The first line (0-based) naming a module two levels up (`super::super::`).
+fn reaches_up_twice(code: &str) -> Option<usize> {
+    code.lines().position(|l| l.contains("super::super::"))
+}
+
+/// The top-level modules a file's code names: every `crate::m`, and every
+/// `super::m` that reaches the crate root (from a top-level module's own
+/// file, outside its `#[cfg(test)]` items, where `super` is the crate).
+fn imported_modules(path: &Path, code: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut deps: Vec<String> = code
+        .match_indices("crate::")
+        .map(|(i, _)| ident(&code[i + 7..]))
+        .collect();
+    let rel = path.strip_prefix(root().join("src")).unwrap();
+    let top_level =
+        rel.components().count() == 1 || rel.ends_with("mod.rs") && rel.components().count() == 2;
+    if top_level {
+        let lines: Vec<&str> = code.lines().collect();
+        let tests = test_items(&lines);
+        for (n, line) in lines.iter().enumerate() {
+            if tests.iter().any(|&(a, b)| (a..=b).contains(&n)) {
+                continue;
+            }
+            for (i, _) in line.match_indices("super::") {
+                if !line[..i].ends_with("super::") {
+                    deps.push(ident(&line[i + 7..]));
+                }
+            }
+        }
+    }
+    deps.retain(|d| !d.is_empty());
+    deps
+}
+
 #[test]
 fn imports_follow_the_pipeline_order() {
     let mut bad = Vec::new();
@@ -218,11 +316,7 @@ fn imports_follow_the_pipeline_order() {
         let Some(m) = module_of(&f) else { continue };
         let own = stage(&m).unwrap_or_else(|| panic!("{m}: add the module to STAGES"));
         let code = code_only(&std::fs::read_to_string(&f).unwrap());
-        for (i, _) in code.match_indices("crate::") {
-            let dep: String = code[i + 7..]
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
+        for dep in imported_modules(&f, &code) {
             let Some(s) = stage(&dep) else {
                 bad.push(format!("{}: crate::{dep} is not in STAGES", f.display()));
                 continue;
@@ -233,6 +327,13 @@ fn imports_follow_the_pipeline_order() {
                     f.strip_prefix(root()).unwrap().display()
                 ));
             }
+        }
+        if let Some(n) = reaches_up_twice(&code) {
+            bad.push(format!(
+                "{}:{}: super::super:: (name the module with a crate:: path)",
+                f.strip_prefix(root()).unwrap().display(),
+                n + 1
+            ));
         }
     }
     bad.sort();
@@ -272,6 +373,32 @@ fn the_scanner_counts_what_it_should() {
     );
     let f = functions(&code);
     assert_eq!(f, vec![("a".to_string(), 1, 4), ("b".to_string(), 5, 1)]);
+    // Code after a test module is measured; any visibility counts.
+    let code = code_only(
+        "#[cfg(test)]\nmod tests {\n    fn t() {\n    }\n}\npub(super) fn d() {\n}\npub(in crate::x) const unsafe fn e() {}\n#[cfg(test)]\nuse std::fmt;\nasync fn g() {}\n",
+    );
+    let f = functions(&code);
+    let names: Vec<&str> = f.iter().map(|x| x.0.as_str()).collect();
+    assert_eq!(names, ["d", "e", "g"]);
+}
+
+/// `super::` paths that reach the crate root count as imports, and
+/// `super::super::` is caught.
+#[test]
+fn the_import_scanner_sees_super_paths() {
+    let top = root().join("src/session.rs");
+    let code = "use super::report::Report;\nuse crate::parity::Verdict;\n#[cfg(test)]\nmod tests {\n    use super::Session;\n}\n";
+    assert_eq!(imported_modules(&top, code), ["parity", "report"]);
+    let nested = root().join("src/report/compare/mod.rs");
+    assert_eq!(
+        imported_modules(&nested, "use super::format::cos;\n"),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        reaches_up_twice("use a;\nuse super::super::drafter;\n"),
+        Some(1)
+    );
+    assert_eq!(reaches_up_twice("use super::drafter;\n"), None);
 }
 
 /// Documents the repository must not cite: they are not in it. Each name is
@@ -356,5 +483,121 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
         {
             out.push(p);
         }
+    }
+}
+
+/// Upstream projects a line may cite an issue of.
+const UPSTREAM: &[&str] = &[
+    "z-lab",
+    "dflash",
+    "vllm",
+    "sglang",
+    "specforge",
+    "transformers",
+    "candle",
+    "huggingface",
+    "pytorch",
+    "torch",
+    "gemm",
+    "ddtree",
+    "eagle",
+];
+
+/// The `.md` files a line names that exist in the repository (relative to
+/// the root, to `docs/`, or to the file's own folder).
+fn names_a_repository_document(line: &str, file: &Path) -> bool {
+    line.split(|c: char| !(c.is_alphanumeric() || "._-/".contains(c)))
+        .filter(|w| w.ends_with(".md"))
+        .any(|w| {
+            let w = w.trim_start_matches("./");
+            [
+                root(),
+                root().join("docs"),
+                file.parent().unwrap().to_path_buf(),
+            ]
+            .iter()
+            .any(|d| d.join(w).is_file())
+        })
+}
+
+/// A line's citations (`§` sections, `issue N`) that name no source: not an
+/// upstream standard or project, not a document of the repository, and
+/// (for `§` in the repository's own Markdown pages) not a section of the
+/// page itself.
+fn unsourced_citations(line: &str, file: &Path) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    let own_page = file.extension().is_some_and(|x| x == "md")
+        && (file.starts_with(root().join("docs")) || file.parent() == Some(root().as_path()));
+    if line.contains('§')
+        && !line.contains("RFC ")
+        && !own_page
+        && !names_a_repository_document(line, file)
+    {
+        out.push("§ of a document the repository does not hold");
+    }
+    let lower = line.to_lowercase();
+    let issue_no = lower.match_indices("issue").any(|(i, _)| {
+        let rest = lower[i + 5..].trim_start_matches('s').trim_start();
+        rest.trim_start_matches('#')
+            .starts_with(|c: char| c.is_ascii_digit())
+    });
+    if issue_no && !UPSTREAM.iter().any(|u| lower.contains(u)) {
+        out.push("an issue number of no upstream project");
+    }
+    out
+}
+
+#[test]
+fn citations_name_their_source() {
+    let mut files = src_files();
+    for dir in ["tests", "tools", "bench", "docs", ".ci"] {
+        let mut v = Vec::new();
+        collect(&root().join(dir), &mut v);
+        files.extend(v);
+    }
+    for f in [
+        "README.md",
+        "CHANGELOG.md",
+        "Cargo.toml",
+        "reports/examples/README.md",
+    ] {
+        files.push(root().join(f));
+    }
+    let mut bad = Vec::new();
+    // This file holds the patterns themselves (checked by the test below).
+    files.retain(|f| !f.ends_with("tests/architecture.rs"));
+    for f in files {
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            for why in unsourced_citations(line, &f) {
+                let rel = f.strip_prefix(root()).unwrap().display().to_string();
+                bad.push(format!("{rel}:{}: {why}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "citations without a source:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_citation_check_tells_sources_from_none() {
+    let rs = root().join("tests/architecture.rs");
+    let md = root().join("docs/architecture.md");
+    let cases = [
+        ("qwen3_5_text config (resear\u{63}h §2)", &rs, 1),
+        ("see docs/report-schema.md §2.3", &rs, 0),
+        ("JSON forbids it (RFC 8259 §8.1)", &rs, 0),
+        ("as §4 says", &md, 0),
+        ("Goals (issue 16): faster", &rs, 1),
+        ("z-lab/dflash issue #133", &rs, 0),
+        ("an issue of the reader's", &rs, 0),
+    ];
+    for (line, file, want) in cases {
+        assert_eq!(unsourced_citations(line, file).len(), want, "{line}");
     }
 }

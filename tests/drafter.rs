@@ -137,7 +137,7 @@ fn replay_reproduces_the_reference_loop_on_both_paths() {
             "{}: τ {:.4} vs reference {tau_ref:.4}; identical rounds {same}/{total}",
             p.name, p.summary.tau_macro
         );
-        // README: 123/123 rounds identical, τ to the printed digits.
+        // docs/drafter.md: 123/123 rounds identical, τ to the printed digits.
         assert_eq!(same, total, "{}: {same}/{total} rounds identical", p.name);
         // The golden rounds τ to 4 decimals.
         assert!((p.summary.tau_macro - tau_ref).abs() <= 5e-5, "{}", p.name);
@@ -151,7 +151,7 @@ fn replay_reproduces_the_reference_loop_on_both_paths() {
     assert_eq!(ours.budget, 8);
     assert!(
         (ours.tau_macro - dd["tau_macro"].as_f64().unwrap()).abs() <= 5e-5,
-        "DDTree-8 τ {} (README: equal)",
+        "DDTree-8 τ {} (docs/drafter.md: equal)",
         ours.tau_macro
     );
     assert_eq!(rep.cross.len(), 1);
@@ -504,7 +504,7 @@ fn replay_reproduces_z_labs_dflash_generate_on_a_qwen3_target() {
         "qwen3 pair: τ {:.4} vs dflash_generate {want:.4}; identical rounds {same}/{total}",
         p.summary.tau_macro
     );
-    // README: 124/124 rounds identical, the same τ.
+    // docs/drafter.md: 124/124 rounds identical, the same τ.
     assert_eq!(same, total, "{same}/{total} rounds identical");
     assert!(
         (p.summary.tau_macro - want).abs() <= 5e-5,

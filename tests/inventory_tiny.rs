@@ -201,7 +201,7 @@ fn tie_only_at_top_level_gives_missing_lm_head_on_causal_lm() {
 #[test]
 fn text_only_save_loads_on_causal_lm_and_vlm() {
     // A freshly constructed Qwen3_5ForCausalLM saves model.* keys and a
-    // qwen3_5_text config (research §2, "Saving is reversed").
+    // qwen3_5_text config (transformers 5.23.0 `Qwen3_5TextConfig`: saving reverses the VLM's key mapping).
     let (t, dir) = tiny_copy();
     let out = t.path().join("text");
     rewrite(

@@ -14,7 +14,7 @@ with the model's tokenizer, no special tokens) or ``{"input_ids": [...]}`` --
 the same file ``hsparity --prompts`` reads, so both sides see the same ids
 (``hsparity diff`` refuses dumps whose ``input_ids`` differ).
 
-The file holds, for prompt k (the README's "Dump format", hsparity.dump.v1):
+The file holds, for prompt k (docs/dump-format.md, hsparity.dump.v1):
   p{k}.input_ids            I64 [T]
   p{k}.hidden_states.{i}    F32 [T, H]   i = 0..N, ``output_hidden_states=True``
                                          (0 = embeddings, N = final-normed)

@@ -67,7 +67,7 @@ What it writes
     * ``py-dump-vlm.safetensors``        tools/dump_hidden_states.py (AutoModel), short prompt only
     * ``image-text-to-text.safetensors`` AutoModelForImageTextToText -> Qwen3_5ForConditionalGeneration
 
-      hsparity dump format v1 (README.md, "Dump format"). Each comes from
+      hsparity dump format v1 (docs/dump-format.md). Each comes from
       ``model(input_ids=ids[None], output_hidden_states=True, use_cache=False)``,
       eager attention, fp32, eval, no_grad, batch 1, one prompt at a time.
       Keys for prompt k:
@@ -116,7 +116,7 @@ What it writes
       ``__metadata__`` records the shapes, chunk size and measured differences.
 
 ``fixtures/divergence/<name>/`` -- one micro checkpoint per source of loading-path divergence
-    (README.md, "How the loading paths really diverge"). Micro text config MICRO_TEXT_CONFIG: vocab 384 (the
+    (docs/loading-paths.md). Micro text config MICRO_TEXT_CONFIG: vocab 384 (the
     tiny tokenizer, copied in with its tokenizer_config.json), hidden 32, 4 layers [linear, full,
     linear, full], 2 heads / 1 kv head, head_dim 16 (4 rotary dims), GDN 1 key head / 2 value heads of
     dim 8; vision tower MICRO_VISION_CONFIG (depth 1, hidden 16, out 32) where the checkpoint is a VLM.

@@ -41,7 +41,7 @@ What it writes
 
       for ``<path>`` in causal-lm (AutoModelForCausalLM), vlm (AutoModel), image-text-to-text
       (AutoModelForImageTextToText); experts implementation: the default (``grouped_mm``, asserted).
-      hsparity dump format v1 (README "Dump format"; ``src/dump.rs``), one forward per prompt
+      hsparity dump format v1 (docs/dump-format.md; ``src/dump.rs``), one forward per prompt
       (``output_hidden_states=True, use_cache=False``), plus per decoder layer ``i`` the router of its MoE block
       (a forward hook on ``mlp.gate``, ``Qwen3_5MoeTopKRouter``):
         ``p{k}.router.{i}.logits``   F32 [T, E]  router logits in the model dtype (``.float()``)

@@ -5,7 +5,7 @@ CI never runs this script: its outputs are committed and the Rust tests only rea
 
 How to run (from the repository root, CPU only, about 10-13 minutes on 2 cores):
 
-    .venv/bin/pip install -r tools/requirements.txt      # dflash==0.1.0 needs --no-deps, see README
+    .venv/bin/pip install -r tools/requirements.txt      # dflash==0.1.0 needs --no-deps, see tools/README.md
     .venv/bin/python tools/train_toy_pair.py              # train + evaluate + write everything
     .venv/bin/python tools/train_toy_pair.py --eval-only  # re-run only the evaluation / golden part on the
                                                           # committed target + drafter (byte-identical output)

@@ -5,7 +5,7 @@
 //!
 //! The transformers 5.23.0 behaviour this follows is summarised, with its
 //! source files and functions, in `docs/architecture.md` ("loading paths")
-//! and the README's "How the loading paths really diverge".
+//! and `docs/loading-paths.md`.
 
 pub mod conversion;
 pub mod experts;
