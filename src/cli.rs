@@ -559,7 +559,8 @@ pub fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Inventory(a) => {
             let paths = a.paths.map(distinct).transpose()?.unwrap_or_default();
-            finish(&inventory::run(&a.checkpoint, &paths)?, a.json, None)
+            let rep = inventory::run(&a.checkpoint, &paths, command_line())?;
+            finish(&rep, a.json, None)
         }
         Command::Compare(a) => run_compare(a),
         Command::Diff(a) => {

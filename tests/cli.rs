@@ -201,7 +201,9 @@ fn inventory_json_reports_each_path() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
-    let paths = v["paths"].as_array().unwrap();
+    assert_eq!(v["kind"], "inventory");
+    assert_eq!(v["verdict"], "pass");
+    let paths = v["inventory"]["paths"].as_array().unwrap();
     let by: HashMap<&str, &Value> = paths
         .iter()
         .map(|p| (p["name"].as_str().unwrap(), p))
@@ -406,6 +408,11 @@ fn missing_tensor_is_initialised_reported_and_exits_1() {
     );
     let inv_out = hsparity().args(["inventory", dir]).output().unwrap();
     assert_eq!(inv_out.status.code(), Some(1));
+    assert!(
+        stdout(&inv_out).starts_with("FAIL: "),
+        "{}",
+        stdout(&inv_out)
+    );
 }
 
 #[test]

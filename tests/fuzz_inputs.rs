@@ -194,7 +194,7 @@ proptest! {
             mutate(&mut cfg, f, v, drop_layer_types);
         }
         std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
-        if let Err(e) = hsparity::commands::inventory::run(d.to_str().unwrap(), &[]) {
+        if let Err(e) = hsparity::commands::inventory::run(d.to_str().unwrap(), &[], String::new()) {
             let m = e.to_string();
             prop_assert!(!m.contains('\n'), "one line: {m}");
         }

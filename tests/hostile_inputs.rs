@@ -898,7 +898,7 @@ fn message_diff_of_what_is_not_a_dump() {
         s(&model),
         OsStr::new("--no-report"),
     ]);
-    bad(&o, &["not an hsparity dump", "README"]);
+    bad(&o, &["not an hsparity dump", "docs/dump-format.md"]);
     let cfg = repo_root().join(PAIR).join("target/config.json");
     bad(
         &run([

@@ -460,7 +460,7 @@ fn engine_capture_reports_validate() {
 /// validates too.
 #[test]
 fn moe_reports_validate() {
-    let v = Validator::new(&["inventory"]);
+    let v = Validator::new(&["inventory_report"]);
     for layout in ["qwen3.5-fused", "qwen3.6-fused", "per-expert"] {
         let ckpt = format!("fixtures/moe/{layout}");
         let prompts = format!("{ckpt}/prompts.jsonl");
@@ -491,7 +491,7 @@ fn moe_reports_validate() {
         let (code, out, err) = hsparity(&["inventory", &ckpt, "--json"]);
         assert_eq!(code, 0, "{err}");
         v.check_def(
-            "inventory",
+            "inventory_report",
             &format!("inventory --json ({layout})"),
             &json(&out, layout),
         );

@@ -2,13 +2,17 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::loading::{self, Inventory, LoadingPath};
+use crate::loading::{self, LoadingPath};
+use crate::report::inventory::{build, InventoryReport};
+use crate::report::Environment;
 
 /// Opens `checkpoint` (headers only, no tensor data) and builds the inventory
-/// of `paths` (empty = every path that applies to its `model_type`).
+/// of `paths` (empty = every path that applies to its `model_type`), as a
+/// report (`command`: the command line).
 ///
 /// Errors: as [`Checkpoint::open`] and [`loading::inventory`].
-pub fn run(checkpoint: &str, paths: &[LoadingPath]) -> Result<Inventory> {
+pub fn run(checkpoint: &str, paths: &[LoadingPath], command: String) -> Result<InventoryReport> {
     let ckpt = Checkpoint::open(checkpoint)?;
-    loading::inventory(&ckpt, paths)
+    let inv = loading::inventory(&ckpt, paths)?;
+    Ok(build(inv, Environment::host(), command))
 }

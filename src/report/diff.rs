@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::format::{cos, max_abs_at, sci, yes_no};
 use super::tabular::{Cell, Column, Row, Table};
-use super::{Document, Environment, Kind, Report};
+use super::{Body, Environment, Kind, Report};
 use crate::error::Result;
 use crate::parity::align::Alignment;
 use crate::parity::dumps::{DtypeNoiseRow, DumpComparison, Skipped};
@@ -362,18 +362,14 @@ pub fn markdown(r: &DiffReport) -> String {
     md
 }
 
-impl Document for DiffReport {
+impl Body for Diff {
     const FILES: &'static [&'static str] = &["report.md", "report.json"];
 
-    fn terminal(&self) -> String {
-        render(self)
+    fn terminal(report: &Report<Self>) -> String {
+        render(report)
     }
 
-    fn files(&self) -> Result<Vec<(&'static str, String)>> {
-        Ok(vec![("report.md", markdown(self))])
-    }
-
-    fn exit_code(&self) -> u8 {
-        self.exit_code as u8
+    fn files(report: &Report<Self>) -> Result<Vec<(&'static str, String)>> {
+        Ok(vec![("report.md", markdown(report))])
     }
 }

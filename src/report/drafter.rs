@@ -3,7 +3,7 @@
 
 use super::format::tau;
 use super::tabular::{Cell, Column, Row, Sinks, Span, Table};
-use super::{Document, Environment, Kind, Report};
+use super::{Body, Environment, Kind, Report};
 use crate::drafter::paths::DrafterEval;
 use crate::parity::Verdict;
 
@@ -184,12 +184,8 @@ pub fn markdown(d: &DrafterReport) -> String {
     out
 }
 
-impl Document for DrafterReport {
-    fn terminal(&self) -> String {
-        render(self)
-    }
-
-    fn exit_code(&self) -> u8 {
-        self.exit_code as u8
+impl Body for DrafterEval {
+    fn terminal(report: &Report<Self>) -> String {
+        render(report)
     }
 }

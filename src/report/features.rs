@@ -3,7 +3,7 @@
 
 use super::format::tau;
 use super::tabular::{Cell, Column, Row, Sinks, Table};
-use super::{Document, Environment, Kind, Report};
+use super::{Body, Environment, Kind, Report};
 use crate::drafter::eval::PathTau;
 use crate::drafter::features::FeaturesEval;
 use crate::parity::Verdict;
@@ -122,12 +122,8 @@ pub fn render(r: &FeaturesReport) -> String {
     out
 }
 
-impl Document for FeaturesReport {
-    fn terminal(&self) -> String {
-        render(self)
-    }
-
-    fn exit_code(&self) -> u8 {
-        self.exit_code as u8
+impl Body for FeaturesEval {
+    fn terminal(report: &Report<Self>) -> String {
+        render(report)
     }
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::tabular::{Cell, Column, Row, Table};
-use super::{Document, Environment, Kind, Report};
+use super::{Body, Environment, Kind, Report};
 use crate::import::{Format, Imported, LayerMapping, Trim};
 
 /// `import`'s report: the envelope around [`ImportSummary`].
@@ -148,12 +148,8 @@ pub fn render(r: &ImportReport) -> String {
     out
 }
 
-impl Document for ImportReport {
-    fn terminal(&self) -> String {
-        render(self)
-    }
-
-    fn exit_code(&self) -> u8 {
-        self.exit_code as u8
+impl Body for ImportSummary {
+    fn terminal(report: &Report<Self>) -> String {
+        render(report)
     }
 }

@@ -1,11 +1,74 @@
-//! The inventory table (the `inventory` verb's terminal output, and the
-//! inventory section of `compare`'s `report.md`). Renders only; all numbers
-//! come from [`crate::loading::inventory()`].
+//! The `inventory` verb's report ([`InventoryReport`]: the envelope with the
+//! inventory under `inventory`, as in `compare`'s report) and the inventory
+//! table (its terminal output, and the inventory section of `compare`'s
+//! `report.md`). Renders only; all numbers come from
+//! [`crate::loading::inventory()`].
+
+use serde::Serialize;
 
 use super::format::{group_digits, yes_no};
 use super::tabular::{Cell, Column, Row, Sinks, Table};
-use super::Document;
+use super::{Body, Environment, Kind, Report};
 use crate::loading::{Inventory, PathInventory};
+use crate::parity::Verdict;
+
+/// The body of `inventory`'s report.
+#[derive(Debug, Clone, Serialize)]
+pub struct InventoryBody {
+    /// What each loading path loads.
+    pub inventory: Inventory,
+}
+
+/// `inventory`'s report.
+pub type InventoryReport = Report<InventoryBody>;
+
+/// The report of `inv`: a finding (exit 1) when a path has MISSING tensors
+/// (randomly initialised where transformers loads it), which the summary
+/// names path by path.
+pub fn build(inv: Inventory, environment: Environment, command: String) -> InventoryReport {
+    let missing: Vec<String> = inv
+        .paths
+        .iter()
+        .filter(|p| p.missing > 0)
+        .map(|p| {
+            let first = p.missing_names.first().map(String::as_str).unwrap_or("?");
+            let more = if p.missing > 1 { ", …" } else { "" };
+            format!(
+                "{} has {} MISSING tensor{} (randomly initialised: {first}{more})",
+                p.name,
+                p.missing,
+                if p.missing == 1 { "" } else { "s" },
+            )
+        })
+        .collect();
+    let names: Vec<&str> = inv.paths.iter().map(|p| p.name.as_str()).collect();
+    let (verdict, summary) = if missing.is_empty() {
+        let what = format!("{} load every tensor they expect", names.join(", "));
+        (Verdict::Pass, what)
+    } else {
+        (Verdict::Fail, missing.join("; "))
+    };
+    let body = InventoryBody { inventory: inv };
+    Report::new(
+        Kind::Inventory,
+        verdict,
+        &summary,
+        environment,
+        command,
+        Vec::new(),
+        body,
+    )
+}
+
+impl Body for InventoryBody {
+    fn terminal(report: &Report<Self>) -> String {
+        format!(
+            "{}
+",
+            report.summary
+        ) + &render_inventory_table(&report.body.inventory)
+    }
+}
 
 /// One row per loading path: path, class and dtype (terminal), tensors,
 /// consumed, renamed (Markdown), converted (checkpoint keys → parameters;
@@ -58,17 +121,6 @@ pub fn inventory_table(paths: &[PathInventory]) -> Table {
         t.push(Row::new(cells));
     }
     t
-}
-
-impl Document for Inventory {
-    fn terminal(&self) -> String {
-        render_inventory_table(self)
-    }
-
-    /// 1 when a path has MISSING (randomly initialised) tensors.
-    fn exit_code(&self) -> u8 {
-        u8::from(self.paths.iter().any(|p| p.missing > 0))
-    }
 }
 
 /// How many missing / unexpected / dropped names are listed per path.

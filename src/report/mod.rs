@@ -67,6 +67,8 @@ pub enum Kind {
     Prompts,
     /// `hsparity import`.
     Import,
+    /// `hsparity inventory`.
+    Inventory,
 }
 
 /// The target a run read, when it read one (`diff` reads dumps only).
@@ -485,6 +487,40 @@ pub trait Document: Serialize {
     }
     /// The process exit code (0 or 1; 2 never produces a report).
     fn exit_code(&self) -> u8;
+}
+
+/// What a verb's body adds to the envelope: its renderings. Every
+/// `Report<B>` of such a body is a [`Document`], whose exit code is the
+/// envelope's.
+pub trait Body: Serialize + Sized {
+    /// Every file the report folder holds (see [`Document::FILES`]).
+    const FILES: &'static [&'static str] = &[];
+    /// The terminal rendering of the whole report.
+    fn terminal(report: &Report<Self>) -> String;
+    /// The report folder's files besides `report.json` (see
+    /// [`Document::files`]).
+    ///
+    /// Errors: a renderer that can fail.
+    fn files(report: &Report<Self>) -> Result<Vec<(&'static str, String)>> {
+        let _ = report;
+        Ok(Vec::new())
+    }
+}
+
+impl<B: Body> Document for Report<B> {
+    const FILES: &'static [&'static str] = B::FILES;
+
+    fn terminal(&self) -> String {
+        B::terminal(self)
+    }
+
+    fn files(&self) -> Result<Vec<(&'static str, String)>> {
+        B::files(self)
+    }
+
+    fn exit_code(&self) -> u8 {
+        self.exit_code as u8
+    }
 }
 
 /// First 16 hex chars of the sha256 of `bytes`.

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::tabular::{Cell, Column, Row, Table};
-use super::{Document, Environment, Kind, PromptFacts, Report};
+use super::{Body, Environment, Kind, PromptFacts, Report};
 use crate::parity::Verdict;
 use crate::prompts::Prompt;
 
@@ -158,12 +158,8 @@ pub fn render(r: &PromptsReport) -> String {
     out
 }
 
-impl Document for PromptsReport {
-    fn terminal(&self) -> String {
-        render(self)
-    }
-
-    fn exit_code(&self) -> u8 {
-        self.exit_code as u8
+impl Body for Listing {
+    fn terminal(report: &Report<Self>) -> String {
+        render(report)
     }
 }

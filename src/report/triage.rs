@@ -3,7 +3,7 @@
 
 use super::format::{cos6, delta, seconds, tau};
 use super::tabular::{Column, Row, Sinks, Table};
-use super::{Document, Environment, Kind, Report};
+use super::{Body, Environment, Kind, Report};
 use crate::drafter::trajectories::PathDepartures;
 use crate::error::Result;
 use crate::triage::{SuspectGroup, Triage, VariantResult};
@@ -245,18 +245,14 @@ fn capitalised(s: &str) -> String {
         .unwrap_or_default()
 }
 
-impl Document for TriageReport {
+impl Body for Triage {
     const FILES: &'static [&'static str] = &["report.md", "report.json"];
 
-    fn terminal(&self) -> String {
-        render(self)
+    fn terminal(report: &Report<Self>) -> String {
+        render(report)
     }
 
-    fn files(&self) -> Result<Vec<(&'static str, String)>> {
-        Ok(vec![("report.md", markdown(self))])
-    }
-
-    fn exit_code(&self) -> u8 {
-        self.exit_code as u8
+    fn files(report: &Report<Self>) -> Result<Vec<(&'static str, String)>> {
+        Ok(vec![("report.md", markdown(report))])
     }
 }

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::format::{cos, max_abs_at, sci, yes_no};
 use super::tabular::{Cell, Column, Row, Table};
-use super::{Document, Report};
+use super::{Body, Report};
 use crate::capture::HiddenKind;
 use crate::error::Result;
 use crate::loading::{Inventory, NonFinite};
@@ -335,22 +335,18 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
     (verdict, parts.join("; "))
 }
 
-impl Document for CompareReport {
+impl Body for Compare {
     const FILES: &'static [&'static str] = &["report.md", "report.json", markdown::PLOT_FILE];
 
-    fn terminal(&self) -> String {
-        terminal::render(self)
+    fn terminal(report: &Report<Self>) -> String {
+        terminal::render(report)
     }
 
-    fn files(&self) -> Result<Vec<(&'static str, String)>> {
+    fn files(report: &Report<Self>) -> Result<Vec<(&'static str, String)>> {
         Ok(vec![
-            ("report.md", markdown::render(self)),
-            (markdown::PLOT_FILE, svg::render(self)?),
+            ("report.md", markdown::render(report)),
+            (markdown::PLOT_FILE, svg::render(report)?),
         ])
-    }
-
-    fn exit_code(&self) -> u8 {
-        self.exit_code as u8
     }
 }
 
