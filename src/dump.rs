@@ -72,6 +72,22 @@ pub struct Dump {
 }
 
 impl Dump {
+    /// The dtype the metadata names, parsed here for every reader of a dump
+    /// (`f32`, `bf16`, `f16` or their torch names; f32 when it names none).
+    ///
+    /// Errors: another name ([`Error::Input`], naming the file `name`).
+    pub fn dtype(&self, name: &str) -> Result<crate::precision::Precision> {
+        use crate::precision::Precision;
+        match self.metadata.get("dtype") {
+            None => Ok(Precision::F32),
+            Some(s) => Precision::from_name(s).ok_or_else(|| {
+                Error::Input(format!(
+                    "{name}: __metadata__ dtype {s:?} is not f32, bf16 or f16 (or their torch names)"
+                ))
+            }),
+        }
+    }
+
     /// The `hidden_states` indices every prompt holds, ascending.
     pub fn indices(&self) -> Vec<usize> {
         self.prompts

@@ -213,7 +213,10 @@ fn new_suspects_run_where_they_apply(r: &TriageReport) {
     // and rounds of the same prompts; the wheel's rule only differs at the
     // end), and on these prompts it never leaves greedy, as the package.
     let crop = variant(r, "harness-gdn-crop");
-    assert_eq!(crop.divergence_on, "own-trajectory");
+    assert_eq!(
+        crop.divergence_on,
+        hsparity::triage::DivergenceOn::OwnTrajectory
+    );
     let g: Value = serde_json::from_str(
         &std::fs::read_to_string("fixtures/toy-pair/golden/reference_generate_gdn_crop.json")
             .unwrap(),

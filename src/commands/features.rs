@@ -11,7 +11,6 @@ use crate::dump::Dump;
 use crate::error::{Error, Result};
 use crate::import::{Format, ImportOptions};
 use crate::models::GdnForm;
-use crate::precision::Precision;
 use crate::prompts::{Prompt, PromptSource};
 use crate::report::features::FeaturesReport;
 use crate::report::Environment;
@@ -117,13 +116,9 @@ pub fn run(o: &FeaturesOptions) -> Result<FeaturesReport> {
         })
         .collect();
     let file = features::FileFacts {
+        dtype: dump.dtype(&name)?,
         file: name,
         format,
-        dtype: dump
-            .metadata
-            .get("dtype")
-            .and_then(|s| Precision::from_name(s))
-            .unwrap_or(Precision::F32),
     };
     let (mut eval, more) =
         features::evaluate(&session, (&dr, dprec), settings, (&file, &prompts), d.quiet)?;

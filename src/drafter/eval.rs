@@ -372,6 +372,47 @@ pub struct PromptReplay {
     pub tokens: Vec<u32>,
 }
 
+/// The loading path whose `lm_head` (and embeddings) a replay drafted
+/// through, and how: written `causal-lm (its own)`, `causal-lm (borrowed)`
+/// (a path without one, `AutoModel`, borrows it), or `causal-lm (embeddings
+/// and lm_head only)` (`drafter --features`: the file's taps, path 0's
+/// embeddings and a path's `lm_head`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LmHeadFrom {
+    /// The path it comes from.
+    pub path: crate::loading::LoadingPath,
+    /// How the replay uses it.
+    pub how: HeadUse,
+}
+
+/// How a replay uses a path's `lm_head` ([`LmHeadFrom`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadUse {
+    /// The path's own.
+    Own,
+    /// Borrowed by a path without one.
+    Borrowed,
+    /// Only the embeddings and `lm_head` (the taps come from a file).
+    EmbeddingsAndHeadOnly,
+}
+
+impl std::fmt::Display for LmHeadFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = match self.how {
+            HeadUse::Own => "its own",
+            HeadUse::Borrowed => "borrowed",
+            HeadUse::EmbeddingsAndHeadOnly => "embeddings and lm_head only",
+        };
+        write!(f, "{} ({how})", self.path.name())
+    }
+}
+
+impl Serialize for LmHeadFrom {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// τ on one loading path.
 #[derive(Debug, Clone, Serialize)]
 pub struct PathTau {
@@ -380,7 +421,7 @@ pub struct PathTau {
     /// dtype the target computed in on this path.
     pub dtype: Precision,
     /// Where `lm_head` came from (`AutoModel` has none of its own).
-    pub lm_head_from: String,
+    pub lm_head_from: LmHeadFrom,
     #[serde(flatten)]
     /// τ aggregates (flattened into the JSON object).
     pub summary: TauSummary,

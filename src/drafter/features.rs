@@ -17,7 +17,7 @@ use candle_core::Tensor;
 use serde::Serialize;
 
 use super::eval::{self, CrossTau, DdtreeTau, DraftTarget, DrafterInfo, EndRule, PathTau};
-use super::eval::{PromptReplay, PromptTau};
+use super::eval::{HeadUse, LmHeadFrom, PromptReplay, PromptTau};
 use super::plan::{MemoryPlan, Residency};
 use super::target::TargetModel;
 use super::trajectories::TrajectoryReport;
@@ -245,7 +245,7 @@ fn replay(
 /// The τ row of one replay.
 fn tau_row(
     name: String,
-    (dtype, lm_head_from): (Precision, String),
+    (dtype, lm_head_from): (Precision, LmHeadFrom),
     prompts: &[FeaturePrompt],
     (dfl, tree): (Vec<PromptTau>, Vec<PromptTau>),
     (block, budget): (usize, usize),
@@ -327,7 +327,10 @@ impl Run<'_> {
             prec: d0,
         };
         let feats: Vec<&Tensor> = self.prompts.iter().map(|p| &p.feats).collect();
-        let from = format!("{} (embeddings and lm_head only)", hp.path.name());
+        let from = LmHeadFrom {
+            path: hp.path,
+            how: HeadUse::EmbeddingsAndHeadOnly,
+        };
         let own = replay(&t, self.prompts, &feats, self.settings.replay)?;
         self.bar.inc(1);
         Ok(tau_row(
@@ -346,7 +349,7 @@ impl Run<'_> {
         p: &ResolvedPath,
         head_src: &dyn WeightSource,
         d: Precision,
-        from: String,
+        from: LmHeadFrom,
     ) -> Result<PathTau> {
         self.bar.set_message(format!(
             "{}: its own taps over the file's tokens",
@@ -401,10 +404,13 @@ impl Run<'_> {
             let head_src: &dyn WeightSource = if own_head { &p.view } else { &hp.view };
             let d = p.compute;
             let key = weights_key(&self.session.spec, &p.view, Some(head_src), d);
-            let from = if own_head {
-                format!("{} (its own)", p.path.name())
-            } else {
-                format!("{} (borrowed)", hp.path.name())
+            let from = LmHeadFrom {
+                path: if own_head { p.path } else { hp.path },
+                how: if own_head {
+                    HeadUse::Own
+                } else {
+                    HeadUse::Borrowed
+                },
             };
             let row = match done.iter().find(|(k, _)| *k == key) {
                 Some((_, r)) => {

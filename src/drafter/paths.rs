@@ -10,6 +10,7 @@
 use serde::Serialize;
 
 use super::eval::{self, CrossTau, DdtreeTau, DrafterInfo, EndRule, PathTau, PromptReplay};
+use super::eval::{HeadUse, LmHeadFrom};
 use super::generate::{dflash_loop, Lane};
 use super::plan::{MemoryPlan, Residency};
 use super::target::{Capture, TargetModel};
@@ -93,7 +94,7 @@ impl DrafterEval {
 struct PathResult {
     name: String,
     dtype: Precision,
-    lm_head_from: String,
+    lm_head_from: LmHeadFrom,
     /// Per prompt: full token sequence (prompt + continuation).
     tokens: Vec<Vec<u32>>,
     /// Its features on its own trajectory.
@@ -272,9 +273,13 @@ fn head_of<'a>(
     session: &'a Session,
     p: &'a ResolvedPath,
     notes: &mut Vec<String>,
-) -> Result<(&'a dyn WeightSource, String)> {
+) -> Result<(&'a dyn WeightSource, LmHeadFrom)> {
     if p.view.has_lm_head() {
-        return Ok((&p.view, format!("{} (its own)", p.path.name())));
+        let from = LmHeadFrom {
+            path: p.path,
+            how: HeadUse::Own,
+        };
+        return Ok((&p.view, from));
     }
     let hp = session
         .paths
@@ -289,7 +294,11 @@ fn head_of<'a>(
         p.inventory.class,
         hp.path.name()
     ));
-    Ok((&hp.view, format!("{} (borrowed)", hp.path.name())))
+    let from = LmHeadFrom {
+        path: hp.path,
+        how: HeadUse::Borrowed,
+    };
+    Ok((&hp.view, from))
 }
 
 /// The memory plan of evaluating `drafter` on `session`'s paths.
@@ -436,7 +445,7 @@ fn assemble(
         paths.push(PathTau {
             name: r.name.clone(),
             dtype: r.dtype,
-            lm_head_from: r.lm_head_from.clone(),
+            lm_head_from: r.lm_head_from,
             summary,
             per_prompt: dfl
                 .into_iter()

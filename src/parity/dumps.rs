@@ -118,18 +118,6 @@ fn input_gate(a: &Dump, b: &Dump, (a_name, b_name): (&str, &str)) -> Result<bool
     Ok(a.has_input_ids() && b.has_input_ids())
 }
 
-/// The dtype a dump's metadata names (f32 when it names none).
-fn dtype_of(d: &Dump, name: &str) -> Result<Precision> {
-    match d.metadata.get("dtype") {
-        None => Ok(Precision::F32),
-        Some(s) => Precision::from_name(s).ok_or_else(|| {
-            Error::Input(format!(
-                "{name}: __metadata__ dtype {s:?} is not f32, bf16 or f16 (or their torch names)"
-            ))
-        }),
-    }
-}
-
 /// Per index, one `[T_k, H]` tensor per prompt (the shape [`align`] takes).
 pub fn rows_by_index(d: &Dump) -> BTreeMap<usize, Vec<Tensor>> {
     d.indices()
@@ -252,7 +240,7 @@ pub fn compare_dumps(
 ) -> Result<DumpComparison> {
     let tap_offset = settings.tap_offset;
     let inputs_verified = input_gate(a, b, (a_name, b_name))?;
-    let (da, db) = (dtype_of(a, a_name)?, dtype_of(b, b_name)?);
+    let (da, db) = (a.dtype(a_name)?, b.dtype(b_name)?);
     let lower = (da != db).then(|| da.lower(db));
     let mut pair = PairReport::new(a_name, da, b_name, db);
     if let Some(l) = lower {

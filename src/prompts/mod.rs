@@ -26,6 +26,35 @@ pub use crate::text::preview;
 use jsonl::{read_jsonl, Tokenizer};
 use templated::Templating;
 
+/// The kind of a prompt's source, as reports name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PromptKind {
+    /// `--prompt` or a text line.
+    Text,
+    /// `--prompt-ids` or an `input_ids` line.
+    Ids,
+    /// The built-in prompts.
+    Builtin,
+    /// `--messages`.
+    Messages,
+    /// `--prompt-set`.
+    PromptSet,
+}
+
+impl PromptKind {
+    /// `text`, `ids`, `builtin`, `messages`, `prompt-set`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PromptKind::Text => "text",
+            PromptKind::Ids => "ids",
+            PromptKind::Builtin => "builtin",
+            PromptKind::Messages => "messages",
+            PromptKind::PromptSet => "prompt-set",
+        }
+    }
+}
+
 /// Where a prompt came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PromptSource {
@@ -70,12 +99,17 @@ pub struct Prompt {
 impl Prompt {
     /// `text`, `ids`, `builtin`, `messages` or `prompt-set`.
     pub fn kind(&self) -> &'static str {
+        self.source_kind().name()
+    }
+
+    /// Where the prompt came from, as a kind ([`PromptKind`]).
+    pub fn source_kind(&self) -> PromptKind {
         match self.source {
-            PromptSource::Text(_) => "text",
-            PromptSource::Ids => "ids",
-            PromptSource::Builtin(_) => "builtin",
-            PromptSource::Messages => "messages",
-            PromptSource::PromptSet(_) => "prompt-set",
+            PromptSource::Text(_) => PromptKind::Text,
+            PromptSource::Ids => PromptKind::Ids,
+            PromptSource::Builtin(_) => PromptKind::Builtin,
+            PromptSource::Messages => PromptKind::Messages,
+            PromptSource::PromptSet(_) => PromptKind::PromptSet,
         }
     }
 

@@ -88,7 +88,7 @@ pub fn tau_table(d: &DrafterEval) -> Table {
             rounds.to_string().into(),
             p.sweeps.to_string().into(),
             acc.join(" ").into(),
-            p.lm_head_from.clone().into(),
+            p.lm_head_from.to_string().into(),
         ]));
     }
     for c in &d.cross {

@@ -74,7 +74,7 @@ fn row(what: Cell, p: &PathTau) -> Row {
         tau(p.ddtree.tau_macro).into(),
         rounds.to_string().into(),
         acc.join(" ").into(),
-        p.lm_head_from.clone().into(),
+        p.lm_head_from.to_string().into(),
     ])
 }
 

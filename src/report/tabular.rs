@@ -215,7 +215,7 @@ impl Table {
         for &i in &cols {
             match self.columns[i].title.as_str() {
                 "" => md.push_str(" |"),
-                title => md.push_str(&format!(" {title} |")),
+                title => md.push_str(&format!(" {} |", md_cell(title))),
             }
         }
         md.push_str("\n|");
@@ -230,7 +230,7 @@ impl Table {
         for row in &self.rows {
             md.push('|');
             for &i in &cols {
-                let text = row.cells[i].text(true);
+                let text = md_cell(&row.cells[i].text(true));
                 if row.highlight && self.columns[i].strong {
                     md.push_str(&format!(" **{text}** |"));
                 } else {
@@ -243,9 +243,26 @@ impl Table {
     }
 }
 
+/// A cell's text as a Markdown table holds it: `|` escaped (it would end
+/// the cell), line breaks as `<br>` (they would end the row).
+fn md_cell(text: &str) -> String {
+    text.replace('|', "\\|").replace('\n', "<br>")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `|` in a cell or a title would end the cell, a line break the row.
+    #[test]
+    fn markdown_cells_escape_what_would_break_the_table() {
+        let mut t = Table::new(vec![Column::new("a|b"), Column::new("c")]);
+        t.push(Row::new(vec!["x | y".into(), "two\nlines".into()]));
+        assert_eq!(
+            t.markdown(),
+            "| a\\|b | c |\n|---|---|\n| x \\| y | two<br>lines |\n"
+        );
+    }
 
     #[test]
     fn one_table_two_sinks() {

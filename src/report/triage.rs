@@ -90,7 +90,7 @@ pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
         if r.trajectories.is_some() {
             row.push(departs(v.departures.as_ref()).into());
         }
-        let own = if v.divergence_on == "own-trajectory" {
+        let own = if v.divergence_on == crate::triage::DivergenceOn::OwnTrajectory {
             " (divergence on its own trajectory)"
         } else {
             ""

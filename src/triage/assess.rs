@@ -11,7 +11,7 @@ use candle_core::Tensor;
 use super::groups::{Outcome, Ran};
 use super::lanes::LaneEdit;
 use super::suspects::{Recipe, Suspect};
-use super::{Baseline, TriageSettings, VariantResult};
+use super::{Baseline, DivergenceOn, TriageSettings, VariantResult};
 use crate::drafter::bootstrap::{Bootstrap, DeltaInterval};
 use crate::drafter::eval::PromptTau;
 use crate::drafter::trajectories::{Given, PathDepartures};
@@ -185,9 +185,9 @@ impl Scoring<'_> {
                 .observed_tau
                 .map(|x| consistent(x, baseline.tau_macro, tau_v, iv.as_ref())),
             divergence_on: if o.reference.is_some() {
-                "own-trajectory"
+                DivergenceOn::OwnTrajectory
             } else {
-                "baseline-trajectory"
+                DivergenceOn::BaselineTrajectory
             },
             departs_from_greedy_at: own_run.then(|| {
                 departures(

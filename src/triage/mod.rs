@@ -95,11 +95,8 @@ pub struct VariantResult {
     /// With `--observed-tau`: observed − τ(baseline) lies in the Δτ interval
     /// (one prompt: |τ − observed| ≤ 0.25 or 10 %).
     pub consistent_with_observed: Option<bool>,
-    /// Where the divergence columns are measured: `baseline-trajectory`
-    /// (teacher-forced on the baseline's tokens) or `own-trajectory` (the
-    /// suspect's loop's features against a correct forward over its own
-    /// tokens: faults of the decode loop).
-    pub divergence_on: &'static str,
+    /// Where the divergence columns are measured.
+    pub divergence_on: DivergenceOn,
     /// Per prompt: the first new token where its output leaves the
     /// baseline's greedy continuation (`null`: never), for suspects that
     /// generate their own continuation of the same text.
@@ -121,6 +118,17 @@ pub struct VariantResult {
     /// logits are the baseline's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub departures: Option<PathDepartures>,
+}
+
+/// Where a variant's divergence columns are measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DivergenceOn {
+    /// Teacher-forced on the baseline's tokens.
+    BaselineTrajectory,
+    /// The suspect's loop's features against a correct forward over its own
+    /// tokens: faults of the decode loop.
+    OwnTrajectory,
 }
 
 /// The baseline the variants are measured against.

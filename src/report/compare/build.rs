@@ -87,7 +87,7 @@ pub fn prompt_infos(session: &Session) -> Vec<PromptInfo> {
         .enumerate()
         .map(|(k, p)| PromptInfo {
             index: k,
-            source: p.kind().into(),
+            source: p.source_kind(),
             tokens: p.ids.len(),
             preview: p.fed_text().map(preview),
             origin: p.origin.clone(),

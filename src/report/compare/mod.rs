@@ -84,7 +84,7 @@ pub struct PromptInfo {
     /// Prompt index `k` (dump keys `p{k}.*`).
     pub index: usize,
     /// `text`, `ids`, `builtin`, `messages` or `prompt-set`.
-    pub source: String,
+    pub source: crate::prompts::PromptKind,
     /// Number of tokens.
     pub tokens: usize,
     /// The first characters of the text tokenised (the chat template's
