@@ -224,53 +224,33 @@ EXPECTED_TRANSFORMERS = "5.23.0"
 # ------------------------------------------------------------------------------------------------
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chat_fixtures  # noqa: E402  (tools/ sibling: Qwen special tokens, tokenizer_config layout, chat goldens)
+import fixture_configs as fc  # noqa: E402  (tools/ sibling: config pieces shared with the other generators)
 
 TOKENIZER_VOCAB = 384
 BPE_VOCAB = TOKENIZER_VOCAB - len(chat_fixtures.QWEN_ADDED_TOKENS)  # byte alphabet + merges; added tokens follow
 # eos_token_id of the configs: <|im_end|>, as Qwen/Qwen3-8B's config.json has it
 EOS_ID = BPE_VOCAB + [t for t, _ in chat_fixtures.QWEN_ADDED_TOKENS].index(chat_fixtures.QWEN_EOS)
 
-LAYER_TYPES = [
-    "linear_attention",
-    "linear_attention",
-    "full_attention",
-    "linear_attention",
-    "linear_attention",
-    "full_attention",
-]
-TEXT_CONFIG = dict(
+LAYER_TYPES = fc.hybrid_layer_types(linear_per_full=2, blocks=2)
+TEXT_CONFIG = fc.qwen3_5_text_config(
     vocab_size=TOKENIZER_VOCAB,
     hidden_size=64,
     intermediate_size=128,
-    num_hidden_layers=len(LAYER_TYPES),
     layer_types=LAYER_TYPES,
-    num_attention_heads=4,
-    num_key_value_heads=2,  # GQA, n_rep = 2
-    head_dim=32,  # rotary dim = 32 * 0.25 = 8 -> 4 frequencies; mrope_section sums to 4
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,  # GVA: value heads = 2 x key heads
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    linear_conv_kernel_dim=4,
-    rms_norm_eps=1e-6,
+    # GQA, n_rep = 2; rotary dim = 32 * 0.25 = 8 -> 4 frequencies; mrope_section sums to 4
+    attention=fc.attention_fields(heads=4, kv_heads=2, head_dim=32),
+    # GVA: value heads = 2 x key heads
+    gated_deltanet=fc.gated_deltanet_fields(key_heads=2, value_heads=4, head_dim=16),
     max_position_embeddings=512,
-    tie_word_embeddings=False,
     eos_token_id=EOS_ID,
-    rope_parameters=dict(
-        rope_type="default",
-        rope_theta=10000.0,
-        partial_rotary_factor=0.25,
-        mrope_section=[2, 1, 1],
-        mrope_interleaved=True,
-    ),
+    rope_parameters=fc.interleaved_mrope([2, 1, 1]),
 )
-VISION_CONFIG = dict(
+VISION_CONFIG = fc.qwen3_5_vision_config(
     depth=2,
     hidden_size=32,
     intermediate_size=64,
     num_heads=2,
     patch_size=4,
-    temporal_patch_size=2,
     spatial_merge_size=2,
     out_hidden_size=64,
     num_position_embeddings=16,
@@ -737,43 +717,22 @@ DIV_REL = "fixtures/divergence"
 DIV_SEED = SEED + 100
 DIV_INIT_SEED = 1234  # torch.manual_seed(...) right before every from_pretrained (random init of MISSING keys)
 
-MICRO_LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
-MICRO_TEXT_CONFIG = dict(
+MICRO_LAYER_TYPES = fc.hybrid_layer_types(linear_per_full=1, blocks=2)
+MICRO_TEXT_CONFIG = fc.qwen3_5_text_config(
     vocab_size=TOKENIZER_VOCAB,
     hidden_size=32,
     intermediate_size=64,
-    num_hidden_layers=len(MICRO_LAYER_TYPES),
     layer_types=MICRO_LAYER_TYPES,
-    num_attention_heads=2,
-    num_key_value_heads=1,  # GQA, n_rep = 2
-    head_dim=16,  # rotary dim = 16 * 0.25 = 4 -> 2 frequencies; mrope_section sums to 2
-    linear_num_key_heads=1,
-    linear_num_value_heads=2,  # GVA: value heads = 2 x key heads
-    linear_key_head_dim=8,
-    linear_value_head_dim=8,
-    linear_conv_kernel_dim=4,
-    rms_norm_eps=1e-6,
+    # GQA, n_rep = 2; rotary dim = 16 * 0.25 = 4 -> 2 frequencies; mrope_section sums to 2
+    attention=fc.attention_fields(heads=2, kv_heads=1, head_dim=16),
+    # GVA: value heads = 2 x key heads
+    gated_deltanet=fc.gated_deltanet_fields(key_heads=1, value_heads=2, head_dim=8),
     max_position_embeddings=128,
+    tie_word_embeddings=None,  # left out: micro_vlm sets the top-level flag; text-only keeps the default
     eos_token_id=EOS_ID,
-    rope_parameters=dict(
-        rope_type="default",
-        rope_theta=10000.0,
-        partial_rotary_factor=0.25,
-        mrope_section=[1, 1, 0],
-        mrope_interleaved=True,
-    ),
+    rope_parameters=fc.interleaved_mrope([1, 1, 0]),
 )
-MICRO_VISION_CONFIG = dict(
-    depth=1,
-    hidden_size=16,
-    intermediate_size=16,
-    num_heads=2,
-    patch_size=2,
-    temporal_patch_size=2,
-    spatial_merge_size=1,
-    out_hidden_size=32,
-    num_position_embeddings=4,
-)
+MICRO_VISION_CONFIG = fc.MICRO_VISION_CONFIG
 DIV_PROMPT_SHORT = "The layer reads the hidden state."
 DIV_PROMPT_LONG = (
     "When two loading paths of the same checkpoint disagree, the first question is where: "
@@ -1313,7 +1272,7 @@ QWEN3_CONFIG = dict(
     tie_word_embeddings=True,
     attention_bias=False,
     eos_token_id=EOS_ID,
-    rope_parameters=dict(rope_type="default", rope_theta=1e6),
+    rope_parameters=fc.default_rope(1e6),
 )
 
 

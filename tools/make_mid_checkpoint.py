@@ -16,47 +16,35 @@ under target/bench/). Needs transformers 5.23.0 + torch (tools/requirements.txt)
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-LAYER_TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 3
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fixture_configs as fc  # noqa: E402  (tools/ sibling: config pieces shared with the fixture generators)
 
-TEXT_CONFIG = dict(
+LAYER_TYPES = fc.hybrid_layer_types(linear_per_full=3, blocks=3)
+
+TEXT_CONFIG = fc.qwen3_5_text_config(
     vocab_size=32000,
     hidden_size=1024,
     intermediate_size=3072,
-    num_hidden_layers=len(LAYER_TYPES),
     layer_types=LAYER_TYPES,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    head_dim=128,
-    linear_num_key_heads=8,
-    linear_num_value_heads=16,
-    linear_key_head_dim=128,
-    linear_value_head_dim=128,
-    linear_conv_kernel_dim=4,
-    rms_norm_eps=1e-6,
+    attention=fc.attention_fields(heads=8, kv_heads=2, head_dim=128),
+    gated_deltanet=fc.gated_deltanet_fields(key_heads=8, value_heads=16, head_dim=128),
     max_position_embeddings=4096,
-    tie_word_embeddings=False,
     eos_token_id=0,
-    rope_parameters=dict(
-        rope_type="default",
-        rope_theta=10000000.0,
-        partial_rotary_factor=0.25,
-        mrope_section=[11, 11, 10],
-        mrope_interleaved=True,
-    ),
+    rope_parameters=fc.interleaved_mrope([11, 11, 10], rope_theta=10000000.0),
 )
-VISION_CONFIG = dict(
+VISION_CONFIG = fc.qwen3_5_vision_config(
     depth=1,
     hidden_size=64,
     intermediate_size=128,
     num_heads=2,
     patch_size=16,
-    temporal_patch_size=2,
     spatial_merge_size=2,
     out_hidden_size=1024,
     num_position_embeddings=64,

@@ -111,6 +111,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fixture_configs as fc  # noqa: E402  (tools/ sibling: config pieces shared with the other generators)
 import make_fixtures as mf  # noqa: E402  (tools/ sibling: env, determinism, safetensors writer, helpers)
 
 import torch  # noqa: E402
@@ -140,20 +141,14 @@ MOE_REL = "fixtures/moe"
 A35_REL = "fixtures/qwen3.5-35b-a3b"
 SEED = mf.SEED + 300
 
-MOE_LAYER_TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+MOE_LAYER_TYPES = fc.hybrid_layer_types(linear_per_full=3, blocks=1)
 MOE_TEXT_CONFIG = dict(
     vocab_size=mf.TOKENIZER_VOCAB,
     hidden_size=32,
     num_hidden_layers=len(MOE_LAYER_TYPES),
     layer_types=MOE_LAYER_TYPES,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    linear_num_key_heads=1,
-    linear_num_value_heads=2,
-    linear_key_head_dim=8,
-    linear_value_head_dim=8,
-    linear_conv_kernel_dim=4,
+    **fc.attention_fields(heads=2, kv_heads=1, head_dim=16),
+    **fc.gated_deltanet_fields(key_heads=1, value_heads=2, head_dim=8),
     moe_intermediate_size=16,
     shared_expert_intermediate_size=24,
     num_experts=8,
@@ -162,15 +157,9 @@ MOE_TEXT_CONFIG = dict(
     max_position_embeddings=128,
     eos_token_id=0,
     tie_word_embeddings=False,
-    rope_parameters=dict(
-        rope_type="default",
-        rope_theta=10000.0,
-        partial_rotary_factor=0.25,
-        mrope_section=[1, 1, 0],
-        mrope_interleaved=True,
-    ),
+    rope_parameters=fc.interleaved_mrope([1, 1, 0]),
 )
-MICRO_VISION_CONFIG = mf.MICRO_VISION_CONFIG
+MICRO_VISION_CONFIG = fc.MICRO_VISION_CONFIG
 # inert extra text_config fields of the published config.json (kept so the fixture reads like it)
 PUBLISHED_EXTRA_TEXT_FIELDS = {"mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
                                "mamba_ssm_dtype": "float32", "dtype": "bfloat16"}

@@ -179,6 +179,7 @@ from transformers import AutoModel, AutoModelForCausalLM, Qwen3Config, Qwen3_5Co
 from transformers import Qwen3_5ForConditionalGeneration  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fixture_configs as fc  # noqa: E402  (tools/ sibling: config pieces shared with the other generators)
 from make_fixtures import save_safetensors, write_json  # noqa: E402
 
 import dflash  # noqa: E402
@@ -298,31 +299,20 @@ def encode(tok: Tokenizer, text: str) -> list[int]:
 # ------------------------------------------------------------------------------------------------
 # Model configs
 # ------------------------------------------------------------------------------------------------
-LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
-TEXT_CONFIG = dict(
+LAYER_TYPES = fc.hybrid_layer_types(linear_per_full=1, blocks=2)
+TEXT_CONFIG = fc.qwen3_5_text_config(
     vocab_size=len(VOCAB),
     hidden_size=64,
     intermediate_size=128,
-    num_hidden_layers=len(LAYER_TYPES),
     layer_types=LAYER_TYPES,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,  # rotary dim 16 * 0.25 = 4 -> 2 frequencies; mrope_section sums to 2
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    linear_conv_kernel_dim=4,
-    rms_norm_eps=1e-6,
+    # rotary dim 16 * 0.25 = 4 -> 2 frequencies; mrope_section sums to 2
+    attention=fc.attention_fields(heads=4, kv_heads=2, head_dim=16),
+    gated_deltanet=fc.gated_deltanet_fields(key_heads=2, value_heads=4, head_dim=16),
     max_position_embeddings=512,
-    tie_word_embeddings=False,
     eos_token_id=0,
-    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
-                         mrope_section=[1, 1, 0], mrope_interleaved=True),
+    rope_parameters=fc.interleaved_mrope([1, 1, 0]),
 )
-VISION_CONFIG = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, patch_size=2,
-                     temporal_patch_size=2, spatial_merge_size=1, out_hidden_size=64,
-                     num_position_embeddings=4)
+VISION_CONFIG = dict(fc.MICRO_VISION_CONFIG, out_hidden_size=64)  # the micro tower, projecting to hidden 64
 
 BLOCK = 8
 GAMMA = 4.0
@@ -339,7 +329,7 @@ DRAFT_CONFIG = dict(
     hidden_act="silu",
     attention_bias=False,
     max_position_embeddings=512,
-    rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+    rope_parameters=fc.default_rope(10000.0),
     vocab_size=len(VOCAB),
     tie_word_embeddings=False,
     layer_types=["full_attention"] * 2,
@@ -352,7 +342,7 @@ RANDOM_DRAFT_CONFIG = dict(
     intermediate_size=16,
     head_dim=24,
     rms_norm_eps=1e-5,
-    rope_parameters=dict(rope_type="default", rope_theta=1e6),
+    rope_parameters=fc.default_rope(1e6),
     block_size=6,
     dflash_config=dict(target_layer_ids=[0, 1, 2], mask_token_id=MASK_ID, block_size=6),
 )
@@ -377,7 +367,7 @@ QWEN3_TARGET_CONFIG = dict(
     max_position_embeddings=512,
     tie_word_embeddings=False,
     eos_token_id=0,
-    rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+    rope_parameters=fc.default_rope(10000.0),
 )
 Q3_T_STEPS = 2000
 WHEEL_END_RULE = ("PyPI dflash 0.1.0 wheel: loop while start + 1 < max_length (max_length = N + max_new_tokens); "
