@@ -19,7 +19,7 @@ use candle_core::Tensor;
 
 use super::eval::{draft_logits, DraftTarget, EndRule};
 use super::faults::Faults;
-use super::target::{argmax_rows, Capture, Sequence, Step, TargetModel};
+use super::target::{argmax_rows, Capture, Sequence, Step, StepOut, TargetModel};
 use crate::error::Result;
 use crate::models::dflash::Drafter;
 use crate::models::GdnForm;
@@ -164,23 +164,7 @@ pub fn dflash_loop_with(
             rule,
         })
         .collect();
-    // Prefill: every prompt's taps, and the first new token from its last row.
-    let mut steps: Vec<Step> = runs
-        .iter_mut()
-        .zip(lanes)
-        .map(|(r, l)| Step {
-            seq: &mut r.seq,
-            ids: &l.prompt,
-            tentative: false,
-            logits: l.prompt.len() - 1..l.prompt.len(),
-        })
-        .collect();
-    let outs = target.sweep(&mut steps, &capture)?;
-    for (r, o) in runs.iter_mut().zip(outs) {
-        r.feats
-            .push(Tensor::cat(&o.captures, candle_core::D::Minus1)?);
-        r.tokens.push(argmax_rows(&o.logits.expect("asked"))?[0]);
-    }
+    prefill(target, &mut runs, lanes, &capture)?;
     let mut sweeps = 1;
     on_sweep(sweeps);
     let dt = DraftTarget {
@@ -191,51 +175,12 @@ pub fn dflash_loop_with(
     };
     let mut rounds = 0;
     while runs.iter().any(|r| !r.done()) {
-        // Draft a block for every unfinished prompt from its features.
-        let mut blocks = Vec::new();
-        for (i, r) in runs.iter().enumerate().filter(|(_, r)| !r.done()) {
-            let start = r.seq.len();
-            let slots = r.block(start, b);
-            let drafts = argmax_rows(&draft_logits(&dt, &r.tokens, &r.context()?, start, slots)?)?;
-            blocks.push((i, [&[r.tokens[start]][..], &drafts].concat()));
-        }
-        // Verify every block in one sweep.
-        let active: Vec<usize> = blocks.iter().map(|(i, _)| *i).collect();
-        let mut steps: Vec<Step> = runs
-            .iter_mut()
-            .enumerate()
-            .filter(|(i, _)| active.contains(i))
-            .zip(&blocks)
-            .map(|((_, r), (_, blk))| Step {
-                seq: &mut r.seq,
-                ids: blk,
-                tentative: true,
-                logits: 0..blk.len(),
-            })
-            .collect();
-        let outs = target.sweep(&mut steps, &capture)?;
+        let blocks = draft(&dt, &runs, b)?;
+        let outs = verify(target, &mut runs, &blocks, &capture)?;
         rounds += 1;
         sweeps += 1;
         on_sweep(sweeps);
-        for ((i, blk), o) in blocks.iter().zip(outs) {
-            let r = &mut runs[*i];
-            let start = r.seq.len() - blk.len();
-            let post = argmax_rows(&o.logits.expect("asked"))?;
-            let a = blk[1..]
-                .iter()
-                .zip(&post)
-                .take_while(|(d, t)| d == t)
-                .count();
-            let kept = r.produced(start, a);
-            r.seq.commit(kept)?;
-            let taps = Tensor::cat(&o.captures, candle_core::D::Minus1)?;
-            r.feats.push(taps.narrow(0, 0, kept)?);
-            r.tokens.extend_from_slice(&blk[1..=a]);
-            r.tokens.push(post[a]);
-            if start < r.max_length {
-                r.lens.push(kept);
-            }
-        }
+        commit(&mut runs, &blocks, outs)?;
     }
     if rule == EndRule::Wheel {
         runs.iter_mut()
@@ -254,4 +199,103 @@ pub fn dflash_loop_with(
         g.acceptance_lengths.push(r.lens);
     }
     Ok(g)
+}
+
+/// The rows the target returned logits for (asked for in every step here).
+fn logits_of(o: &StepOut) -> Result<&Tensor> {
+    o.logits.as_ref().ok_or_else(|| {
+        crate::error::Error::Tensor(candle_core::Error::Msg(
+            "the target's sweep returned no logits where the loop asked for them".into(),
+        ))
+    })
+}
+
+/// The prefill: every prompt's taps, and the first new token from its last
+/// row, in one sweep.
+fn prefill(
+    target: &TargetModel,
+    runs: &mut [Run],
+    lanes: &[Lane],
+    capture: &[Capture],
+) -> Result<()> {
+    let mut steps: Vec<Step> = runs
+        .iter_mut()
+        .zip(lanes)
+        .map(|(r, l)| Step {
+            seq: &mut r.seq,
+            ids: &l.prompt,
+            tentative: false,
+            logits: l.prompt.len() - 1..l.prompt.len(),
+        })
+        .collect();
+    let outs = target.sweep(&mut steps, capture)?;
+    for (r, o) in runs.iter_mut().zip(outs) {
+        r.feats
+            .push(Tensor::cat(&o.captures, candle_core::D::Minus1)?);
+        r.tokens.push(argmax_rows(logits_of(&o)?)?[0]);
+    }
+    Ok(())
+}
+
+/// One drafted block per unfinished prompt, from its features: `(run,
+/// [last committed token, drafts…])`.
+fn draft(dt: &DraftTarget, runs: &[Run], b: usize) -> Result<Vec<(usize, Vec<u32>)>> {
+    let mut blocks = Vec::new();
+    for (i, r) in runs.iter().enumerate().filter(|(_, r)| !r.done()) {
+        let start = r.seq.len();
+        let slots = r.block(start, b);
+        let drafts = argmax_rows(&draft_logits(dt, &r.tokens, &r.context()?, start, slots)?)?;
+        blocks.push((i, [&[r.tokens[start]][..], &drafts].concat()));
+    }
+    Ok(blocks)
+}
+
+/// Every block verified by the target in one sweep (tentatively: the
+/// states advance over the whole block until [`commit`] keeps a prefix).
+fn verify(
+    target: &TargetModel,
+    runs: &mut [Run],
+    blocks: &[(usize, Vec<u32>)],
+    capture: &[Capture],
+) -> Result<Vec<StepOut>> {
+    let active: Vec<usize> = blocks.iter().map(|(i, _)| *i).collect();
+    let mut steps: Vec<Step> = runs
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| active.contains(i))
+        .zip(blocks)
+        .map(|((_, r), (_, blk))| Step {
+            seq: &mut r.seq,
+            ids: blk,
+            tentative: true,
+            logits: 0..blk.len(),
+        })
+        .collect();
+    target.sweep(&mut steps, capture)
+}
+
+/// Per verified block: the drafts the target's greedy tokens accept, the
+/// state committed to them, their taps kept, the accepted tokens and the
+/// target's own next one appended, the round's acceptance length recorded.
+fn commit(runs: &mut [Run], blocks: &[(usize, Vec<u32>)], outs: Vec<StepOut>) -> Result<()> {
+    for ((i, blk), o) in blocks.iter().zip(outs) {
+        let r = &mut runs[*i];
+        let start = r.seq.len() - blk.len();
+        let post = argmax_rows(logits_of(&o)?)?;
+        let a = blk[1..]
+            .iter()
+            .zip(&post)
+            .take_while(|(d, t)| d == t)
+            .count();
+        let kept = r.produced(start, a);
+        r.seq.commit(kept)?;
+        let taps = Tensor::cat(&o.captures, candle_core::D::Minus1)?;
+        r.feats.push(taps.narrow(0, 0, kept)?);
+        r.tokens.extend_from_slice(&blk[1..=a]);
+        r.tokens.push(post[a]);
+        if start < r.max_length {
+            r.lens.push(kept);
+        }
+    }
+    Ok(())
 }

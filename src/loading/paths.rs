@@ -102,8 +102,9 @@ impl LoadingPath {
 }
 
 impl fmt::Display for LoadingPath {
+    /// The name, padded as the format asks (`{:<20}`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.pad(self.name())
     }
 }
 

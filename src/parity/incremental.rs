@@ -21,7 +21,7 @@ pub const STEPS: usize = 8;
 #[derive(Debug, Clone, Serialize)]
 pub struct IncrementalCheck {
     /// Loading path.
-    pub path: String,
+    pub path: crate::loading::LoadingPath,
     /// Prompt index used.
     pub prompt: usize,
     /// Tokens in the prefill.
@@ -92,14 +92,14 @@ pub fn check(
         (None, None) => return Ok(None), // not reached: computed above when not given
     };
     let normed = norm.forward(&stepped)?;
-    judge(path.path.name(), prec, k, pre, &normed, &full_last).map(Some)
+    judge(path.path, prec, k, pre, &normed, &full_last).map(Some)
 }
 
 /// The check's row: the stepped tokens' final-normed states `steps`
 /// (`[steps, H]`, after a prefill of `pre` tokens of prompt `k`) against
 /// the full forward's `full_last` (`[T, H]`), judged under `prec`'s tolerance.
 fn judge(
-    path: &str,
+    path: crate::loading::LoadingPath,
     prec: Precision,
     k: usize,
     pre: usize,
@@ -118,7 +118,7 @@ fn judge(
     let metrics = acc.finish();
     let verdict = Tolerance::for_precision(prec).judge(&metrics);
     Ok(IncrementalCheck {
-        path: path.into(),
+        path,
         prompt: k,
         prefill_tokens: pre,
         steps: n,
@@ -145,7 +145,7 @@ pub fn from_capture(
         .iter()
         .zip(full_rows.iter().zip(steps))
         .map(|(p, (full, steps))| match full {
-            Some(full) => judge(p.path.name(), p.compute, k, pre, steps, full),
+            Some(full) => judge(p.path, p.compute, k, pre, steps, full),
             None => Err(crate::error::Error::Tensor(candle_core::Error::Msg(
                 format!(
                     "{}: the capture kept no full forward for the prefill-vs-incremental check",
@@ -171,7 +171,7 @@ pub fn check_all(session: &Session, full_rows: &[Option<Tensor>]) -> Result<Vec<
         let key = weights_key(&session.spec, &p.view, None, prec);
         let c = match done.iter().find(|(k, _)| *k == key) {
             Some((_, c)) => Some(IncrementalCheck {
-                path: p.path.name().into(),
+                path: p.path,
                 ..c.clone()
             }),
             None => check(session, p, prec, full_rows.get(i).and_then(Option::as_ref))?,

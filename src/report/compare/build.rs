@@ -42,7 +42,7 @@ pub fn paths_as_run(session: &Session, seed: u64, notes: &mut Vec<String>) -> Ve
                 ));
             }
             PathRun {
-                name: p.path.name().to_string(),
+                name: p.path,
                 class: p.inventory.class.clone(),
                 dtype: p.dtype,
                 dtype_reason: p.inventory.dtype_reason.clone(),

@@ -126,7 +126,7 @@ fn environment(report: &CompareReport) -> String {
     ]);
     for p in &report.paths {
         paths.push(Row::new(vec![
-            Cell::code(&p.name),
+            Cell::code(p.name.name()),
             Cell::code(&p.class),
             format!("{} ({})", p.dtype, p.dtype_reason).into(),
             p.compute_dtype.name().into(),

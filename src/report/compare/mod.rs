@@ -18,7 +18,7 @@ use super::tabular::{Cell, Column, Row, Table};
 use super::{Body, Report};
 use crate::capture::HiddenKind;
 use crate::error::Result;
-use crate::loading::{Inventory, NonFinite};
+use crate::loading::{Inventory, LoadingPath, NonFinite};
 use crate::parity::{HiddenStateRow, PairReport, Verdict};
 use crate::precision::Precision;
 
@@ -59,7 +59,7 @@ impl Serialize for LmHeadOrigin {
 #[derive(Debug, Clone, Serialize)]
 pub struct PathRun {
     /// Loading path name.
-    pub name: String,
+    pub name: LoadingPath,
     /// Class transformers builds.
     pub class: String,
     /// dtype transformers would load with.
@@ -131,7 +131,7 @@ impl Compare {
 
     /// The path run named `name`.
     pub fn path(&self, name: &str) -> Option<&PathRun> {
-        self.paths.iter().find(|p| p.name == name)
+        self.paths.iter().find(|p| p.name.name() == name)
     }
 
     /// Why `pair` differs, one sentence per loading difference found between
@@ -176,7 +176,7 @@ impl Compare {
                         .inventory
                         .paths
                         .iter()
-                        .find(|i| i.name == p.name)
+                        .find(|i| i.name == p.name.name())
                         .and_then(|i| i.missing_names.first())
                         .map(|n| format!(", first {n}"))
                         .unwrap_or_default();
@@ -533,7 +533,7 @@ pub fn incremental_table(checks: &[IncrementalCheck]) -> Table {
     ]);
     for c in checks {
         t.push(Row::new(vec![
-            Cell::code(&c.path),
+            Cell::code(c.path.name()),
             format!("{} + {}", c.prefill_tokens, c.steps).into(),
             sci(c.metrics.max_abs).into(),
             cos(c.metrics.cos_min).into(),
