@@ -284,10 +284,31 @@ fn imported_modules(path: &Path, code: &str) -> Vec<String> {
             .take_while(|c| c.is_alphanumeric() || *c == '_')
             .collect()
     };
-    let mut deps: Vec<String> = code
-        .match_indices("crate::")
-        .map(|(i, _)| ident(&code[i + 7..]))
-        .collect();
+    let mut deps: Vec<String> = Vec::new();
+    for (i, _) in code.match_indices("crate::") {
+        let rest = &code[i + 7..];
+        match rest.strip_prefix('{') {
+            // `crate::{a, b::c, d::{e, f}}`: the names at the group's top level.
+            Some(group) => {
+                let mut depth = 0;
+                let mut start = true;
+                for (j, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => start = true,
+                        c if start && depth == 0 && !c.is_whitespace() => {
+                            deps.push(ident(&group[j..]));
+                            start = false;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            None => deps.push(ident(rest)),
+        }
+    }
     let rel = path.strip_prefix(root().join("src")).unwrap();
     let top_level =
         rel.components().count() == 1 || rel.ends_with("mod.rs") && rel.components().count() == 2;
@@ -389,6 +410,11 @@ fn the_import_scanner_sees_super_paths() {
     let top = root().join("src/session.rs");
     let code = "use super::report::Report;\nuse crate::parity::Verdict;\n#[cfg(test)]\nmod tests {\n    use super::Session;\n}\n";
     assert_eq!(imported_modules(&top, code), ["parity", "report"]);
+    let grouped = "use crate::{error::Result, report::{self, Kind},\n    triage};\n";
+    assert_eq!(
+        imported_modules(&top, grouped),
+        ["error", "report", "triage"]
+    );
     let nested = root().join("src/report/compare/mod.rs");
     assert_eq!(
         imported_modules(&nested, "use super::format::cos;\n"),

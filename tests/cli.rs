@@ -203,7 +203,7 @@ fn inventory_json_reports_each_path() {
     let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["kind"], "inventory");
     assert_eq!(v["verdict"], "pass");
-    let paths = v["inventory"]["paths"].as_array().unwrap();
+    let paths = v["paths"].as_array().unwrap();
     let by: HashMap<&str, &Value> = paths
         .iter()
         .map(|p| (p["name"].as_str().unwrap(), p))

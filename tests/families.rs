@@ -1,10 +1,13 @@
-//! Each model family's file is the one place its layers' tensor names
-//! live twice: in its loader (`ModelFamily::load_layer`) and in the list
-//! that decides which loading paths share a loaded layer and are declared
-//! bitwise equal (`ModelFamily::layer_tensor_names`). Here the two agree,
-//! layer by layer, on every family's fixture: the names a recording weight
-//! source sees while a layer loads (eagerly: the source cannot be shared, so
-//! an MoE layer reads its experts at once) are exactly the listed ones.
+//! A layer's tensor names are spelled in three places, each for its own
+//! reader: the family's loader (`ModelFamily::load_layer`), its list
+//! (`ModelFamily::layer_tensor_names`: which loading paths share a loaded
+//! layer and are declared bitwise equal, which rows a random init taints)
+//! and the state dict transformers builds (`loading::spec::text_tensors`,
+//! with shapes and init rules, in registration order). Here the three
+//! agree, layer by layer, on every family's fixture: the names a recording
+//! weight source sees while a layer loads (eagerly: the source cannot be
+//! shared, so an MoE layer reads its experts at once) are exactly the
+//! listed ones, and so are the state dict's `layers.{i}.*` entries.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -69,6 +72,7 @@ impl WeightSource for Recording<'_> {
 fn loader_reads_the_listed_names(dir: &str, path: LoadingPath) {
     let session = Session::open(&common::target(dir, None), &[path]).unwrap();
     let view = &session.paths[0].view;
+    let expected = hsparity::loading::spec::text_tensors(&session.paths[0].text_config).unwrap();
     for l in 0..session.spec.num_layers() {
         let listed = session.spec.layer_tensor_names(l);
         let set: BTreeSet<String> = listed.iter().cloned().collect();
@@ -76,6 +80,16 @@ fn loader_reads_the_listed_names(dir: &str, path: LoadingPath) {
             set.len(),
             listed.len(),
             "{dir} layer {l}: a name listed twice"
+        );
+        let prefix = format!("layers.{l}.");
+        let state_dict: BTreeSet<String> = expected
+            .iter()
+            .filter(|t| t.key.starts_with(&prefix))
+            .map(|t| t.key.clone())
+            .collect();
+        assert_eq!(
+            state_dict, set,
+            "{dir} layer {l}: loading/spec.rs expects other names"
         );
         for prec in [Precision::F32, Precision::Bf16] {
             let rec = Recording {

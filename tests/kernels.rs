@@ -31,13 +31,21 @@ fn runs_here(kernel: Kernel, test: &str) -> bool {
         return true;
     }
     let required = std::env::var("HSPARITY_REQUIRE_KERNELS").unwrap_or_default();
+    let names: Vec<&str> = Kernel::ALL.iter().map(|k| k.name()).collect();
+    for r in required.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+        assert!(
+            names.contains(&r),
+            "HSPARITY_REQUIRE_KERNELS names {r:?}, not a kernel ({names:?})"
+        );
+    }
     let switches = [
         (caps.no_avx512_gemm, "HSPARITY_NO_AVX512_GEMM"),
         (caps.no_bf16_dot, "HSPARITY_NO_BF16_DOT"),
     ];
     let off: Vec<&str> = switches.iter().filter(|s| s.0).map(|s| s.1).collect();
     let why = format!(
-        "{} cannot run here (CPU features {:?}, switched off by {:?})",
+        "{} cannot run here (CPU features {:?}, switched off by {:?}; avx512bf16 counts only \
+         where the start-up probe of vdpbf16ps's addition order passed)",
         kernel.name(),
         caps.cpu_features(),
         off
@@ -558,4 +566,18 @@ fn compare_gives_the_same_report_with_candles_gemm_everywhere() {
             );
         }
     }
+}
+
+/// A plan made for capabilities this CPU lacks is refused when run, never
+/// executed (the kernels' instructions may not exist here).
+#[test]
+fn a_plan_for_another_cpu_is_refused_here() {
+    let caps = kernels::capabilities();
+    let plan = kernels::plan(300, 300, 64, Stored::F32, &every_kernel()).unwrap();
+    let (x, w) = (
+        values(&matrix(300, 64, 1, false)),
+        values(&matrix(300, 64, 2, false)),
+    );
+    let got = plan.run(&x, Weight::F32(&w));
+    assert_eq!(got.is_ok(), caps.avx512f, "{got:?}");
 }

@@ -10,7 +10,8 @@
 //!   folder and compared with the committed files after normalising the
 //!   volatile parts (see [`normalise`] and docs/report-schema.md §Examples).
 //!   Regenerate them with `tools/regen_examples.sh`
-//!   (= `HSPARITY_REGEN_EXAMPLES=1 cargo test --release --test report_render`).
+//!   (= `HSPARITY_REGEN_EXAMPLES=1 cargo test --release --test integration
+//!   report_render::examples_are_current -- --exact`).
 
 use crate::common;
 

@@ -8,8 +8,9 @@
 mod common;
 
 // Fidelity against transformers 5.23.0: hidden states, logits and load
-// reports of each loading path on the fixtures' goldens. A new family,
-// layout or loading rule gets its golden test here.
+// reports of each loading path on the fixtures' goldens, the incremental
+// check (and when compare runs it). A new family, layout or loading rule
+// gets its golden test here, and its fixture a line in `families`.
 mod divergence;
 mod gdn_kernels;
 mod golden_tiny;
@@ -28,18 +29,18 @@ mod qwen3;
 // A new kernel or a new way to batch the forward is tested here.
 mod batched_forward;
 mod decode_steps;
-mod families;
 mod kernels;
 mod streamed;
-mod trajectories;
 
-// The drafter: τ and DDTree against the dflash package, triage, the harness
-// and engine faults it emulates, the bootstrap.
+// The drafter: τ and DDTree against the dflash package, its three modes
+// (resident, streamed, supplied trajectories), triage, the harness and engine
+// faults it emulates, the bootstrap.
 mod bootstrap;
 mod drafter;
 mod faults;
 mod harness;
 mod moe_drafter;
+mod trajectories;
 mod triage;
 
 // Other engines' captures and dumps: import, diff, align.
@@ -69,5 +70,7 @@ mod fuzz_headers;
 mod fuzz_inputs;
 mod hostile_inputs;
 
-// The shape of the repository: the import graph, sizes, citations.
+// The shape of the repository: the import graph, sizes, citations; each
+// model family's tensor names against its loader and its state dict.
 mod architecture;
+mod families;

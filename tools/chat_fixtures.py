@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chat-template fixtures and goldens for hsparity (``src/chat.rs``, ``src/prompt_sets.rs``).
+"""Chat-template fixtures and goldens for hsparity (``src/chat/``, ``src/prompt_sets.rs``).
 
 CI never runs this script: its outputs are committed and ``tests/chat_templates.rs`` /
 ``tests/prompt_sets.rs`` only read them. ``tools/make_fixtures.py`` imports it (the Qwen special

@@ -13,12 +13,16 @@
 //! - [`plan`] answers "which kernel computes `x [m, k] · w [n, k]ᵀ` exactly
 //!   here?" for every kernel, from candle's route for that shape
 //!   ([`routes::route`]) and the capabilities; `None` means candle's GEMM.
-//! - A [`Plan`] is the only way to run a kernel, and running one records its
-//!   name ([`ran`]) for the report's `environment.kernels`.
-//! - The arithmetic lives in per-architecture modules behind `cfg`
-//!   (`x86_64`: AVX-512 FMA, AVX512-BF16, the AVX2 build of the delta rule);
-//!   on any other architecture the capabilities are all off, no plan is
-//!   made, and candle's GEMM computes everything, with the same results.
+//! - A [`Plan`] is the only way to run a product kernel; [`Plan::run`]
+//!   refuses one this CPU cannot execute (a plan made for other
+//!   capabilities), and records the kernel's name ([`ran`]) for the report's
+//!   `environment.kernels`. The Gated DeltaNet's head loops, compiled twice
+//!   in `models::qwen3_5::delta_rule`, pick their AVX2 build from the same
+//!   capabilities and record it as [`Kernel::DeltaRuleAvx2`].
+//! - The products' arithmetic lives in per-architecture modules behind
+//!   `cfg` (`x86_64`: AVX-512 FMA, AVX512-BF16); on any other architecture
+//!   the capabilities are all off, no plan is made, and candle's GEMM
+//!   computes everything, with the same results.
 //!
 //! The switches change speed only: which kernel computes a product, never
 //! the bits, and never which checks a command runs (`compare` decides its
@@ -311,6 +315,17 @@ impl Plan {
         if wants.is_some_and(|s| s != w.stored()) {
             return Err(refuse("the weight is not held as this kernel reads it"));
         }
+        // A plan may have been made for other capabilities than this CPU's
+        // (`plan` takes any): the instructions must exist here.
+        let cpu = capabilities();
+        let here = match self.kernel {
+            Kernel::F32Gemm | Kernel::Gemv => cpu.avx512f,
+            Kernel::Bf16Gemm => cpu.avx512f && cpu.avx512bf16,
+            Kernel::DeltaRuleAvx2 => false,
+        };
+        if !here {
+            return Err(refuse("this CPU lacks the kernel's instructions"));
+        }
         self.kernel.record();
         #[cfg(target_arch = "x86_64")]
         {
@@ -318,6 +333,7 @@ impl Plan {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
+            let _ = (x, w);
             Err(refuse("no kernel on this architecture"))
         }
     }

@@ -233,7 +233,9 @@ impl IncrementalPlan {
             None => {}
         }
         let gib = f32_bytes as f64 / (1u64 << 30) as f64;
-        let why = if in_sweep {
+        let why = if in_sweep && !on_cpu {
+            format!("on this device its {STEPS} single-token steps read every layer's weights {STEPS} more times per path ({gib:.1} GiB in f32 each time)")
+        } else if in_sweep {
             format!("without AVX-512F its {STEPS} single-token steps read every layer's weights {STEPS} more times per path ({gib:.1} GiB in f32 each time)")
         } else {
             format!("with --gdn-form recurrent it is a second pass over the checkpoint per path ({gib:.1} GiB in f32)")

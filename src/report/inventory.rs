@@ -1,5 +1,6 @@
-//! The `inventory` verb's report ([`InventoryReport`]: the envelope with the
-//! inventory under `inventory`, as in `compare`'s report) and the inventory
+//! The `inventory` verb's report ([`InventoryReport`]: the envelope, with the
+//! inventory's members beside it as `inventory --json` always printed them)
+//! and the inventory
 //! table (its terminal output, and the inventory section of `compare`'s
 //! `report.md`). Renders only; all numbers come from
 //! [`crate::loading::inventory()`].
@@ -12,11 +13,30 @@ use super::{Body, Environment, Kind, Report};
 use crate::loading::{Inventory, PathInventory};
 use crate::parity::Verdict;
 
-/// The body of `inventory`'s report.
+/// The body of `inventory`'s report: the inventory, whose members the JSON
+/// carries at the top level beside the envelope's (its `schema_version` is
+/// the envelope's own), as `inventory --json` printed them before it had the
+/// envelope.
 #[derive(Debug, Clone, Serialize)]
 pub struct InventoryBody {
     /// What each loading path loads.
+    #[serde(skip)]
     pub inventory: Inventory,
+    /// Its members as JSON, less `schema_version`.
+    #[serde(flatten)]
+    members: serde_json::Map<String, serde_json::Value>,
+}
+
+impl InventoryBody {
+    /// The body of `inventory`.
+    pub fn new(inventory: Inventory) -> Self {
+        let mut members = match serde_json::to_value(&inventory) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        };
+        members.remove("schema_version");
+        Self { inventory, members }
+    }
 }
 
 /// `inventory`'s report.
@@ -48,7 +68,7 @@ pub fn build(inv: Inventory, environment: Environment, command: String) -> Inven
     } else {
         (Verdict::Fail, missing.join("; "))
     };
-    let body = InventoryBody { inventory: inv };
+    let body = InventoryBody::new(inv);
     Report::new(
         Kind::Inventory,
         verdict,

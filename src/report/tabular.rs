@@ -245,7 +245,7 @@ impl Table {
 
 /// A cell's text as a Markdown table holds it: `|` escaped (it would end
 /// the cell), line breaks as `<br>` (they would end the row).
-fn md_cell(text: &str) -> String {
+pub fn md_cell(text: &str) -> String {
     text.replace('|', "\\|").replace('\n', "<br>")
 }
 

@@ -29,9 +29,9 @@ pub(super) fn detect() -> Capabilities {
 /// Runs `plan` (shapes and operands checked by the caller).
 pub(super) fn run(plan: &Plan, x: &[f32], w: Weight<'_>) -> Option<Vec<f32>> {
     let [m, n, k] = plan.dims();
-    // SAFETY: a plan is made only where `super::capabilities()` (CPUID)
-    // found each kernel's features, and `Plan::run` checked that `x` and `w`
-    // hold the planned shapes.
+    // SAFETY: `Plan::run` checked that this CPU (`super::capabilities()`,
+    // read from CPUID) has the kernel's features and that `x` and `w` hold
+    // the planned shapes.
     unsafe {
         match (plan.kernel(), w) {
             (Kernel::F32Gemm, Weight::F32(b)) => {

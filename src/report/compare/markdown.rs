@@ -11,7 +11,7 @@ use super::{
 };
 use crate::parity::{HiddenStateRow, PairReport};
 use crate::report::format::{cos, gib, max_abs_at, sci, yes_no};
-use crate::report::tabular::{Cell, Column, Row, Table};
+use crate::report::tabular::{md_cell, Cell, Column, Row, Table};
 
 /// Rows above which the per-layer table is folded in `<details>`.
 pub const FOLD_ROWS: usize = 24;
@@ -97,8 +97,8 @@ fn environment(report: &CompareReport) -> String {
     md.push_str(&format!(
         "| | |\n|---|---|\n| hsparity | {} |\n| checkpoint | `{}`{} |\n| config.json sha256 | `{}` |\n| prompts | {} ({} tokens), sha256 `{}` |\n| device | {} ({} threads), peak RSS {} |\n| Gated DeltaNet form | {} |\n| drafter taps | {} |\n",
         e.hsparity_version,
-        t.map(|t| t.checkpoint.as_str()).unwrap_or("-"),
-        t.and_then(|t| t.revision.as_ref()).map(|r| format!(" @ `{r}`")).unwrap_or_default(),
+        md_cell(t.map(|t| t.checkpoint.as_str()).unwrap_or("-")),
+        t.and_then(|t| t.revision.as_ref()).map(|r| format!(" @ `{}`", md_cell(r))).unwrap_or_default(),
         t.map(|t| t.config_sha256.as_str()).unwrap_or("-"),
         report.prompts.len(),
         report.prompts.iter().map(|p| p.tokens.to_string()).collect::<Vec<_>>().join(", "),
@@ -114,7 +114,7 @@ fn environment(report: &CompareReport) -> String {
         }
     ));
     if let Some(line) = e.rendering_line() {
-        md.push_str(&format!("| prompt rendering | {line} |\n"));
+        md.push_str(&format!("| prompt rendering | {} |\n", md_cell(&line)));
     }
     md.push('\n');
     let mut paths = Table::new(vec![
