@@ -54,8 +54,10 @@ mod chat_templates;
 mod prompt_options;
 mod prompt_sets;
 
-// The command line and what it writes: exit codes, reports, the JSON schema.
+// The command line and what it writes: exit codes, reports, the JSON schema,
+// every command the README and docs/ show.
 mod cli;
+mod docs_commands;
 mod report_render;
 mod report_schema;
 
