@@ -336,38 +336,11 @@ impl Run<'_> {
             decode.extend(rows);
             stacked_local.push(stack_local.then(|| lo.into_iter().unzip::<_, _, Vec<_>, Vec<_>>()));
         }
-        let n = self.paths.len();
-        let (mut locals, mut local_routes) = (vec![None; n], vec![None; n]);
-        if local {
-            for p in 1..n {
-                if let Some(Some((o, r))) = stacked_local.get_mut(p).map(Option::take) {
-                    locals[p] = Some(o);
-                    local_routes[p] = r.into_iter().collect::<Option<Vec<_>>>();
-                    continue;
-                }
-                // Path p's layer on path 0's input: path 0's output when the
-                // layer is shared with path 0, else reuse any path q with the
-                // same layer already run on that input.
-                let (o, r) = if groups[p] == groups[0] {
-                    (next[0].clone(), routes[0].clone())
-                } else {
-                    let done: Vec<Done> = (0..n)
-                        .filter(|&q| q != p && groups[q] == groups[p])
-                        .map(|q| {
-                            (
-                                states[q].as_slice(),
-                                next[q].as_slice(),
-                                routes[q].as_slice(),
-                            )
-                        })
-                        .collect();
-                    self.forward(&layers[p], p, &states[0], &done, true, Vec::new())?
-                        .0
-                };
-                locals[p] = Some(o);
-                local_routes[p] = r.into_iter().collect::<Option<Vec<_>>>();
-            }
-        }
+        let (locals, local_routes) = if local {
+            self.local_forwards(&layers, &groups, states, (&next, &routes), stacked_local)?
+        } else {
+            (vec![None; self.paths.len()], vec![None; self.paths.len()])
+        };
         // A dense layer has no router: its routings are all `None`.
         let routing: Vec<Vec<Routing>> = routes
             .into_iter()
@@ -380,6 +353,51 @@ impl Run<'_> {
             routing,
             local_routing: local_routes,
         })
+    }
+
+    /// Every path's layer on path 0's input (`None` for path 0): the forward
+    /// stacked with its own where it ran one, path 0's output where the
+    /// layer is shared with path 0, else any path's with the same layer run
+    /// on that input, else its own forward of it.
+    fn local_forwards(
+        &self,
+        layers: &[std::sync::Arc<DecoderLayer>],
+        groups: &[usize],
+        states: &[Vec<Tensor>],
+        (next, routes): (&[Vec<Tensor>], &[Vec<Option<Routing>>]),
+        mut stacked_local: Vec<Option<Outputs>>,
+    ) -> Result<(LocalPerPath, Vec<Option<Vec<Routing>>>)> {
+        let n = self.paths.len();
+        let (mut locals, mut local_routes) = (vec![None; n], vec![None; n]);
+        for p in 1..n {
+            if let Some(Some((o, r))) = stacked_local.get_mut(p).map(Option::take) {
+                locals[p] = Some(o);
+                local_routes[p] = r.into_iter().collect::<Option<Vec<_>>>();
+                continue;
+            }
+            // Path p's layer on path 0's input: path 0's output when the
+            // layer is shared with path 0, else reuse any path q with the
+            // same layer already run on that input.
+            let (o, r) = if groups[p] == groups[0] {
+                (next[0].clone(), routes[0].clone())
+            } else {
+                let done: Vec<Done> = (0..n)
+                    .filter(|&q| q != p && groups[q] == groups[p])
+                    .map(|q| {
+                        (
+                            states[q].as_slice(),
+                            next[q].as_slice(),
+                            routes[q].as_slice(),
+                        )
+                    })
+                    .collect();
+                self.forward(&layers[p], p, &states[0], &done, true, Vec::new())?
+                    .0
+            };
+            locals[p] = Some(o);
+            local_routes[p] = r.into_iter().collect::<Option<Vec<_>>>();
+        }
+        Ok((locals, local_routes))
     }
 
     /// Path p's own forward of `layer` with the cached decode: its prefill

@@ -35,11 +35,36 @@ pub trait ModelFamily: fmt::Debug + Send + Sync {
     /// that [`Self::load_layer`] reads exactly these.
     fn layer_tensor_names(&self, i: usize, ty: LayerType) -> Vec<String>;
 
+    /// True when the family's RMSNorms are zero-centred (`norm(x)·(1+w)`,
+    /// Qwen3.5's), false when plain (`w·norm(x)`, Qwen3's).
+    fn zero_centred_norms(&self) -> bool;
+
     /// The family's RMSNorm `{prefix}.weight`.
     ///
     /// Errors: the tensor missing or unreadable.
-    fn norm(&self, src: &dyn WeightSource, prefix: &str, eps: f64, prec: Precision)
-        -> Result<Norm>;
+    fn norm(
+        &self,
+        src: &dyn WeightSource,
+        prefix: &str,
+        eps: f64,
+        prec: Precision,
+    ) -> Result<Norm> {
+        if self.zero_centred_norms() {
+            crate::models::qwen3_5::norm(src, prefix, eps, prec)
+        } else {
+            crate::models::qwen3::norm(src, prefix, eps, prec)
+        }
+    }
+}
+
+/// `layers.{i}.{name}` for every name of `blocks`, in order: a layer's
+/// tensor names from its blocks' lists.
+pub fn layer_names(i: usize, blocks: &[&[&str]]) -> Vec<String> {
+    blocks
+        .iter()
+        .flat_map(|b| b.iter())
+        .map(|s| format!("layers.{i}.{s}"))
+        .collect()
 }
 
 /// The implementation of `family`.

@@ -7,7 +7,7 @@ use crate::checkpoint::config::LayerType;
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::decoder::{DecoderLayer, Mixer};
-use crate::models::family::ModelFamily;
+use crate::models::family::{self, ModelFamily};
 use crate::models::layers::attention::Attention;
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::{Norm, PlainRmsNorm};
@@ -54,22 +54,11 @@ impl ModelFamily for Qwen3 {
 
     /// Every layer is full attention, whatever `_ty` says.
     fn layer_tensor_names(&self, i: usize, _ty: LayerType) -> Vec<String> {
-        ATTENTION_TENSORS
-            .iter()
-            .chain(NORM_TENSORS)
-            .chain(MLP_TENSORS)
-            .map(|s| format!("layers.{i}.{s}"))
-            .collect()
+        family::layer_names(i, &[ATTENTION_TENSORS, NORM_TENSORS, MLP_TENSORS])
     }
 
-    fn norm(
-        &self,
-        src: &dyn WeightSource,
-        prefix: &str,
-        eps: f64,
-        prec: Precision,
-    ) -> Result<Norm> {
-        norm(src, prefix, eps, prec)
+    fn zero_centred_norms(&self) -> bool {
+        false
     }
 }
 

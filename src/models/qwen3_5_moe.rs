@@ -14,8 +14,7 @@ use crate::checkpoint::config::LayerType;
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 use crate::models::decoder::{DecoderLayer, FeedForward};
-use crate::models::family::ModelFamily;
-use crate::models::layers::norm::Norm;
+use crate::models::family::{self, ModelFamily};
 use crate::models::moe::SparseMoeBlock;
 use crate::models::qwen3_5::{self, NORM_TENSORS};
 use crate::models::TextModelSpec;
@@ -65,21 +64,13 @@ impl ModelFamily for Qwen3_5Moe {
 
     /// The mixer's, the norms and the MoE block's.
     fn layer_tensor_names(&self, i: usize, ty: LayerType) -> Vec<String> {
-        qwen3_5::mixer_tensor_names(ty)
-            .iter()
-            .chain(NORM_TENSORS)
-            .chain(MOE_TENSORS)
-            .map(|s| format!("layers.{i}.{s}"))
-            .collect()
+        family::layer_names(
+            i,
+            &[qwen3_5::mixer_tensor_names(ty), NORM_TENSORS, MOE_TENSORS],
+        )
     }
 
-    fn norm(
-        &self,
-        src: &dyn WeightSource,
-        prefix: &str,
-        eps: f64,
-        prec: Precision,
-    ) -> Result<Norm> {
-        qwen3_5::norm(src, prefix, eps, prec)
+    fn zero_centred_norms(&self) -> bool {
+        true
     }
 }

@@ -355,18 +355,7 @@ pub fn run(
         given.as_ref(),
         settings.quiet,
     )?;
-    let b = drafter.cfg.block_size;
-    let baseline = Baseline {
-        path: LoadingPath::CausalLm,
-        dtype: base_prec,
-        gdn_form: GdnForm::Chunked,
-        taps: drafter.cfg.target_layer_ids.clone(),
-        tau_macro: tau(&ran.baseline.dflash, b),
-        ddtree_tau_macro: tau(&ran.baseline.ddtree, b),
-        wall_s: ran.baseline.wall_s,
-        sweeps: ran.baseline.sweeps,
-        per_prompt: assess::per_prompt(&ran.baseline, &ran.base.max_new),
-    };
+    let baseline = baseline_of(&ran, &drafter, base_prec);
     let mut outcomes = std::mem::take(&mut ran.outcomes);
     groups::tap_outcomes(
         session,
@@ -394,6 +383,7 @@ pub fn run(
             variants.push(ctx.score(i, s, o, planned[i].1.as_ref(), &recipes[i])?);
         }
     }
+    // The ranking: the largest |Δτ| first.
     variants.sort_by(|a, b| b.delta_tau.abs().total_cmp(&a.delta_tau.abs()));
     let mut summary = summarize(&baseline, &variants, settings.observed_tau);
     let trajectories = given
@@ -411,6 +401,27 @@ pub fn run(
         wall_time_s: t0.elapsed().as_secs_f64(),
     };
     Ok((triage, summary, notes))
+}
+
+/// The baseline's row: the training-side path in its own dtype with the
+/// chunked delta rule, its τ and DDTree τ over the prompts, its cost.
+fn baseline_of(
+    ran: &groups::Ran,
+    drafter: &crate::models::dflash::Drafter,
+    prec: Precision,
+) -> Baseline {
+    let b = drafter.cfg.block_size;
+    Baseline {
+        path: LoadingPath::CausalLm,
+        dtype: prec,
+        gdn_form: GdnForm::Chunked,
+        taps: drafter.cfg.target_layer_ids.clone(),
+        tau_macro: tau(&ran.baseline.dflash, b),
+        ddtree_tau_macro: tau(&ran.baseline.ddtree, b),
+        wall_s: ran.baseline.wall_s,
+        sweeps: ran.baseline.sweeps,
+        per_prompt: assess::per_prompt(&ran.baseline, &ran.base.max_new),
+    }
 }
 
 /// The supplied trajectories with the baseline's departures from them; a

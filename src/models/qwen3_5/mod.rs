@@ -10,7 +10,7 @@ use crate::checkpoint::config::LayerType;
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::decoder::{DecoderLayer, FeedForward, Mixer};
-use crate::models::family::ModelFamily;
+use crate::models::family::{self, ModelFamily};
 use crate::models::layers::attention::Attention;
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::{Norm, RmsNorm};
@@ -37,22 +37,11 @@ impl ModelFamily for Qwen3_5 {
     }
 
     fn layer_tensor_names(&self, i: usize, ty: LayerType) -> Vec<String> {
-        mixer_tensor_names(ty)
-            .iter()
-            .chain(NORM_TENSORS)
-            .chain(MLP_TENSORS)
-            .map(|s| format!("layers.{i}.{s}"))
-            .collect()
+        family::layer_names(i, &[mixer_tensor_names(ty), NORM_TENSORS, MLP_TENSORS])
     }
 
-    fn norm(
-        &self,
-        src: &dyn WeightSource,
-        prefix: &str,
-        eps: f64,
-        prec: Precision,
-    ) -> Result<Norm> {
-        norm(src, prefix, eps, prec)
+    fn zero_centred_norms(&self) -> bool {
+        true
     }
 }
 
