@@ -1,8 +1,13 @@
 //! hsparity: do two ways of loading the same checkpoint produce the same hidden
 //! states, and what does a difference cost the drafter that reads them?
 //!
-//! Pipeline (one module each): [`checkpoint`] → [`loading`] → [`models`] →
-//! [`capture`] → [`parity`] → [`report`]; [`dump`] reads and writes captures.
+//! The stages, in the order data flows (a module imports only from its own
+//! stage or an earlier one; `docs/architecture.md`):
+//! foundation ([`error`], [`kernels`], [`precision`], [`device`], …) →
+//! [`checkpoint`] → [`loading`] → prompts ([`chat`], [`prompt_sets`],
+//! [`prompts`]) → [`models`] → [`session`] → [`capture`] (with [`dump`],
+//! [`import`]) → [`parity`] → [`drafter`] → [`triage`] → [`report`] →
+//! [`commands`] → [`cli`]; `src/main.rs` is the thin binary over [`cli`].
 
 #![warn(missing_docs)]
 

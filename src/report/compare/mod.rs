@@ -251,7 +251,7 @@ pub fn dropped_by_rule<'a>(rule: &str, dropped: &'a [String]) -> Option<Vec<&'a 
 }
 
 /// The verdict and the body of its sentence (`causal-lm and vlm agree bitwise
-/// at all 7 hidden states`, …); [`tagged`] puts `PASS:` / `FAIL:` before it
+/// at all 7 hidden states`, …); `Report::new` puts `PASS:` / `FAIL:` before it
 /// once every check of the run has added its part.
 pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
     let missing: Vec<String> = paths

@@ -9,7 +9,7 @@
 //! each pair's first divergent hidden state; thin grey horizontals are the
 //! pass tolerances of the first pair.
 //!
-//! Renders only: every value comes from the [`Report`]. The one display
+//! Renders only: every value comes from the [`crate::report::Report`]. The one display
 //! transform is for the log axis: values ≤ [`FLOOR`] (bitwise-identical rows
 //! give exactly 0) are drawn on the floor line labelled "bitwise identical",
 //! and NaN/±Inf metrics (or rows with NaN/Inf values) are drawn as red crosses
