@@ -37,6 +37,7 @@ mod streamed;
 // faults it emulates, the bootstrap.
 mod bootstrap;
 mod drafter;
+mod drafter_audit;
 mod faults;
 mod harness;
 mod moe_drafter;

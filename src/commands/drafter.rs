@@ -103,10 +103,7 @@ pub(crate) fn evaluate(
     )?;
     eval.tau_gap_interval = drafter::gap::gap(&eval, seed);
     let env = Environment::of_session(session, GdnForm::Chunked)?;
-    Ok(crate::report::drafter::build(
-        eval,
-        env,
-        command_line.into(),
-        notes,
-    ))
+    let made_for = drafter::audit::mismatches(&eval.drafter.audit);
+    let report = crate::report::drafter::build(eval, env, command_line.into(), notes);
+    Ok(report.with_findings(&made_for))
 }

@@ -125,11 +125,13 @@ pub fn run(o: &FeaturesOptions) -> Result<FeaturesReport> {
     notes.extend(more);
     eval.tau_gap_interval =
         crate::drafter::gap::gap_from(&eval.features.tau, &eval.paths, d.target.seed);
+    let mut findings = crate::drafter::audit::mismatches(&eval.drafter.audit);
+    findings.extend(session.findings());
     Ok(crate::report::features::build(
         eval,
         Environment::of_session(&session, GdnForm::Chunked)?,
         d.command_line.clone(),
         notes,
     )
-    .with_findings(&session.findings()))
+    .with_findings(&findings))
 }

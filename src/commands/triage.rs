@@ -34,6 +34,8 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
     let mut settings = opts.settings.clone();
     settings.harness.prompts = opts.target.prompts.clone();
     let (t, summary, notes) = triage::run(&session, &settings, given)?;
+    let mut findings = crate::drafter::audit::mismatches(&t.drafter_audit);
+    findings.extend(session.findings());
     Ok(crate::report::triage::build(
         t,
         summary,
@@ -41,5 +43,5 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
         opts.command_line.clone(),
         notes,
     )
-    .with_findings(&session.findings()))
+    .with_findings(&findings))
 }

@@ -346,6 +346,9 @@ pub struct DrafterInfo {
     pub num_hidden_layers: usize,
     /// dtype the drafter computed in.
     pub dtype: Precision,
+    /// What the drafter's config records about its target, checked against
+    /// this target ([`crate::drafter::audit`]); a disagreement fails the run.
+    pub audit: Vec<crate::drafter::audit::AuditCheck>,
 }
 
 /// DDTree results for one path.

@@ -479,6 +479,7 @@ pub fn evaluate(
             mask_token_id: drafter.cfg.mask_token_id,
             num_hidden_layers: drafter.cfg.num_hidden_layers,
             dtype: dprec,
+            audit: super::audit::audit(&drafter.cfg, &session.paths[0].text_config),
         },
         end_rule: settings.replay.rule,
         max_new_tokens: settings.replay.max_new,

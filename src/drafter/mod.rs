@@ -5,6 +5,7 @@
 //! a session ([`paths::evaluate`]), and τ on captured features next to the
 //! paths' own ([`features::evaluate`], `drafter --features`).
 
+pub mod audit;
 pub mod bootstrap;
 pub mod eval;
 pub mod faults;

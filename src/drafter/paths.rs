@@ -62,7 +62,7 @@ impl DrafterEval {
     /// Why the evaluation fails, one phrase each (empty when it passes): a
     /// τ gap over the limit (with its interval), then [`DrafterEval::departures`].
     pub fn failures(&self) -> Vec<String> {
-        let mut out = Vec::new();
+        let mut out = super::audit::mismatches(&self.drafter.audit);
         if self.tau_gap > self.max_tau_gap {
             let interval = self
                 .tau_gap_interval
@@ -490,6 +490,7 @@ fn assemble(
             mask_token_id: drafter.cfg.mask_token_id,
             num_hidden_layers: drafter.cfg.num_hidden_layers,
             dtype: dprec,
+            audit: super::audit::audit(&drafter.cfg, &session.paths[0].text_config),
         },
         end_rule: settings.replay.rule,
         max_new_tokens: max_new,

@@ -153,6 +153,10 @@ pub fn render(d: &DrafterReport) -> String {
     if let Some(line) = d.environment.rendering_line() {
         out.push_str(&format!("prompts: {line}\n"));
     }
+    out.push_str(&format!(
+        "drafter vs target: {}\n",
+        crate::drafter::audit::describe(&d.drafter.audit)
+    ));
     out.push_str(&format!("memory: {}\n", d.plan.describe()));
     out.push_str(&tau_table(d).terminal().to_string());
     out.push_str(&format!("\nτ rule: {}\n", d.end_rule.describe()));

@@ -114,6 +114,10 @@ pub fn render(r: &FeaturesReport) -> String {
         f.prompts.len(),
         r.max_new_tokens
     );
+    out.push_str(&format!(
+        "drafter vs target: {}\n",
+        crate::drafter::audit::describe(&r.drafter.audit)
+    ));
     out.push_str(&tau_table(r).terminal().to_string());
     out.push_str(&format!("\nτ rule: {}\n", r.end_rule.describe()));
     for n in &r.notes {

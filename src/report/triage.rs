@@ -176,6 +176,10 @@ pub fn render(r: &TriageReport) -> String {
     if let Some(line) = r.environment.rendering_line() {
         out.push_str(&format!("prompts: {line}\n"));
     }
+    out.push_str(&format!(
+        "drafter vs target: {}\n",
+        crate::drafter::audit::describe(&r.drafter_audit)
+    ));
     out.push_str(&variants_table(r, None).terminal().to_string());
     out.push_str(&format!(
         "\nwall time {:.1} s (tap variants reuse the baseline forward)\n{}\n",

@@ -176,6 +176,9 @@ pub struct Triage {
     pub trajectories: Option<TrajectoryReport>,
     /// Whole run, seconds.
     pub wall_time_s: f64,
+    /// What the drafter's config records about its target, checked against
+    /// this one ([`crate::drafter::audit`]); a disagreement fails the run.
+    pub drafter_audit: Vec<crate::drafter::audit::AuditCheck>,
 }
 
 /// τ (macro) of per-prompt results for block size `b`.
@@ -399,6 +402,7 @@ pub fn run(
         observed_tau: settings.observed_tau,
         trajectories,
         wall_time_s: t0.elapsed().as_secs_f64(),
+        drafter_audit: crate::drafter::audit::audit(&drafter.cfg, &session.paths[0].text_config),
     };
     Ok((triage, summary, notes))
 }

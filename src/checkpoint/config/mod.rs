@@ -127,6 +127,23 @@ impl ModelConfig {
                 json_kind(&raw)
             )));
         };
+        // A DFlash drafter given where a target checkpoint is expected (its
+        // `model_type` is often a target's, e.g. qwen3).
+        let drafter_arch = obj
+            .get("architectures")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .find(|a| a.contains("DFlash"));
+        if let Some(arch) =
+            drafter_arch.or(obj.contains_key("dflash_config").then_some("dflash_config"))
+        {
+            return Err(err(format!(
+                "this is a DFlash drafter ({arch}), not a target checkpoint: pass the target's folder \
+                 as the checkpoint and this one as --drafter"
+            )));
+        }
         let model_type = model_type_of(obj).map_err(err)?;
         let (text_value, prefix) = text_section(&raw, &model_type).map_err(err)?;
         let vision_config = match obj.get("vision_config") {

@@ -50,6 +50,13 @@ pub struct DflashConfig {
     pub output_multiplier: f64,
     /// `final_logit_softcapping` (none by default).
     pub final_logit_softcapping: Option<f64>,
+    /// `num_target_layers`: the decoder layers of the target it was made
+    /// for, when the config records them (dflash's `DFlashDraftModel`
+    /// configs do).
+    pub num_target_layers: Option<usize>,
+    /// `vocab_size`: the vocabulary of the target it was made for (a DFlash
+    /// drafter reads the target's embeddings and LM head), when recorded.
+    pub vocab_size: Option<usize>,
 }
 
 fn get<'a>(cfg: &'a Value, name: &str) -> Option<&'a Value> {
@@ -92,19 +99,7 @@ impl DflashConfig {
             .and_then(|a| a.first())
             .and_then(Value::as_str)
             .unwrap_or("");
-        let v2_markers = [
-            "selector_top_k",
-            "attention_conv",
-            "mlp_conv",
-            "candidate_selector",
-            "conv_kernel_size",
-        ];
-        if arch.contains("DFlash2") || v2_markers.iter().any(|k| get(cfg, k).is_some()) {
-            return Err(bad(format!(
-                "this is a DFlash2-style drafter ({}); hsparity implements DFlash v1 (DFlashDraftModel) only",
-                if arch.is_empty() { "has DFlash2 fields" } else { arch }
-            )));
-        }
+        refuse_other_kinds(cfg, arch)?;
         let usize_of = |name: &str| -> Result<usize> {
             match get(cfg, name) {
                 Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| {
@@ -195,8 +190,50 @@ impl DflashConfig {
             sliding_window,
             output_multiplier: number(cfg, "output_multiplier")?.unwrap_or(1.0),
             final_logit_softcapping,
+            num_target_layers: cfg
+                .get("num_target_layers")
+                .and_then(Value::as_u64)
+                .map(|v| v as usize),
+            vocab_size: cfg
+                .get("vocab_size")
+                .and_then(Value::as_u64)
+                .map(|v| v as usize),
         })
     }
+}
+
+/// Refuses what is not a DFlash v1 drafter config: a target checkpoint
+/// given where a drafter is expected, or a DFlash2-style drafter.
+fn refuse_other_kinds(cfg: &Value, arch: &str) -> Result<()> {
+    // A target checkpoint given where a drafter is expected.
+    let is_target = cfg.get("text_config").is_some()
+        || (!arch.is_empty() && !arch.contains("DFlash") && get(cfg, "target_layer_ids").is_none());
+    if is_target {
+        return Err(Error::Config(format!(
+            "this is a target checkpoint ({}), not a DFlash drafter (architectures \
+             [\"DFlashDraftModel\"] with dflash_config.target_layer_ids); pass it as the \
+             checkpoint and the drafter's folder as --drafter",
+            if arch.is_empty() {
+                "it has a text_config"
+            } else {
+                arch
+            }
+        )));
+    }
+    let v2_markers = [
+        "selector_top_k",
+        "attention_conv",
+        "mlp_conv",
+        "candidate_selector",
+        "conv_kernel_size",
+    ];
+    if arch.contains("DFlash2") || v2_markers.iter().any(|k| get(cfg, k).is_some()) {
+        return Err(Error::Config(format!(
+            "this is a DFlash2-style drafter ({}); hsparity implements DFlash v1 (DFlashDraftModel) only",
+            if arch.is_empty() { "has DFlash2 fields" } else { arch }
+        )));
+    }
+    Ok(())
 }
 
 /// Draft layers a config may claim ([`DflashConfig::from_value`] refuses
