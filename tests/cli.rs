@@ -328,7 +328,7 @@ fn bad_input_exits_2_with_a_clear_message() {
             "--drafter",
             "fixtures/nope",
         ],
-        "drafter fixtures/nope: not a local directory",
+        "drafter fixtures/nope: no such directory; fixtures holds",
     );
     let err = stderr(&hsparity().args(neg).output().unwrap());
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");

@@ -215,3 +215,40 @@ fn a_drafter_as_the_target_and_a_target_as_the_drafter_are_named() {
         "{err}"
     );
 }
+
+/// The common mistakes say what was passed and what to pass instead: the
+/// pair's parent folder as the drafter or the checkpoint, a mistyped local
+/// path (not told to download it from the Hub).
+#[test]
+fn common_mistakes_say_what_to_pass() {
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[
+                "drafter",
+                TARGET,
+                "--drafter",
+                "fixtures/toy-pair",
+                "--quiet",
+            ],
+            "its subfolders drafter/, target/ hold one",
+        ),
+        (
+            &["compare", "fixtures/toy-pair", "--no-report", "--quiet"],
+            "its subfolders drafter/, target/ hold one",
+        ),
+        (
+            &["compare", "fixtures/tiny-qwen3_6", "--no-report", "--quiet"],
+            "no such directory; fixtures holds tiny-qwen3_5/",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = common::hsparity().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(
+            !err.contains("os error") && !err.contains("huggingface-cli"),
+            "{err}"
+        );
+    }
+}

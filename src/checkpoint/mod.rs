@@ -57,8 +57,11 @@ impl Checkpoint {
     pub fn open_source(source: ResolvedSource) -> Result<Self> {
         let config_path = source.dir.join("config.json");
         if std::fs::symlink_metadata(&config_path).is_err() {
+            let inside = resolve::subfolders_with_config(&source.dir)
+                .map(|s| format!("; its subfolders {s} hold one: pass one of those"))
+                .unwrap_or_default();
             return Err(Error::Config(format!(
-                "{}: not found: no config.json in the checkpoint directory (expected a transformers checkpoint)",
+                "{}: not found: no config.json in the checkpoint directory (expected a transformers checkpoint){inside}",
                 config_path.display()
             )));
         }

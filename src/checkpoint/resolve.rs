@@ -195,6 +195,11 @@ fn resolve_named(what: &str, arg: &str, cache_dir: Option<&Path>) -> Result<Reso
         hf_hub::Repo::with_revision(repo_id.clone(), hf_hub::RepoType::Model, revision.clone());
     let repo_dir = cache_dir.join(repo.folder_name());
     if !repo_dir.is_dir() {
+        if let Some(near) = local_near_misses(p) {
+            return Err(Error::Input(format!(
+                "{what} {arg}: no such directory; {near}"
+            )));
+        }
         return Err(not_cached(format!(
             "not a local directory, and {repo_id} is not"
         )));
@@ -254,6 +259,47 @@ fn list_dir(dir: &Path) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
+}
+
+/// For an argument that names a local folder that does not exist but whose
+/// parent does (a mistyped path, not a Hub id): what the parent holds, the
+/// closest names first.
+fn local_near_misses(p: &Path) -> Option<String> {
+    let parent = p
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty() && d.is_dir())?;
+    let name = p.file_name()?.to_string_lossy().into_owned();
+    let mut dirs: Vec<String> = std::fs::read_dir(parent)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let shared = |d: &String| {
+        d.chars()
+            .zip(name.chars())
+            .take_while(|(a, b)| a == b)
+            .count()
+    };
+    dirs.sort_by(|a, b| shared(b).cmp(&shared(a)).then(a.cmp(b)));
+    let shown: Vec<String> = dirs.iter().take(4).map(|d| format!("{d}/")).collect();
+    Some(match shown.is_empty() {
+        true => format!("{} holds no folder", parent.display()),
+        false => format!("{} holds {}", parent.display(), shown.join(", ")),
+    })
+}
+
+/// The subfolders of `dir` that hold a `config.json` (a folder of
+/// checkpoints given instead of one of them), as `a/, b/`.
+pub fn subfolders_with_config(dir: &Path) -> Option<String> {
+    let mut found: Vec<String> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("config.json").is_file())
+        .map(|e| format!("{}/", e.file_name().to_string_lossy()))
+        .collect();
+    found.sort();
+    (!found.is_empty()).then(|| found.join(", "))
 }
 
 #[cfg(test)]

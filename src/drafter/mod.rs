@@ -87,6 +87,14 @@ pub fn load_drafter(
 ) -> Result<(Drafter, Precision)> {
     let dsrc = resolve::resolve_as("drafter", source)?;
     let cfg_path = dsrc.dir.join("config.json");
+    if std::fs::symlink_metadata(&cfg_path).is_err() {
+        let inside = resolve::subfolders_with_config(&dsrc.dir)
+            .map(|s| format!("; its subfolders {s} hold one: pass the drafter's"))
+            .unwrap_or_default();
+        return Err(Error::Input(format!(
+            "drafter {source}: no config.json (expected a DFlash drafter folder){inside}"
+        )));
+    }
     let cfg = DflashConfig::from_file(&cfg_path)?;
     let dprec = drafter_precision(&cfg_path)?;
     if cfg.mask_token_id as usize >= target.vocab_size {
