@@ -182,3 +182,52 @@ fn shell_words_split_as_a_shell_does() {
         ]
     );
 }
+
+/// Every `hsparity drafter …` command an example report's next check prints
+/// gives the τ the sentence quotes, run as printed.
+#[test]
+fn the_example_reports_next_checks_give_the_tau_they_quote() {
+    let dir = common::repo_root().join("reports/examples");
+    let mut checked = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path().join("report.json");
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            continue;
+        };
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let Some(next) = v["next_check"].as_str() else {
+            continue;
+        };
+        let Some((_, rest)) = next.split_once("`hsparity drafter ") else {
+            continue;
+        };
+        let (cmd, after) = rest.split_once('`').unwrap();
+        let quoted = after
+            .split_once("gives τ ")
+            .map(|(_, t)| t.split_whitespace().next().unwrap().to_string())
+            .unwrap_or_else(|| panic!("{}: no quoted τ in {next}", p.display()));
+        let mut words = vec!["drafter".to_string()];
+        words.extend(shell_words(cmd));
+        words.extend(["--json".into(), "--quiet".into()]);
+        let out = common::hsparity().args(&words).output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let tau = r["paths"][0]["tau_macro"].as_f64().unwrap();
+        assert_eq!(
+            format!("{tau:.2}"),
+            quoted,
+            "{}: `hsparity drafter {cmd}`",
+            p.display()
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 1,
+        "no example report prints a next check with a drafter command"
+    );
+}

@@ -165,7 +165,61 @@ pub struct PromptOptions {
     pub prompt_set: Option<PromptSetSpec>,
 }
 
+/// `arg` quoted for a POSIX shell when it needs it.
+pub fn shell_quote(arg: &str) -> String {
+    let plain = !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:,=@%+".contains(c));
+    if plain {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
 impl PromptOptions {
+    /// The options as command-line flags, shell-quoted, in a fixed order
+    /// (each flag followed by its value; the valueless `--chat` last): what
+    /// another command needs to run on the same prompts, rendered the same
+    /// way.
+    pub fn to_flags(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut flag = |name: &str, value: String| {
+            out.push(name.to_string());
+            out.push(shell_quote(&value));
+        };
+        for t in &self.texts {
+            flag("--prompt", t.clone());
+        }
+        for ids in &self.ids {
+            let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+            flag("--prompt-ids", list.join(","));
+        }
+        if let Some(f) = &self.file {
+            flag("--prompts", f.display().to_string());
+        }
+        if let Some(f) = &self.messages {
+            flag("--messages", f.display().to_string());
+        }
+        if let Some(f) = &self.chat_template {
+            flag("--chat-template", f.display().to_string());
+        }
+        if let Some(t) = self.enable_thinking {
+            flag("--enable-thinking", t.to_string());
+        }
+        if let Some(s) = &self.system {
+            flag("--system", s.clone());
+        }
+        if let Some(s) = &self.prompt_set {
+            flag("--prompt-set", s.to_string());
+        }
+        if self.chat {
+            out.push("--chat".into());
+        }
+        out
+    }
+
     /// True when some option names prompts (else the built-in set runs).
     pub fn names_prompts(&self) -> bool {
         !self.texts.is_empty()

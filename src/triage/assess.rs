@@ -92,25 +92,55 @@ pub fn departures(
 /// What to run next for `top` (the costliest suspect): the check that
 /// confirms or clears it, with the command when hsparity runs it.
 /// `baseline_tau`: τ of the correct run; `checkpoint`, `drafter`: as given.
-pub fn next_check(top: &Suspect, baseline_tau: f64, checkpoint: &str, drafter: &str) -> String {
+///
+/// `run` holds the flags of the run that every printed command repeats
+/// ([`RunFlags`]), so that each reproduces what the sentence says it gives.
+pub fn next_check(top: &Suspect, baseline_tau: f64, run: &RunFlags) -> String {
+    let checkpoint = &run.checkpoint;
+    // ` --prompts FILE …`: nothing when the run used the built-in prompts.
+    let prompts: String = run.prompts.iter().map(|f| format!(" {f}")).collect();
     let correct = format!(
-        "`hsparity drafter {checkpoint} --drafter {drafter}` gives τ {baseline_tau:.2} with the correct loop"
+        "`hsparity drafter {checkpoint} --drafter {} --paths causal-lm{prompts}{}` gives τ {baseline_tau:.2} with the correct loop",
+        run.drafter, run.replay
     );
     match top {
         Suspect::HarnessGdnCrop => format!("run your harness with the Gated DeltaNet state rolled back to the accepted prefix (or the target re-run over it) instead of LinearAttentionLayer.crop: {correct}"),
         Suspect::GdnStateReset(_) => format!("rerun with prefix caching and chunked prefill off (vLLM: --no-enable-prefix-caching, a --max-num-batched-tokens above the longest prompt); {correct}"),
         Suspect::LeftPadUnmasked(_) => format!("pass the attention mask with left-padded batches (or run batch size 1): {correct}"),
         Suspect::KvFp8 => format!("serve with --kv-cache-dtype auto (or a checkpoint with calibrated KV scales) and compare τ: {correct}"),
-        Suspect::ThinkingFlipped(v) => format!("render the prompts as your harness does and compare: `hsparity prompts {checkpoint} --chat --enable-thinking {v}` shows them; {correct}"),
+        Suspect::ThinkingFlipped(v) => {
+            let flipped: Vec<&str> = run
+                .prompts
+                .chunks(2)
+                .filter(|f| f[0] != "--enable-thinking" && f[0] != "--chat")
+                .flatten()
+                .map(String::as_str)
+                .collect();
+            let flipped: String = flipped.iter().map(|f| format!(" {f}")).collect();
+            format!("render the prompts as your harness does and compare: `hsparity prompts {checkpoint}{flipped} --chat --enable-thinking {v}` shows them; {correct}")
+        }
         Suspect::DrafterSwaAsFull => "check that your engine gives the drafter's sliding-window layers their window (vLLM PR #40898)".to_string(),
         Suspect::TapOffset(_) | Suspect::NormedLastTap => format!("print which hidden_states your harness concatenates for the drafter (tap L is hidden_states[L+1], pre-norm): {correct}"),
         Suspect::Positions(_) => format!("log the position ids your harness feeds after the prefill (they continue from the prompt length): {correct}"),
-        Suspect::Vlm => format!("`hsparity compare {checkpoint} --paths causal-lm,vlm` shows where the two loading paths part"),
+        Suspect::Vlm => format!("`hsparity compare {checkpoint} --paths causal-lm,vlm{prompts}` shows where the two loading paths part"),
         Suspect::Dtype(p) => format!("check the dtype your harness loads the target in (`hsparity inventory {checkpoint}` lists each path's); {p} costs what this row says"),
         Suspect::Recurrent => format!("check which delta-rule kernel your engine runs for multi-token forwards: {correct}"),
         Suspect::RouterDtype => format!("check that your engine computes the MoE router's softmax in f32 (transformers: softmax(router_logits, dtype=torch.float)): {correct}"),
         Suspect::MissingOn(_) | Suspect::RandomLmHead => format!("`hsparity inventory {checkpoint}` lists what each loading path leaves MISSING"),
     }
+}
+
+/// The flags of a triage run that a printed next check repeats.
+#[derive(Debug, Clone)]
+pub struct RunFlags {
+    /// The checkpoint argument, shell-quoted.
+    pub checkpoint: String,
+    /// The drafter argument, shell-quoted.
+    pub drafter: String,
+    /// The prompt options as flags ([`crate::prompts::PromptOptions::to_flags`]).
+    pub prompts: Vec<String>,
+    /// ` --max-new-tokens N --ddtree-budget B` (and `--trajectories FILE`).
+    pub replay: String,
 }
 
 /// What scoring a suspect's outcome against the baseline needs.

@@ -510,12 +510,28 @@ fn next_check(
 ) -> Option<String> {
     let top = top_suspect(variants)?;
     let s = suspects.iter().find(|s| s.name() == top.name)?;
-    Some(assess::next_check(
-        s,
-        baseline.tau_macro,
-        &session.ckpt.source.display,
-        &settings.drafter,
-    ))
+    use crate::prompts::shell_quote;
+    let mut replay = format!(
+        " --max-new-tokens {} --ddtree-budget {}",
+        settings.replay.max_new, settings.replay.budget
+    );
+    if let Some(t) = &settings.trajectories {
+        replay = format!(
+            " --trajectories {}",
+            shell_quote(&t.file.display().to_string())
+        );
+        if let Some(n) = t.max_new {
+            replay.push_str(&format!(" --max-new-tokens {n}"));
+        }
+        replay.push_str(&format!(" --ddtree-budget {}", settings.replay.budget));
+    }
+    let run = assess::RunFlags {
+        checkpoint: shell_quote(&session.ckpt.source.display),
+        drafter: shell_quote(&settings.drafter),
+        prompts: settings.harness.prompts.to_flags(),
+        replay,
+    };
+    Some(assess::next_check(s, baseline.tau_macro, &run))
 }
 
 /// The top suspect: the costliest one that lowers τ with an interval that
