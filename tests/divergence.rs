@@ -214,3 +214,52 @@ fn cross_path_bitwise_verdicts_match_transformers() {
         }
     }
 }
+
+/// `tied-top-level`: `lm_head.weight` is MISSING on causal-lm because the
+/// tie flag it reads (`text_config.tie_word_embeddings`) is not the one set
+/// (the top-level one): the inventory and compare's causes say so and give
+/// the fix, instead of blaming the checkpoint's names.
+#[test]
+fn a_missing_lm_head_is_blamed_on_the_tie_flag_with_the_fix() {
+    let dir = "fixtures/divergence/tied-top-level";
+    let out = common::hsparity()
+        .args(["inventory", dir, "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let causal = v["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "causal-lm")
+        .unwrap();
+    let note = causal["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .find(|n| n.starts_with("lm_head.weight MISSING because it is not tied"));
+    let note = note.unwrap_or_else(|| panic!("{causal}"));
+    assert!(
+        note.contains("Fix: set text_config.tie_word_embeddings to true, or save lm_head.weight"),
+        "{note}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let out = common::hsparity()
+        .args(["compare", dir, "--quiet", "--report-dir"])
+        .arg(tmp.path())
+        .args(["--name", "t"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let md = std::fs::read_to_string(tmp.path().join("t/report.md")).unwrap();
+    let cause = md
+        .lines()
+        .find(|l| l.starts_with("- missing: causal-lm"))
+        .unwrap();
+    assert!(
+        cause.contains("ties by text_config.tie_word_embeddings"),
+        "{cause}"
+    );
+    assert!(!cause.contains("checkpoint names do not match"), "{cause}");
+}

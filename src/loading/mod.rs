@@ -16,6 +16,7 @@ pub mod resident;
 pub mod resolve;
 pub mod source;
 pub mod spec;
+mod tie;
 pub mod view;
 
 pub use conversion::{Converted, ConvertedRule, DroppedConversion};

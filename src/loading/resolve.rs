@@ -18,12 +18,15 @@ use crate::loading::conversion::Entries;
 use crate::loading::inventory::{ComponentCount, PathInventory, ResolvedPath};
 use crate::loading::paths::{resolve_dtype, LoadingPath, ModelClass};
 use crate::loading::spec::{self, Component, ExpectedTensor};
+use crate::loading::tie::{tie, Tie};
 use crate::loading::view::{TensorView, WeightOrigin};
+
+pub use crate::loading::tie::LM_HEAD_UNTIED;
 use crate::precision::Precision;
 
 /// One state-dict entry the class expects.
-struct ModelKey {
-    key: String,
+pub(super) struct ModelKey {
+    pub(super) key: String,
     exp: ExpectedTensor,
     component: Component,
     /// Name relative to the text model (for the view), `None` for vision.
@@ -290,69 +293,6 @@ fn check_shapes(
         }
     }
     Ok(())
-}
-
-/// The tie decision of one path.
-struct Tie {
-    /// Model key index → the checkpoint tensor it takes its values from.
-    tied: HashMap<usize, usize>,
-    /// `lm_head.weight` and the embedding share values.
-    tied_lm_head: bool,
-}
-
-/// Step 5: `modeling_utils.py::tie_weights` with missing keys (symmetric):
-/// the VLM classes tie by the top-level `tie_word_embeddings`, the
-/// text-config classes by the text config's.
-fn tie(
-    cfg: &ModelConfig,
-    class: ModelClass,
-    model: &[ModelKey],
-    source: &[Option<usize>],
-    rules: &mut Vec<String>,
-    notes: &mut Vec<String>,
-) -> Tie {
-    let mut out = Tie {
-        tied: HashMap::new(),
-        tied_lm_head: false,
-    };
-    let tie = if class.uses_text_config() {
-        cfg.text.tie_word_embeddings.unwrap_or(false)
-    } else {
-        cfg.tie_word_embeddings.unwrap_or(false)
-    };
-    if !(class.has_lm_head() && tie) {
-        return out;
-    }
-    let field = if class.uses_text_config() && cfg.is_vlm() {
-        "text_config.tie_word_embeddings"
-    } else {
-        "tie_word_embeddings"
-    };
-    let embed_key = format!("{}embed_tokens.weight", class.text_prefix());
-    let at = |k: &str| model.iter().position(|m| m.key == k);
-    let (Some(ei), Some(li)) = (at(&embed_key), at("lm_head.weight")) else {
-        return out;
-    };
-    match (source[ei], source[li]) {
-        (Some(e), None) => {
-            out.tied.insert(li, e);
-            out.tied_lm_head = true;
-            rules.push(format!("tie lm_head.weight -> {embed_key} ({field})"));
-        }
-        (None, Some(l)) => {
-            out.tied.insert(ei, l);
-            out.tied_lm_head = true;
-            rules.push(format!(
-                "tie {embed_key} -> lm_head.weight ({field}; embedding absent)"
-            ));
-        }
-        (Some(_), Some(_)) => notes.push(format!(
-            "{field} is true but both lm_head.weight and {embed_key} are on disk: transformers ties \
-             them only if their values are equal, so the on-disk lm_head.weight is used (same values either way)"
-        )),
-        (None, None) => {}
-    }
-    out
 }
 
 /// Step 6: per model key its origin (checkpoint, tied, MISSING with its

@@ -171,17 +171,28 @@ impl Compare {
                 ));
             }
             for p in [a, b] {
-                if p.missing > 0 {
-                    let first = self
-                        .inventory
-                        .paths
+                let inv = self
+                    .inventory
+                    .paths
+                    .iter()
+                    .find(|i| i.name == p.name.name());
+                // The tie flag, when that is why lm_head.weight is missing.
+                let untied = inv.and_then(|i| {
+                    i.notes
                         .iter()
-                        .find(|i| i.name == p.name.name())
+                        .find(|n| n.starts_with(crate::loading::resolve::LM_HEAD_UNTIED))
+                });
+                if p.missing > 0 {
+                    let first = inv
                         .and_then(|i| i.missing_names.first())
                         .map(|n| format!(", first {n}"))
                         .unwrap_or_default();
+                    let why = match untied {
+                        Some(note) if p.missing == 1 => note.clone(),
+                        _ => format!("its checkpoint names do not match the class{first}"),
+                    };
                     out.push(format!(
-                        "missing: {} initialises {} tensor(s) randomly (its checkpoint names do not match the class{first})",
+                        "missing: {} initialises {} tensor(s) randomly ({why})",
                         p.name, p.missing
                     ));
                 }
