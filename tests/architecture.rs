@@ -178,33 +178,37 @@ fn test_items(lines: &[&str]) -> Vec<(usize, usize)> {
             n += 1;
             continue;
         }
-        let (mut depth, mut opened, mut end) = (0i64, false, lines.len() - 1);
-        'scan: for (m, l) in lines.iter().enumerate().skip(n + 1) {
-            for c in l.chars() {
-                match c {
-                    ';' if !opened && depth == 0 => {
-                        end = m;
-                        break 'scan;
-                    }
-                    '{' => {
-                        depth += 1;
-                        opened = true;
-                    }
-                    '}' => {
-                        depth -= 1;
-                        if opened && depth == 0 {
-                            end = m;
-                            break 'scan;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
+        let end = item_end(lines, n + 1).map_or(lines.len() - 1, |(m, _)| m);
         out.push((n, end));
         n = end + 1;
     }
     out
+}
+
+/// Where the item starting at line `from` ends: `(line, true)` at the
+/// brace closing its body, `(line, false)` at a `;` before any brace (a
+/// declaration or a `use`); `None` when the text ends first.
+fn item_end(lines: &[&str], from: usize) -> Option<(usize, bool)> {
+    let (mut depth, mut opened) = (0i64, false);
+    for (m, l) in lines.iter().enumerate().skip(from) {
+        for c in l.chars() {
+            match c {
+                ';' if !opened && depth == 0 => return Some((m, false)),
+                '{' => {
+                    depth += 1;
+                    opened = true;
+                }
+                '}' => {
+                    depth -= 1;
+                    if opened && depth == 0 {
+                        return Some((m, true));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    None
 }
 
 /// `t` without a leading visibility (`pub`, `pub(crate)`, `pub(super)`,
@@ -245,26 +249,9 @@ fn functions(code: &str) -> Vec<(String, usize, usize)> {
             .chars()
             .take_while(|c| c.is_alphanumeric() || *c == '_')
             .collect();
-        // Find the body's opening brace (or a `;`: a declaration), then its end.
-        let (mut depth, mut opened) = (0i64, false);
-        'scan: for (m, l) in lines.iter().enumerate().skip(n) {
-            for c in l.chars() {
-                match c {
-                    ';' if !opened && depth == 0 => break 'scan,
-                    '{' => {
-                        depth += 1;
-                        opened = true;
-                    }
-                    '}' => {
-                        depth -= 1;
-                        if opened && depth == 0 {
-                            out.push((name.clone(), n + 1, m - n + 1));
-                            break 'scan;
-                        }
-                    }
-                    _ => {}
-                }
-            }
+        // The body's end; a `;` before any brace is a declaration.
+        if let Some((m, true)) = item_end(&lines, n) {
+            out.push((name.clone(), n + 1, m - n + 1));
         }
     }
     out
