@@ -17,25 +17,43 @@ use crate::parity::Verdict;
 /// carries at the top level beside the envelope's (its `schema_version` is
 /// the envelope's own), as `inventory --json` printed them before it had the
 /// envelope.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct InventoryBody {
     /// What each loading path loads.
-    #[serde(skip)]
     pub inventory: Inventory,
-    /// Its members as JSON, less `schema_version`.
-    #[serde(flatten)]
-    members: serde_json::Map<String, serde_json::Value>,
 }
 
-impl InventoryBody {
-    /// The body of `inventory`.
-    pub fn new(inventory: Inventory) -> Self {
-        let mut members = match serde_json::to_value(&inventory) {
-            Ok(serde_json::Value::Object(m)) => m,
-            _ => serde_json::Map::new(),
-        };
-        members.remove("schema_version");
-        Self { inventory, members }
+impl Serialize for InventoryBody {
+    /// The inventory's members in their order, less `schema_version` (the
+    /// envelope's).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        /// [`Inventory`]'s members after `schema_version`, borrowed (the
+        /// unit test below checks they are all of them, in order).
+        #[derive(Serialize)]
+        struct Members<'a> {
+            checkpoint: &'a String,
+            source: &'a crate::checkpoint::resolve::ResolvedSource,
+            model_type: &'a String,
+            checkpoint_tensors: usize,
+            checkpoint_params: u64,
+            shards: usize,
+            checkpoint_dtypes: &'a std::collections::BTreeMap<String, usize>,
+            paths: &'a [PathInventory],
+            not_applicable: &'a [String],
+        }
+        let i = &self.inventory;
+        Members {
+            checkpoint: &i.checkpoint,
+            source: &i.source,
+            model_type: &i.model_type,
+            checkpoint_tensors: i.checkpoint_tensors,
+            checkpoint_params: i.checkpoint_params,
+            shards: i.shards,
+            checkpoint_dtypes: &i.checkpoint_dtypes,
+            paths: &i.paths,
+            not_applicable: &i.not_applicable,
+        }
+        .serialize(s)
     }
 }
 
@@ -68,7 +86,7 @@ pub fn build(inv: Inventory, environment: Environment, command: String) -> Inven
     } else {
         (Verdict::Fail, missing.join("; "))
     };
-    let body = InventoryBody::new(inv);
+    let body = InventoryBody { inventory: inv };
     Report::new(
         Kind::Inventory,
         verdict,
@@ -208,4 +226,26 @@ pub fn render_inventory_table(inv: &Inventory) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `inventory --json` carries the inventory's JSON text as it was, less
+    /// its `schema_version`: every member, in order, nested ones included.
+    #[test]
+    fn the_body_is_the_inventory_less_its_schema_version() {
+        let ckpt = crate::checkpoint::Checkpoint::open(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/moe/per-expert"
+        ))
+        .unwrap();
+        let inv = crate::loading::inventory(&ckpt, &[]).unwrap();
+        let whole = serde_json::to_string(&inv).unwrap();
+        let want = whole.replacen("\"schema_version\":1,", "", 1);
+        assert_ne!(whole, want, "the inventory starts with its schema_version");
+        let body = serde_json::to_string(&InventoryBody { inventory: inv }).unwrap();
+        assert_eq!(body, want);
+    }
 }
