@@ -90,6 +90,10 @@ pub struct PathInventory {
     pub components: BTreeMap<String, ComponentCount>,
     /// Other remarks (tie decisions, ...).
     pub notes: Vec<String>,
+    /// Why a MISSING `lm_head.weight` was not tied, when the config's other
+    /// tie flag says to (also one of `notes`; not a member of the JSON).
+    #[serde(skip)]
+    pub untied_lm_head: Option<String>,
 }
 
 /// `inventory --json`: all paths over one checkpoint.

@@ -21,7 +21,6 @@ use crate::loading::spec::{self, Component, ExpectedTensor};
 use crate::loading::tie::{tie, Tie};
 use crate::loading::view::{TensorView, WeightOrigin};
 
-pub use crate::loading::tie::LM_HEAD_UNTIED;
 use crate::precision::Precision;
 
 /// One state-dict entry the class expects.
@@ -466,6 +465,7 @@ pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
         unexpected: keys_of(&matched.unexpected),
         missing: a.missing_names.len(),
         tied_lm_head: tie.tied_lm_head,
+        untied_lm_head: tie.untied_lm_head.clone(),
         converted: entries.converted(&used, &reported),
         rules,
         missing_names: a.missing_names,

@@ -15,26 +15,28 @@ pub(super) struct Tie {
     pub(super) tied: HashMap<usize, usize>,
     /// `lm_head.weight` and the embedding share values.
     pub(super) tied_lm_head: bool,
+    /// Why a MISSING `lm_head.weight` was not tied ([`untied_missing_head`]).
+    pub(super) untied_lm_head: Option<String>,
 }
 
 /// The cause of a MISSING `lm_head.weight` on a class that does not tie
 /// it while the config's other tie flag says to (a VLM's top-level
 /// `tie_word_embeddings` does not reach `AutoModelForCausalLM`, which reads
 /// `text_config.tie_word_embeddings`; and the reverse): a note naming both
-/// flags and the fix, which `compare` gives as the cause.
+/// flags and the fix, which the inventory notes and `compare` gives as the
+/// cause. `None` when that is not why it is missing (or it is not).
 fn untied_missing_head(
     cfg: &ModelConfig,
     class: ModelClass,
     model: &[ModelKey],
     source: &[Option<usize>],
-    notes: &mut Vec<String>,
-) {
+) -> Option<String> {
     let head_absent = model
         .iter()
         .position(|m| m.key == "lm_head.weight")
         .is_some_and(|li| source[li].is_none());
     if !(head_absent && cfg.is_vlm()) {
-        return;
+        return None;
     }
     let (own, other, other_value) = if class.uses_text_config() {
         (
@@ -49,18 +51,15 @@ fn untied_missing_head(
             cfg.text.tie_word_embeddings,
         )
     };
-    if other_value == Some(true) {
-        notes.push(format!(
-            "{LM_HEAD_UNTIED}: the checkpoint has no lm_head.weight and {} ties by {own}, which is \
-             not true here; {other} = true ties other classes only. Fix: set {own} to true, or \
-             save lm_head.weight",
+    (other_value == Some(true)).then(|| {
+        format!(
+            "lm_head.weight MISSING because it is not tied: the checkpoint has no lm_head.weight \
+             and {} ties by {own}, which is not true here; {other} = true ties other classes \
+             only. Fix: set {own} to true, or save lm_head.weight",
             class.name()
-        ));
-    }
+        )
+    })
 }
-
-/// How [`untied_missing_head`]'s note starts.
-pub const LM_HEAD_UNTIED: &str = "lm_head.weight MISSING because it is not tied";
 
 /// Step 5: `modeling_utils.py::tie_weights` with missing keys (symmetric):
 /// the VLM classes tie by the top-level `tie_word_embeddings`, the
@@ -76,6 +75,7 @@ pub(super) fn tie(
     let mut out = Tie {
         tied: HashMap::new(),
         tied_lm_head: false,
+        untied_lm_head: None,
     };
     let tie = if class.uses_text_config() {
         cfg.text.tie_word_embeddings.unwrap_or(false)
@@ -83,7 +83,8 @@ pub(super) fn tie(
         cfg.tie_word_embeddings.unwrap_or(false)
     };
     if class.has_lm_head() && !tie {
-        untied_missing_head(cfg, class, model, source, notes);
+        out.untied_lm_head = untied_missing_head(cfg, class, model, source);
+        notes.extend(out.untied_lm_head.clone());
     }
     if !(class.has_lm_head() && tie) {
         return out;

@@ -177,11 +177,7 @@ impl Compare {
                     .iter()
                     .find(|i| i.name == p.name.name());
                 // The tie flag, when that is why lm_head.weight is missing.
-                let untied = inv.and_then(|i| {
-                    i.notes
-                        .iter()
-                        .find(|n| n.starts_with(crate::loading::resolve::LM_HEAD_UNTIED))
-                });
+                let untied = inv.and_then(|i| i.untied_lm_head.as_ref());
                 if p.missing > 0 {
                     let first = inv
                         .and_then(|i| i.missing_names.first())
