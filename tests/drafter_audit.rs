@@ -163,7 +163,12 @@ type Edit = Box<dyn Fn(&mut Value)>;
 /// never guessed.
 #[test]
 fn what_cannot_run_is_refused() {
-    let cases: [(&str, Edit, &str); 3] = [
+    let cases: [(&str, Edit, &str); 4] = [
+        (
+            "a fact of the wrong type",
+            Box::new(|c| c["num_target_layers"] = "4".into()),
+            "num_target_layers must be a non-negative integer, found \"4\"",
+        ),
         (
             "no taps",
             Box::new(|c| {

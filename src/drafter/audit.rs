@@ -31,7 +31,7 @@ pub struct AuditCheck {
 
 /// Every fact `cfg` records about its target, against `target`.
 pub fn audit(cfg: &DflashConfig, target: &TextConfig) -> Vec<AuditCheck> {
-    let n = target.layer_types().map(|t| t.len()).unwrap_or(0);
+    let n = target.num_hidden_layers;
     let mut out = Vec::new();
     let mut check = |field, drafter: String, target: String, agrees| {
         out.push(AuditCheck {

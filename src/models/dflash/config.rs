@@ -190,14 +190,8 @@ impl DflashConfig {
             sliding_window,
             output_multiplier: number(cfg, "output_multiplier")?.unwrap_or(1.0),
             final_logit_softcapping,
-            num_target_layers: cfg
-                .get("num_target_layers")
-                .and_then(Value::as_u64)
-                .map(|v| v as usize),
-            vocab_size: cfg
-                .get("vocab_size")
-                .and_then(Value::as_u64)
-                .map(|v| v as usize),
+            num_target_layers: recorded(cfg, "num_target_layers")?,
+            vocab_size: recorded(cfg, "vocab_size")?,
         })
     }
 }
@@ -234,6 +228,19 @@ fn refuse_other_kinds(cfg: &Value, arch: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A fact about the target the config records at its top level (absent or
+/// null: `None`), as a count.
+///
+/// Errors ([`Error::Config`]): anything but a non-negative integer.
+fn recorded(cfg: &Value, name: &str) -> Result<Option<usize>> {
+    match cfg.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
+            Error::Config(format!("{name} must be a non-negative integer, found {v}"))
+        }),
+    }
 }
 
 /// Draft layers a config may claim ([`DflashConfig::from_value`] refuses
