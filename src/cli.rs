@@ -415,14 +415,7 @@ struct PromptsArgs {
 /// The command line as typed, quoted for a shell.
 fn command_line() -> String {
     std::env::args_os()
-        .map(|a| {
-            let a = a.to_string_lossy().into_owned();
-            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"$`\\".contains(c)) {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            } else {
-                a
-            }
-        })
+        .map(|a| crate::prompts::shell_quote(&a.to_string_lossy()))
         .collect::<Vec<_>>()
         .join(" ")
 }
