@@ -27,6 +27,7 @@ use crate::triage::harness as triage_harness;
 use crate::triage::TriageSettings;
 
 mod drafter_args;
+mod help;
 mod prompt_args;
 use drafter_args::{BudgetArgs, DrafterEvalArgs, ReplayArgs, TrajectoryArgs};
 use prompt_args::PromptArgs;
@@ -37,7 +38,7 @@ use prompt_args::PromptArgs;
     name = "hsparity",
     version,
     about = "Do two ways of loading the same checkpoint produce the same hidden states?",
-    after_help = "Loading paths: causal-lm (AutoModelForCausalLM), vlm (AutoModel), image-text-to-text (AutoModelForImageTextToText).\nExit codes: 0 parity holds and inventories are clean; 1 a tolerance is exceeded or a path has missing (randomly initialised) or non-finite tensors; 2 bad input or usage (one line on stderr, nothing written). Numeric options are refused outside the range their help gives."
+    after_help = help::after_help()
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -49,8 +50,10 @@ enum Command {
     /// What each loading path (Auto class) would load from the checkpoint, header-only.
     Inventory(InventoryArgs),
     /// Run the same prompts through loading paths in lock-step; per-layer parity.
+    #[command(after_help = help::after_help())]
     Compare(CompareArgs),
     /// Compare two dumps (hsparity.dump.v1, from hsparity, tools/dump_hidden_states.py or `import`).
+    #[command(after_help = help::after_help())]
     Diff(DiffArgs),
     /// DFlash drafter acceptance length τ (and DDTree-N) on each loading path.
     Drafter(DrafterArgs),

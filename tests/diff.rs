@@ -251,3 +251,34 @@ fn malformed_or_mismatched_dumps_are_refused_and_dtype_names_normalised() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(v["lower_dtype"], "bf16");
 }
+
+#[test]
+fn a_warn_only_run_fails_and_its_summary_names_the_rows_and_the_rule() {
+    // Every tensor scaled by 1 + 3e-4: cosine 1 everywhere, rel L2 3e-4 —
+    // over f32's pass limit (1e-4), inside its warn limit (1e-2).
+    let tmp = tempfile::tempdir().unwrap();
+    let a = dump(tmp.path(), "a.safetensors", &["--path", "causal-lm"]);
+    let b = tmp.path().join("b.safetensors");
+    rewrite_dump(&a, &b, |t, _| {
+        for v in t.values_mut() {
+            if v.dtype() == candle_core::DType::F32 {
+                *v = v.affine(1.0 + 3e-4, 0.0).unwrap();
+            }
+        }
+    });
+    let (code, v, err) = diff(&[&a, b.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err} {v}");
+    let rows = v["pairs"][0]["hidden_states"].as_array().unwrap();
+    assert!(rows.iter().all(|r| r["verdict"] == "warn"), "{rows:?}");
+    let summary = v["summary"].as_str().unwrap();
+    assert!(summary.starts_with("FAIL: "), "{summary}");
+    let last = rows.len() - 1;
+    for want in [
+        format!("hs 0–{last} WARN, logits WARN under the f32 tolerance"),
+        "pass cos_min ≥ 0.99999 and rel L2 ≤ 1e-4".to_string(),
+        "a WARN row fails the run".to_string(),
+    ] {
+        assert!(summary.contains(&want), "{want:?} not in {summary}");
+    }
+    assert_eq!(v["pairs"][0]["tolerance_rule"], "f32 tolerance");
+}

@@ -263,3 +263,46 @@ fn a_missing_lm_head_is_blamed_on_the_tie_flag_with_the_fix() {
     );
     assert!(!cause.contains("checkpoint names do not match"), "{cause}");
 }
+
+/// `fp16-disk`: causal-lm computes in bf16, vlm in f16; the pair is held to
+/// f32's tolerance, and the summary line says so, with the rows it failed.
+#[test]
+fn a_mixed_dtype_pair_states_its_rule_and_rows_in_the_summary() {
+    let out = common::hsparity()
+        .args(["compare", &dir("fp16-disk"), "--json", "--no-report"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pair = &v["pairs"][0];
+    assert_eq!(
+        (pair["dtype_a"].as_str(), pair["dtype_b"].as_str()),
+        (Some("bf16"), Some("f16"))
+    );
+    let rule = pair["tolerance_rule"].as_str().unwrap();
+    assert!(rule.starts_with("f32 tolerance (bf16 vs f16"), "{rule}");
+    let bad: Vec<String> = pair["hidden_states"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["verdict"] != "pass")
+        .map(|r| format!("{} {}", r["index"], r["verdict"]))
+        .collect();
+    assert!(!bad.is_empty());
+    let summary = v["summary"].as_str().unwrap();
+    assert!(summary.contains(&format!("under the {rule}")), "{summary}");
+    assert!(
+        summary.contains("pass cos_min ≥ 0.99999 and rel L2 ≤ 1e-4"),
+        "{summary}"
+    );
+    // every row that did not pass is named, under its verdict
+    for r in pair["hidden_states"].as_array().unwrap() {
+        if r["verdict"] != "pass" {
+            let label = r["verdict"].as_str().unwrap().to_uppercase();
+            assert!(
+                summary.contains(&label),
+                "{label} of {bad:?} not in {summary}"
+            );
+        }
+    }
+}

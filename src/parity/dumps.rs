@@ -246,6 +246,7 @@ pub fn compare_dumps(
     if let Some(l) = lower {
         // Different dtypes: judge rows by the lower dtype's tolerance.
         pair.tolerance = Tolerance::for_precision(l);
+        pair.tolerance_rule = format!("{l} tolerance (the lower of the dumps' {da} and {db})");
     }
     if let (Some(na), Some(nb), 0, false) =
         (a.num_layers(), b.num_layers(), tap_offset, settings.align)

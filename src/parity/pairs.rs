@@ -117,6 +117,9 @@ pub struct PairReport {
     pub logits_random_init: Vec<String>,
     /// Tolerances applied.
     pub tolerance: Tolerance,
+    /// Which dtype's tolerance judged the rows and why, in words (`bf16
+    /// tolerance`, `f32 tolerance (bf16 vs f16 paths are held to f32's: …)`).
+    pub tolerance_rule: String,
 }
 
 impl PairReport {
@@ -124,10 +127,18 @@ impl PairReport {
     /// Tolerances: those of the common dtype; when the dtypes differ, the f32
     /// ones — the paths then compute different things, and that is the finding.
     pub fn new(a: &str, dtype_a: Precision, b: &str, dtype_b: Precision) -> Self {
-        let tolerance = if dtype_a == dtype_b {
-            Tolerance::for_precision(dtype_a)
+        let (tolerance, tolerance_rule) = if dtype_a == dtype_b {
+            (
+                Tolerance::for_precision(dtype_a),
+                format!("{dtype_a} tolerance"),
+            )
         } else {
-            Tolerance::for_precision(Precision::F32)
+            (
+                Tolerance::for_precision(Precision::F32),
+                format!(
+                    "f32 tolerance ({dtype_a} vs {dtype_b} paths are held to f32's: the dtype difference is the finding)"
+                ),
+            )
         };
         Self {
             a: a.to_string(),
@@ -143,7 +154,44 @@ impl PairReport {
             argmax_agreement: None,
             logits_random_init: Vec::new(),
             tolerance,
+            tolerance_rule,
         }
+    }
+
+    /// Which rows did not pass and under which rule, when some did not: `hs
+    /// 0–3 WARN, hs 4 FAIL under the f32 tolerance (…), pass cos_min ≥
+    /// 0.99999 and rel L2 ≤ 1e-4; a WARN row fails the run`.
+    pub fn policy(&self) -> Option<String> {
+        let rows = |v: Verdict| {
+            let idx: Vec<usize> = self
+                .hidden_states
+                .iter()
+                .filter(|r| r.verdict == v)
+                .map(|r| r.index)
+                .collect();
+            (!idx.is_empty()).then(|| format!("{} {}", super::verdict::index_runs(&idx), v.label()))
+        };
+        let mut parts: Vec<String> = [Verdict::Warn, Verdict::Fail]
+            .into_iter()
+            .filter_map(rows)
+            .collect();
+        if let Some(v) = self.logits_verdict.filter(|v| *v != Verdict::Pass) {
+            parts.push(format!("logits {}", v.label()));
+        }
+        if parts.is_empty() {
+            return None;
+        }
+        let warn_note = if parts.iter().any(|p| p.ends_with("WARN")) {
+            "; a WARN row fails the run"
+        } else {
+            ""
+        };
+        Some(format!(
+            "{} under the {}, {}{warn_note}",
+            parts.join(", "),
+            self.tolerance_rule,
+            self.tolerance.describe()
+        ))
     }
 
     /// Verdict of the pair: the worst over hidden states and logits.

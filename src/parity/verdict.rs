@@ -19,6 +19,15 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// `"PASS"`, `"WARN"`, `"FAIL"`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Verdict::Pass => "PASS",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+        }
+    }
+
     /// `"pass"`, `"warn"`, `"fail"`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -73,6 +82,14 @@ impl Tolerance {
         }
     }
 
+    /// `pass cos_min ≥ 0.999 and rel L2 ≤ 5e-2`.
+    pub fn describe(&self) -> String {
+        format!(
+            "pass cos_min ≥ {} and rel L2 ≤ {:.0e}",
+            self.pass_cos, self.pass_rel_l2
+        )
+    }
+
     /// Verdict for `m`.
     pub fn judge(&self, m: &Metrics) -> Verdict {
         if m.nan_count > 0 || m.inf_count > 0 {
@@ -100,10 +117,39 @@ impl Tolerance {
     }
 }
 
+/// `hs 0–3` / `hs 2, 5–6`: `hidden_states` indices as runs.
+pub fn index_runs(indices: &[usize]) -> String {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &i in indices {
+        match runs.last_mut() {
+            Some((_, hi)) if *hi + 1 == i => *hi = i,
+            _ => runs.push((i, i)),
+        }
+    }
+    let parts: Vec<String> = runs
+        .iter()
+        .map(|&(lo, hi)| {
+            if lo == hi {
+                lo.to_string()
+            } else {
+                format!("{lo}–{hi}")
+            }
+        })
+        .collect();
+    format!("hs {}", parts.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::parity::metrics::Accumulator;
+
+    #[test]
+    fn index_runs_join_neighbours() {
+        assert_eq!(index_runs(&[0, 1, 2, 3]), "hs 0–3");
+        assert_eq!(index_runs(&[2, 5, 6]), "hs 2, 5–6");
+        assert_eq!(index_runs(&[4]), "hs 4");
+    }
 
     #[test]
     fn verdicts_follow_thresholds() {

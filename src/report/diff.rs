@@ -120,6 +120,9 @@ pub fn build(
         (_, _, Some(i)) => format!("{na} and {nb} diverge from hidden_states[{i}]"),
         (_, _, None) => format!("{na} and {nb} differ in the logits"),
     };
+    if let Some(policy) = c.pair.policy() {
+        summary.push_str(&format!("; {policy}"));
+    }
     if let Some(l) = c.lower_dtype {
         summary.push_str(&format!(
             "; dtypes {} vs {}: {noise_rows} of {} hidden states differ only by {l} rounding (dtype noise)",

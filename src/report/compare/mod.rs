@@ -325,6 +325,9 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
                 format!("{} and {} differ in the logits{why}", p.a, p.b)
             }
         });
+        if let Some(policy) = p.policy() {
+            parts.push(policy);
+        }
     }
     parts.extend(missing);
     for p in paths {
