@@ -74,7 +74,8 @@ fn a_drafter_made_for_this_target_passes_every_check() {
             "vocab_size",
             "hidden_size",
             "target_layer_ids",
-            "mask_token_id"
+            "mask_token_id",
+            "block_size"
         ]
     );
     assert!(audit.iter().all(|c| c["agrees"] == true), "{audit:?}");
@@ -87,11 +88,16 @@ fn a_drafter_made_for_this_target_passes_every_check() {
 /// `drafter` and `compare --drafter`.
 #[test]
 fn a_drafter_made_for_another_target_fails_naming_both_values() {
-    for (field, value, target) in [("num_target_layers", 6, "4"), ("vocab_size", 384, "40")] {
+    for (field, value, target) in [
+        ("num_target_layers", 6, "4"),
+        ("vocab_size", 384, "40"),
+        ("draft_vocab_size", 32, "40"),
+        ("target_hidden_size", 128, "64"),
+    ] {
         let tmp = tempfile::tempdir().unwrap();
         let d = drafter_with(tmp.path(), |c| c[field] = value.into());
         let want = format!(
-            "the drafter was made for a target with {field} = {value}; this target has {target}"
+            "the drafter was made for another target: {field} {value} (this target: {target})"
         );
         let (code, v, err) = run("drafter", TARGET, &d, &[]);
         assert_eq!(code, 1, "{field}: {err}");
@@ -131,10 +137,9 @@ fn compare_on_a_foreign_target_is_a_finding_not_a_pass() {
     assert_eq!(code, 1, "{err}");
     let s = v["summary"].as_str().unwrap();
     assert!(
-        s.contains("num_target_layers = 4; this target has 6"),
+        s.contains("the drafter was made for another target: num_target_layers 4 (this target: 6), vocab_size 40 (this target: 384)"),
         "{s}"
     );
-    assert!(s.contains("vocab_size = 40; this target has 384"), "{s}");
 }
 
 #[test]
@@ -147,7 +152,7 @@ fn triage_fails_on_a_drafter_made_for_another_target() {
         v["summary"]
             .as_str()
             .unwrap()
-            .contains("num_target_layers = 8; this target has 4"),
+            .contains("num_target_layers 8 (this target: 4)"),
         "{}",
         v["summary"]
     );
@@ -255,5 +260,65 @@ fn common_mistakes_say_what_to_pass() {
             !err.contains("os error") && !err.contains("huggingface-cli"),
             "{err}"
         );
+    }
+}
+
+/// Facts recorded under `dflash_config` (as SGLang's `DFlashDraftConfig`
+/// accepts them) are audited like top-level ones.
+#[test]
+fn facts_under_dflash_config_are_audited_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = drafter_with(tmp.path(), |c| {
+        c.as_object_mut().unwrap().remove("num_target_layers");
+        c["dflash_config"]["num_target_layers"] = 5.into();
+    });
+    let (code, v, err) = run("drafter", TARGET, &d, &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        v["summary"]
+            .as_str()
+            .unwrap()
+            .contains("num_target_layers 5 (this target: 4)"),
+        "{}",
+        v["summary"]
+    );
+}
+
+/// An EAGLE-3 drafter is named as one (not as a target checkpoint), with the
+/// `compare --taps` that checks the target at its aux layers, in each
+/// project's index convention.
+#[test]
+fn an_eagle3_drafter_is_named_with_the_taps_to_compare() {
+    let eagle = |c: &mut Value, top: bool| {
+        let o = c.as_object_mut().unwrap();
+        o.remove("dflash_config");
+        o.insert(
+            "architectures".into(),
+            serde_json::json!(["LlamaForCausalLMEagle3"]),
+        );
+        o.insert("draft_vocab_size".into(), 32.into());
+        if top {
+            o.insert(
+                "eagle_aux_hidden_state_layer_ids".into(),
+                serde_json::json!([1, 2, 3]),
+            );
+        } else {
+            o.insert(
+                "eagle_config".into(),
+                serde_json::json!({"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}),
+            );
+        }
+    };
+    for (top, taps) in [(false, "--taps 0,1,2"), (true, "--taps 0,1,2")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = drafter_with(tmp.path(), |c| eagle(c, top));
+        let (code, _, err) = run("drafter", TARGET, &d, &[]);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains("this is an EAGLE-3 drafter (LlamaForCausalLMEagle3)"),
+            "{err}"
+        );
+        assert!(err.contains(taps), "top-level ids {top}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
     }
 }

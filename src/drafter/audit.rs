@@ -5,7 +5,10 @@
 //! `num_target_layers`, `vocab_size` (the drafter drafts through the
 //! target's embeddings and LM head), `hidden_size` (its `fc` reads the
 //! concatenated taps), `dflash_config.target_layer_ids` and
-//! `dflash_config.mask_token_id`. Facts a run cannot start without (the
+//! `dflash_config.mask_token_id`; vLLM's and SpecForge's add
+//! `target_hidden_size` and `draft_vocab_size` (vLLM `qwen3_dflash.py`).
+//! The block size is listed too (at least 2: the anchor and a draft slot).
+//! Facts a run cannot start without (the
 //! hidden size, a tap or the mask token outside the target) are refused
 //! before this (`drafter::load_drafter`, exit 2); the ones a run survives but
 //! that say the drafter was made for another target are findings here.
@@ -19,7 +22,8 @@ use crate::models::dflash::DflashConfig;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AuditCheck {
     /// The drafter config's field (`num_target_layers`, `vocab_size`,
-    /// `hidden_size`, `target_layer_ids`, `mask_token_id`).
+    /// `draft_vocab_size`, `hidden_size`, `target_hidden_size`,
+    /// `target_layer_ids`, `mask_token_id`, `block_size`).
     pub field: &'static str,
     /// What the drafter records.
     pub drafter: String,
@@ -48,6 +52,10 @@ pub fn audit(cfg: &DflashConfig, target: &TextConfig) -> Vec<AuditCheck> {
         let t = target.vocab_size;
         check("vocab_size", v.to_string(), t.to_string(), v == t);
     }
+    if let Some(v) = cfg.draft_vocab_size {
+        let t = target.vocab_size;
+        check("draft_vocab_size", v.to_string(), t.to_string(), v == t);
+    }
     let h = target.hidden_size;
     check(
         "hidden_size",
@@ -55,6 +63,9 @@ pub fn audit(cfg: &DflashConfig, target: &TextConfig) -> Vec<AuditCheck> {
         h.to_string(),
         cfg.hidden_size == h,
     );
+    if let Some(d) = cfg.target_hidden_size {
+        check("target_hidden_size", d.to_string(), h.to_string(), d == h);
+    }
     let taps_in = cfg.target_layer_ids.iter().all(|&l| l < n);
     check(
         "target_layer_ids",
@@ -69,21 +80,38 @@ pub fn audit(cfg: &DflashConfig, target: &TextConfig) -> Vec<AuditCheck> {
         format!("0..{}", target.vocab_size),
         mask_in,
     );
+    check(
+        "block_size",
+        cfg.block_size.to_string(),
+        "2..".into(),
+        cfg.block_size >= 2,
+    );
     out
 }
 
-/// One sentence per disagreeing fact, naming both values.
+/// The disagreeing facts in one sentence naming both values (`the drafter
+/// was made for another target: num_target_layers 4 (this target: 6),
+/// vocab_size 40 (this target: 384)`); empty when every fact agrees.
 pub fn mismatches(checks: &[AuditCheck]) -> Vec<String> {
-    checks
+    let bad: Vec<String> = checks
         .iter()
         .filter(|c| !c.agrees)
         .map(|c| {
+            let range = c.target.contains("..");
+            let inside = if range { "outside " } else { "" };
             format!(
-                "the drafter was made for a target with {} = {}; this target has {}",
+                "{} {} (this target: {inside}{})",
                 c.field, c.drafter, c.target
             )
         })
-        .collect()
+        .collect();
+    if bad.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "the drafter was made for another target: {}",
+        bad.join(", ")
+    )]
 }
 
 /// The checks in one line: `num_target_layers 4 = 4, …, target_layer_ids

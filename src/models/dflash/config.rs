@@ -57,6 +57,14 @@ pub struct DflashConfig {
     /// `vocab_size`: the vocabulary of the target it was made for (a DFlash
     /// drafter reads the target's embeddings and LM head), when recorded.
     pub vocab_size: Option<usize>,
+    /// `target_hidden_size`: the width of the target's hidden states the
+    /// `fc` reads, when recorded (vLLM `qwen3_dflash.py`
+    /// `_get_dflash_fc_input_size` and SpecForge read it; absent = `hidden_size`).
+    pub target_hidden_size: Option<usize>,
+    /// `draft_vocab_size`: the vocabulary the drafts are scored over, when
+    /// recorded (vLLM `DFlashQwen3ForCausalLM`; absent = `vocab_size`).
+    /// dflash drafts through the target's whole LM head.
+    pub draft_vocab_size: Option<usize>,
 }
 
 fn get<'a>(cfg: &'a Value, name: &str) -> Option<&'a Value> {
@@ -192,6 +200,8 @@ impl DflashConfig {
             final_logit_softcapping,
             num_target_layers: recorded(cfg, "num_target_layers")?,
             vocab_size: recorded(cfg, "vocab_size")?,
+            target_hidden_size: recorded(cfg, "target_hidden_size")?,
+            draft_vocab_size: recorded(cfg, "draft_vocab_size")?,
         })
     }
 }
@@ -199,6 +209,7 @@ impl DflashConfig {
 /// Refuses what is not a DFlash v1 drafter config: a target checkpoint
 /// given where a drafter is expected, or a DFlash2-style drafter.
 fn refuse_other_kinds(cfg: &Value, arch: &str) -> Result<()> {
+    refuse_eagle3(cfg, arch)?;
     // A target checkpoint given where a drafter is expected.
     let is_target = cfg.get("text_config").is_some()
         || (!arch.is_empty() && !arch.contains("DFlash") && get(cfg, "target_layer_ids").is_none());
@@ -230,13 +241,65 @@ fn refuse_other_kinds(cfg: &Value, arch: &str) -> Result<()> {
     Ok(())
 }
 
-/// A fact about the target the config records at its top level (absent or
-/// null: `None`), as a count.
+/// Refuses an EAGLE-3 drafter (SpecForge `LlamaForCausalLMEagle3`, vLLM
+/// `Eagle3LlamaForCausalLM`, or a config with `eagle_config` /
+/// `eagle_aux_hidden_state_layer_ids`), naming its taps as `compare --taps`
+/// takes them: SpecForge's `eagle_config.eagle_aux_hidden_state_layer_ids`
+/// count decoder-layer outputs (its hooks on `layers[idx]`), vLLM's top-level
+/// `eagle_aux_hidden_state_layer_ids` the residual entering layer `idx`
+/// (`idx - 1`'s output; `llama.py` `LlamaModel.forward`).
+fn refuse_eagle3(cfg: &Value, arch: &str) -> Result<()> {
+    let nested = cfg
+        .get("eagle_config")
+        .and_then(|e| e.get("eagle_aux_hidden_state_layer_ids"));
+    let top = cfg.get("eagle_aux_hidden_state_layer_ids");
+    let eagle = arch.to_ascii_lowercase().contains("eagle")
+        || cfg.get("eagle_config").is_some()
+        || top.is_some();
+    if !eagle {
+        return Ok(());
+    }
+    let ids = |v: Option<&Value>, shift: u64| -> Option<Vec<u64>> {
+        v?.as_array()?
+            .iter()
+            .map(|x| x.as_u64().and_then(|i| i.checked_sub(shift)))
+            .collect()
+    };
+    let taps = match (ids(nested, 0), ids(top, 1)) {
+        (Some(t), _) => Some((
+            t,
+            "eagle_config.eagle_aux_hidden_state_layer_ids, SpecForge's layer outputs",
+        )),
+        (None, Some(t)) => Some((
+            t,
+            "eagle_aux_hidden_state_layer_ids minus 1: vLLM counts the residual entering a layer",
+        )),
+        _ => None,
+    };
+    let hint = match taps {
+        Some((t, from)) => {
+            let list: Vec<String> = t.iter().map(u64::to_string).collect();
+            format!(
+                "; to check the target at its taps, run `hsparity compare CHECKPOINT --taps {}` ({from})",
+                list.join(",")
+            )
+        }
+        None => "; to check the target at its taps, run `hsparity compare CHECKPOINT --taps L1,L2,L3` with its aux layers (SpecForge's default for N layers: 1, N/2-1, N-4)".into(),
+    };
+    Err(Error::Config(format!(
+        "this is an EAGLE-3 drafter ({}), and hsparity evaluates DFlash drafters only (architectures [\"DFlashDraftModel\"] with dflash_config.target_layer_ids){hint}",
+        if arch.is_empty() { "it has eagle_config" } else { arch }
+    )))
+}
+
+/// A fact about the target the config records (under `dflash_config` or at
+/// the top level, as SGLang's `DFlashDraftConfig` reads `num_target_layers`;
+/// absent or null: `None`), as a count.
 ///
 /// Errors ([`Error::Config`]): anything but a non-negative integer.
 fn recorded(cfg: &Value, name: &str) -> Result<Option<usize>> {
-    match cfg.get(name) {
-        None | Some(Value::Null) => Ok(None),
+    match get(cfg, name) {
+        None => Ok(None),
         Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
             Error::Config(format!("{name} must be a non-negative integer, found {v}"))
         }),
