@@ -10,8 +10,8 @@ mod engines;
 
 use std::path::PathBuf;
 
-use clap::builder::{PossibleValue, RangedU64ValueParser};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::builder::RangedU64ValueParser;
+use clap::{Args, Parser, Subcommand};
 
 use crate::commands::{compare, diff, drafter, dump, features, inventory, prompts, triage};
 use crate::device::DeviceSpec;
@@ -21,6 +21,7 @@ use crate::loading::LoadingPath;
 use crate::models::GdnForm;
 use crate::output::{ReportFolder, ReportSettings};
 use crate::precision::Precision;
+use crate::prompts::{DefaultPrompts, BLOCK_ROOM};
 use crate::report::{self, Document};
 use crate::session::Target;
 use crate::triage::harness as triage_harness;
@@ -29,8 +30,10 @@ use crate::triage::TriageSettings;
 mod drafter_args;
 mod help;
 mod prompt_args;
+mod values;
 use drafter_args::{BudgetArgs, DrafterEvalArgs, ReplayArgs, TrajectoryArgs};
 use prompt_args::PromptArgs;
+use values::{dir_or_id, DtypeArg};
 
 /// `hsparity`.
 #[derive(Parser)]
@@ -65,93 +68,6 @@ enum Command {
     Prompts(PromptsArgs),
     /// Convert an engine's hidden states (SpecForge, vLLM, SGLang) to a dump, layer indices mapped to transformers'.
     Import(engines::ImportArgs),
-}
-
-impl ValueEnum for LoadingPath {
-    fn value_variants<'a>() -> &'a [Self] {
-        &LoadingPath::ALL
-    }
-
-    fn to_possible_value(&self) -> Option<PossibleValue> {
-        let v = PossibleValue::new(self.name()).help(self.auto_class());
-        Some(match self {
-            LoadingPath::CausalLm => v.aliases(["causal_lm", "AutoModelForCausalLM"]),
-            LoadingPath::Vlm => v.alias("AutoModel"),
-            LoadingPath::ImageTextToText => {
-                v.aliases(["image_text_to_text", "itt", "AutoModelForImageTextToText"])
-            }
-        })
-    }
-}
-
-impl ValueEnum for GdnForm {
-    fn value_variants<'a>() -> &'a [Self] {
-        &[GdnForm::Chunked, GdnForm::Recurrent]
-    }
-
-    fn to_possible_value(&self) -> Option<PossibleValue> {
-        Some(PossibleValue::new(self.name()).help(match self {
-            GdnForm::Chunked => {
-                "Chunked delta rule (chunk 64): what transformers runs for a prefill"
-            }
-            GdnForm::Recurrent => "Token-by-token recurrence",
-        }))
-    }
-}
-
-impl ValueEnum for EndRule {
-    fn value_variants<'a>() -> &'a [Self] {
-        &[EndRule::GithubMain, EndRule::Wheel]
-    }
-
-    fn to_possible_value(&self) -> Option<PossibleValue> {
-        Some(match self {
-            EndRule::GithubMain => PossibleValue::new("main")
-                .help("z-lab GitHub main: full blocks every round, record a+1"),
-            EndRule::Wheel => PossibleValue::new("wheel").help(
-                "dflash 0.1.0 wheel: last blocks shrink, recorded lengths sum to max_new_tokens - 1",
-            ),
-        })
-    }
-}
-
-/// `--dtype`: `auto` (what each loading path would pick) or a dtype for every path.
-#[derive(Debug, Clone, Copy)]
-struct DtypeArg(Option<Precision>);
-
-impl ValueEnum for DtypeArg {
-    fn value_variants<'a>() -> &'a [Self] {
-        &[
-            DtypeArg(None),
-            DtypeArg(Some(Precision::F32)),
-            DtypeArg(Some(Precision::Bf16)),
-            DtypeArg(Some(Precision::F16)),
-        ]
-    }
-
-    fn to_possible_value(&self) -> Option<PossibleValue> {
-        Some(match self.0 {
-            None => PossibleValue::new("auto").help("What each loading path would load with"),
-            Some(Precision::F32) => PossibleValue::new("f32").aliases(["float32", "fp32"]),
-            Some(Precision::Bf16) => PossibleValue::new("bf16").alias("bfloat16"),
-            Some(Precision::F16) => PossibleValue::new("f16").aliases(["float16", "fp16", "half"]),
-        })
-    }
-}
-
-/// A checkpoint or drafter argument (a directory or a Hub id): text, as Hub
-/// ids and the transformers loaders take it; a path that is not UTF-8 is
-/// refused naming it (lossily), not as an unnamed argument.
-pub(crate) fn dir_or_id() -> impl clap::builder::TypedValueParser<Value = String> {
-    use clap::builder::TypedValueParser;
-    clap::builder::OsStringValueParser::new().try_map(|s| {
-        s.into_string().map_err(|s| {
-            format!(
-                "{} is not UTF-8: give the directory by a UTF-8 path (a symlink to it), or a Hub id",
-                s.to_string_lossy()
-            )
-        })
-    })
 }
 
 /// `--observed-tau`: a finite τ, 0..=1024 (NaN, ±Inf and negatives refused).
@@ -476,8 +392,16 @@ fn run_dump(a: DumpArgs) -> Result<u8> {
 /// `compare`: the options resolved from the flags, the report folder claimed
 /// before the (possibly long) run.
 fn run_compare(a: CompareArgs) -> Result<u8> {
+    let drafter = a.drafter.map(|source| a.eval.settings(source));
     let opts = compare::CompareOptions {
-        target: a.target.target(&a.run, a.dtype.0),
+        target: match &drafter {
+            Some(d) => drafting(
+                a.target.target(&a.run, a.dtype.0),
+                d.trajectories.is_some(),
+                d.replay.max_new + BLOCK_ROOM,
+            ),
+            None => a.target.target(&a.run, a.dtype.0),
+        },
         paths: distinct(a.paths)?,
         taps: a.taps,
         gdn_form: a.gdn_form,
@@ -486,7 +410,7 @@ fn run_compare(a: CompareArgs) -> Result<u8> {
             (_, true) => Some(false),
             _ => None,
         },
-        drafter: a.drafter.map(|source| a.eval.settings(source)),
+        drafter,
         quiet: a.run.quiet,
         command_line: command_line(),
     };
@@ -498,10 +422,17 @@ fn run_compare(a: CompareArgs) -> Result<u8> {
 
 /// `drafter`, or `drafter --features FILE`.
 fn run_drafter(a: DrafterArgs) -> Result<u8> {
+    let settings = a.eval.settings(a.drafter);
+    // `--features` measures τ on the file's prompts.
+    let own_prompts = settings.trajectories.is_some() || a.features.features.is_some();
     let opts = drafter::DrafterOptions {
-        target: a.target.target(&a.run, a.dtype.0),
+        target: drafting(
+            a.target.target(&a.run, a.dtype.0),
+            own_prompts,
+            settings.replay.max_new + BLOCK_ROOM,
+        ),
         paths: distinct(a.paths)?,
-        drafter: a.eval.settings(a.drafter),
+        drafter: settings,
         quiet: a.run.quiet,
         command_line: command_line(),
     };
@@ -525,16 +456,32 @@ fn run_drafter(a: DrafterArgs) -> Result<u8> {
     }
 }
 
+/// `target` of a drafter evaluation: without prompt options it runs the
+/// drafter default ([`DefaultPrompts::Drafter`], leaving `reserve`
+/// positions after each prompt), unless `own_prompts` (the supplied
+/// trajectories' or features' prompts run).
+fn drafting(mut target: Target, own_prompts: bool, reserve: usize) -> Target {
+    if !own_prompts {
+        target.prompts.default = DefaultPrompts::Drafter { reserve };
+    }
+    target
+}
+
 /// `triage`: the report folder claimed before the run.
 fn run_triage(a: TriageArgs) -> Result<u8> {
     let folder = a
         .report
         .prepare::<report::TriageReport>(&a.target.checkpoint)?;
+    let replay = a.replay.replay(EndRule::GithubMain);
     let rep = triage::run(&triage::TriageOptions {
-        target: a.target.target(&a.run, None),
+        target: drafting(
+            a.target.target(&a.run, None),
+            a.trajectories.trajectories.is_some(),
+            replay.max_new + BLOCK_ROOM + a.position_shift.max(a.left_pad),
+        ),
         settings: TriageSettings {
             drafter: a.drafter,
-            replay: a.replay.replay(EndRule::GithubMain),
+            replay,
             observed_tau: a.observed_tau,
             position_shift: a.position_shift,
             seed: a.run.seed,

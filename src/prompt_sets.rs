@@ -16,6 +16,9 @@
 //!   after `random.seed(0)` (L207, the transformers backend) and keeps the
 //!   first N, but only when the set has more than N records; otherwise every
 //!   record in file order.
+//! - `mix[:N]`: all five sets, N records each (or every record), in
+//!   `DATASETS` order: what `benchmark.py` evaluates over its datasets with
+//!   one `--max-samples`.
 //! - `mt-bench`: the **first turn** of each question only. `benchmark.py`
 //!   sends the second turn after the model's own answer to the first, which
 //!   a fixed prompt set cannot hold.
@@ -36,6 +39,14 @@ use crate::error::{Error, Result};
 
 /// The built-in set names, sorted.
 pub const NAMES: [&str; 5] = ["gsm8k", "humaneval", "math500", "mbpp", "mt-bench"];
+
+/// `mix[:N]`: every built-in set (N records of each), in the order of
+/// `DATASETS` in z-lab/dflash `benchmark.py` (L28–L55), which evaluates each
+/// with the same `--max-samples`.
+pub const MIX: &str = "mix";
+
+/// The sets of [`MIX`], in `DATASETS` order.
+pub const MIX_ORDER: [&str; 5] = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"];
 
 /// The suffix z-lab/dflash appends to gsm8k and math500 problems (L32, L37:
 /// `"\nPlease reason step by step, and put your final answer within \\boxed{{}}."`
@@ -111,7 +122,7 @@ const SHUFFLE: &str = data!("zlab_shuffle.json");
 /// `--dataset NAME --max-samples N`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PromptSetSpec {
-    /// One of [`NAMES`].
+    /// One of [`NAMES`], or [`MIX`].
     pub name: &'static str,
     /// `--max-samples N` of z-lab/dflash `benchmark.py`; `None` = every record.
     pub n: Option<usize>,
@@ -139,7 +150,11 @@ impl std::str::FromStr for PromptSetSpec {
             Some((a, b)) => (a, Some(b)),
             None => (arg, None),
         };
-        let name = builtin(name)?.name;
+        let name = if name == MIX {
+            MIX
+        } else {
+            builtin(name)?.name
+        };
         let n = match n {
             None => None,
             Some(s) => match s.trim().parse::<usize>() {
@@ -215,7 +230,7 @@ pub struct PromptSet {
 fn builtin(name: &str) -> std::result::Result<&'static Builtin, String> {
     BUILTINS.iter().find(|b| b.name == name).ok_or_else(|| {
         format!(
-            "unknown prompt set {name:?} (built-in sets: {})",
+            "unknown prompt set {name:?} (built-in sets: {}, and {MIX}: all five)",
             NAMES.join(", ")
         )
     })
@@ -412,6 +427,17 @@ pub fn load(name: &str, n: Option<usize>) -> Result<PromptSet> {
         rows,
         conversations,
     })
+}
+
+/// The sets `spec` names: one, or the five of [`MIX`] (each with `spec.n`).
+///
+/// Errors: as [`load`].
+pub fn load_all(spec: PromptSetSpec) -> Result<Vec<PromptSet>> {
+    if spec.name == MIX {
+        MIX_ORDER.iter().map(|name| load(name, spec.n)).collect()
+    } else {
+        Ok(vec![load(spec.name, spec.n)?])
+    }
 }
 
 /// [`PromptSetSpec::parse`] then [`load`]: what `--prompt-set NAME[:N]`

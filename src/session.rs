@@ -149,6 +149,30 @@ impl Session {
             .collect()
     }
 
+    /// MISSING findings of the loading paths this session did not open
+    /// (header-only inventories), one phrase each with the inventory's
+    /// cause and fix: `triage` runs the `causal-lm` baseline only, and a
+    /// harness that loads the target through another path reads random
+    /// weights. Paths that do not apply to the config are skipped.
+    pub fn other_path_findings(&self) -> Vec<String> {
+        LoadingPath::ALL
+            .iter()
+            .filter(|p| !self.paths.iter().any(|q| q.path == **p))
+            .filter_map(|&p| loading::resolve(&self.ckpt, p).ok())
+            .filter(|r| !r.inventory.missing_names.is_empty())
+            .map(|r| {
+                let n = r.inventory.missing_names.len();
+                let why = r.inventory.notes.first().map(|n| format!(" — {n}")).unwrap_or_default();
+                format!(
+                    "{}: {n} MISSING tensor{}: a harness loading the target with {} reads random weights{why}",
+                    r.path.name(),
+                    if n == 1 { "" } else { "s" },
+                    r.path.auto_class()
+                )
+            })
+            .collect()
+    }
+
     /// Resolves one more loading path on this session's checkpoint, seeded
     /// and placed like the others (triage's variants).
     ///

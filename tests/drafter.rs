@@ -245,19 +245,28 @@ fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
     );
     assert_eq!(v["drafter"]["drafter"]["block_size"], 8);
     assert!(v["summary"].as_str().unwrap().contains("drafter τ"));
-    // compare --drafter prints the same interval beside the gap.
+    // compare --drafter reads the gap as drafter does: the two paths accept
+    // the same drafts on every prompt, which the summary says in words (no
+    // interval: no prompt count would tell them apart) and the JSON as a field.
     let g = &v["drafter"]["tau_gap_interval"];
     assert_eq!(g["reference"], "causal-lm");
-    let i = &g["interval"];
-    let interval = format!(
-        "95% [{:+.2}, {:+.2}]",
-        i["low"].as_f64().unwrap(),
-        i["high"].as_f64().unwrap()
-    );
+    let per_prompt = |p: &Value| -> Vec<f64> {
+        p["per_prompt"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["tau"].as_f64().unwrap())
+            .collect()
+    };
+    let paths = v["drafter"]["paths"].as_array().unwrap();
+    assert_eq!(per_prompt(&paths[0]), per_prompt(&paths[1]));
+    assert_eq!(g["reading"], "identical");
+    assert_eq!(g["prompts"], 15);
+    let summary = v["summary"].as_str().unwrap();
+    assert!(summary.contains("identical on all 15 prompts"), "{summary}");
     assert!(
-        v["summary"].as_str().unwrap().contains(&interval),
-        "{}",
-        v["summary"]
+        summary.contains("on 15 given prompts (15 text), raw text"),
+        "{summary}"
     );
 
     // Tie only at the top level and no lm_head.weight: causal-lm gets a random
@@ -356,7 +365,14 @@ fn gap_carries_its_interval(v: &Value, seed: u64) {
     assert_eq!(g["bootstrap"]["seed"], seed);
     let summary = v["summary"].as_str().unwrap();
     assert!(
-        summary.contains(&format!("), 95% {}; limit 0.05", want.describe())),
+        summary.contains(&format!("), 95% {}, ", want.describe())),
+        "{summary}"
+    );
+    // The reading a gate reads: the interval excludes 0 here.
+    assert!(!want.contains_zero);
+    assert_eq!(g["reading"], "distinguishable");
+    assert!(
+        summary.contains("distinguishable: the interval excludes 0; limit 0.05"),
         "{summary}"
     );
 }

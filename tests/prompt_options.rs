@@ -624,3 +624,137 @@ fn readme_thinking_demo_is_what_the_tool_prints() {
     }
     assert!(runs >= 2, "the README shows the true and false runs");
 }
+
+/// `hsparity drafter TARGET --drafter DRAFTER ARGS… --json`: exit code and JSON.
+fn drafter_json(target: &std::path::Path, args: &[&str]) -> (i32, Value, String) {
+    let out = hsparity()
+        .arg("drafter")
+        .arg(target)
+        .args([
+            "--drafter",
+            "fixtures/toy-pair/drafter",
+            "--max-new-tokens",
+            "4",
+        ])
+        .args(args)
+        .args(["--quiet", "--json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), v, err)
+}
+
+/// Without prompt options a drafter run measures τ on the drafter default:
+/// 2 records of each built-in set in z-lab/dflash `benchmark.py`'s order
+/// (`mix:2`) that fit the target, rendered with the checkpoint's template,
+/// thinking off; every τ line says so.
+#[test]
+fn a_drafter_run_without_prompts_measures_tau_on_the_benchmark_default() {
+    let root = common::repo_root();
+    let target = root.join("fixtures/toy-pair/target");
+    let (code, v, err) = drafter_json(&target, &[]);
+    assert_eq!(code, 0, "{err}");
+    let env = &v["environment"];
+    assert_eq!(env["prompt_basis"], "drafter-default");
+    assert_eq!(v["prompt_basis"], "drafter-default");
+    assert_eq!(env["enable_thinking"], "false");
+    assert_eq!(env["prompt_set"]["name"], "mix");
+    assert_eq!(env["prompt_set"]["n"], 2);
+    let sets: Vec<&str> = env["prompt_set"]["sets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(sets, hsparity::prompt_sets::MIX_ORDER);
+    let prompts = env["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 10);
+    assert!(prompts
+        .iter()
+        .all(|p| p["chat"] == true && p["source"] == "prompt-set"));
+    let summary = v["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("τ on 10 prompts: the drafter default mix:2"),
+        "{summary}"
+    );
+    assert!(summary.contains("enable_thinking false"), "{summary}");
+    // Each set's records are its first in benchmark.py's order that fit the
+    // toy target's 512 positions with the run's; the ones passed over are named.
+    let max_pos = 512;
+    let room = max_pos - 4 - hsparity::prompts::BLOCK_ROOM;
+    for (k, name) in hsparity::prompt_sets::MIX_ORDER.iter().enumerate() {
+        let order = hsparity::prompt_sets::zlab_permutation(name, 0).unwrap();
+        let rows: Vec<usize> = prompts[2 * k..2 * k + 2]
+            .iter()
+            .map(|p| {
+                let o = p["origin"].as_str().unwrap();
+                o.split(" row ")
+                    .nth(1)
+                    .unwrap()
+                    .split(' ')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        let (a, b) = (
+            order.iter().position(|&r| r == rows[0]).unwrap(),
+            order.iter().position(|&r| r == rows[1]).unwrap(),
+        );
+        assert!(a < b, "{name}: {rows:?} in benchmark.py's order");
+        let passed_over = &order[..b];
+        let selection = env["prompt_set"]["sets"][k]["selection"].as_str().unwrap();
+        if passed_over.len() > 1 {
+            assert!(
+                selection.contains("passed over: longer than"),
+                "{name}: {selection}"
+            );
+            assert!(selection.contains(&format!("{room} tokens")), "{selection}");
+        }
+        assert!(prompts[2 * k]["tokens"].as_u64().unwrap() <= room as u64);
+    }
+}
+
+/// A checkpoint without a chat template feeds the default's user turns as
+/// raw text; one without a tokenizer runs the parity token ids, and the τ
+/// line says they are not a benchmark.
+#[test]
+fn the_drafter_default_without_a_template_or_a_tokenizer_says_what_ran() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = common::repo_root().join("fixtures/toy-pair/target");
+    let copy = |name: &str, files: &[&str]| {
+        let d = tmp.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        for f in files {
+            std::fs::copy(src.join(f), d.join(f)).unwrap();
+        }
+        d
+    };
+    let raw = copy(
+        "raw",
+        &["config.json", "model.safetensors", "tokenizer.json"],
+    );
+    let (code, v, err) = drafter_json(&raw, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["prompt_basis"], "drafter-default");
+    let prompts = v["environment"]["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 10);
+    assert!(prompts.iter().all(|p| p["chat"] == false), "{prompts:?}");
+    assert!(v["summary"]
+        .as_str()
+        .unwrap()
+        .contains("raw text (the checkpoint has no chat template)"));
+    let (code, _, err) = drafter_json(&raw, &["--enable-thinking", "true"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("has no chat template to render the default prompts with"),
+        "{err}"
+    );
+    let ids = copy("ids", &["config.json", "model.safetensors"]);
+    let (code, v, err) = drafter_json(&ids, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["prompt_basis"], "builtin-ids");
+    assert!(v["summary"].as_str().unwrap().contains("not a τ benchmark"));
+}

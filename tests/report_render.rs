@@ -406,3 +406,25 @@ fn examples_are_current() {
         stale.join("\n")
     );
 }
+
+/// Each committed example's "Reproduce" block is the command that wrote it:
+/// the arguments `examples_are_current` runs (and checks the files of, byte
+/// for byte) with the report folder and name, so running the block as
+/// printed gives the report.
+#[test]
+fn each_example_reproduce_block_is_the_command_that_wrote_it() {
+    for ex in EXAMPLE_RUNS {
+        let md =
+            std::fs::read_to_string(root().join(EXAMPLES).join(ex.name).join("report.md")).unwrap();
+        let (_, block) = md
+            .split_once("## Reproduce\n\n```\n")
+            .unwrap_or_else(|| panic!("{}: no Reproduce block", ex.name));
+        let printed = block.lines().next().unwrap();
+        let want = format!(
+            "hsparity {} --report-dir {EXAMPLES} --name {} --force",
+            ex.args.join(" "),
+            ex.name
+        );
+        assert_eq!(printed, want, "{}", ex.name);
+    }
+}

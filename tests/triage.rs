@@ -337,3 +337,70 @@ fn thinking_flipped_and_swa_as_full_are_the_other_runs() {
     }
     assert!(full.delta_tau != 0.0, "the window changes the drafts");
 }
+
+/// A target whose causal-lm path is clean but whose other paths miss every
+/// text tensor (keys saved under `model.`, as a causal LM writes them, with
+/// the VLM's config): triage ranks on causal-lm, and still names each path's
+/// MISSING tensors with the cause and the fix, and exits 1 as every verb does.
+#[test]
+fn missing_tensors_on_paths_triage_does_not_run_fail_it_with_the_fix() {
+    use crate::common::bad_inputs::{edit_shard, repo_root};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("target");
+    std::fs::create_dir(&dir).unwrap();
+    let src = repo_root().join("fixtures/toy-pair/target");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    edit_shard(&dir, "model.safetensors", |s| {
+        s.header = std::mem::take(&mut s.header)
+            .into_iter()
+            .map(|(k, v)| (k.replace("model.language_model.", "model."), v))
+            .collect();
+    });
+    let out = crate::common::hsparity()
+        .arg("triage")
+        .arg(&dir)
+        .args(["--drafter", "fixtures/toy-pair/drafter"])
+        .args(["--prompt", "count 347: 347 348", "--max-new-tokens", "8"])
+        .args(["--quiet", "--json", "--no-report"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let summary = v["summary"].as_str().unwrap();
+    assert!(summary.starts_with("FAIL: "), "{summary}");
+    // The counts are the inventory's (the same rules as compare's).
+    let inv = crate::common::hsparity()
+        .arg("inventory")
+        .arg(&dir)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let inv: serde_json::Value = serde_json::from_slice(&inv.stdout).unwrap();
+    let missing = |name: &str| {
+        inv["paths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .map(|p| p["missing"].as_u64().unwrap())
+            .unwrap()
+    };
+    assert_eq!(missing("causal-lm"), 0);
+    for (path, class) in [
+        ("vlm", "AutoModel"),
+        ("image-text-to-text", "AutoModelForImageTextToText"),
+    ] {
+        let n = missing(path);
+        assert!(n > 0, "{path}");
+        let want = format!("{path}: {n} MISSING tensors: a harness loading the target with {class} reads random weights");
+        assert!(summary.contains(&want), "{want:?} not in {summary}");
+    }
+    assert!(
+        summary.contains("Fix: re-save the weights under `model.language_model.`"),
+        "{summary}"
+    );
+}

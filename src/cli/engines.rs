@@ -91,7 +91,7 @@ pub(super) struct ImportArgs {
     #[command(flatten)]
     read: ReadArgs,
     /// DFlash drafter (directory or Hub id): its config gives the SpecForge taps, N and H where not given.
-    #[arg(long, value_parser = super::dir_or_id())]
+    #[arg(long, value_parser = super::values::dir_or_id())]
     drafter: Option<String>,
     /// The target's number of decoder layers N (places the last-layer and final-normed states), 1..=4096.
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]

@@ -61,6 +61,7 @@ impl PromptArgs {
             enable_thinking: self.enable_thinking,
             system: self.system.clone(),
             prompt_set: self.prompt_set,
+            default: Default::default(),
         }
     }
 }

@@ -115,6 +115,10 @@ pub fn run(o: &FeaturesOptions) -> Result<FeaturesReport> {
             chat: None,
         })
         .collect();
+    session.rendering = crate::prompts::Rendering {
+        basis: crate::prompts::PromptBasis::Features,
+        ..Default::default()
+    };
     let file = features::FileFacts {
         dtype: dump.dtype(&name)?,
         file: name,

@@ -36,6 +36,7 @@ pub fn run(opts: &TriageOptions) -> Result<TriageReport> {
     let (t, summary, notes) = triage::run(&session, &settings, given)?;
     let mut findings = crate::drafter::audit::mismatches(&t.drafter_audit);
     findings.extend(session.findings());
+    findings.extend(session.other_path_findings());
     Ok(crate::report::triage::build(
         t,
         summary,

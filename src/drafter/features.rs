@@ -102,6 +102,10 @@ pub struct FeaturesEval {
     pub plan: MemoryPlan,
     /// Always null (`--trajectories` and `--features` exclude each other).
     pub trajectories: Option<TrajectoryReport>,
+    /// What τ was measured on, in words (the file's sequences).
+    pub measured_on: String,
+    /// `features`.
+    pub prompt_basis: crate::prompts::PromptBasis,
 }
 
 /// Where the drafter's tap `l` lives in a dump of an `n_layers`-layer target.
@@ -486,6 +490,8 @@ pub fn evaluate(
         tau_gap,
         max_tau_gap: settings.max_tau_gap,
         tau_gap_interval: None,
+        measured_on: crate::prompts::describe(&session.prompts, &session.rendering),
+        prompt_basis: session.rendering.basis,
         features: FeatureFile {
             file: file.file.clone(),
             format: file.format.clone(),

@@ -10,6 +10,49 @@ use super::bootstrap::{Bootstrap, DeltaInterval};
 use super::eval::PathTau;
 use super::paths::DrafterEval;
 
+/// How the paths' τ compare, as a gate reads it (`tau_gap_interval.reading`).
+/// The verdict is the gap against `--max-tau-gap` alone; the reading says
+/// how much the prompts can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GapReading {
+    /// Every prompt's τ is the same on both paths (the paths accepted the
+    /// same drafts): no prompt count would tell them apart.
+    Identical,
+    /// The 95 % interval holds 0: with these prompts the gap cannot be told
+    /// from noise (PASS while within the limit; more prompts tell).
+    NotDistinguishable,
+    /// The interval excludes 0: the paths' τ differ (PASS while within the
+    /// limit).
+    Distinguishable,
+    /// One prompt: no interval.
+    NoInterval,
+}
+
+impl GapReading {
+    /// The reading of per-prompt τ `a` against `b` with their interval.
+    pub fn of(a: &[f64], b: &[f64], interval: Option<&DeltaInterval>) -> Self {
+        match interval {
+            _ if a == b => GapReading::Identical,
+            None => GapReading::NoInterval,
+            Some(i) if i.contains_zero => GapReading::NotDistinguishable,
+            Some(_) => GapReading::Distinguishable,
+        }
+    }
+
+    /// In words, for the summary.
+    pub fn describe(self, prompts: usize) -> String {
+        match self {
+            GapReading::Identical => format!("identical on all {prompts} prompts"),
+            GapReading::NotDistinguishable => {
+                format!("not distinguishable with {prompts} prompts (more prompts tell)")
+            }
+            GapReading::Distinguishable => "distinguishable: the interval excludes 0".into(),
+            GapReading::NoInterval => "no interval with one prompt".into(),
+        }
+    }
+}
+
 /// The largest τ gap between paths, with its interval (`tau_gap_interval`
 /// of a drafter report).
 #[derive(Debug, Clone, Serialize)]
@@ -24,18 +67,20 @@ pub struct TauGap {
     pub interval: Option<DeltaInterval>,
     /// How the interval was drawn.
     pub bootstrap: Bootstrap,
+    /// What the prompts can tell ([`GapReading`]).
+    pub reading: GapReading,
+    /// Prompts compared.
+    pub prompts: usize,
 }
 
 impl TauGap {
-    /// `95% [-0.12, +0.05], not distinguishable with 15 prompts` (or `no
-    /// interval with one prompt`).
+    /// `95% [-0.12, +0.05], not distinguishable with 15 prompts (more
+    /// prompts tell)`, `identical on all 10 prompts`, `no interval with one
+    /// prompt`.
     pub fn describe(&self) -> String {
-        match &self.interval {
-            Some(i) => match i.verdict() {
-                Some(v) => format!("95% {}, {v}", i.describe()),
-                None => format!("95% {}", i.describe()),
-            },
-            None => "no interval with one prompt".into(),
+        match (&self.interval, self.reading) {
+            (_, GapReading::Identical) | (None, _) => self.reading.describe(self.prompts),
+            (Some(i), r) => format!("95% {}, {}", i.describe(), r.describe(self.prompts)),
         }
     }
 }
@@ -57,11 +102,46 @@ pub fn gap_from(reference: &PathTau, others: &[PathTau], seed: u64) -> Option<Ta
         .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))?;
     let taus = |p: &PathTau| p.per_prompt.iter().map(|x| x.tau).collect::<Vec<_>>();
     let bootstrap = Bootstrap::seeded(seed);
+    let (a, b) = (taus(path), taus(reference));
+    let interval = bootstrap.delta(&a, &b);
+    let reading = GapReading::of(&a, &b, interval.as_ref());
     Some(TauGap {
         path: path.name.clone(),
         reference: reference.name.clone(),
         delta_tau: delta,
-        interval: bootstrap.delta(&taus(path), &taus(reference)),
+        interval,
         bootstrap,
+        reading,
+        prompts: a.len(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reading_follows_the_per_prompt_taus_and_the_interval() {
+        let b = Bootstrap::seeded(0);
+        let same = [2.0, 3.0, 4.0];
+        assert_eq!(
+            GapReading::of(&same, &same, b.delta(&same, &same).as_ref()),
+            GapReading::Identical
+        );
+        // One prompt up, one down: the interval holds 0.
+        let (x, y) = ([2.5, 2.5, 4.0], [2.0, 3.0, 4.0]);
+        assert_eq!(
+            GapReading::of(&x, &y, b.delta(&x, &y).as_ref()),
+            GapReading::NotDistinguishable
+        );
+        // Every prompt lower by 1: the interval excludes 0.
+        let z = [1.0, 2.0, 3.0];
+        let i = b.delta(&z, &same);
+        assert!(i.is_some_and(|i| !i.contains_zero));
+        assert_eq!(
+            GapReading::of(&z, &same, i.as_ref()),
+            GapReading::Distinguishable
+        );
+        assert_eq!(GapReading::of(&[1.0], &[2.0], None), GapReading::NoInterval);
+    }
 }

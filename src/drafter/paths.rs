@@ -56,6 +56,11 @@ pub struct DrafterEval {
     /// The supplied trajectories and each path's departures from them
     /// (`None` when the paths generated their own).
     pub trajectories: Option<TrajectoryReport>,
+    /// What τ was measured on, in words: count, set, templated or raw
+    /// ([`crate::prompts::describe`]).
+    pub measured_on: String,
+    /// Which prompts those are (`given`, `drafter-default`, …).
+    pub prompt_basis: crate::prompts::PromptBasis,
 }
 
 impl DrafterEval {
@@ -500,6 +505,8 @@ fn assemble(
         plan,
         paths,
         cross,
+        measured_on: crate::prompts::describe(&session.prompts, &session.rendering),
+        prompt_basis: session.rendering.basis,
         trajectories: given.map(|g| {
             let checked = g.lines.iter().map(|t| t.output.len()).sum();
             TrajectoryReport::new(

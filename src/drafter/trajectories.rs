@@ -307,6 +307,10 @@ pub fn attach(session: &mut Session, given: &GivenFile, prompts_named: bool) -> 
         check_prompts(&lines, &session.prompts)?;
     } else {
         session.prompts = lines.iter().map(Trajectory::as_prompt).collect();
+        session.rendering = crate::prompts::Rendering {
+            basis: crate::prompts::PromptBasis::Trajectories,
+            ..Default::default()
+        };
     }
     let bytes = crate::input::read(&given.file)?;
     let d = Sha256::digest(&bytes);

@@ -49,12 +49,14 @@ pub fn ignore_matches(pattern: &str, key: &str) -> bool {
 
 /// One line for the common "wrong prefix" failure: when at least half of the
 /// model's tensors are MISSING and the UNEXPECTED keys (lm_head aside) share a
-/// dotted prefix, name it instead of listing hundreds of keys.
+/// dotted prefix, name it instead of listing hundreds of keys, with the fix:
+/// the prefix `saved` that transformers' own `save_pretrained` writes for
+/// this config (the full model class's), which every loading path maps.
 fn diagnose_prefix(
     missing: usize,
     tensors: usize,
     unexpected: &[String],
-    want: &str,
+    (want, saved): (&str, &str),
 ) -> Option<String> {
     if missing < 2 || missing * 2 < tensors {
         return None;
@@ -83,9 +85,21 @@ fn diagnose_prefix(
     let want = if want.is_empty() { "(no prefix)" } else { want };
     Some(format!(
         "{missing} of {tensors} tensors MISSING (random init): {} checkpoint keys sit under `{prefix}`, \
-         which no rename rule maps to this class's `{want}`",
+         which no rename rule maps to this class's `{want}`. Fix: re-save the weights under `{saved}` \
+         (what save_pretrained of the full model writes, and every loading path maps), or load with a \
+         loading path whose inventory is clean (hsparity inventory)",
         keys.len()
     ))
+}
+
+/// The text prefix transformers' `save_pretrained` writes for `cfg`: the
+/// image-text-to-text class's (`model.language_model.`) when the config has
+/// one, else the causal LM's (`model.`).
+fn saved_prefix(cfg: &ModelConfig) -> &'static str {
+    LoadingPath::ImageTextToText
+        .class_for(cfg)
+        .or_else(|| LoadingPath::CausalLm.class_for(cfg))
+        .map_or("model.", ModelClass::text_prefix)
 }
 
 /// Step 1: what the class expects, in `state_dict()` order.
@@ -444,7 +458,7 @@ pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
         a.missing_names.len(),
         model.len(),
         &unexpected_names,
-        class.text_prefix(),
+        (class.text_prefix(), saved_prefix(cfg)),
     ) {
         notes.insert(0, d);
     }

@@ -11,6 +11,7 @@
 //! `--system`) and the rendered text encoded the same way, as
 //! `apply_chat_template(…, tokenize=True)` encodes it (`prompts/templated.rs`).
 
+mod defaults;
 mod jsonl;
 mod templated;
 
@@ -25,6 +26,12 @@ use crate::prompt_sets::{self, PromptSetSource, PromptSetSpec};
 pub use crate::text::preview;
 use jsonl::{read_jsonl, Tokenizer};
 use templated::Templating;
+
+pub use defaults::{
+    builtin_ids, describe, DefaultPrompts, PromptBasis, BLOCK_ROOM, BUILTIN_TEXTS,
+    DRAFTER_DEFAULT_SET,
+};
+use defaults::{builtin_prompts, default_set, raw_turn};
 
 /// The kind of a prompt's source, as reports name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -67,8 +74,10 @@ pub enum PromptSource {
     Builtin(Option<String>),
     /// A conversation of `--messages FILE.jsonl`.
     Messages,
-    /// A record of the built-in benchmark set of this name (`--prompt-set`).
-    PromptSet(&'static str),
+    /// A record of the built-in benchmark set of this name (`--prompt-set`,
+    /// or a drafter run's default), with its user turn when it was fed as
+    /// raw text (no chat template to render it with).
+    PromptSet(&'static str, Option<String>),
 }
 
 /// A prompt rendered with the chat template.
@@ -109,7 +118,7 @@ impl Prompt {
             PromptSource::Ids => PromptKind::Ids,
             PromptSource::Builtin(_) => PromptKind::Builtin,
             PromptSource::Messages => PromptKind::Messages,
-            PromptSource::PromptSet(_) => PromptKind::PromptSet,
+            PromptSource::PromptSet(..) => PromptKind::PromptSet,
         }
     }
 
@@ -117,7 +126,9 @@ impl Prompt {
     /// built-in text; not a conversation).
     pub fn text(&self) -> Option<&str> {
         match &self.source {
-            PromptSource::Text(t) | PromptSource::Builtin(Some(t)) => Some(t),
+            PromptSource::Text(t)
+            | PromptSource::Builtin(Some(t))
+            | PromptSource::PromptSet(_, Some(t)) => Some(t),
             _ => None,
         }
     }
@@ -163,6 +174,8 @@ pub struct PromptOptions {
     pub system: Option<String>,
     /// `--prompt-set NAME[:N]`: a built-in benchmark set.
     pub prompt_set: Option<PromptSetSpec>,
+    /// What runs when no option names prompts (set by the verb, not a flag).
+    pub default: DefaultPrompts,
 }
 
 /// `arg` quoted for a POSIX shell when it needs it.
@@ -220,6 +233,12 @@ impl PromptOptions {
         out
     }
 
+    /// True when the drafter default runs: a drafter evaluation's options
+    /// name no prompts.
+    pub fn uses_drafter_default(&self) -> bool {
+        matches!(self.default, DefaultPrompts::Drafter { .. }) && !self.names_prompts()
+    }
+
     /// True when some option names prompts (else the built-in set runs).
     pub fn names_prompts(&self) -> bool {
         !self.texts.is_empty()
@@ -268,16 +287,15 @@ impl PromptLimits {
     }
 }
 
-/// A built-in benchmark set as run: what was asked for, its data, and how
-/// its records were chosen.
+/// A built-in benchmark set as run: what was asked for, and for each set it
+/// names (five for `mix`) its data and how its records were chosen.
 #[derive(Debug, Clone)]
 pub struct PromptSetRun {
     /// `NAME[:N]`.
     pub spec: PromptSetSpec,
-    /// The embedded data file, its sha256 and license.
-    pub source: PromptSetSource,
-    /// The selection, in words (z-lab/dflash `benchmark.py`'s).
-    pub selection: String,
+    /// Each set run: the embedded data file, its sha256 and license, and the
+    /// selection in words (z-lab/dflash `benchmark.py`'s).
+    pub sets: Vec<(PromptSetSource, String)>,
 }
 
 /// How the prompts' text was made: the facts a report records.
@@ -290,8 +308,10 @@ pub struct Rendering {
     pub enable_thinking: Option<bool>,
     /// `--system`, when given.
     pub system: Option<String>,
-    /// `--prompt-set`, when given.
+    /// `--prompt-set` (or the drafter default), when one ran.
     pub prompt_set: Option<PromptSetRun>,
+    /// Which prompts ran: given, a default, or the trajectories'.
+    pub basis: PromptBasis,
 }
 
 /// The prompts of a run and how their text was made.
@@ -302,34 +322,6 @@ pub struct Resolved {
     pub prompts: Vec<Prompt>,
     /// Template, thinking flag, system turn and prompt set.
     pub rendering: Rendering,
-}
-
-/// Built-in text prompts: a short one, and one longer than the Gated DeltaNet
-/// chunk (64 tokens) and not a multiple of it for byte-level tokenizers.
-pub const BUILTIN_TEXTS: &[&str] = &[
-    "The capital of France is",
-    "Speculative decoding drafts several tokens with a small model and verifies them with the target in one forward pass. \
-     The drafter reads the target's hidden states at a few tap layers, so when two ways of loading the target disagree, \
-     acceptance falls even though both models look healthy in isolation.",
-];
-
-/// Built-in token-id prompts (16 and 100 tokens) for checkpoints without a
-/// tokenizer: a fixed linear-congruential sequence reduced modulo the vocabulary.
-pub fn builtin_ids(vocab_size: usize) -> Vec<Vec<u32>> {
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    [16usize, 100]
-        .iter()
-        .map(|&n| {
-            (0..n)
-                .map(|_| {
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((x >> 33) % vocab_size as u64) as u32
-                })
-                .collect()
-        })
-        .collect()
 }
 
 /// Resolves the prompts and checks them against `limits`, without a
@@ -383,7 +375,11 @@ pub fn collect(
     limits: PromptLimits,
 ) -> Result<Resolved> {
     let tok = Tokenizer::new(tokenizer);
-    let chat = Templating::open(opts, dir, tokenizer)?;
+    let benchmark_default = opts.uses_drafter_default() && tokenizer.is_some();
+    let chat = match (benchmark_default, dir) {
+        (true, Some(d)) => Templating::open_default(opts, d)?,
+        _ => Templating::open(opts, dir, tokenizer)?,
+    };
     let text_prompt = |text: String, origin: String, builtin: bool| -> Result<Prompt> {
         let source = if builtin {
             PromptSource::Builtin(Some(text.clone()))
@@ -419,30 +415,48 @@ pub fn collect(
     if let Some(f) = &opts.file {
         prompts.extend(read_jsonl(f, |t, at| text_prompt(t, at, false))?);
     }
-    let mut prompt_set = None;
-    if let Some(c) = &chat {
-        if let Some(f) = &opts.messages {
-            for conv in Conversation::read_jsonl(f)? {
-                prompts.push(c.prompt(conv, PromptSource::Messages, &tok)?);
-            }
-        }
-        if let Some(spec) = opts.prompt_set {
-            let set = prompt_sets::load(spec.name, spec.n)?;
-            for conv in set.conversations {
-                prompts.push(c.prompt(conv, PromptSource::PromptSet(spec.name), &tok)?);
-            }
-            prompt_set = Some(PromptSetRun {
-                spec,
-                source: set.source,
-                selection: set.selection,
-            });
+    if let (Some(c), Some(f)) = (&chat, &opts.messages) {
+        for conv in Conversation::read_jsonl(f)? {
+            prompts.push(c.prompt(conv, PromptSource::Messages, &tok)?);
         }
     }
-    if prompts.is_empty() {
+    let render = |conv: Conversation, set: &'static str| match &chat {
+        Some(c) => c.prompt(conv, PromptSource::PromptSet(set, None), &tok),
+        None => raw_turn(conv, set, &tok),
+    };
+    let mut prompt_set = None;
+    if let (Some(spec), Some(_)) = (opts.prompt_set, &chat) {
+        let mut sets = Vec::new();
+        for set in prompt_sets::load_all(spec)? {
+            for conv in set.conversations {
+                prompts.push(render(conv, set.spec.name)?);
+            }
+            sets.push((set.source, set.selection));
+        }
+        prompt_set = Some(PromptSetRun { spec, sets });
+    }
+    if let (true, DefaultPrompts::Drafter { reserve }) = (benchmark_default, opts.default) {
+        let room = limits.max_tokens.saturating_sub(reserve);
+        let (chosen, run) = default_set(room, reserve, limits.max_tokens, &render)?;
+        prompts.extend(chosen);
+        prompt_set = Some(run);
+    }
+    let basis = if !prompts.is_empty() {
+        if benchmark_default {
+            PromptBasis::DrafterDefault
+        } else {
+            PromptBasis::Given
+        }
+    } else {
         prompts = builtin_prompts(tokenizer.is_some(), limits, |t, origin| {
             text_prompt(t, origin, true)
         })?;
-    }
+        if opts.uses_drafter_default() {
+            PromptBasis::BuiltinIds
+        } else {
+            PromptBasis::ParityBuiltin
+        }
+    };
     if opts.chat && !prompts.iter().any(|p| p.chat.is_some()) {
         return Err(Error::Input(
             "--chat renders text prompts (--prompt, text lines of --prompts) as user turns, and every prompt given is token ids (--prompt-ids are fed as they are)".into(),
@@ -452,49 +466,15 @@ pub fn collect(
         prompts,
         rendering: Rendering {
             template: chat.as_ref().map(|c| c.source().clone()),
-            enable_thinking: opts.enable_thinking,
+            enable_thinking: chat
+                .as_ref()
+                .and_then(|c| c.enable_thinking())
+                .or(opts.enable_thinking),
             system: opts.system.clone(),
             prompt_set,
+            basis,
         },
     })
-}
-
-/// The built-in set: text prompts (made by `text`) with a tokenizer, token
-/// ids otherwise; each cut to `limits.max_tokens` (the set is ours: fit it to
-/// small models instead of refusing).
-fn builtin_prompts(
-    has_tokenizer: bool,
-    limits: PromptLimits,
-    text: impl Fn(String, String) -> Result<Prompt>,
-) -> Result<Vec<Prompt>> {
-    let mut prompts: Vec<Prompt> = if has_tokenizer {
-        BUILTIN_TEXTS
-            .iter()
-            .enumerate()
-            .map(|(i, t)| text(t.to_string(), format!("built-in prompt #{}", i + 1)))
-            .collect::<Result<_>>()?
-    } else {
-        builtin_ids(limits.vocab_size)
-            .into_iter()
-            .enumerate()
-            .map(|(i, ids)| Prompt {
-                source: PromptSource::Builtin(None),
-                ids,
-                origin: format!("built-in prompt #{}", i + 1),
-                chat: None,
-            })
-            .collect()
-    };
-    for p in prompts.iter_mut() {
-        if p.ids.len() > limits.max_tokens {
-            p.ids.truncate(limits.max_tokens);
-            p.origin.push_str(&format!(
-                ", cut to max_position_embeddings = {}",
-                limits.max_tokens
-            ));
-        }
-    }
-    Ok(prompts)
 }
 
 /// What a run would refuse in `prompts`, one line each, in prompt order:

@@ -72,6 +72,46 @@ impl Templating {
         }))
     }
 
+    /// The template of a drafter run's default prompts
+    /// ([`super::DefaultPrompts::Drafter`]): `--chat-template FILE`, else the
+    /// checkpoint's own; `None` when the checkpoint has none (the default set
+    /// is then fed as raw text). `enable_thinking` is false unless given
+    /// (z-lab/dflash `benchmark.py` passes `enable_thinking=False` by default).
+    ///
+    /// Errors: as [`Templating::open`]; `--enable-thinking` or `--system`
+    /// with no template to render them.
+    pub(super) fn open_default(opts: &PromptOptions, dir: &Path) -> Result<Option<Templating>> {
+        let config = TokenizerConfig::read(dir)?;
+        let template = match &opts.chat_template {
+            Some(file) => ChatTemplate::from_file(file, &config)?,
+            None => match ChatTemplate::for_checkpoint(dir, &config)? {
+                Some(t) => t,
+                None => {
+                    return match opts.template_only_flag() {
+                        Some(flag) => Err(Error::Input(format!(
+                            "{flag}: {} has no chat template to render the default prompts with; give one with --chat-template FILE",
+                            dir.display()
+                        ))),
+                        None => Ok(None),
+                    }
+                }
+            },
+        };
+        Ok(Some(Templating {
+            template,
+            render: RenderOptions {
+                add_generation_prompt: true,
+                enable_thinking: Some(opts.enable_thinking.unwrap_or(false)),
+            },
+            system: opts.system.clone(),
+        }))
+    }
+
+    /// The `enable_thinking` this templating passes.
+    pub(super) fn enable_thinking(&self) -> Option<bool> {
+        self.render.enable_thinking
+    }
+
     /// The template used for conversations without tools (the report's).
     pub(super) fn source(&self) -> &TemplateSource {
         self.template.source()

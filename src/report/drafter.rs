@@ -42,6 +42,7 @@ pub fn build(
         Some(first) => format!("{summary}; {first}"),
         None => summary,
     };
+    let summary = format!("{summary}; τ on {}", eval.measured_on);
     Report::new(
         Kind::Drafter,
         verdict,

@@ -43,6 +43,7 @@ pub fn build(
         eval.tau_gap,
         eval.max_tau_gap
     );
+    let summary = format!("{summary}; τ on {}", eval.measured_on);
     Report::new(
         Kind::Drafter,
         verdict,

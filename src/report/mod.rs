@@ -34,7 +34,7 @@ use sha2::{Digest, Sha256};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::parity::Verdict;
-use crate::prompts::{Prompt, Rendering, Resolved};
+use crate::prompts::{Prompt, PromptBasis, Rendering, Resolved};
 use crate::session::Session;
 
 pub use compare::CompareReport;
@@ -89,8 +89,15 @@ pub struct TargetFacts {
     pub enable_thinking: &'static str,
     /// `--system`: the system turn put before each conversation, or `null`.
     pub system: Option<String>,
-    /// `--prompt-set`: the built-in set, its data and selection, or `null`.
+    /// `--prompt-set` (or a drafter run's default): the built-in set, its
+    /// data and selection, or `null`.
     pub prompt_set: Option<PromptSetFacts>,
+    /// Which prompts ran: `given` (by the prompt options), `parity-builtin`,
+    /// `drafter-default`, `builtin-ids` or `trajectories`.
+    pub prompt_basis: PromptBasis,
+    /// The prompts in words: count, set, templated or raw, thinking flag
+    /// (what every τ says it was measured on).
+    pub prompts_described: String,
     /// Every prompt: where it came from, its token count and the sha256 of
     /// the text tokenised.
     pub prompts: Vec<PromptFacts>,
@@ -117,13 +124,22 @@ impl TargetFacts {
             prompt_set: rendering.prompt_set.as_ref().map(|s| PromptSetFacts {
                 name: s.spec.name,
                 n: s.spec.n,
-                file: s.source.file,
-                sha256: s.source.sha256.clone(),
-                records: s.source.records,
-                license: s.source.license,
-                upstream: s.source.upstream,
-                selection: s.selection.clone(),
+                sets: s
+                    .sets
+                    .iter()
+                    .map(|(src, selection)| SetFacts {
+                        name: src.name,
+                        file: src.file,
+                        sha256: src.sha256.clone(),
+                        records: src.records,
+                        license: src.license,
+                        upstream: src.upstream,
+                        selection: selection.clone(),
+                    })
+                    .collect(),
             }),
+            prompt_basis: rendering.basis,
+            prompts_described: crate::prompts::describe(prompts, rendering),
             prompts: prompts
                 .iter()
                 .enumerate()
@@ -151,13 +167,7 @@ impl TargetFacts {
             line.push_str(&format!(", system turn {:?}", crate::text::preview(s)));
         }
         if let Some(s) = &self.prompt_set {
-            line.push_str(&format!(
-                ", prompt set {} ({} of {} records, {})",
-                s.name,
-                self.prompts.len(),
-                s.records,
-                s.license
-            ));
+            line.push_str(&format!(", prompt set {}", s.describe()));
         }
         Some(line)
     }
@@ -179,10 +189,45 @@ pub struct TemplateFacts {
 /// The built-in benchmark set a run used (`environment.prompt_set`).
 #[derive(Debug, Clone, Serialize)]
 pub struct PromptSetFacts {
-    /// Set name (`gsm8k`, …).
+    /// Set name (`gsm8k`, …, or `mix` for all five).
     pub name: &'static str,
     /// `NAME:N`'s N (`--max-samples N` of z-lab/dflash `benchmark.py`), or `null`.
     pub n: Option<usize>,
+    /// Each set run (five for `mix`): its data and selection.
+    pub sets: Vec<SetFacts>,
+}
+
+impl PromptSetFacts {
+    /// `gsm8k:2 (2 of 1319 records, MIT)`, `mix:2 (2 each of gsm8k, …)`.
+    pub fn describe(&self) -> String {
+        let spec = match self.n {
+            Some(n) => format!("{}:{n}", self.name),
+            None => self.name.to_string(),
+        };
+        match self.sets.as_slice() {
+            [one] => {
+                let taken = self.n.map_or(one.records, |n| n.min(one.records));
+                format!(
+                    "{spec} ({taken} of {} records, {})",
+                    one.records, one.license
+                )
+            }
+            many => {
+                let names: Vec<&str> = many.iter().map(|s| s.name).collect();
+                let each = self
+                    .n
+                    .map_or("every record".to_string(), |n| format!("{n} each"));
+                format!("{spec} ({each} of {})", names.join(", "))
+            }
+        }
+    }
+}
+
+/// One built-in set of a run's prompt set (`environment.prompt_set.sets[]`).
+#[derive(Debug, Clone, Serialize)]
+pub struct SetFacts {
+    /// Set name (`gsm8k`, …).
+    pub name: &'static str,
     /// The data file (repository path; embedded in the binary).
     pub file: &'static str,
     /// sha256 of the data file (64 hex digits).

@@ -117,7 +117,12 @@ pub fn next_check(top: &Suspect, baseline_tau: f64, run: &RunFlags) -> String {
                 .map(String::as_str)
                 .collect();
             let flipped: String = flipped.iter().map(|f| format!(" {f}")).collect();
-            format!("render the prompts as your harness does and compare: `hsparity prompts {checkpoint}{flipped} --chat --enable-thinking {v}` shows them; {correct}")
+            // The drafter default is a prompt set, templated already.
+            let render = match &run.default_set {
+                Some(set) if run.prompts.is_empty() => format!(" --prompt-set {set}"),
+                _ => format!("{flipped} --chat"),
+            };
+            format!("render the prompts as your harness does and compare: `hsparity prompts {checkpoint}{render} --enable-thinking {v}` shows them; {correct}")
         }
         Suspect::DrafterSwaAsFull => "check that your engine gives the drafter's sliding-window layers their window (vLLM PR #40898)".to_string(),
         Suspect::TapOffset(_) | Suspect::NormedLastTap => format!("print which hidden_states your harness concatenates for the drafter (tap L is hidden_states[L+1], pre-norm): {correct}"),
@@ -141,6 +146,9 @@ pub struct RunFlags {
     pub prompts: Vec<String>,
     /// ` --max-new-tokens N --ddtree-budget B` (and `--trajectories FILE`).
     pub replay: String,
+    /// The drafter default's set (`mix:2`) when the run used it: a drafter
+    /// command without prompt flags runs it again; `prompts` is told it.
+    pub default_set: Option<String>,
 }
 
 /// What scoring a suspect's outcome against the baseline needs.

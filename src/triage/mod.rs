@@ -179,6 +179,10 @@ pub struct Triage {
     /// What the drafter's config records about its target, checked against
     /// this one ([`crate::drafter::audit`]); a disagreement fails the run.
     pub drafter_audit: Vec<crate::drafter::audit::AuditCheck>,
+    /// What every τ was measured on, in words ([`crate::prompts::describe`]).
+    pub measured_on: String,
+    /// Which prompts those are (`given`, `drafter-default`, …).
+    pub prompt_basis: crate::prompts::PromptBasis,
 }
 
 /// τ (macro) of per-prompt results for block size `b`.
@@ -388,7 +392,9 @@ pub fn run(
     }
     // The ranking: the largest |Δτ| first.
     variants.sort_by(|a, b| b.delta_tau.abs().total_cmp(&a.delta_tau.abs()));
+    let measured_on = crate::prompts::describe(&session.prompts, &session.rendering);
     let mut summary = summarize(&baseline, &variants, settings.observed_tau);
+    summary.push_str(&format!("; τ on {measured_on}"));
     let trajectories = given
         .as_ref()
         .map(|g| trajectory_report(g, &ran.baseline, &mut summary, &mut notes));
@@ -403,6 +409,8 @@ pub fn run(
         trajectories,
         wall_time_s: t0.elapsed().as_secs_f64(),
         drafter_audit: crate::drafter::audit::audit(&drafter.cfg, &session.paths[0].text_config),
+        measured_on,
+        prompt_basis: session.rendering.basis,
     };
     Ok((triage, summary, notes))
 }
@@ -530,6 +538,8 @@ fn next_check(
         drafter: shell_quote(&settings.drafter),
         prompts: settings.harness.prompts.to_flags(),
         replay,
+        default_set: (session.rendering.basis == crate::prompts::PromptBasis::DrafterDefault)
+            .then(|| crate::prompts::DRAFTER_DEFAULT_SET.to_string()),
     };
     Some(assess::next_check(s, baseline.tau_macro, &run))
 }

@@ -97,14 +97,16 @@ pub fn prompt_infos(session: &Session) -> Vec<PromptInfo> {
         .collect()
 }
 
-/// Adds the drafter's τ per path to the summary; a τ gap over the limit fails the run.
+/// Adds the drafter's τ per path to the summary, with what it was measured
+/// on; a τ gap over the limit (or a drafter made for another target) fails
+/// the run.
 pub fn append_drafter(d: &DrafterReport, verdict: &mut Verdict, summary: &mut String) {
     let taus: Vec<String> = d
         .paths
         .iter()
-        .map(|p| format!("{:.2}", p.summary.tau_macro))
+        .map(|p| format!("{} {:.2}", p.name, p.summary.tau_macro))
         .collect();
-    summary.push_str(&format!("; drafter τ {}", taus.join(" → ")));
+    summary.push_str(&format!("; drafter τ {}", taus.join(" vs ")));
     let interval = d
         .tau_gap_interval
         .as_ref()
@@ -116,6 +118,7 @@ pub fn append_drafter(d: &DrafterReport, verdict: &mut Verdict, summary: &mut St
     } else if !interval.is_empty() {
         summary.push_str(&format!(" (gap {:.3}{interval})", d.tau_gap));
     }
+    summary.push_str(&format!(", on {}", d.measured_on));
 }
 
 /// Fails the run on every path whose cached decode departs from its full
