@@ -21,7 +21,7 @@ use crate::loading::LoadingPath;
 use crate::models::GdnForm;
 use crate::output::{ReportFolder, ReportSettings};
 use crate::precision::Precision;
-use crate::prompts::{DefaultPrompts, BLOCK_ROOM};
+use crate::prompts::DefaultPrompts;
 use crate::report::{self, Document};
 use crate::session::Target;
 use crate::triage::harness as triage_harness;
@@ -395,11 +395,7 @@ fn run_compare(a: CompareArgs) -> Result<u8> {
     let drafter = a.drafter.map(|source| a.eval.settings(source));
     let opts = compare::CompareOptions {
         target: match &drafter {
-            Some(d) => drafting(
-                a.target.target(&a.run, a.dtype.0),
-                d.trajectories.is_some(),
-                d.replay.max_new + BLOCK_ROOM,
-            ),
+            Some(d) => drafting(a.target.target(&a.run, a.dtype.0), d.trajectories.is_some()),
             None => a.target.target(&a.run, a.dtype.0),
         },
         paths: distinct(a.paths)?,
@@ -426,11 +422,7 @@ fn run_drafter(a: DrafterArgs) -> Result<u8> {
     // `--features` measures τ on the file's prompts.
     let own_prompts = settings.trajectories.is_some() || a.features.features.is_some();
     let opts = drafter::DrafterOptions {
-        target: drafting(
-            a.target.target(&a.run, a.dtype.0),
-            own_prompts,
-            settings.replay.max_new + BLOCK_ROOM,
-        ),
+        target: drafting(a.target.target(&a.run, a.dtype.0), own_prompts),
         paths: distinct(a.paths)?,
         drafter: settings,
         quiet: a.run.quiet,
@@ -457,12 +449,11 @@ fn run_drafter(a: DrafterArgs) -> Result<u8> {
 }
 
 /// `target` of a drafter evaluation: without prompt options it runs the
-/// drafter default ([`DefaultPrompts::Drafter`], leaving `reserve`
-/// positions after each prompt), unless `own_prompts` (the supplied
-/// trajectories' or features' prompts run).
-fn drafting(mut target: Target, own_prompts: bool, reserve: usize) -> Target {
+/// drafter default ([`DefaultPrompts::Drafter`]), unless `own_prompts` (the
+/// supplied trajectories' or features' prompts run).
+fn drafting(mut target: Target, own_prompts: bool) -> Target {
     if !own_prompts {
-        target.prompts.default = DefaultPrompts::Drafter { reserve };
+        target.prompts.default = DefaultPrompts::Drafter;
     }
     target
 }
@@ -477,7 +468,6 @@ fn run_triage(a: TriageArgs) -> Result<u8> {
         target: drafting(
             a.target.target(&a.run, None),
             a.trajectories.trajectories.is_some(),
-            replay.max_new + BLOCK_ROOM + a.position_shift.max(a.left_pad),
         ),
         settings: TriageSettings {
             drafter: a.drafter,

@@ -168,7 +168,27 @@ type Edit = Box<dyn Fn(&mut Value)>;
 /// never guessed.
 #[test]
 fn what_cannot_run_is_refused() {
-    let cases: [(&str, Edit, &str); 4] = [
+    let cases: [(&str, Edit, &str); 8] = [
+        (
+            "a fact recorded twice with two values",
+            Box::new(|c| c["dflash_config"]["num_target_layers"] = 5.into()),
+            "num_target_layers is 4 at the top level and 5 under dflash_config",
+        ),
+        (
+            "a tap twice",
+            Box::new(|c| c["dflash_config"]["target_layer_ids"] = serde_json::json!([1, 1])),
+            "target_layer_ids [1, 1] repeats layer 1",
+        ),
+        (
+            "a rotary base of 0",
+            Box::new(|c| c["rope_parameters"]["rope_theta"] = 0.into()),
+            "rope_theta = 0: the rotary base must be a positive number",
+        ),
+        (
+            "a negative rotary base",
+            Box::new(|c| c["rope_parameters"]["rope_theta"] = (-10000.0).into()),
+            "rope_theta = -10000",
+        ),
         (
             "a fact of the wrong type",
             Box::new(|c| c["num_target_layers"] = "4".into()),
@@ -309,6 +329,13 @@ fn an_eagle3_drafter_is_named_with_the_taps_to_compare() {
             );
         }
     };
+    // A DFlash drafter that carries an eagle_config too stays a DFlash one.
+    let tmp = tempfile::tempdir().unwrap();
+    let d = drafter_with(tmp.path(), |c| {
+        c["eagle_config"] = serde_json::json!({"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+    });
+    let (code, _, err) = run("drafter", TARGET, &d, &[]);
+    assert_eq!(code, 0, "{err}");
     for (top, taps) in [(false, "--taps 0,1,2"), (true, "--taps 0,1,2")] {
         let tmp = tempfile::tempdir().unwrap();
         let d = drafter_with(tmp.path(), |c| eagle(c, top));

@@ -972,3 +972,44 @@ fn a_closed_stderr_keeps_the_exit_code() {
         assert_eq!(status.code(), Some(want), "{args:?}");
     }
 }
+
+/// Templates that loop or grow without end (they come from the checkpoint,
+/// i.e. the Hub): the render's work bound ends each with exit 2 naming the
+/// template file, instead of a hang or an out-of-memory abort.
+#[test]
+fn bound_chat_templates_that_loop_or_grow() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "nested-loops",
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        ),
+        (
+            "doubling",
+            r#"{% set ns = namespace(s="x") %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}"#,
+        ),
+        (
+            "repeat-in-loop",
+            r#"{% for i in range(100000) %}{{ "x" * 100000 }}{% endfor %}"#,
+        ),
+        ("join", r#"{{ range(100000)|join("x" * 100000) }}"#),
+        (
+            "recursion",
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        ),
+    ];
+    for (name, body) in cases {
+        let file = tmp.path().join(format!("{name}.jinja"));
+        std::fs::write(&file, body).unwrap();
+        let o = run([
+            OsStr::new("prompts"),
+            OsStr::new("fixtures/tiny-qwen3_5"),
+            OsStr::new("--chat"),
+            OsStr::new("--prompt"),
+            OsStr::new("hi"),
+            OsStr::new("--chat-template"),
+            s(&file),
+        ]);
+        bad(&o, &[&format!("{name}.jinja")]);
+    }
+}

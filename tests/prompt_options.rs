@@ -679,10 +679,15 @@ fn a_drafter_run_without_prompts_measures_tau_on_the_benchmark_default() {
         "{summary}"
     );
     assert!(summary.contains("enable_thinking false"), "{summary}");
-    // Each set's records are its first in benchmark.py's order that fit the
-    // toy target's 512 positions with the run's; the ones passed over are named.
-    let max_pos = 512;
-    let room = max_pos - 4 - hsparity::prompts::BLOCK_ROOM;
+    // Each set's records are its first in benchmark.py's order that fit in
+    // half the toy target's positions; the ones passed over are named.
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(target.join("config.json")).unwrap())
+            .unwrap();
+    let max_pos = cfg["text_config"]["max_position_embeddings"]
+        .as_u64()
+        .unwrap() as usize;
+    let room = max_pos / 2;
     for (k, name) in hsparity::prompt_sets::MIX_ORDER.iter().enumerate() {
         let order = hsparity::prompt_sets::zlab_permutation(name, 0).unwrap();
         let rows: Vec<usize> = prompts[2 * k..2 * k + 2]
@@ -715,6 +720,33 @@ fn a_drafter_run_without_prompts_measures_tau_on_the_benchmark_default() {
         }
         assert!(prompts[2 * k]["tokens"].as_u64().unwrap() <= room as u64);
     }
+    assert!(
+        summary.contains("longer than half the target's positions passed over"),
+        "{summary}"
+    );
+    // The default is the checkpoint's alone: another --max-new-tokens (or
+    // triage) runs the same prompts.
+    let out = hsparity()
+        .args([
+            "compare",
+            "fixtures/toy-pair/target",
+            "--drafter",
+            "fixtures/toy-pair/drafter",
+        ])
+        .args(["--max-new-tokens", "32", "--quiet", "--json", "--no-report"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let other: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        other["environment"]["prompts_sha256"],
+        env["prompts_sha256"]
+    );
 }
 
 /// A checkpoint without a chat template feeds the default's user turns as
@@ -746,12 +778,19 @@ fn the_drafter_default_without_a_template_or_a_tokenizer_says_what_ran() {
         .as_str()
         .unwrap()
         .contains("raw text (the checkpoint has no chat template)"));
-    let (code, _, err) = drafter_json(&raw, &["--enable-thinking", "true"]);
-    assert_eq!(code, 2, "{err}");
-    assert!(
-        err.contains("has no chat template to render the default prompts with"),
-        "{err}"
-    );
+    for flag in [
+        &["--enable-thinking", "true"][..],
+        &["--chat"],
+        &["--system", "Be brief."],
+    ] {
+        let (code, _, err) = drafter_json(&raw, flag);
+        assert_eq!(code, 2, "{flag:?}: {err}");
+        assert!(
+            err.contains(&format!("{}: ", flag[0]))
+                && err.contains("has no chat template to render the default prompts with"),
+            "{flag:?}: {err}"
+        );
+    }
     let ids = copy("ids", &["config.json", "model.safetensors"]);
     let (code, v, err) = drafter_json(&ids, &[]);
     assert_eq!(code, 0, "{err}");

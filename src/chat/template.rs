@@ -526,6 +526,12 @@ impl ChatTemplate {
                     "{file}{at}: the chat template raised an exception: {} ({origin})",
                     one_line(&msg)
                 ))
+            } else if e.kind() == minijinja::ErrorKind::OutOfFuel {
+                Error::Input(format!(
+                    "{file}{at}: the chat template did more work than one render may ({} units of instructions and data, about {} MB): it loops or grows without end ({origin})",
+                    super::python::RENDER_FUEL,
+                    super::python::RENDER_FUEL * 64 / 1_000_000
+                ))
             } else {
                 Error::Input(format!(
                     "{file}{at}: rendering the chat template failed: {} ({origin})",

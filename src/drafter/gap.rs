@@ -43,6 +43,7 @@ impl GapReading {
     /// In words, for the summary.
     pub fn describe(self, prompts: usize) -> String {
         match self {
+            GapReading::Identical if prompts == 1 => "identical on its one prompt".into(),
             GapReading::Identical => format!("identical on all {prompts} prompts"),
             GapReading::NotDistinguishable => {
                 format!("not distinguishable with {prompts} prompts (more prompts tell)")

@@ -20,18 +20,12 @@ pub enum DefaultPrompts {
     /// A drafter evaluation's: [`DRAFTER_DEFAULT_SET`] rendered with the
     /// checkpoint's chat template (`enable_thinking` false unless given), as
     /// raw text without one; the parity token ids without a tokenizer.
-    /// `reserve`: positions the run needs after each prompt (new tokens, a
-    /// block, shifts); records longer than the target allows with them are
-    /// passed over for the next in z-lab's order.
-    Drafter {
-        /// Positions needed after the prompt.
-        reserve: usize,
-    },
+    /// Records longer than half the target's `max_position_embeddings` are
+    /// passed over for the next in z-lab's order (the other half is the
+    /// run's: new tokens, blocks), so the default depends on the checkpoint
+    /// alone: every drafter verb, whatever its flags, runs the same prompts.
+    Drafter,
 }
-
-/// Positions a drafter run's default keeps free beyond `--max-new-tokens`:
-/// a block and DDTree's tree (published DFlash drafters use blocks of 16).
-pub const BLOCK_ROOM: usize = 64;
 
 /// The drafter evaluations' default prompts: two records of each built-in
 /// benchmark set, as z-lab/dflash `benchmark.py --max-samples 2` selects
@@ -62,19 +56,19 @@ pub enum PromptBasis {
 
 /// The drafter default's prompts: of each set of [`DRAFTER_DEFAULT_SET`],
 /// the first N records in z-lab/dflash `benchmark.py`'s order (seed 0)
-/// whose rendering leaves `reserve` positions under `max_tokens` (`room`
-/// tokens at most; on a real target that is z-lab's first N).
+/// whose rendering is at most half of `max_tokens` (on a real target that
+/// is z-lab's first N; the other half is the run's).
 ///
 /// Errors ([`Error::Input`]): a record does not render; no record fits.
 pub(super) fn default_set(
-    room: usize,
-    reserve: usize,
     max_tokens: usize,
     render: &dyn Fn(Conversation, &'static str) -> Result<Prompt>,
 ) -> Result<(Vec<Prompt>, PromptSetRun)> {
+    let room = max_tokens / 2;
     let want = DRAFTER_DEFAULT_SET.n.unwrap_or(usize::MAX);
     let mut chosen = Vec::new();
     let mut sets = Vec::new();
+    let mut skipped = Vec::new();
     for name in prompt_sets::MIX_ORDER {
         let all = prompt_sets::load(name, None)?;
         let order = prompt_sets::zlab_permutation(name, 0)?;
@@ -98,14 +92,15 @@ pub(super) fn default_set(
         );
         if !passed_over.is_empty() {
             selection.push_str(&format!(
-                "; rows {passed_over:?} passed over: longer than {room} tokens, which leave {reserve} positions for the run under max_position_embeddings = {max_tokens}"
+                "; rows {passed_over:?} passed over: longer than {room} tokens, half the target's max_position_embeddings = {max_tokens}"
             ));
         }
+        skipped.extend(passed_over.iter().map(|r| format!("{name} {r}")));
         sets.push((all.source, selection));
     }
     if chosen.is_empty() {
         return Err(Error::Input(format!(
-            "no benchmark prompt of the drafter default fits in {room} tokens (max_position_embeddings = {max_tokens} less {reserve} positions for the run): pass prompts with --prompt, --prompts or --prompt-ids"
+            "no benchmark prompt of the drafter default fits in {room} tokens (half the target's max_position_embeddings = {max_tokens}): pass prompts with --prompt, --prompts or --prompt-ids"
         )));
     }
     Ok((
@@ -113,6 +108,7 @@ pub(super) fn default_set(
         PromptSetRun {
             spec: DRAFTER_DEFAULT_SET,
             sets,
+            passed_over: skipped,
         },
     ))
 }
@@ -136,9 +132,16 @@ pub fn describe(prompts: &[Prompt], rendering: &Rendering) -> String {
     let set = rendering.prompt_set.as_ref().map(|s| s.spec.to_string());
     match rendering.basis {
         PromptBasis::DrafterDefault => format!(
-            "{n} prompt{plural}: the drafter default {} (as z-lab/dflash benchmark.py --max-samples {} picks each set), {}",
+            "{n} prompt{plural}: the drafter default {} (as z-lab/dflash benchmark.py --max-samples {} picks each set{}), {}",
             set.unwrap_or_default(),
             DRAFTER_DEFAULT_SET.n.unwrap_or(0),
+            match rendering.prompt_set.as_ref().map(|s| s.passed_over.len()) {
+                Some(k) if k > 0 => format!(
+                    "; {k} record{} longer than half the target's positions passed over",
+                    if k == 1 { "" } else { "s" }
+                ),
+                _ => String::new(),
+            },
             if prompts.iter().any(|p| p.chat.is_some()) {
                 rendered
             } else {

@@ -28,8 +28,7 @@ use jsonl::{read_jsonl, Tokenizer};
 use templated::Templating;
 
 pub use defaults::{
-    builtin_ids, describe, DefaultPrompts, PromptBasis, BLOCK_ROOM, BUILTIN_TEXTS,
-    DRAFTER_DEFAULT_SET,
+    builtin_ids, describe, DefaultPrompts, PromptBasis, BUILTIN_TEXTS, DRAFTER_DEFAULT_SET,
 };
 use defaults::{builtin_prompts, default_set, raw_turn};
 
@@ -236,7 +235,7 @@ impl PromptOptions {
     /// True when the drafter default runs: a drafter evaluation's options
     /// name no prompts.
     pub fn uses_drafter_default(&self) -> bool {
-        matches!(self.default, DefaultPrompts::Drafter { .. }) && !self.names_prompts()
+        self.default == DefaultPrompts::Drafter && !self.names_prompts()
     }
 
     /// True when some option names prompts (else the built-in set runs).
@@ -296,6 +295,9 @@ pub struct PromptSetRun {
     /// Each set run: the embedded data file, its sha256 and license, and the
     /// selection in words (z-lab/dflash `benchmark.py`'s).
     pub sets: Vec<(PromptSetSource, String)>,
+    /// Records passed over because they do not fit the target (the drafter
+    /// default only), `set row` each.
+    pub passed_over: Vec<String>,
 }
 
 /// How the prompts' text was made: the facts a report records.
@@ -433,11 +435,14 @@ pub fn collect(
             }
             sets.push((set.source, set.selection));
         }
-        prompt_set = Some(PromptSetRun { spec, sets });
+        prompt_set = Some(PromptSetRun {
+            spec,
+            sets,
+            passed_over: Vec::new(),
+        });
     }
-    if let (true, DefaultPrompts::Drafter { reserve }) = (benchmark_default, opts.default) {
-        let room = limits.max_tokens.saturating_sub(reserve);
-        let (chosen, run) = default_set(room, reserve, limits.max_tokens, &render)?;
+    if benchmark_default {
+        let (chosen, run) = default_set(limits.max_tokens, &render)?;
         prompts.extend(chosen);
         prompt_set = Some(run);
     }

@@ -87,7 +87,10 @@ impl Templating {
             None => match ChatTemplate::for_checkpoint(dir, &config)? {
                 Some(t) => t,
                 None => {
-                    return match opts.template_only_flag() {
+                    return match opts
+                        .template_only_flag()
+                        .or(opts.chat.then_some("--chat"))
+                    {
                         Some(flag) => Err(Error::Input(format!(
                             "{flag}: {} has no chat template to render the default prompts with; give one with --chat-template FILE",
                             dir.display()

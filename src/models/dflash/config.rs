@@ -108,6 +108,7 @@ impl DflashConfig {
             .and_then(Value::as_str)
             .unwrap_or("");
         refuse_other_kinds(cfg, arch)?;
+        refuse_contradictions(cfg)?;
         let usize_of = |name: &str| -> Result<usize> {
             match get(cfg, name) {
                 Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| {
@@ -241,6 +242,31 @@ fn refuse_other_kinds(cfg: &Value, arch: &str) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a config that records one fact twice with two values: under
+/// `dflash_config` and at the top level (the wheel's `_draft_value` reads
+/// `dflash_config` first, SGLang's `DFlashDraftConfig` either; which one a
+/// tool reads decides the run, so neither is guessed).
+///
+/// Errors ([`Error::Config`]): naming the field and both values.
+fn refuse_contradictions(cfg: &Value) -> Result<()> {
+    let Some(inner) = cfg.get("dflash_config").and_then(Value::as_object) else {
+        return Ok(());
+    };
+    for (k, v) in inner {
+        match cfg.get(k) {
+            Some(top) if !top.is_null() && !v.is_null() && top != v => {
+                return Err(Error::Config(format!(
+                    "{k} is {} at the top level and {} under dflash_config: the config contradicts itself (tools differ in which they read); keep one",
+                    crate::text::preview(&top.to_string()),
+                    crate::text::preview(&v.to_string())
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Refuses an EAGLE-3 drafter (SpecForge `LlamaForCausalLMEagle3`, vLLM
 /// `Eagle3LlamaForCausalLM`, or a config with `eagle_config` /
 /// `eagle_aux_hidden_state_layer_ids`), naming its taps as `compare --taps`
@@ -253,9 +279,10 @@ fn refuse_eagle3(cfg: &Value, arch: &str) -> Result<()> {
         .get("eagle_config")
         .and_then(|e| e.get("eagle_aux_hidden_state_layer_ids"));
     let top = cfg.get("eagle_aux_hidden_state_layer_ids");
-    let eagle = arch.to_ascii_lowercase().contains("eagle")
-        || cfg.get("eagle_config").is_some()
-        || top.is_some();
+    let eagle = !arch.contains("DFlash")
+        && (arch.to_ascii_lowercase().contains("eagle")
+            || cfg.get("eagle_config").is_some_and(Value::is_object)
+            || top.is_some_and(|v| !v.is_null()));
     if !eagle {
         return Ok(());
     }
@@ -365,6 +392,16 @@ fn rope_theta(cfg: &Value) -> Result<f64> {
                 .ok_or_else(|| bad(format!("rope_theta must be a number, found {v}")))
         })
         .transpose()?
+        .map(|t| {
+            if t.is_finite() && t > 0.0 {
+                Ok(t)
+            } else {
+                Err(bad(format!(
+                    "rope_theta = {t}: the rotary base must be a positive number"
+                )))
+            }
+        })
+        .transpose()?
         .unwrap_or(10000.0))
 }
 
@@ -402,6 +439,19 @@ fn layer_types(cfg: &Value, num_hidden_layers: usize) -> Result<Vec<DraftLayerTy
 /// `build_target_layer_ids` silently picks taps the drafter may not have
 /// been trained on, sglang#37475), empty, or not layer indices.
 fn target_layer_ids(cfg: &Value) -> Result<Vec<usize>> {
+    let bad = Error::Config;
+    let taps = target_layer_list(cfg)?;
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(l) = taps.iter().find(|&&l| !seen.insert(l)) {
+        return Err(bad(format!(
+            "target_layer_ids {taps:?} repeats layer {l}: DFlash taps are distinct layers (build_target_layer_ids never repeats one)"
+        )));
+    }
+    Ok(taps)
+}
+
+/// The `target_layer_ids` list as written.
+fn target_layer_list(cfg: &Value) -> Result<Vec<usize>> {
     let bad = Error::Config;
     Ok(match get(cfg, "target_layer_ids") {
         Some(Value::Array(a)) if !a.is_empty() => a

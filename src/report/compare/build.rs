@@ -29,9 +29,10 @@ pub fn paths_as_run(session: &Session, seed: u64, notes: &mut Vec<String>) -> Ve
             }
             if p.inventory.missing > 0 {
                 notes.push(format!(
-                    "{} has {} MISSING tensors, initialised as transformers would (seed {seed}): {}",
+                    "{} has {} MISSING tensor{}, initialised as transformers would (seed {seed}): {}",
                     p.path.name(),
                     p.inventory.missing,
+                    if p.inventory.missing == 1 { "" } else { "s" },
                     p.inventory
                         .missing_names
                         .iter()

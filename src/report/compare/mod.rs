@@ -266,8 +266,10 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
         .filter(|p| p.missing > 0)
         .map(|p| {
             format!(
-                "{} has {} missing (randomly initialised) tensors",
-                p.name, p.missing
+                "{} has {} missing (randomly initialised) tensor{}",
+                p.name,
+                p.missing,
+                if p.missing == 1 { "" } else { "s" }
             )
         })
         .collect();
@@ -304,7 +306,10 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
                         let d = if m.nan_count + m.inf_count > 0 {
                             format!("; {} NaN, {} Inf values", m.nan_count, m.inf_count)
                         } else {
-                            format!("; cos_min {:.6}, max_abs {:.3e}", m.cos_min, m.max_abs)
+                            format!(
+                                "; cos_min {:.6}, rel L2 {:.3e}, max_abs {:.3e}",
+                                m.cos_min, m.rel_l2, m.max_abs
+                            )
                         };
                         (hidden_state_label(r.index, r.layer_type), d)
                     })
