@@ -46,6 +46,15 @@ impl Precision {
         }
     }
 
+    /// torch's name: `"float32"`, `"bfloat16"`, `"float16"`.
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            Precision::F32 => "float32",
+            Precision::Bf16 => "bfloat16",
+            Precision::F16 => "float16",
+        }
+    }
+
     /// The three dtypes, widest first.
     pub const ALL: [Precision; 3] = [Precision::F32, Precision::Bf16, Precision::F16];
 

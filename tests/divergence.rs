@@ -306,3 +306,31 @@ fn a_mixed_dtype_pair_states_its_rule_and_rows_in_the_summary() {
         }
     }
 }
+
+/// Each cause of a divergence fixture names its fix, as the loading-path
+/// section of the README explains it: the dtype pair, the key prefix.
+#[test]
+fn causes_name_their_fix() {
+    for (f, want) in [
+        ("fp16-disk", "Fix: set the top-level `dtype` in config.json"),
+        (
+            "nested-prefix",
+            "Fix: re-save the weights under `model.language_model.`",
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = common::hsparity()
+            .args(["compare", &dir(f), "--quiet", "--report-dir"])
+            .arg(tmp.path())
+            .args(["--name", "r"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{f}");
+        let md = std::fs::read_to_string(tmp.path().join("r/report.md")).unwrap();
+        let (_, causes) = md
+            .split_once("differ:\n\n")
+            .unwrap_or_else(|| panic!("{f}: {md}"));
+        let causes = causes.split("\n\n").next().unwrap();
+        assert!(causes.contains(want), "{f}: {causes}");
+    }
+}

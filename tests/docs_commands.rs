@@ -231,3 +231,41 @@ fn the_example_reports_next_checks_give_the_tau_they_quote() {
         "no example report prints a next check with a drafter command"
     );
 }
+
+/// The README's main example prints what the README quotes: each quoted line
+/// of the output block (`…` marks what is left out) is a line of stdout, in
+/// order.
+#[test]
+fn the_readme_main_example_prints_what_it_quotes() {
+    let readme = std::fs::read_to_string(common::repo_root().join("README.md")).unwrap();
+    let (_, after) = readme
+        .split_once("```sh\nhsparity compare fixtures/toy-pair/target")
+        .expect("the main example");
+    let (args, rest) = after.split_once("\n```").unwrap();
+    let (_, quoted) = rest
+        .split_once("output on stdout")
+        .and_then(|(a, b)| Some((a, b.split_once("```\n")?.1)))
+        .expect("the quoted output");
+    let quoted = quoted.split("\n```").next().unwrap();
+    let mut words = vec!["compare".to_string(), "fixtures/toy-pair/target".into()];
+    words.extend(shell_words(args));
+    words.extend(["--no-report".into(), "--quiet".into()]);
+    let out = common::hsparity().args(&words).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut lines = stdout.lines();
+    let mut checked = 0;
+    for want in quoted.lines().filter(|l| l.trim() != "…") {
+        assert!(
+            lines.any(|l| l == want),
+            "README line not printed (in order): {want:?}\n--- stdout:\n{stdout}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 10, "{checked} lines checked");
+}

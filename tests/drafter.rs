@@ -250,14 +250,7 @@ fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
     // interval: no prompt count would tell them apart) and the JSON as a field.
     let g = &v["drafter"]["tau_gap_interval"];
     assert_eq!(g["reference"], "causal-lm");
-    let per_prompt = |p: &Value| -> Vec<f64> {
-        p["per_prompt"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x["tau"].as_f64().unwrap())
-            .collect()
-    };
+    let per_prompt = common::per_prompt_taus;
     let paths = v["drafter"]["paths"].as_array().unwrap();
     assert_eq!(per_prompt(&paths[0]), per_prompt(&paths[1]));
     assert_eq!(g["reading"], "identical");
@@ -346,14 +339,7 @@ fn gap_carries_its_interval(v: &Value, seed: u64) {
     let delta = g["delta_tau"].as_f64().unwrap();
     assert!((delta - (tau(&paths[1]) - tau(&paths[0]))).abs() < 1e-12);
     assert!((delta.abs() - v["tau_gap"].as_f64().unwrap()).abs() < 1e-12);
-    let per = |p: &Value| -> Vec<f64> {
-        p["per_prompt"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x["tau"].as_f64().unwrap())
-            .collect()
-    };
+    let per = common::per_prompt_taus;
     let want = hsparity::drafter::bootstrap::Bootstrap::seeded(seed)
         .delta(&per(&paths[1]), &per(&paths[0]))
         .unwrap();

@@ -726,23 +726,12 @@ fn a_drafter_run_without_prompts_measures_tau_on_the_benchmark_default() {
     );
     // The default is the checkpoint's alone: another --max-new-tokens (or
     // triage) runs the same prompts.
-    let out = hsparity()
-        .args([
-            "compare",
-            "fixtures/toy-pair/target",
-            "--drafter",
-            "fixtures/toy-pair/drafter",
-        ])
-        .args(["--max-new-tokens", "32", "--quiet", "--json", "--no-report"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let other = common::json_of(
+        hsparity()
+            .args(["compare", "fixtures/toy-pair/target"])
+            .args(["--drafter", "fixtures/toy-pair/drafter"])
+            .args(["--max-new-tokens", "32", "--quiet", "--json", "--no-report"]),
     );
-    let other: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         other["environment"]["prompts_sha256"],
         env["prompts_sha256"]

@@ -196,6 +196,28 @@ pub fn hsparity() -> assert_cmd::Command {
     c
 }
 
+/// Runs `cmd`, which must exit 0, and parses its stdout as JSON (`--json`).
+pub fn json_of(cmd: &mut assert_cmd::Command) -> serde_json::Value {
+    let out = cmd.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Each prompt's τ of a drafter report's path (`paths[].per_prompt[].tau`).
+pub fn per_prompt_taus(path: &serde_json::Value) -> Vec<f64> {
+    path["per_prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["tau"].as_f64().unwrap())
+        .collect()
+}
+
 /// How close two captures of the same tensor must be, and why: per-token
 /// cosine at least `cos_min`, and max |ours − want| at most `max_abs` ×
 /// max(1, max |want|).

@@ -148,13 +148,14 @@ impl Compare {
                     .unwrap_or_default()
             };
             out.push(format!(
-                "dtype: {} computes in {}{}, {} in {}{}",
+                "dtype: {} computes in {}{}, {} in {}{}. Fix: set the top-level `dtype` in config.json (every Auto class reads it; the causal LM reads text_config.dtype first), or load with an explicit dtype (from_pretrained(…, dtype=torch.{})) in both harnesses",
                 pair.a,
                 pair.dtype_a,
                 why(a),
                 pair.b,
                 pair.dtype_b,
-                why(b)
+                why(b),
+                pair.dtype_a.torch_name()
             ));
         }
         if let (Some(a), Some(b)) = (a, b) {
@@ -183,9 +184,17 @@ impl Compare {
                         .and_then(|i| i.missing_names.first())
                         .map(|n| format!(", first {n}"))
                         .unwrap_or_default();
-                    let why = match untied {
-                        Some(note) if p.missing == 1 => note.clone(),
-                        _ => format!("its checkpoint names do not match the class{first}"),
+                    // The inventory's prefix diagnosis names the keys and the fix.
+                    let prefix = inv.and_then(|i| {
+                        i.notes
+                            .iter()
+                            .find(|n| n.contains("no rename rule maps"))
+                            .cloned()
+                    });
+                    let why = match (untied, prefix) {
+                        (Some(note), _) if p.missing == 1 => note.clone(),
+                        (_, Some(note)) => note,
+                        _ => format!("its checkpoint names do not match the class{first}; `hsparity inventory` lists them"),
                     };
                     out.push(format!(
                         "missing: {} initialises {} tensor(s) randomly ({why})",
