@@ -35,11 +35,18 @@ pub enum Error {
     Refused(String),
     /// Tensor computation failed (candle error). Indicates a shape bug or an
     /// inconsistent checkpoint that slipped past validation.
-    #[error("tensor computation: {0}")]
+    #[error("tensor computation: {}", candle_message(.0))]
     Tensor(#[from] candle_core::Error),
     /// A dump or report file is malformed.
     #[error("{0}")]
     Format(String),
+}
+
+/// A candle error's message without the backtrace candle appends when
+/// `RUST_BACKTRACE` is set (`candle_core::Error::WithBacktrace`): the user
+/// gets one line.
+fn candle_message(e: &candle_core::Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
 }
 
 impl Error {

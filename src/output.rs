@@ -96,7 +96,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => std::path::PathBuf::from("."),
     };
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        // A file where a folder of the path should be: say which.
+        match dir.ancestors().find(|a| a.is_file()) {
+            Some(f) => Error::Input(format!(
+                "{}: {} is a file, not a folder, so {} cannot be written under it",
+                path.display(),
+                f.display(),
+                path.file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+            )),
+            None => Error::io(&dir, e),
+        }
+    })?;
     let mut tmp = builder()
         .tempfile_in(&dir)
         .map_err(|e| Error::io(&dir, e))?;

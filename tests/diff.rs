@@ -282,3 +282,33 @@ fn a_warn_only_run_fails_and_its_summary_names_the_rows_and_the_rule() {
     }
     assert_eq!(v["pairs"][0]["tolerance_rule"], "f32 tolerance");
 }
+
+/// Logits of different vocabularies are named as such (the two widths and
+/// what to do), not as tensors of two shapes.
+#[test]
+fn logits_of_different_vocabularies_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = dump(tmp.path(), "a.safetensors", &["--path", "causal-lm"]);
+    let b = tmp.path().join("b.safetensors");
+    let mut width = 0;
+    rewrite_dump(&a, &b, |t, _| {
+        for (k, v) in t.iter_mut() {
+            if k.ends_with(".logits") {
+                width = v.dims()[1];
+                *v = v.narrow(1, 0, 100).unwrap();
+            }
+        }
+    });
+    assert!(width > 100);
+    let o = hsparity()
+        .args(["diff", &a, b.to_str().unwrap(), "--no-report"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("vocabularies of {width} and 100 entries")),
+        "{err}"
+    );
+    assert!(err.contains(".logits are"), "{err}");
+}

@@ -185,10 +185,12 @@ fn configs_that_cannot_be_evaluated_are_refused() {
         .contains("DFlash2"));
     let mut conv = base.clone();
     conv["selector_top_k"] = json!(4);
-    assert!(DflashConfig::from_value(&conv)
-        .unwrap_err()
-        .to_string()
-        .contains("DFlash2"));
+    let e = DflashConfig::from_value(&conv).unwrap_err().to_string();
+    // Named by what makes it DFlash2 (its field), not by the v1 class twice.
+    assert!(
+        e.contains("DFlash2-style drafter (its config has DFlash2 fields: selector_top_k)"),
+        "{e}"
+    );
     let mut yarn = base.clone();
     yarn["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
     assert!(DflashConfig::from_value(&yarn)

@@ -1013,3 +1013,256 @@ fn bound_chat_templates_that_loop_or_grow() {
         bad(&o, &[&format!("{name}.jinja")]);
     }
 }
+
+/// A vLLM connector file (`hidden_states` `[T, L, H]` f32, `token_ids` `[T]`
+/// i64) written as safetensors.
+fn vllm_file(path: &Path, t: usize, l: usize, h: usize, ids: &[i64]) {
+    use candle_core::{Device, Tensor};
+    let hs = Tensor::ones((t, l, h), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let ids = Tensor::new(ids, &Device::Cpu).unwrap();
+    let views = [("hidden_states", &hs), ("token_ids", &ids)];
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+/// What no engine writes is refused on import, with or without `--out`, and
+/// nothing is written: 0 tokens, 0 width, a negative token id, a value past
+/// f32's range, a layer named twice or beyond the target's N.
+#[test]
+fn import_refuses_what_no_engine_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("d.safetensors");
+    let cases: Vec<(&str, Vec<OsString>, &str)> = {
+        let f = |name: &str| tmp.path().join(name);
+        vllm_file(&f("zero-tokens.safetensors"), 0, 4, 64, &[]);
+        vllm_file(&f("zero-wide.safetensors"), 3, 4, 0, &[1, 2, 3]);
+        vllm_file(&f("negative-id.safetensors"), 4, 4, 8, &[1, 2, 3, -5]);
+        let vllm = |file: &str| {
+            vec![
+                OsString::from("import"),
+                f(file).into_os_string(),
+                "--format".into(),
+                "vllm".into(),
+                "--layer-ids".into(),
+                "0,2,4,6".into(),
+                "--num-layers".into(),
+                "6".into(),
+            ]
+        };
+        // SGLang JSON: a value no bf16/f32 state holds.
+        let dir = repo_root().join("fixtures/engine-captures/sglang-json");
+        let mut resp: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("response.json")).unwrap())
+                .unwrap();
+        let first = resp
+            .pointer_mut("/meta_info/hidden_states/0/0")
+            .expect("a first hidden-state row");
+        first[0] = json!(1e39);
+        std::fs::write(f("huge.json"), resp.to_string()).unwrap();
+        let req: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("request.json")).unwrap())
+                .unwrap();
+        let request_ids: String = req["input_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        // SGLang dumper: a layer past the target's N.
+        let src = repo_root().join("fixtures/engine-captures/sglang-dump/hsparity_fixture");
+        let dump = f("sglang-dump");
+        std::fs::create_dir(&dump).unwrap();
+        for e in std::fs::read_dir(&src).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_str().unwrap();
+            let name = name
+                .replace("layers.2.", "layers.9.")
+                .replace("layer_id=2", "layer_id=9");
+            std::fs::copy(&p, dump.join(name)).unwrap();
+        }
+        let sf = repo_root().join("fixtures/engine-captures/specforge-dflash");
+        let spec = |ids: &str| {
+            vec![
+                OsString::from("import"),
+                sf.clone().into_os_string(),
+                "--format".into(),
+                "specforge".into(),
+                "--target-layer-ids".into(),
+                ids.into(),
+            ]
+        };
+        vec![
+            ("0 tokens", vllm("zero-tokens.safetensors"), "0 tokens"),
+            ("0 wide", vllm("zero-wide.safetensors"), "0 wide"),
+            ("negative id", vllm("negative-id.safetensors"), "is -5"),
+            (
+                "beyond f32",
+                vec![
+                    "import".into(),
+                    f("huge.json").into_os_string(),
+                    "--format".into(),
+                    "sglang-json".into(),
+                    "--prompt-ids".into(),
+                    request_ids.clone().into(),
+                    "--num-layers".into(),
+                    "6".into(),
+                ],
+                "beyond the range of f32",
+            ),
+            (
+                "beyond N",
+                vec![
+                    "import".into(),
+                    dump.into_os_string(),
+                    "--format".into(),
+                    "sglang-dump".into(),
+                    "--num-layers".into(),
+                    "6".into(),
+                ],
+                "hidden_states[9], beyond a 6-layer target",
+            ),
+            ("a layer twice", spec("1,1"), "names layer 1 twice"),
+            (
+                "a wrapping tap",
+                spec("1,18446744073709551615"),
+                "not a layer index",
+            ),
+        ]
+    };
+    for (what, args, needle) in cases {
+        let o = run(args.iter().map(OsString::as_os_str));
+        assert!(o.code == Some(2), "{what}: {} {}", o.stderr, o.stdout);
+        bad(&o, &[needle]);
+        let mut with_out = args.clone();
+        with_out.extend(["--out".into(), out.clone().into_os_string()]);
+        let o = run(with_out.iter().map(OsString::as_os_str));
+        bad(&o, &[needle]);
+        assert!(!out.exists(), "{what}: a dump was written");
+    }
+}
+
+/// A `torch.save` zip holding `pickle` as its `data.pkl`.
+fn torch_zip(path: &Path, pickle: &[u8]) {
+    use std::io::Write as _;
+    let mut z = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+    let opts =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    z.start_file("archive/data.pkl", opts).unwrap();
+    z.write_all(pickle).unwrap();
+    z.start_file("archive/byteorder", opts).unwrap();
+    z.write_all(b"little").unwrap();
+    z.finish().unwrap();
+}
+
+/// Hostile pickles end with exit 2 naming the bound, before candle builds
+/// anything: 200 000 nested lists (a stack overflow when built or dropped),
+/// memo references doubling 40 times (2^40 copies), a tensor whose element
+/// count wraps in 64 bits, a tensor with a negative dimension.
+#[test]
+fn import_bounds_hostile_pickles() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut nested = vec![0x80, 2];
+    for i in 0..200_000usize {
+        nested.extend([b']', b'q', (i % 256) as u8]);
+    }
+    nested.extend(std::iter::repeat_n(b'a', 199_999));
+    nested.push(b'.');
+    let mut doubling = vec![0x80, 2, b']', b'q', 0];
+    for k in 0..40u8 {
+        doubling.extend([b'(', b'h', k, b'h', k, b'l', b'q', k + 1]);
+    }
+    doubling.push(b'.');
+    // {"hidden_states": _rebuild_tensor_v2(storage, 0, SHAPE, STRIDE)}
+    let tensor = |shape: &[i64]| -> Vec<u8> {
+        let int = |v: i64| -> Vec<u8> {
+            let mut b = vec![0x8a, 8];
+            b.extend(v.to_le_bytes());
+            b
+        };
+        let mut p = vec![0x80, 2, b'}', b'X'];
+        p.extend(13u32.to_le_bytes());
+        p.extend(b"hidden_states");
+        p.extend(b"ctorch._utils\n_rebuild_tensor_v2\n");
+        p.push(b'(');
+        // persistent id ('storage', torch.FloatStorage, '0', 'cpu', numel)
+        p.push(b'(');
+        p.extend([b'X', 7, 0, 0, 0]);
+        p.extend(b"storage");
+        p.extend(b"ctorch\nFloatStorage\n");
+        p.extend([b'X', 1, 0, 0, 0, b'0', b'X', 3, 0, 0, 0]);
+        p.extend(b"cpu");
+        p.extend(int(4));
+        p.extend([b't', b'Q']);
+        p.extend(int(0));
+        p.push(b'(');
+        for &d in shape {
+            p.extend(int(d));
+        }
+        p.push(b't');
+        p.push(b'(');
+        for _ in shape {
+            p.extend(int(1));
+        }
+        p.extend([b't', b't', b'R', b's', b'.']);
+        p
+    };
+    let cases: [(&str, Vec<u8>, &str); 4] = [
+        ("nested", nested, "more than 256 deep"),
+        ("doubling", doubling, "more than 1000000 objects"),
+        (
+            "wrapping",
+            tensor(&[1, 4, 1 << 62]),
+            "more elements than memory can",
+        ),
+        (
+            "negative",
+            tensor(&[1, -4, 8]),
+            "a malformed tensor: its shape is not a tuple of non-negative integers",
+        ),
+    ];
+    for (name, pickle, needle) in cases {
+        let f = tmp.path().join(format!("{name}.ckpt"));
+        torch_zip(&f, &pickle);
+        let o = run([
+            OsStr::new("import"),
+            s(&f),
+            OsStr::new("--format"),
+            OsStr::new("specforge"),
+            OsStr::new("--target-layer-ids"),
+            OsStr::new("1"),
+        ]);
+        bad(&o, &[needle, &format!("{name}.ckpt")]);
+    }
+}
+
+/// `--out` under a path whose folder is a file names that file (it was
+/// "File exists (os error 17)"), for `dump` and `import`.
+#[test]
+fn out_under_a_file_names_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("in");
+    std::fs::write(&file, b"x").unwrap();
+    let out = file.join("x.safetensors");
+    let dump = run([
+        OsStr::new("dump"),
+        OsStr::new("fixtures/tiny-qwen3_5"),
+        OsStr::new("--path"),
+        OsStr::new("causal-lm"),
+        OsStr::new("--quiet"),
+        OsStr::new("--out"),
+        s(&out),
+    ]);
+    let import = run([
+        OsStr::new("import"),
+        OsStr::new("fixtures/engine-captures/vllm/0.safetensors"),
+        OsStr::new("--layer-ids"),
+        OsStr::new("0,2,4,6"),
+        OsStr::new("--num-layers"),
+        OsStr::new("6"),
+        OsStr::new("--out"),
+        s(&out),
+    ]);
+    for o in [dump, import] {
+        bad(&o, &["is a file, not a folder"]);
+    }
+}

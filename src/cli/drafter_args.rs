@@ -103,9 +103,16 @@ pub(super) fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
             ))
         }
     };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size such as 16G or 17179869184"))?;
+    let bad = || format!("{s:?} is not a size such as 16G or 17179869184");
+    // Whole numbers exactly (a byte count may need all 64 bits).
+    if let Ok(n) = num.parse::<u64>() {
+        return match n.checked_mul(1u64 << shift) {
+            Some(0) => Err(format!("{s:?}: expected a positive size")),
+            Some(b) => Ok(b),
+            None => Err(format!("{s:?}: expected a size below 16 EiB")),
+        };
+    }
+    let v: f64 = num.parse().map_err(|_| bad())?;
     let bytes = v * (1u64 << shift) as f64;
     if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
         return Err(format!("{s:?}: expected a positive size below 16 EiB"));
@@ -149,5 +156,20 @@ impl DrafterEvalArgs {
             memory_budget: self.budget.memory_budget,
             trajectories: self.trajectories.given(&self.replay),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_take_all_64_bits_and_units_scale_exactly() {
+        assert_eq!(parse_bytes("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_bytes("16G"), Ok(16 << 30));
+        assert_eq!(parse_bytes("1.5GiB"), Ok(3 << 29));
+        assert!(parse_bytes("16777216T").is_err(), "2^64 bytes");
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("12X").is_err());
     }
 }

@@ -27,6 +27,8 @@
 //! (a missing option, an unknown or ambiguous format, a path that is no
 //! regular file or directory).
 
+mod checks;
+mod pickle_bounds;
 pub mod sglang_dump;
 pub mod sglang_json;
 pub mod specforge;
@@ -492,14 +494,30 @@ pub fn detect(path: &Path) -> Result<Format> {
 }
 
 /// Reads `path` as `format`.
+///
+/// Errors: as each format's reader; a layer id given twice; and what no
+/// engine writes, checked once for every format (`checks::check_imported`).
 pub fn read(path: &Path, format: Format, opts: &ImportOptions) -> Result<Imported> {
     check_path(path)?;
-    match format {
+    for (flag, ids) in [
+        ("--target-layer-ids", &opts.target_layer_ids),
+        ("--layer-ids", &opts.layer_ids),
+    ] {
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(l) = ids.iter().flatten().find(|&&l| !seen.insert(l)) {
+            return Err(Error::Input(format!(
+                "{flag} names layer {l} twice: each stored block is one layer"
+            )));
+        }
+    }
+    let imported = match format {
         Format::Specforge => specforge::read(path, opts),
         Format::Vllm => vllm::read(path, opts),
         Format::SglangDump => sglang_dump::read(path, opts),
         Format::SglangJson => sglang_json::read(path, opts),
-    }
+    }?;
+    checks::check_imported(&imported)?;
+    Ok(imported)
 }
 
 /// [`detect`] then [`read`].

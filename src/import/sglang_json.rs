@@ -47,9 +47,16 @@ fn row(v: &Value, what: &str) -> Result<Vec<f32>> {
         .ok_or_else(|| Error::Format(format!("{what} is not a list of numbers")))?;
     a.iter()
         .map(|x| {
-            x.as_f64()
-                .map(|f| f as f32)
-                .ok_or_else(|| Error::Format(format!("{what} holds {x}, not a number")))
+            let f = x
+                .as_f64()
+                .ok_or_else(|| Error::Format(format!("{what} holds {x}, not a number")))?;
+            if f.abs() > f32::MAX as f64 {
+                // tolist() of a bf16/f32 state never holds it: it would land as ±inf.
+                return Err(Error::Format(format!(
+                    "{what} holds {x}, beyond the range of f32 (what the engine's states are stored in)"
+                )));
+            }
+            Ok(f as f32)
         })
         .collect()
 }

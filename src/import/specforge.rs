@@ -67,7 +67,12 @@ fn tap_index(tap: usize, opts: &ImportOptions, file: &Path) -> Result<StateIndex
             file.display()
         ))),
         Some(n) if tap + 1 == n => Ok(StateIndex::LastLayerOutput),
-        _ => Ok(StateIndex::Hidden(tap + 1)),
+        _ => tap.checked_add(1).map(StateIndex::Hidden).ok_or_else(|| {
+            Error::Input(format!(
+                "{}: target layer {tap} is not a layer index",
+                file.display()
+            ))
+        }),
     }
 }
 
@@ -340,6 +345,18 @@ pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
     let mut dtype = String::new();
     let mut trimmed = Vec::new();
     let mut notes = Vec::new();
+    if let (None, Some(last)) = (
+        opts.num_layers,
+        opts.target_layer_ids.as_ref().and_then(|t| t.iter().max()),
+    ) {
+        // Without N the last tap cannot be told from the last layer, whose
+        // output is pre-norm and has no hidden_states index.
+        notes.push(format!(
+            "tap {last} is mapped to hidden_states[{}] because N is not known; if the target has {} layers it is the last layer's raw output (last_layer_output, pre-norm), not hidden_states[N]: pass --num-layers N",
+            last + 1,
+            last + 1
+        ));
+    }
     let mut without_mask = 0usize;
     for file in &files {
         let mut one = read_one(file, opts, &mut width)?;

@@ -250,6 +250,7 @@ pub fn read_record(path: &Path) -> Result<Record> {
     let bytes = if is_gzip(&raw) {
         let mut out = Vec::new();
         flate2::read::GzDecoder::new(&raw[..])
+            .take(MAX_RECORD_BYTES + 1)
             .read_to_end(&mut out)
             .map_err(|e| {
                 Error::Format(format!(
@@ -257,12 +258,26 @@ pub fn read_record(path: &Path) -> Result<Record> {
                     path.display()
                 ))
             })?;
+        if out.len() as u64 > MAX_RECORD_BYTES {
+            return Err(Error::Format(format!(
+                "{}: decompresses to more than {} GiB, more than a capture record holds (hsparity's bound)",
+                path.display(),
+                MAX_RECORD_BYTES >> 30
+            )));
+        }
         out
     } else {
         raw
     };
     parse_record(bytes, path)
 }
+
+/// The most a gzipped record may decompress to: a SpecForge record of a 27B
+/// target (2048 tokens, three 5120-wide taps in f32) is about 130 MB.
+pub const MAX_RECORD_BYTES: u64 = 4 << 30;
+
+/// The most a record's `data.pkl` may hold (the tensors' data is stored beside it).
+pub const MAX_PICKLE_BYTES: u64 = 64 << 20;
 
 /// Parses a `torch.save` zip held in memory (`path` is for messages only).
 pub fn parse_record(bytes: Vec<u8>, path: &Path) -> Result<Record> {
@@ -309,7 +324,18 @@ pub fn parse_record(bytes: Vec<u8>, path: &Path) -> Result<Record> {
     }
     let obj = {
         let f = zip.by_name(&pkl).map_err(|e| bad(format!("{pkl}: {e}")))?;
-        let mut reader = BufReader::new(f);
+        let mut pickle = Vec::new();
+        f.take(MAX_PICKLE_BYTES + 1)
+            .read_to_end(&mut pickle)
+            .map_err(|e| bad(format!("{pkl}: {e}")))?;
+        if pickle.len() as u64 > MAX_PICKLE_BYTES {
+            return Err(bad(format!(
+                "{pkl} is over {} MiB: a dict of tensors pickles into a few KiB",
+                MAX_PICKLE_BYTES >> 20
+            )));
+        }
+        super::pickle_bounds::check(&pickle).map_err(|m| bad(format!("{pkl}: {m}")))?;
+        let mut reader = BufReader::new(Cursor::new(pickle));
         let mut stack = Stack::empty();
         stack
             .read_loop(&mut reader)
@@ -339,7 +365,8 @@ pub fn parse_record(bytes: Vec<u8>, path: &Path) -> Result<Record> {
             }
         };
         let value = match tensor_spec(v) {
-            Ok(spec) => Value::Tensor(read_tensor(&mut zip, &prefix, spec, &key, path)?),
+            Ok(Ok(spec)) => Value::Tensor(read_tensor(&mut zip, &prefix, spec, &key, path)?),
+            Ok(Err(why)) => return Err(bad(format!("key `{key}`: a malformed tensor: {why}"))),
             Err(other) => Value::Other(kind(&other)),
         };
         entries.push((key, value));
@@ -372,8 +399,10 @@ struct Spec {
 }
 
 /// `torch._utils._rebuild_tensor_v2(storage, offset, size, stride, …)` (also under
-/// `_rebuild_from_type_v2` / `_rebuild_parameter`), or the object back when it is not a tensor.
-fn tensor_spec(o: Object) -> std::result::Result<Spec, Object> {
+/// `_rebuild_from_type_v2` / `_rebuild_parameter`), or the object back when it is not a tensor;
+/// `Ok(Err(why))` for a tensor whose arguments are malformed.
+#[allow(clippy::type_complexity)]
+fn tensor_spec(o: Object) -> std::result::Result<std::result::Result<Spec, String>, Object> {
     let (callable, args) = match o {
         Object::Reduce { callable, args } => (*callable, *args),
         other => return Err(other),
@@ -421,10 +450,13 @@ fn tensor_spec(o: Object) -> std::result::Result<Spec, Object> {
             })
         }
     }
-    let fail = || Object::Unicode("malformed tensor".into());
     let mut a = match args {
         Object::Tuple(a) if a.len() >= 4 => a,
-        _ => return Err(fail()),
+        _ => {
+            return Ok(Err(
+                "_rebuild_tensor_v2 takes (storage, offset, size, stride, …)".into(),
+            ))
+        }
     };
     let ints = |o: Object| -> Option<Vec<usize>> {
         match o {
@@ -439,37 +471,55 @@ fn tensor_spec(o: Object) -> std::result::Result<Spec, Object> {
             _ => None,
         }
     };
-    let stride = ints(a.remove(3)).ok_or_else(fail)?;
-    let shape = ints(a.remove(2)).ok_or_else(fail)?;
+    let Some(stride) = ints(a.remove(3)) else {
+        return Ok(Err(
+            "its stride is not a tuple of non-negative integers".into()
+        ));
+    };
+    let Some(shape) = ints(a.remove(2)) else {
+        return Ok(Err(
+            "its shape is not a tuple of non-negative integers (a negative dimension?)".into(),
+        ));
+    };
     let offset = match a.remove(1) {
         Object::Int(i) if i >= 0 => i as usize,
         Object::Long(i) if i >= 0 => i as usize,
-        _ => return Err(fail()),
+        _ => {
+            return Ok(Err(
+                "its storage offset is not a non-negative integer".into()
+            ))
+        }
     };
+    let fail = || "its storage is not a persistent-load tuple (storage class, key)".to_string();
     let storage = match a.remove(0) {
         Object::PersistentLoad(p) => match *p {
             Object::Tuple(mut s) if s.len() >= 3 => {
                 let key = match s.remove(2) {
                     Object::Unicode(k) => k,
-                    _ => return Err(fail()),
+                    _ => return Ok(Err(fail())),
                 };
                 let class = match s.remove(1) {
                     Object::Class { class_name, .. } => class_name,
-                    _ => return Err(fail()),
+                    _ => return Ok(Err(fail())),
                 };
                 (StorageType::from_class(&class), key)
             }
-            _ => return Err(fail()),
+            _ => return Ok(Err(fail())),
         },
-        _ => return Err(fail()),
+        _ => return Ok(Err(fail())),
     };
-    Ok(Spec {
+    if shape.len() != stride.len() {
+        return Ok(Err(format!(
+            "shape {shape:?} and stride {stride:?} have different ranks"
+        )));
+    }
+    Ok(Ok(Spec {
         storage: storage.0,
         storage_key: storage.1,
         offset,
         shape,
         stride,
-    })
+    }))
 }
 
 fn read_tensor(
@@ -486,18 +536,28 @@ fn read_tensor(
             spec.storage.torch_name()
         )));
     };
-    // Row-major contiguity (strides of size-1 dimensions do not matter).
+    let numel = spec
+        .shape
+        .iter()
+        .try_fold(1usize, |acc, &n| acc.checked_mul(n))
+        .ok_or_else(|| {
+            bad(format!(
+                "shape {:?} holds more elements than memory can",
+                spec.shape
+            ))
+        })?;
+    // Row-major contiguity (strides of size-1 dimensions do not matter; an
+    // empty tensor is contiguous, as torch says).
     let mut expect = 1usize;
     for (d, (&n, &s)) in spec.shape.iter().zip(&spec.stride).enumerate().rev() {
-        if n != 1 && s != expect {
+        if numel > 0 && n != 1 && s != expect {
             return Err(bad(format!(
                 "non-contiguous tensor (shape {:?}, stride {:?}, dim {d}): save a .contiguous() copy",
                 spec.shape, spec.stride
             )));
         }
-        expect *= n;
+        expect = expect.saturating_mul(n);
     }
-    let numel: usize = spec.shape.iter().product();
     let name = format!("{prefix}data/{}", spec.storage_key);
     let mut f = zip
         .by_name(&name)
@@ -505,8 +565,18 @@ fn read_tensor(
     let mut all = Vec::new();
     f.read_to_end(&mut all)
         .map_err(|e| bad(format!("storage {name} unreadable: {e}")))?;
-    let start = spec.offset * elem;
-    let end = start + numel * elem;
+    let span = spec
+        .offset
+        .checked_mul(elem)
+        .and_then(|start| Some((start, start.checked_add(numel.checked_mul(elem)?)?)));
+    let Some((start, end)) = span.filter(|&(_, end)| end <= all.len()) else {
+        return Err(bad(format!(
+            "shape {:?} at offset {} needs more bytes than the storage's {}",
+            spec.shape,
+            spec.offset,
+            all.len()
+        )));
+    };
     if end > all.len() {
         return Err(bad(format!(
             "shape {:?} at offset {} needs {end} bytes, the storage has {}",

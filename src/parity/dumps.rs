@@ -205,6 +205,28 @@ fn compare_extras(a: &Dump, b: &Dump, tap_offset: i64, pair: &mut PairReport) ->
         .collect::<Option<Vec<_>>>()
         .map(|v| v.into_iter().unzip());
     if let Some((la, lb)) = logits {
+        if let Some((k, (x, y))) = la
+            .iter()
+            .zip(&lb)
+            .enumerate()
+            .find(|(_, (x, y))| x.dims() != y.dims())
+        {
+            let width = |t: &Tensor| t.dims().last().copied().unwrap_or(0);
+            return Err(Error::Input(format!(
+                "p{k}.logits are {:?} in one dump and {:?} in the other: {}",
+                x.dims(),
+                y.dims(),
+                if width(x) != width(y) {
+                    format!(
+                        "vocabularies of {} and {} entries (dumps of different models, or a padded lm_head); dump without logits (--no-logits) to compare the hidden states",
+                        width(x),
+                        width(y)
+                    )
+                } else {
+                    "different token counts".to_string()
+                }
+            )));
+        }
         pair.set_logits(
             super::pairs::compare_prompts(&la, &lb)?,
             super::pairs::argmax_agreement(&la, &lb)?,

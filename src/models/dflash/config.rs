@@ -234,9 +234,18 @@ fn refuse_other_kinds(cfg: &Value, arch: &str) -> Result<()> {
         "conv_kernel_size",
     ];
     if arch.contains("DFlash2") || v2_markers.iter().any(|k| get(cfg, k).is_some()) {
+        let fields: Vec<&str> = v2_markers
+            .iter()
+            .copied()
+            .filter(|k| get(cfg, k).is_some())
+            .collect();
+        let what = match (arch.contains("DFlash2"), fields.is_empty()) {
+            (true, _) => format!("architectures {arch}"),
+            (false, false) => format!("its config has DFlash2 fields: {}", fields.join(", ")),
+            (false, true) => arch.to_string(),
+        };
         return Err(Error::Config(format!(
-            "this is a DFlash2-style drafter ({}); hsparity implements DFlash v1 (DFlashDraftModel) only",
-            if arch.is_empty() { "has DFlash2 fields" } else { arch }
+            "this is a DFlash2-style drafter ({what}); hsparity implements DFlash v1 only (the z-lab/dflash DFlashDraftModel without those fields)"
         )));
     }
     Ok(())
