@@ -334,3 +334,31 @@ fn causes_name_their_fix() {
         assert!(causes.contains(want), "{f}: {causes}");
     }
 }
+
+/// The terminal says what every FAIL row would need (the rows that decide
+/// the run), not only the first three rows that do not pass.
+#[test]
+fn the_terminal_names_what_each_fail_row_would_need() {
+    let run = |json: bool| {
+        let mut c = common::hsparity();
+        c.args(["compare", &dir("fp16-disk"), "--no-report", "--quiet"]);
+        if json {
+            c.arg("--json");
+        }
+        c.output().unwrap()
+    };
+    let v: Value = serde_json::from_slice(&run(true).stdout).unwrap();
+    let text = String::from_utf8(run(false).stdout).unwrap();
+    let fails: Vec<u64> = v["pairs"][0]["hidden_states"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["verdict"] == "fail")
+        .map(|r| r["index"].as_u64().unwrap())
+        .collect();
+    assert!(!fails.is_empty());
+    for i in fails {
+        let want = format!("hidden_states[{i}] (FAIL) would pass with ");
+        assert!(text.contains(&want), "{want:?} not in\n{text}");
+    }
+}

@@ -71,18 +71,7 @@ pub fn render(report: &CompareReport) -> String {
                 pair.logits_random_init.join(", ")
             ));
         }
-        for r in pair
-            .hidden_states
-            .iter()
-            .filter(|r| r.needed_to_pass.is_some())
-            .take(3)
-        {
-            out.push_str(&format!(
-                "hidden_states[{}] would pass with {}\n",
-                r.index,
-                r.needed_to_pass.as_deref().unwrap_or("")
-            ));
-        }
+        out.push_str(&would_pass(pair));
     }
     if !report.taps.is_empty() {
         out.push_str(&format!(
@@ -137,3 +126,48 @@ fn inventory_lines(report: &CompareReport) -> String {
     }
     out
 }
+
+/// What the rows that do not pass would need, FAIL rows first (they decide
+/// the run), at most [`WOULD_PASS_SHOWN`], in index order; a row whose
+/// weights are randomly initialised is said to be so (no tolerance makes
+/// random weights agree).
+fn would_pass(pair: &crate::parity::PairReport) -> String {
+    let mut rows: Vec<&crate::parity::HiddenStateRow> = pair
+        .hidden_states
+        .iter()
+        .filter(|r| r.needed_to_pass.is_some())
+        .collect();
+    let total = rows.len();
+    rows.sort_by_key(|r| (r.verdict != crate::parity::Verdict::Fail, r.index));
+    rows.truncate(WOULD_PASS_SHOWN);
+    rows.sort_by_key(|r| r.index);
+    let mut out = String::new();
+    for r in &rows {
+        out.push_str(&if r.random_init.is_empty() {
+            format!(
+                "hidden_states[{}] ({}) would pass with {}\n",
+                r.index,
+                r.verdict.label(),
+                r.needed_to_pass.as_deref().unwrap_or("")
+            )
+        } else {
+            format!(
+                "hidden_states[{}] ({}) reads randomly initialised weights on {}: no tolerance makes them agree\n",
+                r.index,
+                r.verdict.label(),
+                r.random_init.join(", ")
+            )
+        });
+    }
+    if total > rows.len() {
+        let more = total - rows.len();
+        out.push_str(&format!(
+            "({more} more row{} not passing: the verdict column marks each)\n",
+            if more == 1 { "" } else { "s" }
+        ));
+    }
+    out
+}
+
+/// Rows [`would_pass`] prints.
+const WOULD_PASS_SHOWN: usize = 4;
