@@ -45,7 +45,7 @@ pub enum Error {
 /// A candle error's message without the backtrace candle appends when
 /// `RUST_BACKTRACE` is set (`candle_core::Error::WithBacktrace`): the user
 /// gets one line.
-fn candle_message(e: &candle_core::Error) -> String {
+pub(crate) fn candle_message(e: &candle_core::Error) -> String {
     e.to_string().lines().next().unwrap_or_default().to_string()
 }
 

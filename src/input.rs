@@ -125,6 +125,32 @@ pub fn bom_message(bytes: &[u8]) -> Option<String> {
     })
 }
 
+/// `gz` decompressed, refused past `limit` bytes (before the allocator would
+/// be: a gzip bomb is a few kilobytes), `what` naming what it should hold.
+///
+/// Errors ([`Error::Format`], naming `path`): not a gzip stream; more than
+/// `limit` bytes.
+pub fn gunzip_bounded(gz: &[u8], limit: u64, path: &Path, what: &str) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(gz)
+        .take(limit + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| {
+            Error::Format(format!(
+                "{}: not a readable gzip stream: {e}",
+                path.display()
+            ))
+        })?;
+    if out.len() as u64 > limit {
+        return Err(Error::Format(format!(
+            "{}: decompresses to more than {} MiB, more than {what} holds (hsparity's bound)",
+            path.display(),
+            limit >> 20
+        )));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

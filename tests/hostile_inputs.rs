@@ -1125,7 +1125,7 @@ fn import_refuses_what_no_engine_writes() {
             (
                 "a wrapping tap",
                 spec("1,18446744073709551615"),
-                "not a layer index",
+                "beyond any target",
             ),
         ]
     };
@@ -1264,5 +1264,89 @@ fn out_under_a_file_names_the_file() {
     ]);
     for o in [dump, import] {
         bad(&o, &["is a file, not a folder"]);
+    }
+}
+
+/// Templates past the bounds fuel does not cover: a value nested 100 000
+/// deep printed or serialised (printing recurses), a list doubled by
+/// concatenation (not charged fuel: the render's time bound ends it), a
+/// template file of megabytes.
+#[test]
+fn bound_chat_templates_past_fuel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deep = "{% set ns = namespace(v=[1]) %}{% for i in range(100000) %}{% set ns.v = [ns.v] %}{% endfor %}";
+    let cases = [
+        ("deep-tojson", format!("{deep}{{{{ ns.v|tojson }}}}"), "nested more than 256 deep"),
+        ("deep-print", format!("{deep}{{{{ ns.v }}}}"), "nested more than 256 deep"),
+        (
+            "list-doubling",
+            "{% set ns = namespace(v=[1]) %}{% for i in range(36) %}{% set ns.v = ns.v + ns.v %}{% endfor %}done".to_string(),
+            "did not finish rendering in 10 s",
+        ),
+        ("huge", "x".repeat(2 << 20), "more than a chat template holds"),
+    ];
+    for (name, body, needle) in cases {
+        let file = tmp.path().join(format!("{name}.jinja"));
+        std::fs::write(&file, body).unwrap();
+        let o = run([
+            OsStr::new("prompts"),
+            OsStr::new("fixtures/tiny-qwen3_5"),
+            OsStr::new("--chat"),
+            OsStr::new("--prompt"),
+            OsStr::new("hi"),
+            OsStr::new("--chat-template"),
+            s(&file),
+        ]);
+        bad(&o, &[needle, &format!("{name}.jinja")]);
+    }
+}
+
+/// More of what no engine writes: a tap far past any target without
+/// `--num-layers`, requests of one capture in two dtypes, f64 values past
+/// f32's range (they would land as ±inf).
+#[test]
+fn import_refuses_taps_dtypes_and_values_no_engine_writes() {
+    use candle_core::{DType, Device, Tensor};
+    let tmp = tempfile::tempdir().unwrap();
+    let write = |path: &Path, hs: Tensor| {
+        let ids = Tensor::new(&[1i64, 2, 3], &Device::Cpu).unwrap();
+        let views = [("hidden_states", &hs), ("token_ids", &ids)];
+        std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+    };
+    let ones = |dt: DType| Tensor::ones((3, 4, 8), dt, &Device::Cpu).unwrap();
+    let mixed = tmp.path().join("mixed");
+    std::fs::create_dir(&mixed).unwrap();
+    write(&mixed.join("0.safetensors"), ones(DType::F16));
+    write(&mixed.join("1.safetensors"), ones(DType::F32));
+    let big = tmp.path().join("big.safetensors");
+    write(&big, ones(DType::F64).affine(1e300, 0.0).unwrap());
+    let vllm = |p: &Path| {
+        vec![
+            OsString::from("import"),
+            p.as_os_str().to_owned(),
+            "--format".into(),
+            "vllm".into(),
+            "--layer-ids".into(),
+            "0,2,4,6".into(),
+            "--num-layers".into(),
+            "6".into(),
+        ]
+    };
+    let far = vec![
+        OsString::from("import"),
+        repo_root()
+            .join("fixtures/engine-captures/specforge-dflash")
+            .into_os_string(),
+        "--format".into(),
+        "specforge".into(),
+        "--target-layer-ids".into(),
+        "1,18446744073709551614".into(),
+    ];
+    for (args, needle) in [
+        (far, "beyond any target"),
+        (vllm(&mixed), "share a dtype"),
+        (vllm(&big), "beyond the range of f32"),
+    ] {
+        bad(&run(args.iter().map(OsString::as_os_str)), &[needle]);
     }
 }

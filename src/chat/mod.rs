@@ -40,6 +40,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::error::{Error, Result};
 
+mod bounds;
 mod python;
 mod template;
 #[cfg(test)]

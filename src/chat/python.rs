@@ -87,19 +87,10 @@ pub(super) fn rewrite_generation_tags(src: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// The work one template render may do ([`Environment::set_fuel`]): about
-/// one unit per instruction and per 64 bytes of data the template creates,
-/// so 4 million bounds a render to about a second and 256 MB. A real chat
-/// template renders a long conversation in well under a million.
-pub const RENDER_FUEL: u64 = 4_000_000;
-
-/// Nesting of macro calls and includes one render may reach.
-pub const RENDER_RECURSION: usize = 64;
-
 pub(super) fn environment() -> Environment<'static> {
     let mut env = Environment::new();
-    env.set_fuel(Some(RENDER_FUEL));
-    env.set_recursion_limit(RENDER_RECURSION);
+    env.set_fuel(Some(super::bounds::RENDER_FUEL));
+    env.set_recursion_limit(super::bounds::RENDER_RECURSION);
     env.set_syntax(
         minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -110,6 +101,7 @@ pub(super) fn environment() -> Environment<'static> {
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
     env.set_formatter(|out, _state, value| {
+        super::bounds::check_nesting(value)?;
         out.write_str(&py_str(value))
             .map_err(|_| minijinja::Error::from(ErrorKind::WriteFailure))
     });
@@ -332,6 +324,7 @@ fn tojson_filter(
     args: Rest<Value>,
     kwargs: Kwargs,
 ) -> std::result::Result<Value, minijinja::Error> {
+    super::bounds::check_nesting(value)?;
     let names = ["ensure_ascii", "indent", "separators", "sort_keys"];
     if args.len() > names.len() {
         return Err(minijinja::Error::from(ErrorKind::TooManyArguments));

@@ -378,6 +378,14 @@ impl ChatTemplate {
     ) -> Result<ChatTemplate> {
         let mut templates = Vec::with_capacity(named.len());
         for (name, text, path) in named {
+            if text.len() > super::bounds::MAX_TEMPLATE_BYTES {
+                return Err(kind(format!(
+                    "{}: the chat template is {} bytes, more than a chat template holds (hsparity reads at most {} KiB; Qwen3.5's is 8)",
+                    path.display(),
+                    text.len(),
+                    super::bounds::MAX_TEMPLATE_BYTES >> 10
+                )));
+            }
             let sha256 = format!("{:x}", Sha256::digest(text.as_bytes()));
             let key = path
                 .file_name()
@@ -513,14 +521,12 @@ impl ChatTemplate {
             Value::from("add_generation_prompt"),
             Value::from(opts.add_generation_prompt),
         );
-        let tmpl = t
-            .env
-            .get_template(&t.key)
-            .map_err(|e| Error::Input(format!("{}: {e}", t.source.path.display())))?;
-        tmpl.render(Value::from(ctx)).map_err(|e| {
+        let file = t.source.path.display();
+        let origin = &conversation.origin;
+        let rendered = super::bounds::render(t.env.clone(), t.key.clone(), Value::from(ctx))
+            .map_err(|m| Error::Input(format!("{file}: {m} ({origin})")))?;
+        rendered.map_err(|e| {
             let at = e.line().map(|l| format!(":{l}")).unwrap_or_default();
-            let file = t.source.path.display();
-            let origin = &conversation.origin;
             if let Some(msg) = raised_message(&e) {
                 Error::Input(format!(
                     "{file}{at}: the chat template raised an exception: {} ({origin})",
@@ -529,8 +535,8 @@ impl ChatTemplate {
             } else if e.kind() == minijinja::ErrorKind::OutOfFuel {
                 Error::Input(format!(
                     "{file}{at}: the chat template did more work than one render may ({} units of instructions and data, about {} MB): it loops or grows without end ({origin})",
-                    super::python::RENDER_FUEL,
-                    super::python::RENDER_FUEL * 64 / 1_000_000
+                    super::bounds::RENDER_FUEL,
+                    super::bounds::RENDER_FUEL * 64 / 1_000_000
                 ))
             } else {
                 Error::Input(format!(

@@ -526,6 +526,25 @@ pub fn read_auto(path: &Path, opts: &ImportOptions) -> Result<Imported> {
     read(path, f, opts)
 }
 
+/// A stored float tensor as f32. f64 values beyond f32's range are refused:
+/// they would land as ±inf, and no engine's bf16/f16/f32 state holds them.
+///
+/// Errors ([`Error::Format`], naming `what`): such a value.
+pub(crate) fn stored_to_f32(t: Tensor, what: &str) -> Result<Tensor> {
+    if t.dtype() == candle_core::DType::F64 {
+        let v = t.flatten_all()?.to_vec1::<f64>()?;
+        if let Some(x) = v
+            .iter()
+            .find(|x| x.is_finite() && x.abs() > f32::MAX as f64)
+        {
+            return Err(Error::Format(format!(
+                "{what} holds {x:e}, beyond the range of f32 (no engine's bf16, f16 or f32 state holds it; it would land as ±inf)"
+            )));
+        }
+    }
+    Ok(t.to_dtype(candle_core::DType::F32)?)
+}
+
 /// `t` as `[rows, x]`: accepts `[rows, x]` and `[1, rows, x]` (a Python batch dim).
 pub(crate) fn as_2d(t: Tensor, what: &str) -> Result<Tensor> {
     let t = if t.rank() == 3 && t.dim(0)? == 1 {

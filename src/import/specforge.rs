@@ -60,6 +60,9 @@ fn missing(file: &Path, key: &str, rec: &Record, hint: &str) -> Error {
     ))
 }
 
+/// The most decoder layers a target may have (`--num-layers`' range).
+pub const MAX_LAYERS: usize = 4096;
+
 fn tap_index(tap: usize, opts: &ImportOptions, file: &Path) -> Result<StateIndex> {
     match opts.num_layers {
         Some(n) if tap >= n => Err(Error::Input(format!(
@@ -67,6 +70,10 @@ fn tap_index(tap: usize, opts: &ImportOptions, file: &Path) -> Result<StateIndex
             file.display()
         ))),
         Some(n) if tap + 1 == n => Ok(StateIndex::LastLayerOutput),
+        None if tap >= MAX_LAYERS => Err(Error::Input(format!(
+            "{}: target layer {tap} is beyond any target (at most {MAX_LAYERS} layers, as --num-layers takes)",
+            file.display()
+        ))),
         _ => tap.checked_add(1).map(StateIndex::Hidden).ok_or_else(|| {
             Error::Input(format!(
                 "{}: target layer {tap} is not a layer index",
@@ -364,6 +371,14 @@ pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
             None => {
                 mapping = Some(one.layers.clone());
                 dtype = one.dtype.clone();
+            }
+            Some(_) if one.dtype != dtype => {
+                return Err(Error::Format(format!(
+                    "{}: stores {}, {} stores {dtype}: records of one capture share a dtype (a dump records one)",
+                    file.display(),
+                    one.dtype,
+                    files[0].display()
+                )))
             }
             Some(m) if *m != one.layers => {
                 return Err(Error::Format(format!(

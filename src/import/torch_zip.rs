@@ -138,9 +138,9 @@ impl RawTensor {
             )))
             }
         };
-        Ok(
-            Tensor::from_raw_buffer(&self.bytes, dtype, &self.shape, &Device::Cpu)?
-                .to_dtype(DType::F32)?,
+        super::stored_to_f32(
+            Tensor::from_raw_buffer(&self.bytes, dtype, &self.shape, &Device::Cpu)?,
+            what,
         )
     }
 
@@ -248,24 +248,7 @@ pub fn is_zip(bytes: &[u8]) -> bool {
 pub fn read_record(path: &Path) -> Result<Record> {
     let raw = crate::input::read(path)?;
     let bytes = if is_gzip(&raw) {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&raw[..])
-            .take(MAX_RECORD_BYTES + 1)
-            .read_to_end(&mut out)
-            .map_err(|e| {
-                Error::Format(format!(
-                    "{}: not a readable gzip stream: {e}",
-                    path.display()
-                ))
-            })?;
-        if out.len() as u64 > MAX_RECORD_BYTES {
-            return Err(Error::Format(format!(
-                "{}: decompresses to more than {} GiB, more than a capture record holds (hsparity's bound)",
-                path.display(),
-                MAX_RECORD_BYTES >> 30
-            )));
-        }
-        out
+        crate::input::gunzip_bounded(&raw, MAX_RECORD_BYTES, path, "a capture record")?
     } else {
         raw
     };
@@ -337,12 +320,18 @@ pub fn parse_record(bytes: Vec<u8>, path: &Path) -> Result<Record> {
         super::pickle_bounds::check(&pickle).map_err(|m| bad(format!("{pkl}: {m}")))?;
         let mut reader = BufReader::new(Cursor::new(pickle));
         let mut stack = Stack::empty();
-        stack
-            .read_loop(&mut reader)
-            .map_err(|e| bad(format!("unreadable pickle: {e}")))?;
-        stack
-            .finalize()
-            .map_err(|e| bad(format!("unreadable pickle: {e}")))?
+        stack.read_loop(&mut reader).map_err(|e| {
+            bad(format!(
+                "unreadable pickle: {}",
+                crate::error::candle_message(&e)
+            ))
+        })?;
+        stack.finalize().map_err(|e| {
+            bad(format!(
+                "unreadable pickle: {}",
+                crate::error::candle_message(&e)
+            ))
+        })?
     };
     let pairs = match obj {
         Object::Dict(pairs) => pairs,

@@ -206,8 +206,10 @@ fn read_request(
             what("hidden_states")
         )));
     }
-    let tensor =
-        Tensor::from_raw_buffer(hs.data(), dt, &shape, &Device::Cpu)?.to_dtype(DType::F32)?;
+    let tensor = super::stored_to_f32(
+        Tensor::from_raw_buffer(hs.data(), dt, &shape, &Device::Cpu)?,
+        &what("hidden_states"),
+    )?;
     // [T, L, H] (current) or [L, T, H] (the first connector)
     let tlh = if shape[0] == t && shape[1] == l {
         if t == l {
@@ -259,6 +261,12 @@ pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
         let (prompt, dt) = read_request(file, (&ids, n), opts, &mut width, &mut layouts)?;
         if dtype.is_empty() {
             dtype = dt;
+        } else if dt != dtype {
+            return Err(Error::Format(format!(
+                "{}: stores {dt}, {} stores {dtype}: requests of one capture share a dtype (a dump records one)",
+                file.display(),
+                files[0].display()
+            )));
         }
         prompts.push(prompt);
     }

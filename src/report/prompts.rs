@@ -63,7 +63,7 @@ pub fn build(
         (
             Verdict::Pass,
             format!(
-                "{} prompt{}, {tokens} tokens; {how}",
+                "{} prompt{}, {tokens} tokens, every one within the model's vocabulary and positions; {how}",
                 prompts.len(),
                 if prompts.len() == 1 { "" } else { "s" }
             ),
