@@ -973,6 +973,21 @@ fn a_closed_stderr_keeps_the_exit_code() {
     }
 }
 
+/// `prompts` on the tiny checkpoint with `body` as `--chat-template NAME.jinja`.
+fn render_with(dir: &Path, name: &str, body: &str) -> Out {
+    let file = dir.join(format!("{name}.jinja"));
+    std::fs::write(&file, body).unwrap();
+    run([
+        OsStr::new("prompts"),
+        OsStr::new("fixtures/tiny-qwen3_5"),
+        OsStr::new("--chat"),
+        OsStr::new("--prompt"),
+        OsStr::new("hi"),
+        OsStr::new("--chat-template"),
+        s(&file),
+    ])
+}
+
 /// Templates that loop or grow without end (they come from the checkpoint,
 /// i.e. the Hub): the render's work bound ends each with exit 2 naming the
 /// template file, instead of a hang or an out-of-memory abort.
@@ -999,17 +1014,7 @@ fn bound_chat_templates_that_loop_or_grow() {
         ),
     ];
     for (name, body) in cases {
-        let file = tmp.path().join(format!("{name}.jinja"));
-        std::fs::write(&file, body).unwrap();
-        let o = run([
-            OsStr::new("prompts"),
-            OsStr::new("fixtures/tiny-qwen3_5"),
-            OsStr::new("--chat"),
-            OsStr::new("--prompt"),
-            OsStr::new("hi"),
-            OsStr::new("--chat-template"),
-            s(&file),
-        ]);
+        let o = render_with(tmp.path(), name, body);
         bad(&o, &[&format!("{name}.jinja")]);
     }
 }
@@ -1286,17 +1291,7 @@ fn bound_chat_templates_past_fuel() {
         ("huge", "x".repeat(2 << 20), "more than a chat template holds"),
     ];
     for (name, body, needle) in cases {
-        let file = tmp.path().join(format!("{name}.jinja"));
-        std::fs::write(&file, body).unwrap();
-        let o = run([
-            OsStr::new("prompts"),
-            OsStr::new("fixtures/tiny-qwen3_5"),
-            OsStr::new("--chat"),
-            OsStr::new("--prompt"),
-            OsStr::new("hi"),
-            OsStr::new("--chat-template"),
-            s(&file),
-        ]);
+        let o = render_with(tmp.path(), name, body.as_ref());
         bad(&o, &[needle, &format!("{name}.jinja")]);
     }
 }
