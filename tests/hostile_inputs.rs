@@ -1248,27 +1248,12 @@ fn out_under_a_file_names_the_file() {
     let file = tmp.path().join("in");
     std::fs::write(&file, b"x").unwrap();
     let out = file.join("x.safetensors");
-    let dump = run([
-        OsStr::new("dump"),
-        OsStr::new("fixtures/tiny-qwen3_5"),
-        OsStr::new("--path"),
-        OsStr::new("causal-lm"),
-        OsStr::new("--quiet"),
-        OsStr::new("--out"),
-        s(&out),
-    ]);
-    let import = run([
-        OsStr::new("import"),
-        OsStr::new("fixtures/engine-captures/vllm/0.safetensors"),
-        OsStr::new("--layer-ids"),
-        OsStr::new("0,2,4,6"),
-        OsStr::new("--num-layers"),
-        OsStr::new("6"),
-        OsStr::new("--out"),
-        s(&out),
-    ]);
-    for o in [dump, import] {
-        bad(&o, &["is a file, not a folder"]);
+    let out = out.to_str().unwrap();
+    let dump = "dump fixtures/tiny-qwen3_5 --path causal-lm --quiet --out";
+    let import = "import fixtures/engine-captures/vllm/0.safetensors --layer-ids 0,2,4,6 --num-layers 6 --out";
+    for verb in [dump, import] {
+        let args: Vec<&str> = verb.split(' ').chain([out]).collect();
+        bad(&run(args), &["is a file, not a folder"]);
     }
 }
 
