@@ -1322,7 +1322,13 @@ fn import_refuses_taps_dtypes_and_values_no_engine_writes() {
         "--target-layer-ids".into(),
         "1,18446744073709551614".into(),
     ];
+    // Auto-detected JSON that does not parse says so (it was "a JSON file
+    // without meta_info.hidden_states").
+    let broken = tmp.path().join("broken.json");
+    std::fs::write(&broken, "[[[[").unwrap();
+    let broken = vec![OsString::from("import"), broken.into_os_string()];
     for (args, needle) in [
+        (broken, "not JSON: "),
         (far, "beyond any target"),
         (vllm(&mixed), "share a dtype"),
         (vllm(&big), "beyond the range of f32"),

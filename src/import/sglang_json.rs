@@ -29,13 +29,13 @@ fn responses(v: &Value) -> Vec<&Value> {
 }
 
 /// True when the JSON file is a response (or list of them) with `meta_info.hidden_states`.
+///
+/// Errors ([`Error::Format`]): the file is not JSON (its reason, instead of
+/// "no meta_info.hidden_states"), or unreadable.
 pub fn looks_like(path: &Path) -> Result<bool> {
-    let Ok(text) = crate::input::read_to_string(path) else {
-        return Ok(false);
-    };
-    let Ok(v) = serde_json::from_str::<Value>(&text) else {
-        return Ok(false);
-    };
+    let text = crate::input::read_to_string(path)?;
+    let v = serde_json::from_str::<Value>(&text)
+        .map_err(|e| Error::Format(format!("{}: not JSON: {e}", path.display())))?;
     Ok(responses(&v)
         .first()
         .is_some_and(|r| r.pointer("/meta_info/hidden_states").is_some()))
