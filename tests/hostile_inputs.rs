@@ -1327,7 +1327,11 @@ fn import_refuses_taps_dtypes_and_values_no_engine_writes() {
     let broken = tmp.path().join("broken.json");
     std::fs::write(&broken, "[[[[").unwrap();
     let broken = vec![OsString::from("import"), broken.into_os_string()];
+    // A flag of another format is refused, not ignored.
+    let mut rank = vllm(&repo_root().join("fixtures/engine-captures/vllm/0.safetensors"));
+    rank.extend(["--rank".into(), "1".into()]);
     for (args, needle) in [
+        (rank, "--rank applies to sglang-dump captures"),
         (broken, "not JSON: "),
         (far, "beyond any target"),
         (vllm(&mixed), "share a dtype"),

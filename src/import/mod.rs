@@ -510,6 +510,27 @@ pub fn read(path: &Path, format: Format, opts: &ImportOptions) -> Result<Importe
             )));
         }
     }
+    let only = [
+        (
+            "--target-layer-ids",
+            opts.target_layer_ids.is_some(),
+            Format::Specforge,
+        ),
+        ("--keep-padding", opts.keep_padding, Format::Specforge),
+        ("--layer-ids", opts.layer_ids.is_some(), Format::Vllm),
+        ("--rank", opts.rank.is_some(), Format::SglangDump),
+        (
+            "--prompt-ids",
+            opts.prompt_ids.is_some(),
+            Format::SglangJson,
+        ),
+    ];
+    if let Some((flag, _, f)) = only.iter().find(|(_, given, f)| *given && *f != format) {
+        return Err(Error::Input(format!(
+            "{flag} applies to {f} captures, and {} is a {format} one",
+            path.display()
+        )));
+    }
     let imported = match format {
         Format::Specforge => specforge::read(path, opts),
         Format::Vllm => vllm::read(path, opts),

@@ -20,7 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::torch_zip::{self, Record};
+use super::torch_zip::{self, Record, StorageType};
 use super::{
     as_2d, check_width, files_under, Format, ImportOptions, Imported, ImportedPrompt, IndexMapping,
     LayerMapping, StateIndex, Trim,
@@ -102,6 +102,12 @@ fn ids_and_mask(rec: &Record, file: &Path) -> Result<(Vec<i64>, Option<Vec<i64>>
             "every SpecForge record holds input_ids",
         )
     })?;
+    if ids_t.storage == StorageType::Bool {
+        return Err(Error::Format(format!(
+            "{} is a bool tensor: token ids are integers",
+            what("input_ids")
+        )));
+    }
     let input_ids = ids_t.to_i64(&what("input_ids"))?;
     let t = input_ids.len();
     if ids_t.shape.iter().filter(|&&d| d != 1).count() > 1 {

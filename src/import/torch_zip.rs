@@ -190,7 +190,13 @@ impl RawTensor {
                 })
                 .collect();
         }
-        self.to_i64(what)
+        let v = self.to_i64(what)?;
+        match v.iter().find(|&&x| x != 0 && x != 1) {
+            Some(x) => Err(Error::Format(format!(
+                "{what} holds {x}: a loss mask holds 0 and 1"
+            ))),
+            None => Ok(v),
+        }
     }
 }
 
