@@ -1041,6 +1041,7 @@ fn import_refuses_what_no_engine_writes() {
         vllm_file(&f("zero-tokens.safetensors"), 0, 4, 64, &[]);
         vllm_file(&f("zero-wide.safetensors"), 3, 4, 0, &[1, 2, 3]);
         vllm_file(&f("negative-id.safetensors"), 4, 4, 8, &[1, 2, 3, -5]);
+        vllm_file(&f("huge-id.safetensors"), 4, 4, 8, &[1, 2, 3, 1 << 62]);
         let vllm = |file: &str| {
             vec![
                 OsString::from("import"),
@@ -1100,6 +1101,11 @@ fn import_refuses_what_no_engine_writes() {
             ("0 tokens", vllm("zero-tokens.safetensors"), "0 tokens"),
             ("0 wide", vllm("zero-wide.safetensors"), "0 wide"),
             ("negative id", vllm("negative-id.safetensors"), "is -5"),
+            (
+                "huge id",
+                vllm("huge-id.safetensors"),
+                "beyond any vocabulary",
+            ),
             (
                 "beyond f32",
                 vec![

@@ -1,7 +1,9 @@
 //! What no engine writes, refused for every format in one place before a
 //! dump is made.
 
-use super::{Imported, StateIndex};
+use std::path::Path;
+
+use super::{Format, ImportOptions, Imported, StateIndex};
 use crate::error::{Error, Result};
 
 /// What no engine writes, refused for every format before a dump is made:
@@ -45,6 +47,57 @@ pub(super) fn check_imported(imp: &Imported) -> Result<()> {
                 "{at}: prompt p{k}'s token id at position {pos} is {id}: token ids are never negative"
             )));
         }
+        if let Some((pos, id)) = p
+            .input_ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id > u32::MAX as i64)
+        {
+            return Err(Error::Format(format!(
+                "{at}: prompt p{k}'s token id at position {pos} is {id}: beyond any vocabulary (token ids fit 32 bits)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The options as they apply to `format`: a layer id given twice, or a
+/// flag of another format (ignoring it would import something else than
+/// the user asked).
+///
+/// Errors ([`Error::Input`]): naming the flag.
+pub(super) fn check_options(path: &Path, format: Format, opts: &ImportOptions) -> Result<()> {
+    for (flag, ids) in [
+        ("--target-layer-ids", &opts.target_layer_ids),
+        ("--layer-ids", &opts.layer_ids),
+    ] {
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(l) = ids.iter().flatten().find(|&&l| !seen.insert(l)) {
+            return Err(Error::Input(format!(
+                "{flag} names layer {l} twice: each stored block is one layer"
+            )));
+        }
+    }
+    let only = [
+        (
+            "--target-layer-ids",
+            opts.target_layer_ids.is_some(),
+            Format::Specforge,
+        ),
+        ("--keep-padding", opts.keep_padding, Format::Specforge),
+        ("--layer-ids", opts.layer_ids.is_some(), Format::Vllm),
+        ("--rank", opts.rank.is_some(), Format::SglangDump),
+        (
+            "--prompt-ids",
+            opts.prompt_ids.is_some(),
+            Format::SglangJson,
+        ),
+    ];
+    if let Some((flag, _, f)) = only.iter().find(|(_, given, f)| *given && *f != format) {
+        return Err(Error::Input(format!(
+            "{flag} applies to {f} captures, and {} is a {format} one",
+            path.display()
+        )));
     }
     Ok(())
 }

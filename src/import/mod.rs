@@ -499,38 +499,7 @@ pub fn detect(path: &Path) -> Result<Format> {
 /// engine writes, checked once for every format (`checks::check_imported`).
 pub fn read(path: &Path, format: Format, opts: &ImportOptions) -> Result<Imported> {
     check_path(path)?;
-    for (flag, ids) in [
-        ("--target-layer-ids", &opts.target_layer_ids),
-        ("--layer-ids", &opts.layer_ids),
-    ] {
-        let mut seen = std::collections::BTreeSet::new();
-        if let Some(l) = ids.iter().flatten().find(|&&l| !seen.insert(l)) {
-            return Err(Error::Input(format!(
-                "{flag} names layer {l} twice: each stored block is one layer"
-            )));
-        }
-    }
-    let only = [
-        (
-            "--target-layer-ids",
-            opts.target_layer_ids.is_some(),
-            Format::Specforge,
-        ),
-        ("--keep-padding", opts.keep_padding, Format::Specforge),
-        ("--layer-ids", opts.layer_ids.is_some(), Format::Vllm),
-        ("--rank", opts.rank.is_some(), Format::SglangDump),
-        (
-            "--prompt-ids",
-            opts.prompt_ids.is_some(),
-            Format::SglangJson,
-        ),
-    ];
-    if let Some((flag, _, f)) = only.iter().find(|(_, given, f)| *given && *f != format) {
-        return Err(Error::Input(format!(
-            "{flag} applies to {f} captures, and {} is a {format} one",
-            path.display()
-        )));
-    }
+    checks::check_options(path, format, opts)?;
     let imported = match format {
         Format::Specforge => specforge::read(path, opts),
         Format::Vllm => vllm::read(path, opts),
