@@ -1019,6 +1019,32 @@ fn bound_chat_templates_that_loop_or_grow() {
     }
 }
 
+/// `import PATH` as a vLLM capture of the layers the shipped fixture holds
+/// (`--layer-ids 0,2,4,6 --num-layers 6`).
+fn vllm_import(path: &Path) -> Vec<OsString> {
+    let mut a = vec![OsString::from("import"), path.as_os_str().to_owned()];
+    a.extend(
+        [
+            "--format",
+            "vllm",
+            "--layer-ids",
+            "0,2,4,6",
+            "--num-layers",
+            "6",
+        ]
+        .map(OsString::from),
+    );
+    a
+}
+
+/// `import` of the shipped SpecForge DFlash capture with `--target-layer-ids IDS`.
+fn specforge_import(ids: &str) -> Vec<OsString> {
+    let dir = repo_root().join("fixtures/engine-captures/specforge-dflash");
+    let mut a = vec![OsString::from("import"), dir.into_os_string()];
+    a.extend(["--format", "specforge", "--target-layer-ids", ids].map(OsString::from));
+    a
+}
+
 /// A vLLM connector file (`hidden_states` `[T, L, H]` f32, `token_ids` `[T]`
 /// i64) written as safetensors.
 fn vllm_file(path: &Path, t: usize, l: usize, h: usize, ids: &[i64]) {
@@ -1042,18 +1068,7 @@ fn import_refuses_what_no_engine_writes() {
         vllm_file(&f("zero-wide.safetensors"), 3, 4, 0, &[1, 2, 3]);
         vllm_file(&f("negative-id.safetensors"), 4, 4, 8, &[1, 2, 3, -5]);
         vllm_file(&f("huge-id.safetensors"), 4, 4, 8, &[1, 2, 3, 1 << 62]);
-        let vllm = |file: &str| {
-            vec![
-                OsString::from("import"),
-                f(file).into_os_string(),
-                "--format".into(),
-                "vllm".into(),
-                "--layer-ids".into(),
-                "0,2,4,6".into(),
-                "--num-layers".into(),
-                "6".into(),
-            ]
-        };
+        let vllm = |file: &str| vllm_import(&f(file));
         // SGLang JSON: a value no bf16/f32 state holds.
         let dir = repo_root().join("fixtures/engine-captures/sglang-json");
         let mut resp: Value =
@@ -1086,17 +1101,7 @@ fn import_refuses_what_no_engine_writes() {
                 .replace("layer_id=2", "layer_id=9");
             std::fs::copy(&p, dump.join(name)).unwrap();
         }
-        let sf = repo_root().join("fixtures/engine-captures/specforge-dflash");
-        let spec = |ids: &str| {
-            vec![
-                OsString::from("import"),
-                sf.clone().into_os_string(),
-                "--format".into(),
-                "specforge".into(),
-                "--target-layer-ids".into(),
-                ids.into(),
-            ]
-        };
+        let spec = specforge_import;
         vec![
             ("0 tokens", vllm("zero-tokens.safetensors"), "0 tokens"),
             ("0 wide", vllm("zero-wide.safetensors"), "0 wide"),
@@ -1306,28 +1311,8 @@ fn import_refuses_taps_dtypes_and_values_no_engine_writes() {
     write(&mixed.join("1.safetensors"), ones(DType::F32));
     let big = tmp.path().join("big.safetensors");
     write(&big, ones(DType::F64).affine(1e300, 0.0).unwrap());
-    let vllm = |p: &Path| {
-        vec![
-            OsString::from("import"),
-            p.as_os_str().to_owned(),
-            "--format".into(),
-            "vllm".into(),
-            "--layer-ids".into(),
-            "0,2,4,6".into(),
-            "--num-layers".into(),
-            "6".into(),
-        ]
-    };
-    let far = vec![
-        OsString::from("import"),
-        repo_root()
-            .join("fixtures/engine-captures/specforge-dflash")
-            .into_os_string(),
-        "--format".into(),
-        "specforge".into(),
-        "--target-layer-ids".into(),
-        "1,18446744073709551614".into(),
-    ];
+    let vllm = vllm_import;
+    let far = specforge_import("1,18446744073709551614");
     // Auto-detected JSON that does not parse says so (it was "a JSON file
     // without meta_info.hidden_states").
     let broken = tmp.path().join("broken.json");

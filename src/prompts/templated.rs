@@ -62,14 +62,7 @@ impl Templating {
             Some(file) => ChatTemplate::from_file(file, &config)?,
             None => ChatTemplate::require_for_checkpoint(dir, &config)?,
         };
-        Ok(Some(Templating {
-            template,
-            render: RenderOptions {
-                add_generation_prompt: true,
-                enable_thinking: opts.enable_thinking,
-            },
-            system: opts.system.clone(),
-        }))
+        Ok(Some(Templating::new(template, opts, opts.enable_thinking)))
     }
 
     /// The template of a drafter run's default prompts
@@ -100,14 +93,21 @@ impl Templating {
                 }
             },
         };
-        Ok(Some(Templating {
+        let thinking = Some(opts.enable_thinking.unwrap_or(false));
+        Ok(Some(Templating::new(template, opts, thinking)))
+    }
+
+    /// `template` rendering with `add_generation_prompt=True`, `enable_thinking`
+    /// and `opts`' system turn.
+    fn new(template: ChatTemplate, opts: &PromptOptions, enable_thinking: Option<bool>) -> Self {
+        Templating {
             template,
             render: RenderOptions {
                 add_generation_prompt: true,
-                enable_thinking: Some(opts.enable_thinking.unwrap_or(false)),
+                enable_thinking,
             },
             system: opts.system.clone(),
-        }))
+        }
     }
 
     /// The `enable_thinking` this templating passes.
