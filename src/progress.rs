@@ -1,9 +1,24 @@
 //! Progress on stderr (indicatif), drawn only when stderr is a terminal and
 //! `--quiet` is not given; reports and tables go to stdout untouched.
 //!
-//! A streaming run shows three bars at once ([`RunProgress`]): weights
-//! loaded (bytes converted to the compute dtype, with throughput), decoder
-//! layers done, and prompts done within the current layer.
+//! Every bar counts the unit its work is in and shows an ETA:
+//! - a streaming run ([`RunProgress`]): weights read (bytes as stored on
+//!   disk, with throughput), decoder layers done, prompts done within the
+//!   current layer;
+//! - `drafter`: new tokens generated (prompts × (max new tokens + block
+//!   size) per path, what the DFlash loop commits before it stops), and the
+//!   drafter replays (each path's own, then its run on the first path's
+//!   tokens); a path that reads the same weights as an earlier one is
+//!   computed once and its share leaves both totals;
+//! - `triage`: variants run (the tap variants reuse the baseline's forward
+//!   and are not counted), and the new tokens of the batch running now.
+//!
+//! With `HSPARITY_PROGRESS_LOG=<file>` every bar appends `<unit>
+//! <position>/<length>` to that file when its group is cleared, drawn or
+//! not (how the tests check that no bar ends at a total it did not count
+//! through).
+
+use std::sync::Mutex;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -11,6 +26,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 /// or when stderr is not a terminal (indicatif's own check).
 pub struct Bars {
     multi: MultiProgress,
+    /// Each bar with its unit, for `HSPARITY_PROGRESS_LOG`.
+    made: Mutex<Vec<(ProgressBar, String)>>,
 }
 
 impl Bars {
@@ -18,32 +35,60 @@ impl Bars {
     pub fn new(quiet: bool) -> Self {
         Bars {
             multi: MultiProgress::with_draw_target(target(quiet)),
+            made: Mutex::new(Vec::new()),
         }
+    }
+
+    fn add(&self, pb: ProgressBar, unit: &str, template: &str) -> ProgressBar {
+        let pb = styled(self.multi.add(pb), template);
+        if let Ok(mut made) = self.made.lock() {
+            made.push((pb.clone(), unit.to_string()));
+        }
+        pb
     }
 
     /// Adds a bar over `len` steps counted in `unit` (`layers`, `prompts`, …).
     pub fn count(&self, len: u64, unit: &str) -> ProgressBar {
-        styled(self.multi.add(ProgressBar::new(len)), &count_template(unit))
+        self.add(ProgressBar::new(len), unit, &count_template(unit))
     }
 
     /// Adds a bar over `len` bytes (`{bytes}/{total_bytes}` and throughput).
     pub fn bytes(&self, len: u64, what: &str) -> ProgressBar {
         let t = format!(
-            "{{spinner}} [{{elapsed_precise}}] {{bar:30}} {{bytes}}/{{total_bytes}} {what} ({{binary_bytes_per_sec}}) {{msg}}"
+            "{{spinner}} [{{elapsed_precise}}] {{bar:30}} {{bytes}}/{{total_bytes}} {what} ({{binary_bytes_per_sec}}, ETA {{eta}}) {{msg}}"
         );
-        styled(self.multi.add(ProgressBar::new(len)), &t)
+        self.add(ProgressBar::new(len), what, &t)
     }
 
-    /// Removes every bar from the terminal (finish them first).
+    /// Removes every bar from the terminal (finish them first), and logs
+    /// them where `HSPARITY_PROGRESS_LOG` asks.
     pub fn clear(&self) {
         let _ = self.multi.clear();
+        let Some(path) = std::env::var_os("HSPARITY_PROGRESS_LOG") else {
+            return;
+        };
+        let Ok(made) = self.made.lock() else {
+            return;
+        };
+        let lines: String = made
+            .iter()
+            .map(|(pb, unit)| format!("{unit} {}/{}\n", pb.position(), pb.length().unwrap_or(0)))
+            .collect();
+        use std::io::Write as _;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = f.write_all(lines.as_bytes());
+        }
     }
 }
 
 /// The bars of a lock-step capture ([`crate::capture::run`]).
 pub struct RunProgress {
     bars: Bars,
-    /// Weight bytes materialised (f32, each shared copy counted once).
+    /// Weight bytes read, as stored on disk (each shared copy counted once).
     pub loading: ProgressBar,
     /// Decoder layers done (all paths, all prompts).
     pub layers: ProgressBar,
@@ -56,7 +101,7 @@ impl RunProgress {
     /// bar's length is set by the capture once it knows what it will load.
     pub fn new(layers: usize, prompts: usize, quiet: bool) -> Self {
         let bars = Bars::new(quiet);
-        let loading = bars.bytes(0, "weights loaded");
+        let loading = bars.bytes(0, "weights read (stored bytes)");
         let layers = bars.count(layers as u64, "layers");
         let prompts = bars.count(prompts as u64, "prompts");
         RunProgress {
@@ -76,15 +121,6 @@ impl RunProgress {
     }
 }
 
-/// One bar over `len` steps of `unit` on its own (the `drafter` and `triage`
-/// verbs); hidden as [`Bars`] are.
-pub fn single(len: u64, unit: &str, quiet: bool) -> ProgressBar {
-    styled(
-        ProgressBar::with_draw_target(Some(len), target(quiet)),
-        &count_template(unit),
-    )
-}
-
 fn target(quiet: bool) -> ProgressDrawTarget {
     if quiet {
         ProgressDrawTarget::hidden()
@@ -94,7 +130,9 @@ fn target(quiet: bool) -> ProgressDrawTarget {
 }
 
 fn count_template(unit: &str) -> String {
-    format!("{{spinner}} [{{elapsed_precise}}] {{bar:30}} {{pos}}/{{len}} {unit} {{msg}}")
+    format!(
+        "{{spinner}} [{{elapsed_precise}}] {{bar:30}} {{pos}}/{{len}} {unit} (ETA {{eta}}) {{msg}}"
+    )
 }
 
 fn styled(pb: ProgressBar, template: &str) -> ProgressBar {

@@ -353,14 +353,20 @@ fn gap_carries_its_interval(v: &Value, seed: u64) {
     assert_eq!(g["bootstrap"]["seed"], seed);
     let summary = v["summary"].as_str().unwrap();
     assert!(
-        summary.contains(&format!("), 95% {}, ", want.describe())),
+        summary.contains(&format!(
+            "Δτ {} − {} {:+.3} beyond ±",
+            g["path"].as_str().unwrap(),
+            g["reference"].as_str().unwrap(),
+            g["delta_tau"].as_f64().unwrap()
+        )) && summary.contains(&format!(", 95% {}, ", want.describe())),
         "{summary}"
     );
     // The reading a gate reads: the interval excludes 0 here.
     assert!(!want.contains_zero);
     assert_eq!(g["reading"], "distinguishable");
     assert!(
-        summary.contains("distinguishable: the interval excludes 0; limit 0.05"),
+        summary.contains(" beyond ±0.05, ")
+            && summary.contains("distinguishable: the interval excludes 0;"),
         "{summary}"
     );
 }

@@ -166,7 +166,10 @@ fn inventory_27b_layout_matches_transformers_counts() {
         "ckpt:model.language_model.layers.3.self_attn.q_proj.weight"
     );
 
-    let table = hsparity::report::inventory::render_inventory_table(&inv);
+    let table = hsparity::report::inventory::render_inventory_table(
+        &inv,
+        hsparity::report::width::Width::UNBOUNDED,
+    );
     println!("{table}");
     assert!(table.contains("Qwen3_5ForCausalLM"));
     assert!(table.contains("lm_head.weight"));

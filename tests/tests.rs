@@ -56,11 +56,12 @@ mod prompt_options;
 mod prompt_sets;
 
 // The command line and what it writes: exit codes, reports, the JSON schema,
-// every command the README and docs/ show.
+// every command the README and docs/ show, the terminal's layout and progress.
 mod cli;
 mod docs_commands;
 mod report_render;
 mod report_schema;
+mod terminal_layout;
 
 // Inputs that must be refused with a clear error: bad checkpoints, the Hub
 // cache, the bad-input and hostile-input corpora, bounded property tests of

@@ -23,23 +23,10 @@ use hsparity::session::Target;
 use hsparity::triage::{SuspectGroup, TriageSettings, VariantResult};
 use serde_json::Value;
 
-/// Five of the fifteen held-out prompts (0, 3, 6, 9, 12) in a JSONL file.
-fn five_prompts(tmp: &std::path::Path) -> std::path::PathBuf {
-    let lines: Vec<String> = std::fs::read_to_string("fixtures/toy-pair/prompts.jsonl")
-        .unwrap()
-        .lines()
-        .step_by(3)
-        .map(str::to_string)
-        .collect();
-    let f = tmp.join("p.jsonl");
-    std::fs::write(&f, lines.join("\n")).unwrap();
-    f
-}
-
 fn run() -> TriageReport {
     let tmp = tempfile::tempdir().unwrap();
     // Five of the fifteen held-out prompts, 32 new tokens: enough rounds, quick.
-    let f = five_prompts(tmp.path());
+    let f = common::five_prompts(tmp.path());
     run_on(
         common::target("fixtures/toy-pair/target", f.to_str()),
         "fixtures/toy-pair/drafter",
@@ -86,7 +73,7 @@ fn ranking_is_sensible_and_reproducible() {
             .delta_tau
             .abs()
     };
-    println!("{}", hsparity::report::triage::render(&r));
+    crate::terminal_layout::assert_triage_fits(&r);
     assert!(r.baseline.tau_macro >= 3.0);
     let recurrent = d("gdn-recurrent");
     assert!(recurrent <= 0.1, "chunked vs recurrent costs {recurrent}");
@@ -167,7 +154,8 @@ fn intervals_are_the_bootstrap_of_the_per_prompt_taus(r: &TriageReport) {
         assert_eq!(i.contains_zero, i.low <= 0.0 && i.high >= 0.0);
     }
     let md = hsparity::report::triage::markdown(r);
-    assert!(md.contains("not distinguishable with 5 prompts"));
+    assert!(md.contains("not distinguishable from the baseline's with 5 prompts"));
+    assert!(md.contains("holds 0 |"), "{md}");
     for g in [
         "## Loading suspects",
         "## Numerics suspects",
@@ -248,7 +236,7 @@ fn new_suspects_run_where_they_apply(r: &TriageReport) {
 /// taps of the prompt itself.
 fn left_pad_is_the_padded_prompt_unmasked(r: &TriageReport) {
     let tmp = tempfile::tempdir().unwrap();
-    let f = five_prompts(tmp.path());
+    let f = common::five_prompts(tmp.path());
     let plain = common::target("fixtures/toy-pair/target", f.to_str());
     let session = hsparity::session::Session::open(&plain, &[LoadingPath::CausalLm]).unwrap();
     let mut padded = common::target("fixtures/toy-pair/target", None);
@@ -283,7 +271,7 @@ fn drafter_options(target: Target, drafter: &str, max_new: usize) -> DrafterOpti
 #[test]
 fn thinking_flipped_and_swa_as_full_are_the_other_runs() {
     let tmp = tempfile::tempdir().unwrap();
-    let f = five_prompts(tmp.path());
+    let f = common::five_prompts(tmp.path());
     let chat = |thinking: Option<bool>| {
         let mut t = common::target("fixtures/toy-pair/target", f.to_str());
         t.prompts.chat = true;

@@ -46,7 +46,7 @@ impl Run<'_> {
         Ok(logits)
     }
 
-    /// f32 bytes the capture will materialise (each shared copy once).
+    /// Stored bytes the capture will read (each shared copy once).
     pub(super) fn total_bytes(&self) -> u64 {
         let paths = self.paths;
         let shared = |names: &[String]| group_bytes(paths, names, &share_groups(paths, names));

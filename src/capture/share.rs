@@ -46,16 +46,16 @@ pub(super) fn share_groups(paths: &[PathModel], names: &[String]) -> Vec<usize> 
         .collect()
 }
 
-/// f32 bytes of `names` on one path.
+/// Stored bytes of `names` on one path (as the checkpoint holds them:
+/// [`crate::loading::WeightSource::stored_bytes`]).
 pub(super) fn tensor_bytes(path: &PathModel, names: &[String]) -> u64 {
     names
         .iter()
-        .filter_map(|n| path.source.shape(n))
-        .map(|s| s.iter().product::<usize>() as u64 * 4)
+        .filter_map(|n| path.source.stored_bytes(n))
         .sum()
 }
 
-/// f32 bytes of `names` as loaded once per group (`groups`: [`share_groups`]).
+/// Stored bytes of `names` as read once per group (`groups`: [`share_groups`]).
 pub(super) fn group_bytes(paths: &[PathModel], names: &[String], groups: &[usize]) -> u64 {
     paths
         .iter()

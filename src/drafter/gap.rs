@@ -75,6 +75,20 @@ pub struct TauGap {
 }
 
 impl TauGap {
+    /// `Δτ vlm − causal-lm -6.880`: the signed gap, its direction stated.
+    pub fn signed(&self) -> String {
+        format!(
+            "Δτ {} − {} {:+.3}",
+            self.path, self.reference, self.delta_tau
+        )
+    }
+
+    /// The signed gap, its interval (same sign) and what it tells:
+    /// `Δτ vlm − causal-lm -6.880, 95% [-6.99, -6.66], distinguishable: …`.
+    pub fn sentence(&self) -> String {
+        format!("{}, {}", self.signed(), self.describe())
+    }
+
     /// `95% [-0.12, +0.05], not distinguishable with 15 prompts (more
     /// prompts tell)`, `identical on all 10 prompts`, `no interval with one
     /// prompt`.

@@ -49,9 +49,30 @@ struct Run {
     max_length: usize,
     need: usize,
     rule: EndRule,
+    prompt_len: usize,
+}
+
+/// New tokens the loop commits per lane before it stops (what its progress
+/// counts: [`dflash_loop`]'s `on_progress`): `max_new + block` under z-lab
+/// GitHub main's rule (whole blocks until `start >= prompt_len + max_new`,
+/// then one more), `max_new` under the wheel's.
+pub fn lane_tokens(max_new: usize, block: usize, rule: EndRule) -> u64 {
+    match rule {
+        EndRule::GithubMain => (max_new + block) as u64,
+        EndRule::Wheel => max_new as u64,
+    }
 }
 
 impl Run {
+    /// New tokens committed so far, at most [`lane_tokens`].
+    fn progress(&self) -> u64 {
+        let end = match self.rule {
+            EndRule::GithubMain => self.tokens.len().min(self.need),
+            EndRule::Wheel => (self.seq.len() + 1).min(self.max_length),
+        };
+        end.saturating_sub(self.prompt_len) as u64
+    }
+
     fn done(&self) -> bool {
         match self.rule {
             EndRule::GithubMain => self.tokens.len() >= self.need,
@@ -107,8 +128,10 @@ impl Lane {
     }
 }
 
-/// Runs the DFlash loop on every lane (all of them advance in each sweep;
-/// `on_sweep` is called after each), to z-lab GitHub main's end rule.
+/// Runs the DFlash loop on every lane (all of them advance in each sweep),
+/// to z-lab GitHub main's end rule; after the prefill and after each round
+/// `on_progress` gets the new tokens committed so far over all lanes (it
+/// ends at `lanes × lane_tokens`, [`lane_tokens`]).
 ///
 /// Errors: a tap outside the target; a tensor failure.
 pub fn dflash_loop(
@@ -116,7 +139,7 @@ pub fn dflash_loop(
     drafter: &Drafter,
     lanes: &[Lane],
     max_new: usize,
-    on_sweep: &dyn Fn(usize),
+    on_progress: &dyn Fn(u64),
 ) -> Result<Generation> {
     dflash_loop_with(
         target,
@@ -124,7 +147,7 @@ pub fn dflash_loop(
         lanes,
         max_new,
         EndRule::GithubMain,
-        on_sweep,
+        on_progress,
     )
 }
 
@@ -142,7 +165,7 @@ pub fn dflash_loop_with(
     lanes: &[Lane],
     max_new: usize,
     rule: EndRule,
-    on_sweep: &dyn Fn(usize),
+    on_progress: &dyn Fn(u64),
 ) -> Result<Generation> {
     let b = drafter.cfg.block_size;
     let capture: Vec<Capture> = drafter
@@ -162,11 +185,13 @@ pub fn dflash_loop_with(
             max_length: p.len() + max_new,
             need: p.len() + max_new + b,
             rule,
+            prompt_len: p.len(),
         })
         .collect();
     prefill(target, &mut runs, lanes, &capture)?;
+    let sweeps_done = |runs: &[Run]| on_progress(runs.iter().map(Run::progress).sum());
     let mut sweeps = 1;
-    on_sweep(sweeps);
+    sweeps_done(&runs);
     let dt = DraftTarget {
         drafter,
         weights: target.weights,
@@ -179,8 +204,8 @@ pub fn dflash_loop_with(
         let outs = verify(target, &mut runs, &blocks, &capture)?;
         rounds += 1;
         sweeps += 1;
-        on_sweep(sweeps);
         commit(&mut runs, &blocks, outs)?;
+        sweeps_done(&runs);
     }
     if rule == EndRule::Wheel {
         runs.iter_mut()

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::eval::{self, CrossTau, DdtreeTau, DrafterInfo, EndRule, PathTau, PromptReplay};
 use super::eval::{HeadUse, LmHeadFrom};
-use super::generate::{dflash_loop, Lane};
+use super::generate::{dflash_loop, lane_tokens, Lane};
 use super::plan::{MemoryPlan, Residency};
 use super::target::{Capture, TargetModel};
 use super::trajectories::{departures_of, Departure, Given, PathDepartures, TrajectoryReport};
@@ -69,14 +69,10 @@ impl DrafterEval {
     pub fn failures(&self) -> Vec<String> {
         let mut out = super::audit::mismatches(&self.drafter.audit);
         if self.tau_gap > self.max_tau_gap {
-            let interval = self
-                .tau_gap_interval
-                .as_ref()
-                .map(|g| format!(", {}", g.describe()))
-                .unwrap_or_default();
-            out.push(format!(
-                "gap {:.3} > {}{interval}",
-                self.tau_gap, self.max_tau_gap
+            out.push(over_limit(
+                self.tau_gap,
+                self.max_tau_gap,
+                self.tau_gap_interval.as_ref(),
             ));
         }
         out.extend(self.departures());
@@ -92,6 +88,52 @@ impl DrafterEval {
             .filter(|p| p.first_failure.is_some())
             .map(PathDepartures::describe)
             .collect()
+    }
+}
+
+/// The drafter's bars: new tokens generated (paths teacher-forced, with
+/// given trajectories), what one path adds to it, and the replays.
+fn progress_of(
+    bars: &Bars,
+    session: &Session,
+    given: bool,
+    (max_new, block): (usize, usize),
+) -> (indicatif::ProgressBar, u64, indicatif::ProgressBar) {
+    let n = session.paths.len() as u64;
+    if given {
+        return (
+            bars.count(n, "paths teacher-forced"),
+            1,
+            bars.count(n, "replays"),
+        );
+    }
+    let per_path = session.prompts.len() as u64
+        * lane_tokens(max_new, block, super::eval::EndRule::GithubMain);
+    (
+        bars.count(n * per_path, "new tokens generated"),
+        per_path,
+        bars.count(2 * n - 1, "replays (own, then on the first path's tokens)"),
+    )
+}
+
+/// A τ gap beyond `--max-tau-gap`: `Δτ vlm − causal-lm -6.880 beyond
+/// ±0.05, 95% [-6.99, -6.66], distinguishable: …` (the unsigned gap when
+/// there is no signed one to show).
+pub fn over_limit(gap: f64, limit: f64, signed: Option<&super::gap::TauGap>) -> String {
+    match signed {
+        Some(g) => format!("{} beyond ±{limit}, {}", g.signed(), g.describe()),
+        None => format!("τ gap {gap:.3} beyond ±{limit}"),
+    }
+}
+
+/// The gap clause of a summary: [`over_limit`] when `gap` is beyond
+/// `limit`, else `Δτ vlm − causal-lm +0.000, identical on all 15 prompts,
+/// within ±0.05` (`None` without a second path).
+pub fn gap_clause(gap: f64, limit: f64, signed: Option<&super::gap::TauGap>) -> Option<String> {
+    if gap > limit {
+        Some(over_limit(gap, limit, signed))
+    } else {
+        signed.map(|g| format!("{}, within ±{limit}", g.sentence()))
     }
 }
 
@@ -131,7 +173,14 @@ struct Run<'a> {
     plan: &'a MemoryPlan,
     prompt_lens: Vec<usize>,
     given: Option<&'a Given>,
-    sweeps: indicatif::ProgressBar,
+    /// New tokens generated over every path and prompt (with given
+    /// trajectories: paths teacher-forced on them).
+    generated: indicatif::ProgressBar,
+    /// Drafter replays done: each path's own, and its cross run on the
+    /// first path's tokens.
+    replays: indicatif::ProgressBar,
+    /// What one path adds to `generated` ([`lane_tokens`] per prompt, or 1).
+    per_path: u64,
 }
 
 impl Run<'_> {
@@ -148,7 +197,8 @@ impl Run<'_> {
         let resident;
         let weights: &dyn WeightSource = match self.plan.mode {
             Residency::Resident => {
-                self.sweeps.set_message(format!("{name}: loading weights"));
+                self.generated
+                    .set_message(format!("{name}: loading weights"));
                 resident = Resident::load(&p.view, p.view.names())?;
                 &resident
             }
@@ -161,11 +211,11 @@ impl Run<'_> {
             prec: dtype,
         };
         if let Some(g) = self.given {
-            self.sweeps
+            self.generated
                 .set_message(format!("{name}: teacher-forced on the given trajectories"));
             return self.on_given(&target, g);
         }
-        self.sweeps
+        self.generated
             .set_message(format!("{name}: generating (DFlash loop)"));
         let lanes: Vec<Lane> = self
             .session
@@ -174,9 +224,10 @@ impl Run<'_> {
             .map(|p| Lane::plain(&p.ids))
             .collect();
         let max_new = self.settings.replay.max_new;
-        let on_sweep = |_: usize| self.sweeps.inc(1);
-        let g = dflash_loop(&target, self.drafter, &lanes, max_new, &on_sweep)?;
-        self.sweeps.set_message(format!("{name}: replaying"));
+        let base = self.generated.position();
+        let on_progress = |n: u64| self.generated.set_position(base + n.min(self.per_path));
+        let g = dflash_loop(&target, self.drafter, &lanes, max_new, &on_progress)?;
+        self.replays.set_message(format!("{name}: replaying"));
         let own = replay_all(
             self.drafter,
             &target,
@@ -185,10 +236,11 @@ impl Run<'_> {
             &g.features,
             self.settings.replay,
         )?;
+        self.replays.inc(1);
         let mut sweeps = g.sweeps;
         let cross = match first {
             Some(r0) => {
-                self.sweeps
+                self.replays
                     .set_message(format!("{name} features on {}'s tokens", r0.name));
                 let taps = &self.drafter.cfg.target_layer_ids;
                 let f = features(
@@ -200,15 +252,16 @@ impl Run<'_> {
                     0,
                 )?;
                 sweeps += 1;
-                self.sweeps.inc(1);
-                Some(replay_all(
+                let replayed = replay_all(
                     self.drafter,
                     &target,
                     &r0.tokens,
                     &self.prompt_lens,
                     &f,
                     self.settings.replay,
-                )?)
+                )?;
+                self.replays.inc(1);
+                Some(replayed)
             }
             None => None,
         };
@@ -246,7 +299,7 @@ impl Run<'_> {
             .map(|&l| Capture::Tap(l))
             .collect();
         let outs = teacher_forced(target, &seqs, &caps, true)?;
-        self.sweeps.inc(1);
+        self.generated.inc(1);
         let departures = departures_of(g, &outs)?;
         let feats = outs
             .iter()
@@ -261,6 +314,7 @@ impl Run<'_> {
             &feats,
             self.settings.replay,
         )?;
+        self.replays.inc(1);
         Ok(Evaluated {
             tokens: g.tokens.clone(),
             own,
@@ -355,6 +409,7 @@ pub fn evaluate(
             plan.describe()
         );
     }
+    let (generated, per_path, replays) = progress_of(&bars, session, given.is_some(), (max_new, b));
     let run = Run {
         session,
         drafter,
@@ -362,7 +417,9 @@ pub fn evaluate(
         plan: &plan,
         prompt_lens: session.prompt_lens(),
         given,
-        sweeps: bars.count(bound as u64, "sweeps"),
+        generated,
+        replays,
+        per_path,
     };
     let mut notes = Vec::new();
     let mut runs: Vec<PathResult> = Vec::new();
@@ -382,6 +439,12 @@ pub fn evaluate(
                     r.name,
                     r.name
                 ));
+                // Computed once: the bars drop its share of the work.
+                let replays = if given.is_some() || i == 0 { 1 } else { 2 };
+                run.generated
+                    .set_length(run.generated.length().unwrap_or(0) - run.per_path);
+                run.replays
+                    .set_length(run.replays.length().unwrap_or(0) - replays);
                 // Path j's features on path 0's tokens: j's own replay when j = 0.
                 let cross = match (i, j) {
                     _ if given.is_some() => None,
@@ -412,7 +475,8 @@ pub fn evaluate(
             departures: e.departures,
         });
     }
-    run.sweeps.finish();
+    run.generated.finish();
+    run.replays.finish();
     bars.clear();
     if given.is_some() {
         notes.push(

@@ -123,6 +123,10 @@ impl WeightSource for Resident {
         self.view.shape(name)
     }
 
+    fn stored_bytes(&self, name: &str) -> Option<u64> {
+        WeightSource::stored_bytes(&self.view, name)
+    }
+
     fn identity(&self, name: &str) -> String {
         self.view.identity(name)
     }

@@ -65,6 +65,14 @@ pub trait WeightSource {
         None
     }
 
+    /// Bytes `name` occupies where the source reads it from (the checkpoint
+    /// on disk; f32 for a tensor it makes), when it knows the shape: what
+    /// the weights progress bar counts.
+    fn stored_bytes(&self, name: &str) -> Option<u64> {
+        self.shape(name)
+            .map(|s| s.iter().map(|&d| d as u64).product::<u64>() * 4)
+    }
+
     /// Expert `e` of the 3-D expert parameter `name` (`[E, …]` → `[…]`),
     /// rounded to `prec`: one routed expert of an MoE layer. Sources reading a
     /// checkpoint read only that expert's bytes.

@@ -443,6 +443,22 @@ impl WeightSource for TensorView {
         }
     }
 
+    fn stored_bytes(&self, name: &str) -> Option<u64> {
+        let index = self.weights.index();
+        match self.entries.get(name)? {
+            WeightOrigin::Checkpoint { key } | WeightOrigin::Tied { key } => {
+                index.get(key).map(|t| t.nbytes())
+            }
+            WeightOrigin::Converted { param } => param
+                .sources
+                .iter()
+                .map(|k| index.get(k).map(|t| t.nbytes()))
+                .sum(),
+            // Made, not read.
+            WeightOrigin::Missing { .. } => Some(0),
+        }
+    }
+
     fn identity(&self, name: &str) -> String {
         match self.entries.get(name) {
             None => format!("unknown:{name}"),

@@ -105,7 +105,7 @@ impl Tolerance {
     }
 
     /// The loosest tolerance `m` needed to pass, for failure messages:
-    /// `"cos_min ≥ 0.99871, rel_l2 ≤ 3.1e-2"`.
+    /// `"cos_min ≥ 0.998710 and rel L2 ≤ 3.10e-2"`.
     pub fn needed_to_pass(m: &Metrics) -> String {
         if m.nan_count + m.inf_count > 0 {
             return format!(
@@ -113,7 +113,7 @@ impl Tolerance {
                 m.nan_count, m.inf_count
             );
         }
-        format!("cos_min >= {:.6}, rel_l2 <= {:.2e}", m.cos_min, m.rel_l2)
+        format!("cos_min ≥ {:.6} and rel L2 ≤ {:.2e}", m.cos_min, m.rel_l2)
     }
 }
 

@@ -2,6 +2,7 @@
 //! dtype-noise column when their dtypes differ, the indices one dump holds
 //! alone, and (`--align`) the best-matching index of a for every index of b.
 
+use crate::report::width::Width;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -278,10 +279,10 @@ pub fn index_table(r: &Diff, p: &PairReport) -> Table {
 }
 
 /// Terminal: summary, then one row per compared hidden state.
-pub fn render(r: &DiffReport) -> String {
+pub fn render(r: &DiffReport, width: Width) -> String {
     let mut out = format!("{}\n\n", r.summary);
     for p in &r.pairs {
-        out.push_str(&index_table(r, p).terminal().to_string());
+        out.push_str(&index_table(r, p).render(width));
         out.push('\n');
         if let Some(l) = &p.logits {
             out.push_str(&format!(
@@ -298,7 +299,7 @@ pub fn render(r: &DiffReport) -> String {
     if let Some(a) = &r.alignment {
         out.push_str(&format!(
             "\n{}\nalign: {}\n",
-            align_table(a).terminal(),
+            align_table(a).render(width),
             a.diagnosis
         ));
     }
@@ -368,8 +369,8 @@ pub fn markdown(r: &DiffReport) -> String {
 impl Body for Diff {
     const FILES: &'static [&'static str] = &["report.md", "report.json"];
 
-    fn terminal(report: &Report<Self>) -> String {
-        render(report)
+    fn terminal(report: &Report<Self>, width: Width) -> String {
+        render(report, width)
     }
 
     fn files(report: &Report<Self>) -> Result<Vec<(&'static str, String)>> {

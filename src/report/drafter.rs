@@ -6,6 +6,7 @@ use super::tabular::{Cell, Column, Row, Sinks, Span, Table};
 use super::{Body, Environment, Kind, Report};
 use crate::drafter::paths::DrafterEval;
 use crate::parity::Verdict;
+use crate::report::width::Width;
 
 /// The drafter report: the envelope around [`DrafterEval`].
 pub type DrafterReport = Report<DrafterEval>;
@@ -25,18 +26,17 @@ pub fn build(
     let join = |f: &dyn Fn(&crate::drafter::eval::PathTau) -> String| {
         eval.paths.iter().map(f).collect::<Vec<_>>().join(" vs ")
     };
-    let interval = eval
-        .tau_gap_interval
-        .as_ref()
-        .map(|g| format!(" ({} − {}), {};", g.path, g.reference, g.describe()))
-        .unwrap_or_else(|| ",".into());
+    let gap = crate::drafter::paths::gap_clause(
+        eval.tau_gap,
+        eval.max_tau_gap,
+        eval.tau_gap_interval.as_ref(),
+    );
     let summary = format!(
-        "drafter τ {} (DDTree-{} {}; gap {:.3}{interval} limit {})",
+        "drafter τ {} (DDTree-{} {}){}",
         join(&|p| format!("{} {:.2}", p.name, p.summary.tau_macro)),
         eval.paths.first().map(|p| p.ddtree.budget).unwrap_or(0),
         join(&|p| format!("{:.2}", p.ddtree.tau_macro)),
-        eval.tau_gap,
-        eval.max_tau_gap
+        gap.map(|g| format!("; {g}")).unwrap_or_default()
     );
     let summary = match eval.departures().first() {
         Some(first) => format!("{summary}; {first}"),
@@ -145,7 +145,7 @@ fn trajectory_lines(d: &DrafterEval) -> Vec<String> {
 }
 
 /// The terminal rendering.
-pub fn render(d: &DrafterReport) -> String {
+pub fn render(d: &DrafterReport, width: Width) -> String {
     let mut out = format!(
         "{}\ndrafter {}\n",
         d.summary,
@@ -159,7 +159,7 @@ pub fn render(d: &DrafterReport) -> String {
         crate::drafter::audit::describe(&d.drafter.audit)
     ));
     out.push_str(&format!("memory: {}\n", d.plan.describe()));
-    out.push_str(&tau_table(d).terminal().to_string());
+    out.push_str(&tau_table(d).render(width));
     out.push_str(&format!("\nτ rule: {}\n", d.end_rule.describe()));
     for l in trajectory_lines(d) {
         out.push_str(&format!("trajectories: {l}\n"));
@@ -190,7 +190,7 @@ pub fn markdown(d: &DrafterReport) -> String {
 }
 
 impl Body for DrafterEval {
-    fn terminal(report: &Report<Self>) -> String {
-        render(report)
+    fn terminal(report: &Report<Self>, width: Width) -> String {
+        render(report, width)
     }
 }

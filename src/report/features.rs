@@ -7,6 +7,7 @@ use super::{Body, Environment, Kind, Report};
 use crate::drafter::eval::PathTau;
 use crate::drafter::features::FeaturesEval;
 use crate::parity::Verdict;
+use crate::report::width::Width;
 
 /// `drafter --features`' report: the envelope around [`FeaturesEval`] (kind `drafter`).
 pub type FeaturesReport = Report<FeaturesEval>;
@@ -29,19 +30,18 @@ pub fn build(
         .iter()
         .map(|p| format!("{} {:.2}", p.name, p.summary.tau_macro))
         .collect();
-    let interval = eval
-        .tau_gap_interval
-        .as_ref()
-        .map(|g| format!(" ({} − the file), {};", g.path, g.describe()))
-        .unwrap_or_else(|| ",".into());
+    let gap = crate::drafter::paths::gap_clause(
+        eval.tau_gap,
+        eval.max_tau_gap,
+        eval.tau_gap_interval.as_ref(),
+    );
     let summary = format!(
-        "drafter τ on the file's taps {:.2} vs {} on the paths' own taps over the same tokens (DDTree-{} {:.2}; gap {:.3}{interval} limit {})",
+        "drafter τ on the file's taps {:.2} vs {} on the paths' own taps over the same tokens (DDTree-{} {:.2}){}",
         f.summary.tau_macro,
         paths.join(" vs "),
         f.ddtree.budget,
         f.ddtree.tau_macro,
-        eval.tau_gap,
-        eval.max_tau_gap
+        gap.map(|g| format!("; {g}")).unwrap_or_default()
     );
     let summary = format!("{summary}; τ on {}", eval.measured_on);
     Report::new(
@@ -102,7 +102,7 @@ pub fn tau_table(e: &FeaturesEval) -> Table {
 }
 
 /// The terminal rendering.
-pub fn render(r: &FeaturesReport) -> String {
+pub fn render(r: &FeaturesReport, width: Width) -> String {
     let f = &r.features;
     let tokens: usize = f.prompts.iter().map(|p| p.replayed_new_tokens).sum();
     let mut out = format!(
@@ -119,7 +119,7 @@ pub fn render(r: &FeaturesReport) -> String {
         "drafter vs target: {}\n",
         crate::drafter::audit::describe(&r.drafter.audit)
     ));
-    out.push_str(&tau_table(r).terminal().to_string());
+    out.push_str(&tau_table(r).render(width));
     out.push_str(&format!("\nτ rule: {}\n", r.end_rule.describe()));
     for n in &r.notes {
         out.push_str(&format!("note: {n}\n"));
@@ -128,7 +128,7 @@ pub fn render(r: &FeaturesReport) -> String {
 }
 
 impl Body for FeaturesEval {
-    fn terminal(report: &Report<Self>) -> String {
-        render(report)
+    fn terminal(report: &Report<Self>, width: Width) -> String {
+        render(report, width)
     }
 }

@@ -2,6 +2,7 @@
 //! where every stored layer was put in transformers' `hidden_states`, the
 //! prompts, trimmed padding, and where the dump was written.
 
+use crate::report::width::Width;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -125,12 +126,12 @@ pub fn mapping_table(r: &ImportSummary) -> Table {
 }
 
 /// Terminal: summary, convention, mapping table, trims, notes.
-pub fn render(r: &ImportReport) -> String {
+pub fn render(r: &ImportReport, width: Width) -> String {
     let mut out = format!(
         "{}\nconvention: {}\n{}\n",
         r.summary,
         r.convention,
-        mapping_table(r).terminal()
+        mapping_table(r).render(width)
     );
     for t in &r.trimmed {
         out.push_str(&format!(
@@ -149,7 +150,7 @@ pub fn render(r: &ImportReport) -> String {
 }
 
 impl Body for ImportSummary {
-    fn terminal(report: &Report<Self>) -> String {
-        render(report)
+    fn terminal(report: &Report<Self>, width: Width) -> String {
+        render(report, width)
     }
 }

@@ -5,6 +5,7 @@
 //! `report.md`). Renders only; all numbers come from
 //! [`crate::loading::inventory()`].
 
+use crate::report::width::Width;
 use serde::Serialize;
 
 use super::format::{group_digits, yes_no};
@@ -99,12 +100,12 @@ pub fn build(inv: Inventory, environment: Environment, command: String) -> Inven
 }
 
 impl Body for InventoryBody {
-    fn terminal(report: &Report<Self>) -> String {
+    fn terminal(report: &Report<Self>, width: Width) -> String {
         format!(
             "{}
 ",
             report.summary
-        ) + &render_inventory_table(&report.body.inventory)
+        ) + &render_inventory_table(&report.body.inventory, width)
     }
 }
 
@@ -168,7 +169,7 @@ pub const NAMES_SHOWN: usize = 5;
 /// table row per loading path (path, class, dtype (reason), tensors,
 /// consumed, dropped by rule, unexpected, missing, tied lm_head), then per
 /// path its rules and the first [`NAMES_SHOWN`] unexpected / missing names.
-pub fn render_inventory_table(inv: &Inventory) -> String {
+pub fn render_inventory_table(inv: &Inventory, width: Width) -> String {
     let mut out = format!(
         "checkpoint {} ({}): {} tensors, {} parameters, {} shard{}\n",
         inv.checkpoint,
@@ -178,7 +179,7 @@ pub fn render_inventory_table(inv: &Inventory) -> String {
         inv.shards,
         if inv.shards == 1 { "" } else { "s" }
     );
-    let table = inventory_table(&inv.paths).terminal();
+    let table = inventory_table(&inv.paths).render(width);
     out.push_str(&table.to_string());
     out.push('\n');
     for n in &inv.not_applicable {

@@ -25,6 +25,7 @@ pub mod json;
 pub mod prompts;
 pub mod tabular;
 pub mod triage;
+pub mod width;
 
 use std::path::Path;
 
@@ -521,8 +522,9 @@ pub trait Document: Serialize {
     /// Every file its report folder holds (checked before the run); none by
     /// default (a verb without a report folder of its own).
     const FILES: &'static [&'static str] = &[];
-    /// The terminal rendering.
-    fn terminal(&self) -> String;
+    /// The terminal rendering, laid out for `width` (tables fitted, prose
+    /// wrapped: [`width::fill`]).
+    fn terminal(&self, width: width::Width) -> String;
     /// `(file name, contents)` of the report folder besides `report.json`;
     /// none by default.
     ///
@@ -540,8 +542,9 @@ pub trait Document: Serialize {
 pub trait Body: Serialize + Sized {
     /// Every file the report folder holds (see [`Document::FILES`]).
     const FILES: &'static [&'static str] = &[];
-    /// The terminal rendering of the whole report.
-    fn terminal(report: &Report<Self>) -> String;
+    /// The terminal rendering of the whole report, its tables laid out for
+    /// `width` (its prose is wrapped by [`Document::terminal`]).
+    fn terminal(report: &Report<Self>, width: width::Width) -> String;
     /// The report folder's files besides `report.json` (see
     /// [`Document::files`]).
     ///
@@ -555,8 +558,8 @@ pub trait Body: Serialize + Sized {
 impl<B: Body> Document for Report<B> {
     const FILES: &'static [&'static str] = B::FILES;
 
-    fn terminal(&self) -> String {
-        B::terminal(self)
+    fn terminal(&self, width: width::Width) -> String {
+        width::fill(&B::terminal(self, width), width)
     }
 
     fn files(&self) -> Result<Vec<(&'static str, String)>> {

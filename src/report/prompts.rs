@@ -2,6 +2,7 @@
 //! feed it to the model (the text tokenised, after the chat template, and
 //! the token ids), with what a run would refuse.
 
+use crate::report::width::Width;
 use serde::Serialize;
 
 use super::tabular::{Cell, Column, Row, Table};
@@ -129,9 +130,9 @@ pub fn table(l: &Listing) -> Table {
 /// The terminal rendering: the summary, the table, then each prompt's text
 /// between `⟦` and `⟧` (verbatim, so trailing spaces and newlines show) and
 /// its ids as a Python list.
-pub fn render(r: &PromptsReport) -> String {
+pub fn render(r: &PromptsReport, width: Width) -> String {
     let mut out = format!("{}\n", r.summary);
-    out.push_str(&table(r).terminal().to_string());
+    out.push_str(&table(r).render(width));
     out.push('\n');
     for p in &r.prompts {
         let f = &p.facts;
@@ -159,7 +160,7 @@ pub fn render(r: &PromptsReport) -> String {
 }
 
 impl Body for Listing {
-    fn terminal(report: &Report<Self>) -> String {
-        render(report)
+    fn terminal(report: &Report<Self>, width: Width) -> String {
+        render(report, width)
     }
 }

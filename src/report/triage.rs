@@ -6,6 +6,7 @@ use super::tabular::{Column, Row, Sinks, Table};
 use super::{Body, Environment, Kind, Report};
 use crate::drafter::trajectories::PathDepartures;
 use crate::error::Result;
+use crate::report::width::Width;
 use crate::triage::{SuspectGroup, Triage, VariantResult};
 
 /// `triage`'s report: the envelope around [`Triage`].
@@ -22,27 +23,70 @@ pub fn build(
     Report::ranking(Kind::Triage, summary, environment, command, notes, triage)
 }
 
-/// The 95 % interval cell: `[-0.40, +0.12] not distinguishable with 5 prompts`.
+/// The 95 % interval cell: `[-0.40, +0.12] holds 0` when it holds 0
+/// (explained under the table, [`not_distinguishable`]), `[-6.90, -6.53]`
+/// when it does not, `-` without an interval.
 fn interval_cell(v: &VariantResult) -> String {
     match &v.delta_tau_interval {
-        Some(i) => match i.verdict() {
-            Some(n) => format!("{} {n}", i.describe()),
-            None => i.describe(),
-        },
+        Some(i) if i.contains_zero => format!("{} holds 0", i.describe()),
+        Some(i) => i.describe(),
         None => "-".into(),
     }
+}
+
+/// What an interval that holds 0 means, when a variant has one.
+fn not_distinguishable(r: &Triage) -> Option<String> {
+    let n = r
+        .variants
+        .iter()
+        .filter_map(|v| v.delta_tau_interval.as_ref())
+        .find(|i| i.contains_zero)?;
+    Some(format!(
+        "an interval that holds 0: the variant's τ is not distinguishable from the baseline's with {} prompt{}",
+        n.prompts,
+        if n.prompts == 1 { "" } else { "s" }
+    ))
+}
+
+/// The first divergent tap of a variant: `1 (hs 2)`, `-` when none.
+fn first_tap_cell(v: &VariantResult) -> String {
+    match v.first_divergent {
+        Some(hs) if hs > 0 => format!("{} (hs {hs})", hs - 1),
+        Some(hs) => format!("hs {hs}"),
+        None => "-".into(),
+    }
+}
+
+/// What each variant emulates, one line each keyed by its name (the
+/// terminal's footnotes to the table; the Markdown has them as a column).
+fn descriptions(r: &Triage) -> String {
+    let mut out = String::from("what each variant emulates:\n");
+    for v in &r.variants {
+        out.push_str(&format!("  {}: {}\n", v.name, description(v)));
+    }
+    out
+}
+
+/// A variant's description, with where its divergence is measured.
+fn description(v: &VariantResult) -> String {
+    let own = if v.divergence_on == crate::triage::DivergenceOn::OwnTrajectory {
+        " (divergence on its own trajectory)"
+    } else {
+        ""
+    };
+    format!("{}{own}", v.description)
 }
 
 /// The ranked variants (all of them, or those of `group`), with their rank
 /// in the whole ranking; seconds on the terminal only (the Markdown stays
 /// stable for tickets).
 pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
-    let mut cols = vec![Column::new("rank"), Column::new("variant")];
+    let mut cols = vec![Column::new("rank").key(), Column::new("variant").key()];
     if group.is_none() {
         cols.push(Column::new("group"));
     }
     cols.extend([
-        Column::new("first divergent hs"),
+        Column::new("first divergent tap"),
         Column::new("cos min at taps"),
         Column::new("τ"),
         Column::new("Δτ"),
@@ -56,7 +100,7 @@ pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
     if r.trajectories.is_some() {
         cols.push(Column::new("departs from the given tokens"));
     }
-    cols.push(Column::new("what it emulates"));
+    cols.push(Column::new("what it emulates").only(Sinks::Markdown));
     let mut t = Table::new(cols);
     for (i, v) in r.variants.iter().enumerate() {
         if group.is_some_and(|g| g != v.group) {
@@ -67,10 +111,7 @@ pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
             row.push(v.group.name().into());
         }
         row.extend([
-            v.first_divergent
-                .map(|x| x.to_string())
-                .unwrap_or_else(|| "-".into())
-                .into(),
+            first_tap_cell(v).into(),
             cos6(v.cos_min_at_taps).into(),
             tau(v.tau_macro).into(),
             delta(v.delta_tau).into(),
@@ -90,12 +131,7 @@ pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
         if r.trajectories.is_some() {
             row.push(departs(v.departures.as_ref()).into());
         }
-        let own = if v.divergence_on == crate::triage::DivergenceOn::OwnTrajectory {
-            " (divergence on its own trajectory)"
-        } else {
-            ""
-        };
-        row.push(format!("{}{own}", v.description).into());
+        row.push(description(v).into());
         t.push(Row::new(row));
     }
     t
@@ -167,7 +203,7 @@ fn departure_line(r: &Triage) -> Option<String> {
 }
 
 /// Terminal rendering.
-pub fn render(r: &TriageReport) -> String {
+pub fn render(r: &TriageReport, width: Width) -> String {
     let mut out = format!(
         "{}\n\nbaseline: {}\n",
         r.summary,
@@ -180,9 +216,14 @@ pub fn render(r: &TriageReport) -> String {
         "drafter vs target: {}\n",
         crate::drafter::audit::describe(&r.drafter_audit)
     ));
-    out.push_str(&variants_table(r, None).terminal().to_string());
+    out.push_str(&variants_table(r, None).render(width));
+    out.push('\n');
+    if let Some(n) = not_distinguishable(r) {
+        out.push_str(&format!("{n}\n"));
+    }
+    out.push_str(&descriptions(r));
     out.push_str(&format!(
-        "\nwall time {:.1} s (tap variants reuse the baseline forward)\n{}\n",
+        "wall time {:.1} s (tap variants reuse the baseline forward)\n{}\n",
         r.wall_time_s,
         uncertainty_line(r)
     ));
@@ -224,6 +265,9 @@ pub fn markdown(r: &TriageReport) -> String {
             md.push('\n');
         }
     }
+    if let Some(n) = not_distinguishable(r) {
+        md.push_str(&format!("{}.\n\n", capitalised(&n)));
+    }
     md.push_str(&format!("{}.\n", uncertainty_line(r)));
     if let Some(d) = departure_line(r) {
         md.push_str(&format!("\n{d}.\n"));
@@ -252,8 +296,8 @@ fn capitalised(s: &str) -> String {
 impl Body for Triage {
     const FILES: &'static [&'static str] = &["report.md", "report.json"];
 
-    fn terminal(report: &Report<Self>) -> String {
-        render(report)
+    fn terminal(report: &Report<Self>, width: Width) -> String {
+        render(report, width)
     }
 
     fn files(report: &Report<Self>) -> Result<Vec<(&'static str, String)>> {

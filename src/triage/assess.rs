@@ -8,7 +8,8 @@ use serde::Serialize;
 
 use candle_core::Tensor;
 
-use super::groups::{Outcome, Ran};
+use super::batches::Ran;
+use super::groups::Outcome;
 use super::lanes::LaneEdit;
 use super::suspects::{Recipe, Suspect};
 use super::{Baseline, DivergenceOn, TriageSettings, VariantResult};

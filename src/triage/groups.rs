@@ -23,7 +23,6 @@ use crate::loading::resident::Resident;
 use crate::loading::WeightSource;
 use crate::models::dflash::Drafter;
 use crate::models::GdnForm;
-use crate::progress;
 use crate::session::{weights_key, Session};
 
 /// What a suspect's run gives: its tap features on the baseline trajectory,
@@ -164,11 +163,13 @@ fn forcings_of(
 /// its own trajectory, a correct forward over its own tokens. With `given`
 /// trajectories only the teacher-forced sweep runs, over them. Returns per
 /// lane its outcome, and the baseline when this is its group.
+/// `on_progress` gets the new tokens the loop has committed over the
+/// group's lanes ([`dflash_loop`]).
 pub fn run_group(
     g: &Group,
     drafter: &Drafter,
     prompts: &[Vec<u32>],
-    replay: Replay,
+    (replay, on_progress): (Replay, &dyn Fn(u64)),
     base: Option<&Base>,
     given: Option<&Given>,
 ) -> Result<(Vec<Outcome>, Option<Base>)> {
@@ -179,7 +180,7 @@ pub fn run_group(
         Some(t) => (Source::Given(t), t.tokens.clone(), t.replayed.clone()),
         None => {
             let lanes = lanes_of(g, prompts);
-            let gen = dflash_loop(&g.target, drafter, &lanes, replay.max_new, &|_| {})?;
+            let gen = dflash_loop(&g.target, drafter, &lanes, replay.max_new, on_progress)?;
             let tokens = match base {
                 Some(b) => b.tokens.clone(),
                 None => gen.tokens[..np].to_vec(),
@@ -431,71 +432,6 @@ pub fn build<'a>(
         }
     }
     groups
-}
-
-/// What running every group gave.
-pub struct Ran {
-    /// Per suspect (plan order) its outcome; `None` for tap suspects.
-    pub outcomes: Vec<Option<Outcome>>,
-    /// Per suspect: the other runs of its group.
-    pub shared: Vec<Vec<String>>,
-    /// The baseline's forward, for the tap suspects.
-    pub base: Base,
-    /// The baseline's own outcome.
-    pub baseline: Outcome,
-}
-
-/// Runs every group (the baseline's first: the others need its tokens).
-/// `names`: the suspects' names.
-///
-/// Errors: as [`run_group`].
-pub fn run_all(
-    groups: &[Group],
-    drafter: &Drafter,
-    prompts: &[Vec<u32>],
-    replay: Replay,
-    names: &[String],
-    given: Option<&Given>,
-    quiet: bool,
-) -> Result<Ran> {
-    let pb = progress::single(groups.len() as u64, "runs", quiet);
-    let mut outcomes: Vec<Option<Outcome>> = (0..names.len()).map(|_| None).collect();
-    let mut shared: Vec<Vec<String>> = vec![Vec::new(); names.len()];
-    let (mut base, mut baseline) = (None, None);
-    for g in groups {
-        let label = |l: &LaneSpec| {
-            l.suspect
-                .map_or("baseline".to_string(), |i| names[i].clone())
-        };
-        let lane_names: Vec<String> = g.lanes.iter().map(label).collect();
-        pb.set_message(lane_names.join(", "));
-        let (outs, b) = run_group(g, drafter, prompts, replay, base.as_ref(), given)?;
-        // A head made for this group's suspect (the random lm_head) is not
-        // needed by the next group.
-        g.target.head.release();
-        if b.is_some() {
-            base = b;
-        }
-        for (l, o) in g.lanes.iter().zip(outs) {
-            let me = label(l);
-            let others = lane_names.iter().filter(|n| **n != me).cloned().collect();
-            match l.suspect {
-                Some(i) => {
-                    shared[i] = others;
-                    outcomes[i] = Some(o);
-                }
-                None => baseline = Some(o),
-            }
-        }
-        pb.inc(1);
-    }
-    pb.finish_and_clear();
-    Ok(Ran {
-        outcomes,
-        shared,
-        base: base.expect("the baseline's group runs first"),
-        baseline: baseline.expect("the baseline lane runs"),
-    })
 }
 
 /// The outcomes of the suspects that read the baseline's forward: the tap

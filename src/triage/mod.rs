@@ -13,6 +13,7 @@
 //! apply).
 
 pub mod assess;
+mod batches;
 mod groups;
 pub mod harness;
 pub mod lanes;
@@ -353,7 +354,7 @@ pub fn run(
     };
     let groups = groups::build(session, base_target, &recipes, &residents);
     let names: Vec<String> = suspects.iter().map(Suspect::name).collect();
-    let mut ran = groups::run_all(
+    let mut ran = batches::run_all(
         &groups,
         &drafter,
         &session.prompt_ids(),
@@ -418,7 +419,7 @@ pub fn run(
 /// The baseline's row: the training-side path in its own dtype with the
 /// chunked delta rule, its τ and DDTree τ over the prompts, its cost.
 fn baseline_of(
-    ran: &groups::Ran,
+    ran: &batches::Ran,
     drafter: &crate::models::dflash::Drafter,
     prec: Precision,
 ) -> Baseline {

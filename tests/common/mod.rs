@@ -193,6 +193,9 @@ pub fn hsparity() -> assert_cmd::Command {
     c.current_dir(repo_root());
     // No run may hang the suite: each is killed (and its test fails) after this.
     c.timeout(std::time::Duration::from_secs(900));
+    // Terminal output unbounded (as when piped), whatever the shell exports:
+    // tests that lay it out for a width set COLUMNS themselves.
+    c.env_remove("COLUMNS");
     c
 }
 
@@ -428,4 +431,17 @@ pub fn bits(t: &candle_core::Tensor) -> Vec<u32> {
         .into_iter()
         .map(f32::to_bits)
         .collect()
+}
+
+/// Five of the fifteen held-out prompts (0, 3, 6, 9, 12) in a JSONL file.
+pub fn five_prompts(tmp: &std::path::Path) -> std::path::PathBuf {
+    let lines: Vec<String> = std::fs::read_to_string("fixtures/toy-pair/prompts.jsonl")
+        .unwrap()
+        .lines()
+        .step_by(3)
+        .map(str::to_string)
+        .collect();
+    let f = tmp.join("p.jsonl");
+    std::fs::write(&f, lines.join("\n")).unwrap();
+    f
 }

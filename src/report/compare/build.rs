@@ -108,16 +108,11 @@ pub fn append_drafter(d: &DrafterReport, verdict: &mut Verdict, summary: &mut St
         .map(|p| format!("{} {:.2}", p.name, p.summary.tau_macro))
         .collect();
     summary.push_str(&format!("; drafter τ {}", taus.join(" vs ")));
-    let interval = d
-        .tau_gap_interval
-        .as_ref()
-        .map(|g| format!(", {}", g.describe()))
-        .unwrap_or_default();
     if d.verdict != Verdict::Pass {
         *verdict = Verdict::Fail;
         summary.push_str(&format!(" ({})", d.failures().join("; ")));
-    } else if !interval.is_empty() {
-        summary.push_str(&format!(" (gap {:.3}{interval})", d.tau_gap));
+    } else if let Some(g) = &d.tau_gap_interval {
+        summary.push_str(&format!(" ({})", g.sentence()));
     }
     summary.push_str(&format!(", on {}", d.measured_on));
 }

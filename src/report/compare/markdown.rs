@@ -205,7 +205,7 @@ fn pair_section(report: &CompareReport, pair: &PairReport) -> String {
             r.verdict.as_str(),
             r.needed_to_pass
                 .as_ref()
-                .map(|n| format!("; it would pass with {n}"))
+                .map(|_| format!("; it {}", super::terminal::pass_sentence(r)))
                 .unwrap_or_default()
         ),
         (None, Some(i)) => format!(

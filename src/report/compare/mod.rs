@@ -8,6 +8,7 @@ pub mod markdown;
 pub mod svg;
 pub mod terminal;
 
+use crate::report::width::Width;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -362,8 +363,8 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
 impl Body for Compare {
     const FILES: &'static [&'static str] = &["report.md", "report.json", markdown::PLOT_FILE];
 
-    fn terminal(report: &Report<Self>) -> String {
-        terminal::render(report)
+    fn terminal(report: &Report<Self>, width: Width) -> String {
+        terminal::render(report, width)
     }
 
     fn files(report: &Report<Self>) -> Result<Vec<(&'static str, String)>> {
@@ -401,8 +402,8 @@ pub fn type_label(row: &HiddenStateRow) -> String {
 /// router choices that differ (token × slot, of all compared).
 pub fn pair_table(report: &Compare, pair: &PairReport) -> Table {
     let mut cols = vec![
-        Column::new("hs").right().strong(),
-        Column::new("layer").strong(),
+        Column::new("hs").right().strong().key(),
+        Column::new("layer").strong().key(),
         Column::new("type"),
         Column::new("tap"),
         Column::new("cos min"),

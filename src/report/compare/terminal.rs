@@ -4,9 +4,10 @@
 
 use super::{incremental_table, pair_table, router_summary, CompareReport};
 use crate::report::format::{cos, gib, max_abs_at, sci, yes_no};
+use crate::report::width::Width;
 
 /// The whole terminal report.
-pub fn render(report: &CompareReport) -> String {
+pub fn render(report: &CompareReport, width: Width) -> String {
     let mut out = String::new();
     out.push_str(&report.summary);
     out.push_str("\n\n");
@@ -50,7 +51,7 @@ pub fn render(report: &CompareReport) -> String {
             "\n{} vs {} (rel L2 = ‖a−b‖/‖b‖; local = {}'s layer fed {}'s input)\n",
             pair.a, pair.b, pair.b, pair.a
         ));
-        out.push_str(&pair_table(report, pair).terminal().to_string());
+        out.push_str(&pair_table(report, pair).render(width));
         out.push('\n');
         if let Some(r) = router_summary(pair) {
             out.push_str(&format!("{r}\n"));
@@ -72,6 +73,13 @@ pub fn render(report: &CompareReport) -> String {
             ));
         }
         out.push_str(&would_pass(pair));
+        let causes = report.causes(pair);
+        if !causes.is_empty() {
+            out.push_str(&format!("why {} and {} differ:\n", pair.a, pair.b));
+            for c in causes {
+                out.push_str(&format!("  - {c}\n"));
+            }
+        }
     }
     if !report.taps.is_empty() {
         out.push_str(&format!(
@@ -84,16 +92,12 @@ pub fn render(report: &CompareReport) -> String {
     }
     if !report.incremental.is_empty() {
         out.push_str("prefill vs incremental (a prefill, then cached single-token steps, against the full forward):\n");
-        out.push_str(
-            &incremental_table(&report.incremental)
-                .terminal()
-                .to_string(),
-        );
+        out.push_str(&incremental_table(&report.incremental).render(width));
         out.push('\n');
     }
     if let Some(d) = &report.drafter {
         out.push('\n');
-        out.push_str(&crate::report::drafter::render(d));
+        out.push_str(&crate::report::drafter::render(d, width));
     }
     if let Some(b) = report.environment.peak_rss_bytes {
         out.push_str(&format!("peak RSS {}\n", gib(b)));
@@ -127,47 +131,44 @@ fn inventory_lines(report: &CompareReport) -> String {
     out
 }
 
-/// What the rows that do not pass would need, FAIL rows first (they decide
-/// the run), at most [`WOULD_PASS_SHOWN`], in index order; a row whose
-/// weights are randomly initialised is said to be so (no tolerance makes
-/// random weights agree).
+/// What each row that does not pass would need, in index order (every
+/// WARN and FAIL row: the verdict column marks them, this says by how much).
 fn would_pass(pair: &crate::parity::PairReport) -> String {
-    let mut rows: Vec<&crate::parity::HiddenStateRow> = pair
+    let mut out = String::new();
+    for r in pair
         .hidden_states
         .iter()
         .filter(|r| r.needed_to_pass.is_some())
-        .collect();
-    let total = rows.len();
-    rows.sort_by_key(|r| (r.verdict != crate::parity::Verdict::Fail, r.index));
-    rows.truncate(WOULD_PASS_SHOWN);
-    rows.sort_by_key(|r| r.index);
-    let mut out = String::new();
-    for r in &rows {
-        out.push_str(&if r.random_init.is_empty() {
-            format!(
-                "hidden_states[{}] ({}) would pass with {}\n",
-                r.index,
-                r.verdict.label(),
-                r.needed_to_pass.as_deref().unwrap_or("")
-            )
-        } else {
-            format!(
-                "hidden_states[{}] ({}) reads randomly initialised weights on {}: no tolerance makes them agree\n",
-                r.index,
-                r.verdict.label(),
-                r.random_init.join(", ")
-            )
-        });
-    }
-    if total > rows.len() {
-        let more = total - rows.len();
+    {
         out.push_str(&format!(
-            "({more} more row{} not passing: the verdict column marks each)\n",
-            if more == 1 { "" } else { "s" }
+            "hidden_states[{}] ({}) {}\n",
+            r.index,
+            r.verdict.label(),
+            pass_sentence(r)
         ));
     }
     out
 }
 
-/// Rows [`would_pass`] prints.
-const WOULD_PASS_SHOWN: usize = 4;
+/// Why a row does not pass, as a plain sentence where no tolerance would
+/// help (randomly initialised weights, NaN/Inf values), else the tolerance
+/// that would have passed it.
+pub fn pass_sentence(r: &crate::parity::HiddenStateRow) -> String {
+    let m = &r.metrics;
+    if !r.random_init.is_empty() {
+        format!(
+            "reads randomly initialised weights on {}: no tolerance makes them agree",
+            r.random_init.join(", ")
+        )
+    } else if m.nan_count + m.inf_count > 0 {
+        format!(
+            "holds {} NaN and {} Inf values: no tolerance makes it pass",
+            m.nan_count, m.inf_count
+        )
+    } else {
+        format!(
+            "would pass with {}",
+            r.needed_to_pass.as_deref().unwrap_or("")
+        )
+    }
+}
