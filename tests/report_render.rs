@@ -254,9 +254,13 @@ fn check_svg(path: &Path) {
         "1 − cos_min",
         "rel L2",
         "full attention",
+        "FAIL above",
+        "PASS to",
     ] {
         assert!(texts.contains(needle), "{}: no {needle:?}", path.display());
     }
+    assert!(!texts.contains('…'), "{}: text cut short", path.display());
+    let height = svg.attribute("height").expect("an SVG height");
     let chromium = Path::new("/usr/bin/chromium");
     if chromium.exists() {
         let shots = tempfile::tempdir().unwrap();
@@ -267,7 +271,7 @@ fn check_svg(path: &Path) {
                 "--no-sandbox",
                 "--disable-gpu",
                 "--hide-scrollbars",
-                "--window-size=960,580",
+                &format!("--window-size=960,{height}"),
                 &format!("--screenshot={}", png.display()),
                 &format!("file://{}", path.display()),
             ])
@@ -339,6 +343,128 @@ fn passing_report_plots_zeros_on_the_floor() {
     check_svg(&dir.join("parity.svg"));
     let svg = std::fs::read_to_string(dir.join("parity.svg")).unwrap();
     assert!(!svg.contains("first divergent: hidden_states"));
+}
+
+/// The text elements of `svg`, trimmed, in order.
+fn svg_texts(svg: &str) -> Vec<String> {
+    let doc = roxmltree::Document::parse(svg).unwrap();
+    doc.descendants()
+        .filter(|n| n.is_text())
+        .filter_map(|n| n.text())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// The words of `svg`'s text elements, in order.
+fn svg_words(svg: &str) -> Vec<String> {
+    svg_texts(svg)
+        .iter()
+        .flat_map(|t| t.split_whitespace().map(String::from).collect::<Vec<_>>())
+        .collect()
+}
+
+/// The plot shows the verdict: the whole summary in its title, the bands
+/// of the tolerance that applied, RANDOM INIT where weights are MISSING (the
+/// lm_head too, when the logits cannot be compared), the logits as their
+/// own point, and the drafter's τ per path.
+#[test]
+fn the_plot_shows_the_verdict() {
+    let tmp = tempfile::tempdir().unwrap();
+    // RANDOM INIT in the plot, besides its legend entry.
+    let marked = |svg: &str| svg.matches("RANDOM INIT").count() > 1;
+    let plot = |name: &str, args: &[&str]| {
+        run_compare(args, tmp.path(), name);
+        let dir = tmp.path().join(name);
+        check_svg(&dir.join("parity.svg"));
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap())
+                .unwrap();
+        let svg = std::fs::read_to_string(dir.join("parity.svg")).unwrap();
+        let words = svg_words(&svg);
+        let summary: Vec<&str> = report["summary"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        let at = words
+            .iter()
+            .position(|w| w == summary[0])
+            .expect("the summary starts");
+        assert_eq!(
+            words[at..at + summary.len()]
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            summary,
+            "{name}: the title holds the whole summary"
+        );
+        (report, svg)
+    };
+    let (_, svg) = plot(
+        "tied",
+        &["compare", "fixtures/divergence/tied-top-level", "-q"],
+    );
+    let texts = svg_texts(&svg);
+    assert!(
+        marked(&svg) && texts.iter().any(|t| t == "logits"),
+        "lm_head marked in a logits slot"
+    );
+    assert!(
+        svg.contains("not compared"),
+        "the logits slot says why it is empty"
+    );
+    assert!(
+        svg.contains("L3+norm"),
+        "the last index is the final-normed one"
+    );
+    let (_, svg) = plot(
+        "nested",
+        &["compare", "fixtures/divergence/nested-prefix", "-q"],
+    );
+    assert!(marked(&svg));
+    let (r, svg) = plot(
+        "logits",
+        &[
+            "compare",
+            "fixtures/divergence/bf16-auto",
+            "--paths",
+            "causal-lm,image-text-to-text",
+            "-q",
+        ],
+    );
+    assert!(r["pairs"][0]["logits"].is_object());
+    assert!(svg.contains("image-text-to-text: logits") && !marked(&svg));
+    assert!(
+        svg.contains("bf16 tolerance"),
+        "the bands say which tolerance"
+    );
+    let (r, svg) = plot(
+        "drafter",
+        &[
+            "compare",
+            "fixtures/toy-pair/target",
+            "--drafter",
+            "fixtures/toy-pair/drafter",
+            "--prompts",
+            "fixtures/toy-pair/prompts.jsonl",
+            "--max-new-tokens",
+            "16",
+            "-q",
+        ],
+    );
+    for p in r["drafter"]["paths"].as_array().unwrap() {
+        let tau = format!(
+            "{} {:.2}",
+            p["name"].as_str().unwrap(),
+            p["tau_macro"].as_f64().unwrap()
+        );
+        assert!(
+            svg.contains("drafter τ (macro) ") && svg.contains(&tau),
+            "{tau}"
+        );
+    }
+    assert!(svg.contains("tap 1") && svg.contains("tap 2"));
 }
 
 #[test]
