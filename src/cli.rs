@@ -346,7 +346,7 @@ fn finish<D: Document>(doc: &D, json: bool, folder: Option<ReportFolder>) -> Res
     if json {
         print!("{text}");
     } else {
-        print!("{}", doc.terminal(report::width::Width::detect()));
+        print!("{}", doc.terminal(crate::width::Width::detect()));
     }
     if let Some(f) = folder {
         let mut files = vec![("report.json", text)];

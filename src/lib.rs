@@ -36,3 +36,4 @@ pub mod session;
 pub mod sysinfo;
 pub mod text;
 pub mod triage;
+pub mod width;

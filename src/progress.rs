@@ -9,7 +9,7 @@
 //!   size) per path, what the DFlash loop commits before it stops), and the
 //!   drafter replays (each path's own, then its run on the first path's
 //!   tokens); a path that reads the same weights as an earlier one is
-//!   computed once and its share leaves both totals;
+//!   computed once and counted once (the totals are known up front);
 //! - `triage`: variants run (the tap variants reuse the baseline's forward
 //!   and are not counted), and the new tokens of the batch running now.
 //!
@@ -55,7 +55,7 @@ impl Bars {
     /// Adds a bar over `len` bytes (`{bytes}/{total_bytes}` and throughput).
     pub fn bytes(&self, len: u64, what: &str) -> ProgressBar {
         let t = format!(
-            "{{spinner}} [{{elapsed_precise}}] {{bar:30}} {{bytes}}/{{total_bytes}} {what} ({{binary_bytes_per_sec}}, ETA {{eta}}) {{msg}}"
+            "{{spinner}} [{{elapsed_precise}}] {{bar:30}} {{bytes}}/{{total_bytes}} {what} ({{binary_bytes_per_sec}}, ETA {{eta}}) {{wide_msg}}"
         );
         self.add(ProgressBar::new(len), what, &t)
     }

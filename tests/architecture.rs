@@ -22,6 +22,7 @@ const STAGES: &[&[&str]] = &[
         "output",
         "input",
         "text",
+        "width",
     ],
     &["checkpoint"],
     &["loading"],

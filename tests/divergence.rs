@@ -328,7 +328,8 @@ fn causes_name_their_fix() {
         assert_eq!(out.status.code(), Some(1), "{f}");
         let md = std::fs::read_to_string(tmp.path().join("r/report.md")).unwrap();
         let (_, causes) = md
-            .split_once("differ:\n\n")
+            .split_once("Loading differences, ")
+            .and_then(|(_, rest)| rest.split_once(":\n\n"))
             .unwrap_or_else(|| panic!("{f}: {md}"));
         let causes = causes.split("\n\n").next().unwrap();
         assert!(causes.contains(want), "{f}: {causes}");

@@ -168,7 +168,7 @@ fn inventory_27b_layout_matches_transformers_counts() {
 
     let table = hsparity::report::inventory::render_inventory_table(
         &inv,
-        hsparity::report::width::Width::UNBOUNDED,
+        hsparity::width::Width::UNBOUNDED,
     );
     println!("{table}");
     assert!(table.contains("Qwen3_5ForCausalLM"));

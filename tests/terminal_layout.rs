@@ -8,8 +8,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use hsparity::report::width::Width;
 use hsparity::report::Document;
+use hsparity::width::Width;
 
 use crate::common::{self, hsparity};
 
@@ -79,8 +79,20 @@ fn stdout_at(args: &[&str], w: Option<usize>) -> String {
         .collect()
 }
 
+/// The output ends with its verdict, as it begins with it.
+fn assert_ends_with_verdict(what: &str, text: &str) {
+    let last = text.trim_end().lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("verdict: PASS (exit 0)")
+            || last.starts_with("verdict: FAIL (exit 1)")
+            || last.starts_with("ranked (exit 0)"),
+        "{what}: ends with {last:?}"
+    );
+}
+
 fn check_verb(args: &[&str]) {
     let unbounded = stdout_at(args, None);
+    assert_ends_with_verdict(&args.join(" "), &unbounded);
     assert!(
         unbounded.lines().any(|l| columns(l) > 100),
         "{args:?}: too narrow to test wrapping"
@@ -179,6 +191,7 @@ fn drafter_fits_the_terminal() {
     );
     let r = hsparity::commands::drafter::run(&opts).unwrap();
     let unbounded = r.terminal(Width::UNBOUNDED);
+    assert_ends_with_verdict("drafter", &unbounded);
     assert!(unbounded.lines().any(|l| columns(l) > 100), "{unbounded}");
     for w in WIDTHS {
         assert_fits("drafter", &unbounded, &r.terminal(Width(Some(w))), w);
@@ -189,6 +202,7 @@ fn drafter_fits_the_terminal() {
 /// under the table on the terminal (and a column in the Markdown).
 pub fn assert_triage_fits(r: &hsparity::report::TriageReport) {
     let unbounded = r.terminal(Width::UNBOUNDED);
+    assert_ends_with_verdict("triage", &unbounded);
     for w in WIDTHS {
         assert_fits("triage", &unbounded, &r.terminal(Width(Some(w))), w);
     }

@@ -131,6 +131,27 @@ pub fn gap_from(reference: &PathTau, others: &[PathTau], seed: u64) -> Option<Ta
     })
 }
 
+/// A τ gap beyond `--max-tau-gap`: `Δτ vlm − causal-lm -6.880 beyond
+/// ±0.05, 95% [-6.99, -6.66], distinguishable: …` (the unsigned gap when
+/// there is no signed one to show).
+pub fn over_limit(gap: f64, limit: f64, signed: Option<&TauGap>) -> String {
+    match signed {
+        Some(g) => format!("{} beyond ±{limit}, {}", g.signed(), g.describe()),
+        None => format!("τ gap {gap:.3} beyond ±{limit}"),
+    }
+}
+
+/// The gap clause of a summary: [`over_limit`] when `gap` is beyond
+/// `limit`, else `Δτ vlm − causal-lm +0.000, identical on all 15 prompts,
+/// within ±0.05` (`None` without a second path).
+pub fn gap_clause(gap: f64, limit: f64, signed: Option<&TauGap>) -> Option<String> {
+    if gap > limit {
+        Some(over_limit(gap, limit, signed))
+    } else {
+        signed.map(|g| format!("{}, within ±{limit}", g.sentence()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

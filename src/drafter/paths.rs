@@ -69,7 +69,7 @@ impl DrafterEval {
     pub fn failures(&self) -> Vec<String> {
         let mut out = super::audit::mismatches(&self.drafter.audit);
         if self.tau_gap > self.max_tau_gap {
-            out.push(over_limit(
+            out.push(super::gap::over_limit(
                 self.tau_gap,
                 self.max_tau_gap,
                 self.tau_gap_interval.as_ref(),
@@ -91,15 +91,31 @@ impl DrafterEval {
     }
 }
 
-/// The drafter's bars: new tokens generated (paths teacher-forced, with
-/// given trajectories), what one path adds to it, and the replays.
+/// Per path, the earlier path it reads the same bytes as, in the same
+/// dtype with the same lm_head (`heads`): it is computed once, every kernel
+/// being deterministic.
+fn reuses_of(session: &Session, heads: &[(&dyn WeightSource, LmHeadFrom)]) -> Vec<Option<usize>> {
+    let keys: Vec<_> = session
+        .paths
+        .iter()
+        .zip(heads)
+        .map(|(p, (head, _))| weights_key(&session.spec, &p.view, Some(*head), p.compute))
+        .collect();
+    (0..keys.len())
+        .map(|i| keys[..i].iter().position(|k| *k == keys[i]))
+        .collect()
+}
+
+/// The drafter's bars over its `distinct` paths (those computed, not
+/// reused): new tokens generated (paths teacher-forced, with given
+/// trajectories), what one path adds to it, and the replays.
 fn progress_of(
     bars: &Bars,
-    session: &Session,
+    (distinct, prompts): (usize, usize),
     given: bool,
     (max_new, block): (usize, usize),
 ) -> (indicatif::ProgressBar, u64, indicatif::ProgressBar) {
-    let n = session.paths.len() as u64;
+    let n = distinct as u64;
     if given {
         return (
             bars.count(n, "paths teacher-forced"),
@@ -107,34 +123,12 @@ fn progress_of(
             bars.count(n, "replays"),
         );
     }
-    let per_path = session.prompts.len() as u64
-        * lane_tokens(max_new, block, super::eval::EndRule::GithubMain);
+    let per_path = prompts as u64 * lane_tokens(max_new, block, super::eval::EndRule::GithubMain);
     (
         bars.count(n * per_path, "new tokens generated"),
         per_path,
         bars.count(2 * n - 1, "replays (own, then on the first path's tokens)"),
     )
-}
-
-/// A τ gap beyond `--max-tau-gap`: `Δτ vlm − causal-lm -6.880 beyond
-/// ±0.05, 95% [-6.99, -6.66], distinguishable: …` (the unsigned gap when
-/// there is no signed one to show).
-pub fn over_limit(gap: f64, limit: f64, signed: Option<&super::gap::TauGap>) -> String {
-    match signed {
-        Some(g) => format!("{} beyond ±{limit}, {}", g.signed(), g.describe()),
-        None => format!("τ gap {gap:.3} beyond ±{limit}"),
-    }
-}
-
-/// The gap clause of a summary: [`over_limit`] when `gap` is beyond
-/// `limit`, else `Δτ vlm − causal-lm +0.000, identical on all 15 prompts,
-/// within ±0.05` (`None` without a second path).
-pub fn gap_clause(gap: f64, limit: f64, signed: Option<&super::gap::TauGap>) -> Option<String> {
-    if gap > limit {
-        Some(over_limit(gap, limit, signed))
-    } else {
-        signed.map(|g| format!("{}, within ±{limit}", g.sentence()))
-    }
 }
 
 /// One loading path's evaluation (its weights already dropped).
@@ -393,23 +387,36 @@ pub fn evaluate(
     let plan = plan_for(session, drafter, settings.memory_budget);
     let bars = Bars::new(quiet);
     let (max_new, b) = (settings.replay.max_new, drafter.cfg.block_size);
-    let (bound, how) = match given {
-        Some(_) => (
-            session.paths.len(),
-            "1 teacher-forced sweep over the given trajectories per path",
-        ),
-        None => (
-            session.paths.len() * (2 + max_new + b),
-            "1 prefill + 1 per verification round + 1 cross run per path",
-        ),
-    };
+    let mut notes = Vec::new();
+    let heads = session
+        .paths
+        .iter()
+        .map(|p| head_of(session, p, &mut notes))
+        .collect::<Result<Vec<_>>>()?;
+    let reuses = reuses_of(session, &heads);
+    let distinct = reuses.iter().filter(|r| r.is_none()).count();
+    let (generated, per_path, replays) = progress_of(
+        &bars,
+        (distinct, session.prompts.len()),
+        given.is_some(),
+        (max_new, b),
+    );
     if !quiet {
-        crate::progress::stderr_line!(
-            "drafter plan: {}; at most {bound} sweeps ({how})",
-            plan.describe()
+        let line = format!(
+            "drafter plan: {}; {distinct} distinct path{}: {} {}, {} replays",
+            plan.describe(),
+            if distinct == 1 { "" } else { "s" },
+            generated.length().unwrap_or(0),
+            if given.is_some() {
+                "teacher-forced sweeps"
+            } else {
+                "new tokens to generate"
+            },
+            replays.length().unwrap_or(0)
         );
+        let line = crate::width::fill(&line, crate::width::Width::for_stderr());
+        crate::progress::stderr_line!("{line}");
     }
-    let (generated, per_path, replays) = progress_of(&bars, session, given.is_some(), (max_new, b));
     let run = Run {
         session,
         drafter,
@@ -421,15 +428,14 @@ pub fn evaluate(
         replays,
         per_path,
     };
-    let mut notes = Vec::new();
     let mut runs: Vec<PathResult> = Vec::new();
-    let mut keys = Vec::new();
-    for (i, p) in session.paths.iter().enumerate() {
-        let (head, lm_head_from) = head_of(session, p, &mut notes)?;
+    for ((i, p), (&(head, lm_head_from), &same_as)) in session
+        .paths
+        .iter()
+        .enumerate()
+        .zip(heads.iter().zip(&reuses))
+    {
         let dtype = p.compute;
-        let key = weights_key(&session.spec, &p.view, Some(head), dtype);
-        let same_as = keys.iter().position(|k| *k == key);
-        keys.push(key);
         let e = match same_as {
             Some(j) => {
                 let r: &PathResult = &runs[j];
@@ -439,12 +445,6 @@ pub fn evaluate(
                     r.name,
                     r.name
                 ));
-                // Computed once: the bars drop its share of the work.
-                let replays = if given.is_some() || i == 0 { 1 } else { 2 };
-                run.generated
-                    .set_length(run.generated.length().unwrap_or(0) - run.per_path);
-                run.replays
-                    .set_length(run.replays.length().unwrap_or(0) - replays);
                 // Path j's features on path 0's tokens: j's own replay when j = 0.
                 let cross = match (i, j) {
                     _ if given.is_some() => None,

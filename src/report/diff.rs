@@ -2,7 +2,7 @@
 //! dtype-noise column when their dtypes differ, the indices one dump holds
 //! alone, and (`--align`) the best-matching index of a for every index of b.
 
-use crate::report::width::Width;
+use crate::width::Width;
 use std::collections::BTreeMap;
 
 use serde::Serialize;

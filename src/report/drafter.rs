@@ -6,7 +6,7 @@ use super::tabular::{Cell, Column, Row, Sinks, Span, Table};
 use super::{Body, Environment, Kind, Report};
 use crate::drafter::paths::DrafterEval;
 use crate::parity::Verdict;
-use crate::report::width::Width;
+use crate::width::Width;
 
 /// The drafter report: the envelope around [`DrafterEval`].
 pub type DrafterReport = Report<DrafterEval>;
@@ -26,7 +26,7 @@ pub fn build(
     let join = |f: &dyn Fn(&crate::drafter::eval::PathTau) -> String| {
         eval.paths.iter().map(f).collect::<Vec<_>>().join(" vs ")
     };
-    let gap = crate::drafter::paths::gap_clause(
+    let gap = crate::drafter::gap::gap_clause(
         eval.tau_gap,
         eval.max_tau_gap,
         eval.tau_gap_interval.as_ref(),

@@ -7,7 +7,7 @@ use super::{Body, Environment, Kind, Report};
 use crate::drafter::eval::PathTau;
 use crate::drafter::features::FeaturesEval;
 use crate::parity::Verdict;
-use crate::report::width::Width;
+use crate::width::Width;
 
 /// `drafter --features`' report: the envelope around [`FeaturesEval`] (kind `drafter`).
 pub type FeaturesReport = Report<FeaturesEval>;
@@ -30,7 +30,7 @@ pub fn build(
         .iter()
         .map(|p| format!("{} {:.2}", p.name, p.summary.tau_macro))
         .collect();
-    let gap = crate::drafter::paths::gap_clause(
+    let gap = crate::drafter::gap::gap_clause(
         eval.tau_gap,
         eval.max_tau_gap,
         eval.tau_gap_interval.as_ref(),

@@ -2,7 +2,7 @@
 //! where every stored layer was put in transformers' `hidden_states`, the
 //! prompts, trimmed padding, and where the dump was written.
 
-use crate::report::width::Width;
+use crate::width::Width;
 use std::collections::BTreeMap;
 use std::path::Path;
 

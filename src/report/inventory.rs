@@ -5,7 +5,7 @@
 //! `report.md`). Renders only; all numbers come from
 //! [`crate::loading::inventory()`].
 
-use crate::report::width::Width;
+use crate::width::Width;
 use serde::Serialize;
 
 use super::format::{group_digits, yes_no};

@@ -19,18 +19,17 @@ pub mod diff;
 pub mod drafter;
 pub mod features;
 pub mod format;
+mod hashes;
 pub mod import;
 pub mod inventory;
 pub mod json;
 pub mod prompts;
 pub mod tabular;
 pub mod triage;
-pub mod width;
 
-use std::path::Path;
+pub use hashes::{file_sha256, prompts_sha256, short_sha256};
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
@@ -476,6 +475,21 @@ impl<B> Report<B> {
 }
 
 impl<B> Report<B> {
+    /// The terminal's last line, so the verdict is where the output ends
+    /// too: `verdict: FAIL (exit 1)`; a triage that ranked says it ranked.
+    pub fn closing_line(&self) -> String {
+        match (self.kind, self.exit_code) {
+            (Kind::Triage, 0) => {
+                "ranked (exit 0): triage ranks suspects by Δτ, the first line names the costliest\n"
+                    .into()
+            }
+            (_, code) => format!(
+                "verdict: {} (exit {code})\n",
+                self.verdict.as_str().to_uppercase()
+            ),
+        }
+    }
+
     /// The report failed by the target's weight findings (MISSING or
     /// NaN/Inf weights, `session::Session::findings`), whatever it measured:
     /// verdict fail, exit 1, the findings first in the summary. Unchanged
@@ -524,7 +538,7 @@ pub trait Document: Serialize {
     const FILES: &'static [&'static str] = &[];
     /// The terminal rendering, laid out for `width` (tables fitted, prose
     /// wrapped: [`width::fill`]).
-    fn terminal(&self, width: width::Width) -> String;
+    fn terminal(&self, width: crate::width::Width) -> String;
     /// `(file name, contents)` of the report folder besides `report.json`;
     /// none by default.
     ///
@@ -544,7 +558,7 @@ pub trait Body: Serialize + Sized {
     const FILES: &'static [&'static str] = &[];
     /// The terminal rendering of the whole report, its tables laid out for
     /// `width` (its prose is wrapped by [`Document::terminal`]).
-    fn terminal(report: &Report<Self>, width: width::Width) -> String;
+    fn terminal(report: &Report<Self>, width: crate::width::Width) -> String;
     /// The report folder's files besides `report.json` (see
     /// [`Document::files`]).
     ///
@@ -558,8 +572,13 @@ pub trait Body: Serialize + Sized {
 impl<B: Body> Document for Report<B> {
     const FILES: &'static [&'static str] = B::FILES;
 
-    fn terminal(&self, width: width::Width) -> String {
-        width::fill(&B::terminal(self, width), width)
+    fn terminal(&self, width: crate::width::Width) -> String {
+        let mut text = B::terminal(self, width);
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&self.closing_line());
+        crate::width::fill(&text, width)
     }
 
     fn files(&self) -> Result<Vec<(&'static str, String)>> {
@@ -569,27 +588,4 @@ impl<B: Body> Document for Report<B> {
     fn exit_code(&self) -> u8 {
         self.exit_code as u8
     }
-}
-
-/// First 16 hex chars of the sha256 of `bytes`.
-pub fn short_sha256(bytes: &[u8]) -> String {
-    let d = Sha256::digest(bytes);
-    d.iter().take(8).map(|b| format!("{b:02x}")).collect()
-}
-
-/// sha256 of a file (first 16 hex chars). Errors: unreadable file.
-pub fn file_sha256(path: &Path) -> Result<String> {
-    Ok(short_sha256(&crate::input::read(path)?))
-}
-
-/// sha256 over the prompts' ids (little-endian u32, a separator per prompt).
-pub fn prompts_sha256(prompts: &[Prompt]) -> String {
-    let mut bytes = Vec::new();
-    for p in prompts {
-        for id in &p.ids {
-            bytes.extend_from_slice(&id.to_le_bytes());
-        }
-        bytes.extend_from_slice(&u32::MAX.to_le_bytes());
-    }
-    short_sha256(&bytes)
 }

@@ -2,7 +2,7 @@
 //! feed it to the model (the text tokenised, after the chat template, and
 //! the token ids), with what a run would refuse.
 
-use crate::report::width::Width;
+use crate::width::Width;
 use serde::Serialize;
 
 use super::tabular::{Cell, Column, Row, Table};

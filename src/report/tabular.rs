@@ -14,7 +14,7 @@ use comfy_table::{
     ContentArrangement,
 };
 
-use super::width::Width;
+use crate::width::Width;
 
 use crate::parity::Verdict;
 
@@ -263,7 +263,11 @@ impl Table {
     /// Width column `i` is packed at: its natural width, but a column of
     /// prose wider than [`PROSE_WRAP`] counts as wrapped to that (or to its
     /// widest word); numbers and names are never wrapped to fit more columns.
+    /// Key columns are never wrapped: they name the rows of every part.
     fn packed_width(&self, i: usize) -> usize {
+        if self.columns[i].key {
+            return self.natural_width(i);
+        }
         self.natural_width(i)
             .min(PROSE_WRAP.max(self.word_width(i)))
     }

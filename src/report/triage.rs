@@ -6,8 +6,8 @@ use super::tabular::{Column, Row, Sinks, Table};
 use super::{Body, Environment, Kind, Report};
 use crate::drafter::trajectories::PathDepartures;
 use crate::error::Result;
-use crate::report::width::Width;
 use crate::triage::{SuspectGroup, Triage, VariantResult};
+use crate::width::Width;
 
 /// `triage`'s report: the envelope around [`Triage`].
 pub type TriageReport = Report<Triage>;
@@ -92,7 +92,7 @@ pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
         Column::new("Δτ"),
         Column::new("Δτ 95% interval"),
         Column::new("DDTree τ"),
-        Column::new("seconds").only(Sinks::Terminal),
+        Column::new("batch seconds").only(Sinks::Terminal),
     ]);
     if let Some(o) = r.observed_tau {
         cols.push(Column::new(format!("≈ observed {o}")));
@@ -221,6 +221,9 @@ pub fn render(r: &TriageReport, width: Width) -> String {
     if let Some(n) = not_distinguishable(r) {
         out.push_str(&format!("{n}\n"));
     }
+    out.push_str(
+        "first divergent tap: the first tap whose features on the baseline's tokens leave the pass tolerance of the baseline's dtype; batch seconds: the variants of one batch share its time (the tap variants reuse the baseline's forward)\n",
+    );
     out.push_str(&descriptions(r));
     out.push_str(&format!(
         "wall time {:.1} s (tap variants reuse the baseline forward)\n{}\n",

@@ -72,7 +72,7 @@ pub fn render(report: &CompareReport) -> String {
     md
 }
 
-/// "Why `a` and `b` differ", per pair that differs.
+/// "Loading differences, `a` vs `b`", per pair whose paths load differently.
 fn causes(report: &CompareReport) -> String {
     let mut md = String::new();
     for pair in &report.pairs {
@@ -80,7 +80,10 @@ fn causes(report: &CompareReport) -> String {
         if causes.is_empty() {
             continue;
         }
-        md.push_str(&format!("Why `{}` and `{}` differ:\n\n", pair.a, pair.b));
+        md.push_str(&format!(
+            "Loading differences, `{}` vs `{}`:\n\n",
+            pair.a, pair.b
+        ));
         for c in causes {
             md.push_str(&format!("- {c}\n"));
         }

@@ -8,7 +8,7 @@ pub mod markdown;
 pub mod svg;
 pub mod terminal;
 
-use crate::report::width::Width;
+use crate::width::Width;
 use std::collections::BTreeMap;
 use std::fmt;
 

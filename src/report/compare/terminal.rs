@@ -4,7 +4,7 @@
 
 use super::{incremental_table, pair_table, router_summary, CompareReport};
 use crate::report::format::{cos, gib, max_abs_at, sci, yes_no};
-use crate::report::width::Width;
+use crate::width::Width;
 
 /// The whole terminal report.
 pub fn render(report: &CompareReport, width: Width) -> String {
@@ -48,8 +48,9 @@ pub fn render(report: &CompareReport, width: Width) -> String {
     }
     for pair in &report.pairs {
         out.push_str(&format!(
-            "\n{} vs {} (rel L2 = ‖a−b‖/‖b‖; local = {}'s layer fed {}'s input)\n",
-            pair.a, pair.b, pair.b, pair.a
+            "\n{a} vs {b} (rel L2 = ‖{a} − {b}‖/‖{b}‖; local = {b}'s layer fed {a}'s input)\n",
+            a = pair.a,
+            b = pair.b
         ));
         out.push_str(&pair_table(report, pair).render(width));
         out.push('\n');
@@ -75,7 +76,7 @@ pub fn render(report: &CompareReport, width: Width) -> String {
         out.push_str(&would_pass(pair));
         let causes = report.causes(pair);
         if !causes.is_empty() {
-            out.push_str(&format!("why {} and {} differ:\n", pair.a, pair.b));
+            out.push_str(&format!("loading differences, {} vs {}:\n", pair.a, pair.b));
             for c in causes {
                 out.push_str(&format!("  - {c}\n"));
             }

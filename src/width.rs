@@ -2,7 +2,7 @@
 //! ([`Width::detect`]), and the last step of every terminal rendering
 //! ([`fill`]): prose lines longer than the width wrap at word boundaries with
 //! a hanging indent. Tables lay themselves out for the same width
-//! ([`super::tabular::Table::render`]).
+//! ([`crate::report::tabular::Table::render`]).
 
 use std::io::IsTerminal;
 
@@ -37,6 +37,23 @@ impl Width {
         Width(w.map(|n| n.max(MIN_COLUMNS)))
     }
 
+    /// The width for lines written to stderr beside the result (the
+    /// drafter's plan): `COLUMNS`, else stderr's terminal width, else
+    /// unbounded.
+    pub fn for_stderr() -> Width {
+        if std::env::var_os("COLUMNS").is_some() {
+            return Width::detect();
+        }
+        if !std::io::stderr().is_terminal() {
+            return Width::UNBOUNDED;
+        }
+        Width(
+            comfy_table::Table::new()
+                .width()
+                .map(|n| usize::from(n).max(MIN_COLUMNS)),
+        )
+    }
+
     /// The width, when bounded.
     pub fn columns(self) -> Option<usize> {
         self.0
@@ -44,7 +61,7 @@ impl Width {
 }
 
 /// True for a line that belongs to a table (a comfy-table border or row):
-/// tables are laid out by [`super::tabular::Table::render`], never re-wrapped.
+/// tables are laid out by [`crate::report::tabular::Table::render`], never re-wrapped.
 fn is_table_line(line: &str) -> bool {
     matches!(
         line.chars().next(),
