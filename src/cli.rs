@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::loading::LoadingPath;
 use crate::models::GdnForm;
 use crate::output::{ReportFolder, ReportSettings};
+use crate::parity::dumps::DiffSettings;
 use crate::precision::Precision;
 use crate::prompts::DefaultPrompts;
 use crate::report::{self, Document};
@@ -225,6 +226,10 @@ struct DiffArgs {
     /// For every hidden_states index of b, find the index of a it matches best (cosine) and report the offset.
     #[arg(long)]
     align: bool,
+    /// b's last hidden state is the pre-norm output of the last decoder layer (a decoder-layer hook, vLLM's
+    /// aux state N): compare it with a's last_layer_output instead of the final-normed hidden_states[N].
+    #[arg(long)]
+    b_last_pre_norm: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -501,8 +506,11 @@ pub fn run(cli: Cli) -> Result<u8> {
             let rep = diff::run(&diff::DiffOptions {
                 a: a.a,
                 b: a.b,
-                tap_offset: a.tap_offset,
-                align: a.align,
+                settings: DiffSettings {
+                    tap_offset: a.tap_offset,
+                    align: a.align,
+                    b_last_pre_norm: a.b_last_pre_norm,
+                },
                 command_line: command_line(),
             })?;
             finish(&rep, a.json, folder)

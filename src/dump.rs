@@ -33,6 +33,14 @@ pub struct DumpPrompt {
     pub input_ids: Option<Vec<i64>>,
     /// `[T]` loss mask (0 on the prompt, 1 on the trained-on response), when recorded.
     pub loss_mask: Option<Vec<i64>>,
+    /// `[T]` the attention mask the forward was given (1 attended, 0
+    /// masked), when the writer had one.
+    pub attention_mask: Option<Vec<i64>>,
+    /// `[T]` the position ids the forward was given, when the writer had them.
+    pub position_ids: Option<Vec<i64>>,
+    /// How many of the T positions are the prompt (prefill); positions from
+    /// it on came from cached decode steps. `None`: all prefill, or unknown.
+    pub prompt_length: Option<usize>,
     /// `[T, H]` f32 by `hidden_states` index: 0..=N in a full dump, some of
     /// them in a partial one.
     pub hidden_states: BTreeMap<usize, Tensor>,
@@ -128,8 +136,17 @@ impl Dump {
             if let Some(ids) = &p.input_ids {
                 tensors.push((format!("p{k}.input_ids"), ints(ids)?));
             }
-            if let Some(m) = &p.loss_mask {
-                tensors.push((format!("p{k}.loss_mask"), ints(m)?));
+            for (field, v) in [
+                ("loss_mask", &p.loss_mask),
+                ("attention_mask", &p.attention_mask),
+                ("position_ids", &p.position_ids),
+            ] {
+                if let Some(v) = v {
+                    tensors.push((format!("p{k}.{field}"), ints(v)?));
+                }
+            }
+            if let Some(n) = p.prompt_length {
+                tensors.push((format!("p{k}.prompt_length"), ints(&vec![n as i64])?));
             }
             for (i, h) in &p.hidden_states {
                 tensors.push((format!("p{k}.hidden_states.{i}"), host_f32(h)?));
@@ -200,7 +217,16 @@ fn prompt_field(name: &str) -> Option<(usize, &str)> {
     let rest = name.strip_prefix('p')?;
     let (k, field) = rest.split_once('.')?;
     let k = k.parse().ok()?;
-    let known = ["input_ids", "loss_mask", "last_layer_output", "logits"].contains(&field)
+    let known = [
+        "input_ids",
+        "loss_mask",
+        "attention_mask",
+        "position_ids",
+        "prompt_length",
+        "last_layer_output",
+        "logits",
+    ]
+    .contains(&field)
         || field.starts_with("hidden_states.");
     known.then_some((k, field))
 }
@@ -231,17 +257,29 @@ fn read_prompt(
     if names.is_empty() {
         return Ok(None);
     }
+    let mut take = |field: &str| {
+        let name = format!("p{k}.{field}");
+        all.remove(&name).map(|t| ints(t, &name, path)).transpose()
+    };
     let mut p = DumpPrompt {
-        input_ids: all
-            .remove(&format!("p{k}.input_ids"))
-            .map(|t| ints(t, &format!("p{k}.input_ids"), path))
-            .transpose()?,
-        loss_mask: all
-            .remove(&format!("p{k}.loss_mask"))
-            .map(|t| ints(t, &format!("p{k}.loss_mask"), path))
-            .transpose()?,
+        input_ids: take("input_ids")?,
+        loss_mask: take("loss_mask")?,
+        attention_mask: take("attention_mask")?,
+        position_ids: take("position_ids")?,
         ..Default::default()
     };
+    let length = take("prompt_length")?;
+    if let Some(v) = length {
+        match v[..] {
+            [n] if n >= 0 => p.prompt_length = Some(n as usize),
+            ref v => {
+                return Err(Error::Format(format!(
+                    "{}: p{k}.prompt_length must be one non-negative count, not {v:?}",
+                    path.display()
+                )))
+            }
+        }
+    }
     let mut rows = p.input_ids.as_ref().map(Vec::len);
     for name in &names {
         let Some(i) = name.strip_prefix(&format!("p{k}.hidden_states.")) else {
@@ -272,12 +310,24 @@ fn read_prompt(
             path.display()
         )));
     }
-    if let (Some(m), Some(t)) = (&p.loss_mask, rows) {
-        if m.len() != t {
+    if let Some(t) = rows {
+        for (field, v) in [
+            ("loss_mask", &p.loss_mask),
+            ("attention_mask", &p.attention_mask),
+            ("position_ids", &p.position_ids),
+        ] {
+            if let Some(m) = v.as_ref().filter(|m| m.len() != t) {
+                return Err(Error::Format(format!(
+                    "{}: p{k}.{field} has {} entries, the prompt {t} rows",
+                    path.display(),
+                    m.len()
+                )));
+            }
+        }
+        if let Some(n) = p.prompt_length.filter(|&n| n > t) {
             return Err(Error::Format(format!(
-                "{}: p{k}.loss_mask has {} entries, the prompt {t} rows",
-                path.display(),
-                m.len()
+                "{}: p{k}.prompt_length is {n}, more than the prompt's {t} rows",
+                path.display()
             )));
         }
     }

@@ -11,6 +11,7 @@ mod common;
 // reports of each loading path on the fixtures' goldens, the incremental
 // check (and when compare runs it). A new family, layout or loading rule
 // gets its golden test here, and its fixture a line in `families`.
+mod diagnosis;
 mod divergence;
 mod gdn_kernels;
 mod golden_tiny;

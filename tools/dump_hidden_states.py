@@ -10,12 +10,15 @@ compare the file with ``hsparity diff`` against hsparity's own run
         [--attn eager|sdpa] [--device cpu|cuda]
 
 ``prompts.jsonl`` holds one JSON object per line, ``{"text": ...}`` (tokenised
-with the model's tokenizer, no special tokens) or ``{"input_ids": [...]}`` --
+with the model's tokenizer, no special tokens) or ``{"input_ids": [...]}``,
+optionally with ``"attention_mask": [...]`` (1 attended, 0 masked; passed to the
+forward and recorded, so that ``hsparity diff`` can name pads fed unmasked) --
 the same file ``hsparity --prompts`` reads, so both sides see the same ids
 (``hsparity diff`` refuses dumps whose ``input_ids`` differ).
 
 The file holds, for prompt k (docs/dump-format.md, hsparity.dump.v1):
   p{k}.input_ids            I64 [T]
+  p{k}.attention_mask       I64 [T]      when the prompt line gives one
   p{k}.hidden_states.{i}    F32 [T, H]   i = 0..N, ``output_hidden_states=True``
                                          (0 = embeddings, N = final-normed)
   p{k}.last_layer_output    F32 [T, H]   raw output of the last decoder layer (forward hook)
@@ -42,7 +45,8 @@ AUTO_TO_PATH = {
 SHORT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-def read_prompts(path: str, tokenizer) -> list[list[int]]:
+def read_prompts(path: str, tokenizer) -> list[tuple[list[int], list[int] | None]]:
+    """(ids, attention mask or None) per line."""
     out = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -50,13 +54,17 @@ def read_prompts(path: str, tokenizer) -> list[list[int]]:
                 continue
             obj = json.loads(line)
             if "input_ids" in obj:
-                out.append([int(i) for i in obj["input_ids"]])
+                ids = [int(i) for i in obj["input_ids"]]
             elif "text" in obj:
                 if tokenizer is None:
                     sys.exit(f"{path}:{n}: a text prompt needs the model's tokenizer")
-                out.append(tokenizer(obj["text"], add_special_tokens=False)["input_ids"])
+                ids = tokenizer(obj["text"], add_special_tokens=False)["input_ids"]
             else:
                 sys.exit(f"{path}:{n}: expected {{\"text\": ...}} or {{\"input_ids\": [...]}}")
+            mask = obj.get("attention_mask")
+            if mask is not None and len(mask) != len(ids):
+                sys.exit(f"{path}:{n}: attention_mask has {len(mask)} entries for {len(ids)} tokens")
+            out.append((ids, None if mask is None else [int(m) for m in mask]))
     return out
 
 
@@ -74,7 +82,7 @@ def decoder_layers(model) -> list:
 
 
 @torch.no_grad()
-def dump(model, prompts: list[list[int]], with_logits: bool = True) -> dict[str, torch.Tensor]:
+def dump(model, prompts: list[tuple[list[int], list[int] | None]], with_logits: bool = True) -> dict[str, torch.Tensor]:
     """Runs each prompt (batch 1, no cache) and returns the dump's tensors."""
     layers = decoder_layers(model)
     captured = {}
@@ -86,10 +94,18 @@ def dump(model, prompts: list[list[int]], with_logits: bool = True) -> dict[str,
     device = next(model.parameters()).device
     tensors: dict[str, torch.Tensor] = {}
     try:
-        for k, ids in enumerate(prompts):
+        for k, (ids, mask) in enumerate(prompts):
             input_ids = torch.tensor(ids, dtype=torch.int64)
-            out = model(input_ids=input_ids[None].to(device), output_hidden_states=True, use_cache=False)
+            attention_mask = None if mask is None else torch.tensor([mask], dtype=torch.int64).to(device)
+            out = model(
+                input_ids=input_ids[None].to(device),
+                attention_mask=attention_mask,
+                output_hidden_states=True,
+                use_cache=False,
+            )
             tensors[f"p{k}.input_ids"] = input_ids.contiguous()
+            if mask is not None:
+                tensors[f"p{k}.attention_mask"] = torch.tensor(mask, dtype=torch.int64)
             for i, h in enumerate(out.hidden_states):
                 tensors[f"p{k}.hidden_states.{i}"] = h[0].float().cpu().contiguous()
             tensors[f"p{k}.last_layer_output"] = captured["last"][0].float().cpu().contiguous()

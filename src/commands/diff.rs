@@ -18,10 +18,8 @@ pub struct DiffOptions {
     pub a: PathBuf,
     /// Compared dump.
     pub b: PathBuf,
-    /// b's index = a's index + `tap_offset` (the other tap convention: ±1).
-    pub tap_offset: i64,
-    /// Also find, for every index of b, the index of a it matches best.
-    pub align: bool,
+    /// What to compare (tap offset, `--align`, b's last-state convention).
+    pub settings: DiffSettings,
     /// The command line, for the report.
     pub command_line: String,
 }
@@ -45,11 +43,7 @@ pub fn run(opts: &DiffOptions) -> Result<DiffReport> {
     let da = Dump::read(a)?;
     let db = Dump::read(b)?;
     let (na, nb) = (name(a, &da), name(b, &db));
-    let settings = DiffSettings {
-        tap_offset: opts.tap_offset,
-        align: opts.align,
-    };
-    let c = compare_dumps(&da, &db, &na, &nb, settings)?;
+    let c = compare_dumps(&da, &db, &na, &nb, opts.settings)?;
     Ok(crate::report::diff::build(
         c,
         (&na, &nb),

@@ -32,6 +32,7 @@ impl Imported {
                 hidden_states: p.hidden_states.clone(),
                 last_layer_output: p.last_layer_output.clone(),
                 logits: None,
+                ..Default::default()
             })
             .collect();
         Dump {

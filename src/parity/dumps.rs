@@ -13,6 +13,8 @@ use candle_core::Tensor;
 use serde::Serialize;
 
 use super::align::{align, Alignment};
+use super::conventions::ConventionFinding;
+use super::localise::PromptInputs;
 use super::metrics::{Accumulator, Metrics};
 use super::pairs::PairReport;
 use super::verdict::{Tolerance, Verdict};
@@ -65,6 +67,8 @@ pub struct DumpComparison {
     pub alignment: Option<Alignment>,
     /// What the reader should know (skipped indices, unverified inputs), one line each.
     pub notes: Vec<String>,
+    /// A failing state that another convention explains (pre-norm last state).
+    pub convention: Option<ConventionFinding>,
 }
 
 /// What to compare: `b`'s index = `a`'s + `tap_offset`; `align` adds the best-match search.
@@ -74,6 +78,9 @@ pub struct DiffSettings {
     pub tap_offset: i64,
     /// For every index of `b`, find the index of `a` it matches best (by cosine).
     pub align: bool,
+    /// `b`'s `hidden_states[N]` is the last layer's pre-norm output: compare
+    /// it with `a`'s `last_layer_output`.
+    pub b_last_pre_norm: bool,
 }
 
 /// The input-equality gate. Returns whether the inputs were verified.
@@ -116,6 +123,81 @@ fn input_gate(a: &Dump, b: &Dump, (a_name, b_name): (&str, &str)) -> Result<bool
         }
     }
     Ok(a.has_input_ids() && b.has_input_ids())
+}
+
+/// What the dumps record of each prompt's inputs, for [`PairReport::localise`]:
+/// the ids, where the prompt ends (the first cached-decode position), the masks.
+pub fn inputs_of(a: &Dump, b: &Dump) -> Vec<PromptInputs> {
+    a.prompts
+        .iter()
+        .zip(&b.prompts)
+        .map(|(p, q)| PromptInputs {
+            ids: p.input_ids.clone().or_else(|| q.input_ids.clone()),
+            prompt_end: q
+                .prompt_length
+                .or(p.prompt_length)
+                .filter(|&n| n < p.rows()),
+            masks: [p.attention_mask.clone(), q.attention_mask.clone()],
+        })
+        .collect()
+}
+
+/// How the dumps' recorded inputs besides the ids differ (attention masks,
+/// position ids), one line per finding: the gate lets them through, since
+/// a harness feeding other masks or positions is what `diff` must expose.
+fn input_differences(a: &Dump, b: &Dump, (a_name, b_name): (&str, &str)) -> Vec<String> {
+    let mut notes = Vec::new();
+    let runs = |v: &[usize]| super::localise::prompt_runs(v);
+    for (field, get) in [
+        (
+            "attention_mask",
+            (|p: &crate::dump::DumpPrompt| p.attention_mask.clone()) as fn(&_) -> _,
+        ),
+        ("position_ids", |p: &crate::dump::DumpPrompt| {
+            p.position_ids.clone()
+        }),
+    ] {
+        let (mut one_side, mut differ) = (Vec::new(), Vec::new());
+        let mut first = None;
+        for (k, (p, q)) in a.prompts.iter().zip(&b.prompts).enumerate() {
+            match (get(p), get(q)) {
+                (Some(x), Some(y)) if x != y => {
+                    let at = x.iter().zip(&y).take_while(|(u, v)| u == v).count();
+                    first.get_or_insert((k, at, x.get(at).copied(), y.get(at).copied()));
+                    differ.push(k);
+                }
+                (Some(x), None) | (None, Some(x)) if field == "position_ids" || x.contains(&0) => {
+                    one_side.push(k)
+                }
+                _ => {}
+            }
+        }
+        if let Some((k, at, x, y)) = first {
+            notes.push(format!(
+                "inputs differ: {field} of {} differ (p{k} first at position {at}: {a_name} {}, {b_name} {})",
+                runs(&differ),
+                x.map_or("-".into(), |v| v.to_string()),
+                y.map_or("-".into(), |v| v.to_string())
+            ));
+        }
+        if !one_side.is_empty() {
+            let (has, lacks) = if get(&a.prompts[one_side[0]]).is_some() {
+                (a_name, b_name)
+            } else {
+                (b_name, a_name)
+            };
+            let what = if field == "attention_mask" {
+                "masking some positions"
+            } else {
+                "recorded"
+            };
+            notes.push(format!(
+                "inputs differ: {has} has {field} ({what}) for {}, {lacks} has none",
+                runs(&one_side)
+            ));
+        }
+    }
+    notes
 }
 
 /// Per index, one `[T_k, H]` tensor per prompt (the shape [`align`] takes).
@@ -262,6 +344,16 @@ pub fn compare_dumps(
 ) -> Result<DumpComparison> {
     let tap_offset = settings.tap_offset;
     let inputs_verified = input_gate(a, b, (a_name, b_name))?;
+    let moved;
+    let b = if settings.b_last_pre_norm {
+        let n = b.num_layers().or(a.num_layers()).ok_or_else(|| {
+            Error::Input("--b-last-pre-norm: neither dump says its number of layers (num_layers metadata), so                  hidden_states[N] is unknown".to_string())
+        })?;
+        moved = super::conventions::last_as_pre_norm(b, n, b_name)?;
+        &moved
+    } else {
+        b
+    };
     let (da, db) = (a.dtype(a_name)?, b.dtype(b_name)?);
     let lower = (da != db).then(|| da.lower(db));
     let mut pair = PairReport::new(a_name, da, b_name, db);
@@ -283,6 +375,8 @@ pub fn compare_dumps(
     }
     let (dtype_noise, skipped) =
         compare_rows((a, b), (a_name, b_name), tap_offset, lower, &mut pair)?;
+    pair.localise(&inputs_of(a, b));
+    let convention = super::conventions::detect(a, b, &pair)?;
     let last = compare_extras(a, b, tap_offset, &mut pair)?;
     if pair.hidden_states.is_empty() && !last && !settings.align {
         return Err(Error::Input(if tap_offset != 0 {
@@ -310,7 +404,8 @@ pub fn compare_dumps(
     } else {
         Skipped::default()
     };
-    let notes = notes_of(&pair, &shown, (a, b), (a_name, b_name), last);
+    let mut notes = input_differences(a, b, (a_name, b_name));
+    notes.extend(notes_of(&pair, &shown, (a, b), (a_name, b_name), last));
     Ok(DumpComparison {
         partial,
         pair,
@@ -321,6 +416,7 @@ pub fn compare_dumps(
         inputs_verified,
         alignment,
         notes,
+        convention,
     })
 }
 

@@ -7,7 +7,7 @@
 use candle_core::Tensor;
 
 use super::incremental::{self, IncrementalCheck, IncrementalPlan};
-use super::{PairObserver, PairReport};
+use super::{PairObserver, PairReport, PromptInputs};
 use crate::capture::{self, CachedDecode, CaptureOptions, HiddenKind, Observer, PathModel};
 use crate::error::Result;
 use crate::loading::{TensorView, WeightOrigin, WeightSource};
@@ -38,6 +38,17 @@ pub fn run(
     let captured = capture_pairs(session, form, plan.runs(), quiet)?;
     let mut pairs = captured.pairs;
     mark_random_init(&mut pairs, session);
+    let inputs: Vec<PromptInputs> = session
+        .prompt_ids()
+        .iter()
+        .map(|ids| PromptInputs {
+            ids: Some(ids.iter().map(|&t| i64::from(t)).collect()),
+            ..Default::default()
+        })
+        .collect();
+    for pair in &mut pairs {
+        pair.localise(&inputs);
+    }
     let incremental = match (plan, captured.decode) {
         (IncrementalPlan::Skip(_), _) => Vec::new(),
         (IncrementalPlan::Run, Some((at, steps))) => {

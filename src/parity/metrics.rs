@@ -47,6 +47,59 @@ pub struct Metrics {
     pub inf_count: usize,
     /// Token rows compared.
     pub rows: usize,
+    /// Per prompt, per token row: what [`super::localise`] reads to say where
+    /// agreement ends (not serialised; the report carries its summary).
+    #[serde(skip)]
+    pub profile: Vec<PromptRows>,
+}
+
+/// One token row's agreement.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RowStat {
+    /// Cosine similarity of the row (NaN rows: −∞).
+    pub cos: f32,
+    /// `‖a − b‖₂ / ‖b‖₂` of the row (∞ when b's row is zero and a's is not).
+    pub rel_l2: f32,
+    /// Every element bitwise equal.
+    pub bitwise: bool,
+    /// A NaN or ±Inf in either row.
+    pub non_finite: bool,
+}
+
+/// The rows of one prompt, with the prompt's own aggregates.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PromptRows {
+    /// Prompt index.
+    pub prompt: usize,
+    /// Row by row, in token order.
+    pub rows: Vec<RowStat>,
+    /// Σ (a − b)² over the prompt.
+    pub sum_sq_diff: f64,
+    /// Σ b² over the prompt.
+    pub sum_sq_ref: f64,
+}
+
+impl PromptRows {
+    /// The prompt's relative L2 (0 when both are zero).
+    pub fn rel_l2(&self) -> f64 {
+        rel(self.sum_sq_diff, self.sum_sq_ref)
+    }
+
+    /// The prompt's smallest row cosine (1 without rows).
+    pub fn cos_min(&self) -> f64 {
+        self.rows.iter().map(|r| r.cos as f64).fold(1.0, f64::min)
+    }
+}
+
+/// `sqrt(diff / ref)`: 0 when both are zero, ∞ when only `ref` is.
+fn rel(sum_sq_diff: f64, sum_sq_ref: f64) -> f64 {
+    if sum_sq_ref > 0.0 {
+        (sum_sq_diff / sum_sq_ref).sqrt()
+    } else if sum_sq_diff == 0.0 {
+        0.0
+    } else {
+        f64::INFINITY
+    }
 }
 
 /// Accumulates [`Metrics`] row by row.
@@ -65,6 +118,7 @@ pub struct Accumulator {
     bitwise: bool,
     nan: usize,
     inf: usize,
+    profile: Vec<PromptRows>,
 }
 
 impl Default for Accumulator {
@@ -83,6 +137,7 @@ impl Default for Accumulator {
             bitwise: true,
             nan: 0,
             inf: 0,
+            profile: Vec::new(),
         }
     }
 }
@@ -126,17 +181,24 @@ impl Accumulator {
 
     /// Adds row-major rows of width `x` (slices of equal length).
     pub fn add_rows(&mut self, prompt: usize, a: &[f32], b: &[f32], x: usize) {
+        if self.profile.last().map(|p| p.prompt) != Some(prompt) {
+            self.profile.push(PromptRows {
+                prompt,
+                ..Default::default()
+            });
+        }
         for (t, (ra, rb)) in a.chunks(x).zip(b.chunks(x)).enumerate() {
             let c = cosine(ra, rb);
-            self.cos_min = self
-                .cos_min
-                .min(if c.is_nan() { f64::NEG_INFINITY } else { c });
+            let c_min = if c.is_nan() { f64::NEG_INFINITY } else { c };
+            self.cos_min = self.cos_min.min(c_min);
+            let non_finite_before = self.nan + self.inf;
+            let (mut row_diff, mut row_ref, mut row_bitwise) = (0f64, 0f64, true);
             self.cos_sum += c;
             self.rows += 1;
             for (f, (&va, &vb)) in ra.iter().zip(rb).enumerate() {
                 self.elems += 1;
                 if va.to_bits() != vb.to_bits() {
-                    self.bitwise = false;
+                    row_bitwise = false;
                 }
                 for v in [va, vb] {
                     if v.is_nan() {
@@ -160,20 +222,26 @@ impl Accumulator {
                 self.sum_abs += d;
                 self.sum_sq_diff += d * d;
                 self.sum_sq_ref += (vb as f64) * (vb as f64);
+                row_diff += d * d;
+                row_ref += (vb as f64) * (vb as f64);
                 self.max_ref_abs = self.max_ref_abs.max((vb as f64).abs());
             }
+            self.bitwise &= row_bitwise;
+            let rows = self.profile.last_mut().expect("pushed above");
+            rows.sum_sq_diff += row_diff;
+            rows.sum_sq_ref += row_ref;
+            rows.rows.push(RowStat {
+                cos: c_min as f32,
+                rel_l2: rel(row_diff, row_ref) as f32,
+                bitwise: row_bitwise,
+                non_finite: self.nan + self.inf > non_finite_before,
+            });
         }
     }
 
     /// The metrics so far.
     pub fn finish(&self) -> Metrics {
-        let rel_l2 = if self.sum_sq_ref > 0.0 {
-            (self.sum_sq_diff / self.sum_sq_ref).sqrt()
-        } else if self.sum_sq_diff == 0.0 {
-            0.0
-        } else {
-            f64::INFINITY
-        };
+        let rel_l2 = rel(self.sum_sq_diff, self.sum_sq_ref);
         Metrics {
             cos_min: if self.rows == 0 { 1.0 } else { self.cos_min },
             cos_mean: if self.rows == 0 {
@@ -194,6 +262,7 @@ impl Accumulator {
             nan_count: self.nan,
             inf_count: self.inf,
             rows: self.rows,
+            profile: self.profile.clone(),
         }
     }
 }

@@ -3,14 +3,17 @@
 //! `compare` (live paths) and by dump comparisons.
 
 pub mod align;
+pub mod conventions;
 pub mod dumps;
 pub mod incremental;
 pub mod live;
+pub mod localise;
 pub mod metrics;
 pub mod pairs;
 pub mod verdict;
 
 pub use incremental::{IncrementalCheck, IncrementalPlan};
+pub use localise::{Localisation, PromptAgreement, PromptInputs};
 pub use metrics::{Accumulator, Location, Metrics};
 pub use pairs::{HiddenStateRow, PairObserver, PairReport, RouterAgreement};
 pub use verdict::{Tolerance, Verdict};

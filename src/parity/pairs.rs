@@ -5,6 +5,7 @@
 use candle_core::Tensor;
 use serde::Serialize;
 
+use super::localise::{Localisation, PositionProfile, PromptAgreement, PromptInputs};
 use super::metrics::{Accumulator, Metrics};
 use super::verdict::{Tolerance, Verdict};
 use crate::capture::{HiddenKind, Observer};
@@ -85,6 +86,9 @@ pub struct HiddenStateRow {
     /// of (MoE families only; absent for the dense ones and the embeddings).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub router: Option<RouterAgreement>,
+    /// Per prompt: its own verdict, the positions that agree and the first
+    /// that departs ([`super::localise`]).
+    pub prompts: Vec<PromptAgreement>,
 }
 
 /// The comparison of two loading paths over all prompts.
@@ -104,6 +108,9 @@ pub struct PairReport {
     pub first_non_bitwise: Option<usize>,
     /// Rows by `hidden_states` index.
     pub hidden_states: Vec<HiddenStateRow>,
+    /// Where agreement ends at the first divergent hidden state, and the
+    /// boundary it coincides with (set by [`PairReport::localise`]).
+    pub localisation: Option<Localisation>,
     /// Raw last-layer output (pre final norm).
     pub last_layer_output: Option<Metrics>,
     /// Logits, when both paths have an LM head.
@@ -148,6 +155,7 @@ impl PairReport {
             first_divergent: None,
             first_non_bitwise: None,
             hidden_states: Vec::new(),
+            localisation: None,
             last_layer_output: None,
             logits: None,
             logits_verdict: None,
@@ -212,7 +220,13 @@ impl PairReport {
         m: Metrics,
         local: Option<Metrics>,
     ) {
+        let mut m = m;
         let verdict = self.tolerance.judge(&m);
+        let prompts = m
+            .profile
+            .iter()
+            .map(|rows| PromptAgreement::of(rows, &self.tolerance))
+            .collect();
         let local_verdict = local.as_ref().map(|l| self.tolerance.judge(l));
         if verdict != Verdict::Pass && self.first_divergent.is_none() {
             self.first_divergent = Some(index);
@@ -221,6 +235,10 @@ impl PairReport {
             self.first_non_bitwise = Some(index);
         }
         let needed_to_pass = (verdict != Verdict::Pass).then(|| Tolerance::needed_to_pass(&m));
+        if self.first_divergent != Some(index) {
+            // Only the first divergent row's position profile is kept (the report plots it).
+            m.profile = Vec::new();
+        }
         self.hidden_states.push(HiddenStateRow {
             index,
             layer_type,
@@ -231,7 +249,25 @@ impl PairReport {
             needed_to_pass,
             random_init: Vec::new(),
             router: None,
+            prompts,
         });
+    }
+
+    /// Says where agreement ends at the first divergent hidden state
+    /// (`inputs`: what is known of each prompt's inputs; may be empty).
+    pub fn localise(&mut self, inputs: &[PromptInputs]) {
+        self.localisation = self
+            .first_divergent
+            .and_then(|i| self.hidden_states.iter().find(|r| r.index == i))
+            .map(|r| {
+                let profile = r
+                    .metrics
+                    .profile
+                    .iter()
+                    .map(|rows| PositionProfile::of(rows, &self.tolerance))
+                    .collect();
+                super::localise::localise(r.index, &r.prompts, inputs, profile)
+            });
     }
 
     /// Records the logits comparison.

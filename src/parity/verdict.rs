@@ -92,12 +92,29 @@ impl Tolerance {
 
     /// Verdict for `m`.
     pub fn judge(&self, m: &Metrics) -> Verdict {
-        if m.nan_count > 0 || m.inf_count > 0 {
+        self.judge_values(
+            m.cos_min,
+            m.rel_l2,
+            m.bitwise,
+            m.nan_count + m.inf_count > 0,
+        )
+    }
+
+    /// Verdict for a smallest cosine and a relative L2 (`bitwise`: every
+    /// element equal; `non_finite`: a NaN or ±Inf among them).
+    pub fn judge_values(
+        &self,
+        cos_min: f64,
+        rel_l2: f64,
+        bitwise: bool,
+        non_finite: bool,
+    ) -> Verdict {
+        if non_finite {
             return Verdict::Fail;
         }
-        if m.bitwise || (m.cos_min >= self.pass_cos && m.rel_l2 <= self.pass_rel_l2) {
+        if bitwise || (cos_min >= self.pass_cos && rel_l2 <= self.pass_rel_l2) {
             Verdict::Pass
-        } else if m.cos_min >= self.warn_cos && m.rel_l2 <= self.warn_rel_l2 {
+        } else if cos_min >= self.warn_cos && rel_l2 <= self.warn_rel_l2 {
             Verdict::Warn
         } else {
             Verdict::Fail

@@ -7,14 +7,17 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::compare::has_departures;
 use super::format::{cos, max_abs_at, sci, yes_no};
 use super::tabular::{Cell, Column, Row, Table};
 use super::{Body, Environment, Kind, Report};
 use crate::error::Result;
 use crate::parity::align::Alignment;
+use crate::parity::conventions::ConventionFinding;
 use crate::parity::dumps::{DtypeNoiseRow, DumpComparison, Skipped};
 use crate::parity::{PairReport, Verdict};
 use crate::precision::Precision;
+use crate::report::localisation::departure_cell;
 
 /// `diff`'s report: the envelope around [`Diff`].
 pub type DiffReport = Report<Diff>;
@@ -38,6 +41,8 @@ pub struct Diff {
     pub inputs_verified: bool,
     /// `--align`: for every index of b, the index of a it matches best.
     pub alignment: Option<AlignSection>,
+    /// A failing state another convention explains (b's last state pre-norm).
+    pub convention: Option<ConventionFinding>,
 }
 
 /// The `--align` result with its one-line diagnosis.
@@ -118,7 +123,15 @@ pub fn build(
         (Verdict::Pass, Some(i), _) => {
             format!("{na} and {nb} agree within tolerance (not bitwise from hidden_states[{i}])")
         }
-        (_, _, Some(i)) => format!("{na} and {nb} diverge from hidden_states[{i}]"),
+        (_, _, Some(i)) => match (&c.convention, &c.pair.localisation) {
+            (Some(f), _) => format!("{na} and {nb} differ at hidden_states[{i}]: {}", f.sentence),
+            (None, Some(l)) => format!(
+                "{na} and {nb} diverge from hidden_states[{i}] ({})",
+                l.sentence
+                    .trim_start_matches(&format!("hidden_states[{i}]: "))
+            ),
+            (None, None) => format!("{na} and {nb} diverge from hidden_states[{i}]"),
+        },
         (_, _, None) => format!("{na} and {nb} differ in the logits"),
     };
     if let Some(policy) = c.pair.policy() {
@@ -134,6 +147,11 @@ pub fn build(
     }
     summary.push_str(&partial_summary(&c));
     let mut notes = c.notes.clone();
+    if let Some(f) = &c.convention {
+        notes.insert(0, format!("fix: {}", f.fix));
+    } else if let Some(cause) = c.pair.localisation.as_ref().and_then(|l| l.cause.clone()) {
+        notes.insert(0, format!("cause: {cause}"));
+    }
     if let (Some(o), Some("vllm")) = (
         c.alignment
             .as_ref()
@@ -172,6 +190,7 @@ pub fn build(
             dtype_noise: c.dtype_noise,
             skipped: c.skipped,
             inputs_verified: c.inputs_verified,
+            convention: c.convention,
             alignment: c.alignment.map(|alignment| AlignSection {
                 diagnosis: alignment.diagnosis(),
                 alignment,
@@ -239,8 +258,12 @@ pub fn index_table(r: &Diff, p: &PairReport) -> Table {
         Column::new("max abs diff"),
         Column::new("rel L2"),
         Column::new("bitwise"),
-        Column::new("verdict").strong(),
     ];
+    let departures = has_departures(p);
+    if departures {
+        cols.push(Column::new("departs at"));
+    }
+    cols.push(Column::new("verdict").strong());
     if r.lower_dtype.is_some() {
         cols.push(Column::new("dtype noise"));
     }
@@ -254,8 +277,11 @@ pub fn index_table(r: &Diff, p: &PairReport) -> Table {
             max_abs_at(m).into(),
             sci(m.rel_l2).into(),
             yes_no(m.bitwise).into(),
-            Cell::verdict(row.verdict),
         ];
+        if departures {
+            cells.push(departure_cell(&row.prompts).into());
+        }
+        cells.push(Cell::verdict(row.verdict));
         if r.lower_dtype.is_some() {
             let n = r.dtype_noise.iter().find(|n| n.index == row.index);
             cells.push(
@@ -348,6 +374,7 @@ pub fn markdown(r: &DiffReport) -> String {
             p.b,
             index_table(r, p).markdown()
         ));
+        md.push_str(&super::localisation::markdown(p).unwrap_or_default());
         if let Some(l) = last_line(p) {
             md.push_str(&format!("\n{l}\n"));
         }

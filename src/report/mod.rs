@@ -23,6 +23,7 @@ mod hashes;
 pub mod import;
 pub mod inventory;
 pub mod json;
+pub mod localisation;
 pub mod prompts;
 pub mod tabular;
 pub mod triage;

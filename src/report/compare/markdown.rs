@@ -243,6 +243,7 @@ fn pair_section(report: &CompareReport, pair: &PairReport) -> String {
     if let Some(r) = super::router_summary(pair) {
         md.push_str(&format!("\n{}.\n", r.trim_end_matches('.')));
     }
+    md.push_str(&crate::report::localisation::markdown(pair).unwrap_or_default());
     if let Some(l) = &pair.logits {
         md.push_str(&format!(
             "\nLogits: cos min {}, max abs diff {}, rel L2 {}, bitwise {}, argmax agreement {:.4}{}.\n",

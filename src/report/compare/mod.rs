@@ -22,6 +22,7 @@ use crate::error::Result;
 use crate::loading::{Inventory, LoadingPath, NonFinite};
 use crate::parity::{HiddenStateRow, PairReport, Verdict};
 use crate::precision::Precision;
+use crate::report::localisation::departure_cell;
 
 /// `compare`'s report: the envelope around [`Compare`].
 pub type CompareReport = Report<Compare>;
@@ -229,6 +230,12 @@ impl Compare {
                 )),
                 _ => {}
             }
+            if let Some(l) = &pair.localisation {
+                out.push(match &l.cause {
+                    Some(c) => format!("where: {}; {c}", l.sentence),
+                    None => format!("where: {}", l.sentence),
+                });
+            }
             if loading_differences == 0 {
                 out.insert(
                     0,
@@ -397,6 +404,14 @@ pub fn type_label(row: &HiddenStateRow) -> String {
     }
 }
 
+/// Whether a row of `pair` does not pass (the tables then show where each
+/// prompt departs).
+pub fn has_departures(pair: &PairReport) -> bool {
+    pair.hidden_states
+        .iter()
+        .any(|r| r.verdict != Verdict::Pass)
+}
+
 /// The per-layer table of `pair`: one row per `hidden_states` index, taps
 /// marked, the first divergent row highlighted; for an MoE pair, a column of
 /// router choices that differ (token × slot, of all compared).
@@ -413,6 +428,9 @@ pub fn pair_table(report: &Compare, pair: &PairReport) -> Table {
         Column::new("bitwise"),
         Column::new("local cos min"),
     ];
+    if has_departures(pair) {
+        cols.push(Column::new("departs at"));
+    }
     if has_router(pair) {
         cols.push(Column::new("router Δ (slots)"));
     }
@@ -532,6 +550,9 @@ pub fn pair_row(report: &Compare, pair: &PairReport, r: &HiddenStateRow) -> Row 
         ],
         highlight: first,
     };
+    if has_departures(pair) {
+        row.cells.push(departure_cell(&r.prompts).into());
+    }
     if has_router(pair) {
         row.cells.push(
             r.router

@@ -1,0 +1,561 @@
+//! Where in the tokens two captures part: per prompt, the positions that
+//! still agree and the first that departs, and the boundary the departure
+//! coincides with (the end of the prompt, a prefill chunk, a run of pads, a
+//! request boundary), with what that boundary means and how to confirm it.
+//!
+//! A row (one token of one prompt) agrees when it is bitwise equal or
+//! passes the pair's tolerance on its own (its cosine and its relative L2).
+
+use serde::Serialize;
+
+use super::metrics::{PromptRows, RowStat};
+use super::verdict::{Tolerance, Verdict};
+
+/// What is known about one prompt's inputs besides the rows.
+#[derive(Debug, Clone, Default)]
+pub struct PromptInputs {
+    /// The token ids, when the captures carry them.
+    pub ids: Option<Vec<i64>>,
+    /// The first position after the prompt (where a cached decode starts),
+    /// when the capture says where its prompt ends.
+    pub prompt_end: Option<usize>,
+    /// `a`'s and `b`'s attention masks, when recorded (1 attended, 0 masked).
+    pub masks: [Option<Vec<i64>>; 2],
+}
+
+/// One prompt's agreement at one hidden state (`hidden_states[].prompts[]`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PromptAgreement {
+    /// Prompt index.
+    pub prompt: usize,
+    /// The prompt's own verdict (its rows judged together).
+    pub verdict: Verdict,
+    /// The prompt's smallest row cosine.
+    pub cos_min: f64,
+    /// The prompt's relative L2.
+    pub rel_l2: f64,
+    /// Token rows compared.
+    pub positions: usize,
+    /// The first position whose row does not agree (`None`: every row agrees).
+    pub first_departing: Option<usize>,
+    /// The positions whose rows agree, as inclusive `[first, last]` runs.
+    pub agreeing: Vec<[usize; 2]>,
+}
+
+impl PromptAgreement {
+    /// The agreement of one prompt's rows under `tol`.
+    pub fn of(rows: &PromptRows, tol: &Tolerance) -> Self {
+        let mut agreeing: Vec<[usize; 2]> = Vec::new();
+        for (t, r) in rows.rows.iter().enumerate() {
+            if !row_agrees(r, tol) {
+                continue;
+            }
+            match agreeing.last_mut() {
+                Some(run) if run[1] + 1 == t => run[1] = t,
+                _ => agreeing.push([t, t]),
+            }
+        }
+        let first_departing = rows.rows.iter().position(|r| !row_agrees(r, tol));
+        let (cos_min, rel_l2) = (rows.cos_min(), rows.rel_l2());
+        let non_finite = rows.rows.iter().any(|r| r.non_finite);
+        let bitwise = rows.rows.iter().all(|r| r.bitwise);
+        Self {
+            prompt: rows.prompt,
+            verdict: tol.judge_values(cos_min, rel_l2, bitwise, non_finite),
+            cos_min,
+            rel_l2,
+            positions: rows.rows.len(),
+            first_departing,
+            agreeing,
+        }
+    }
+
+    /// Rows that do not agree.
+    pub fn departing_rows(&self) -> usize {
+        let agreeing: usize = self.agreeing.iter().map(|[a, b]| b + 1 - a).sum();
+        self.positions - agreeing
+    }
+
+    /// At least 90% of the rows from the first departure on depart.
+    pub fn mostly_departs_after(&self) -> bool {
+        let f = self.first_departing.unwrap_or(self.positions);
+        let later = self.positions - f;
+        later > 0 && self.departing_rows() * 10 >= later * 9
+    }
+
+    /// Every row before the first departure agrees and none after it does.
+    pub fn clean_split(&self) -> bool {
+        match self.first_departing {
+            None => true,
+            Some(0) => self.agreeing.is_empty(),
+            Some(f) => self.agreeing == [[0, f - 1]],
+        }
+    }
+}
+
+/// Whether one row agrees under `tol`.
+pub fn row_agrees(r: &RowStat, tol: &Tolerance) -> bool {
+    r.bitwise
+        || (!r.non_finite && r.cos as f64 >= tol.pass_cos && r.rel_l2 as f64 <= tol.pass_rel_l2)
+}
+
+/// The named boundary a departure coincides with.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Boundary {
+    /// The departure starts at the first position after the prompt: the
+    /// cached decode parts from the prefill.
+    PromptEnd {
+        /// The first position after the prompt.
+        position: usize,
+    },
+    /// The departure starts right after a run of one repeated token (pads),
+    /// or where one side masks positions the other attends.
+    PadRun {
+        /// First position of the run.
+        start: usize,
+        /// Last position of the run.
+        end: usize,
+        /// The repeated token id (`None` when the masks alone show the run).
+        token: Option<i64>,
+        /// `a` or `b`: the side whose attention mask masks the run while
+        /// the other side attends it (`None`: no mask shows it).
+        masked_by: Option<String>,
+    },
+    /// Every departing prompt departs at a multiple of `chunk` (a power of
+    /// two ≥ 16) with all rows before agreeing and all after departing.
+    PrefillChunk {
+        /// The departure positions, one per departing prompt.
+        positions: Vec<usize>,
+        /// The largest power of two dividing every one of them.
+        chunk: usize,
+    },
+    /// The first prompts agree in full and every later one departs from its
+    /// first positions: state carried from one request into the next.
+    RequestBoundary {
+        /// Prompts that agree.
+        clean: Vec<usize>,
+        /// Prompts that depart.
+        departing: Vec<usize>,
+    },
+}
+
+impl Boundary {
+    /// What the boundary means and how to confirm it, in one sentence.
+    pub fn cause(&self) -> String {
+        match self {
+            Boundary::PromptEnd { position } => format!(
+                "the prefill agrees and the cached decode departs from its first step (position {position}): the \
+                 state the decode carries (KV cache, the Gated DeltaNet recurrent and conv states) is not what the \
+                 prefill left; `hsparity compare` runs the same prefill-vs-incremental check on the reference, so \
+                 the fault is in the engine's decode step"
+            ),
+            Boundary::PadRun {
+                start,
+                end,
+                token,
+                masked_by,
+            } => {
+                let what = match token {
+                    Some(t) => format!("positions {start}–{end} are a run of token {t}"),
+                    None => format!("positions {start}–{end} are masked"),
+                };
+                if let Some(side) = masked_by {
+                    let other = if side == "a" { "b" } else { "a" };
+                    format!(
+                        "{what}, which {side}'s attention mask masks and {other}'s does not: {other} attended to \
+                         the pads; pass the attention mask to {other}'s forward (or drop the pads)"
+                    )
+                } else {
+                    format!(
+                        "{what} and the departure starts right after it: pads attended without an attention mask \
+                         (the reference masked them, or was run without them); pass the mask, or drop the pads"
+                    )
+                }
+            }
+            Boundary::PrefillChunk { chunk, .. } => format!(
+                "rows before a multiple of {chunk} agree and rows from it on depart: a state lost at a prefill \
+                 chunk boundary (the Gated DeltaNet state or the KV written by the previous chunk); rerun the \
+                 engine with chunked prefill off or a chunk longer than the prompt (vLLM \
+                 --max-num-batched-tokens, SGLang --chunked-prefill-size) and prefix caching off — if the \
+                 departure moves with the chunk size, the chunk hand-over is the cause"
+            ),
+            Boundary::RequestBoundary { clean, departing } => format!(
+                "{} agree{} and {} depart{}: state carried from one request into the next (a batch sharing a \
+                 cache slot, a recurrent state not reset, a capture buffer not cleared); run each prompt alone with \
+                 a fresh cache — the clean first request already shows the weights and kernels are right",
+                prompt_runs(clean),
+                if clean.len() == 1 { "s" } else { "" },
+                prompt_runs(departing),
+                if departing.len() == 1 { "s" } else { "" },
+            ),
+        }
+    }
+}
+
+/// Where agreement ends at one hidden state, with its boundary.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Localisation {
+    /// The `hidden_states` index described (the pair's first divergent one).
+    pub index: usize,
+    /// Prompts whose own verdict passes.
+    pub prompts_agreeing: Vec<usize>,
+    /// Prompts whose own verdict does not pass.
+    pub prompts_departing: Vec<usize>,
+    /// The boundary the departure coincides with, when one does.
+    pub boundary: Option<Boundary>,
+    /// Where agreement ends, in one sentence.
+    pub sentence: String,
+    /// What the boundary means and how to confirm it ([`Boundary::cause`]).
+    pub cause: Option<String>,
+    /// Per prompt, the position profile of this hidden state.
+    pub profile: Vec<PositionProfile>,
+}
+
+/// One prompt's rows at a glance: one character per run of
+/// `positions_per_char` positions — `.` all agree, `#` all depart, `+` mixed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PositionProfile {
+    /// Prompt index.
+    pub prompt: usize,
+    /// Positions each character stands for (1 up to 64 positions).
+    pub positions_per_char: usize,
+    /// The strip, at most 64 characters.
+    pub strip: String,
+}
+
+impl PositionProfile {
+    /// The profile of `rows` under `tol`.
+    pub fn of(rows: &PromptRows, tol: &Tolerance) -> Self {
+        let n = rows.rows.len();
+        let per = n.div_ceil(64).max(1);
+        let strip = rows
+            .rows
+            .chunks(per)
+            .map(|c| {
+                let agree = c.iter().filter(|r| row_agrees(r, tol)).count();
+                match agree {
+                    a if a == c.len() => '.',
+                    0 => '#',
+                    _ => '+',
+                }
+            })
+            .collect();
+        Self {
+            prompt: rows.prompt,
+            positions_per_char: per,
+            strip,
+        }
+    }
+}
+
+/// `p0`, `p1–3`, `p0, p2`.
+pub fn prompt_runs(prompts: &[usize]) -> String {
+    let runs = super::verdict::index_runs(prompts);
+    let body = runs.trim_start_matches("hs ");
+    body.split(", ")
+        .map(|r| format!("p{r}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The first position after a run of one repeated token ending just
+/// before `f` (length ≥ 2), or the run where a masks and b attends.
+fn pad_run(f: usize, inputs: &PromptInputs) -> Option<Boundary> {
+    for (masked_by, other) in [(0, 1), (1, 0)] {
+        let Some(m) = &inputs.masks[masked_by] else {
+            continue;
+        };
+        let attended = |t: usize| {
+            inputs.masks[other]
+                .as_ref()
+                .is_none_or(|o| o.get(t) != Some(&0))
+        };
+        let masked: Vec<usize> = (0..m.len()).filter(|&t| m[t] == 0 && attended(t)).collect();
+        if let (Some(&start), Some(&end)) = (masked.first(), masked.last()) {
+            if end + 1 == masked.len() + start && f <= end + 1 {
+                return Some(Boundary::PadRun {
+                    start,
+                    end,
+                    token: inputs.ids.as_ref().and_then(|ids| ids.get(start).copied()),
+                    masked_by: Some(if masked_by == 0 { "a" } else { "b" }.into()),
+                });
+            }
+        }
+    }
+    let ids = inputs.ids.as_ref()?;
+    let end = f.checked_sub(1)?;
+    let token = *ids.get(end)?;
+    let start = (0..=end).rev().take_while(|&t| ids[t] == token).last()?;
+    (end > start).then_some(Boundary::PadRun {
+        start,
+        end,
+        token: Some(token),
+        masked_by: None,
+    })
+}
+
+/// The largest power of two ≥ 16 dividing every position (none: `None`).
+fn common_chunk(positions: &[usize]) -> Option<usize> {
+    let z = positions
+        .iter()
+        .map(|&p| if p == 0 { 0 } else { p.trailing_zeros() })
+        .min()?;
+    (positions.iter().all(|&p| p > 0) && z >= 4).then(|| 1usize << z.min(20))
+}
+
+/// The boundary the departures of `departing` coincide with.
+fn boundary(
+    agreement: &[PromptAgreement],
+    departing: &[&PromptAgreement],
+    inputs: &[PromptInputs],
+) -> Option<Boundary> {
+    let input = |p: usize| inputs.get(p).cloned().unwrap_or_default();
+    let firsts: Vec<usize> = departing
+        .iter()
+        .map(|p| p.first_departing.unwrap_or(0))
+        .collect();
+    let clean: Vec<usize> = agreement
+        .iter()
+        .filter(|p| p.verdict == Verdict::Pass)
+        .map(|p| p.prompt)
+        .collect();
+    // A state lost at a boundary corrupts what follows: nearly every row from
+    // the first departure on departs (noise departs here and there).
+    let split = departing.iter().all(|p| p.mostly_departs_after());
+    if split && firsts.iter().all(|&f| f > 0) {
+        let at_end = departing
+            .iter()
+            .all(|p| input(p.prompt).prompt_end == p.first_departing);
+        if at_end {
+            return Some(Boundary::PromptEnd {
+                position: firsts[0],
+            });
+        }
+    }
+    if let Some(b) = departing
+        .iter()
+        .find_map(|p| pad_run(p.first_departing.unwrap_or(0), &input(p.prompt)))
+    {
+        return Some(b);
+    }
+    if split {
+        if let Some(chunk) = common_chunk(&firsts) {
+            return Some(Boundary::PrefillChunk {
+                positions: firsts,
+                chunk,
+            });
+        }
+    }
+    let after = departing.iter().map(|p| p.prompt).min();
+    match (clean.iter().max(), after) {
+        (Some(&c), Some(d)) if clean.contains(&0) && d > c => Some(Boundary::RequestBoundary {
+            clean,
+            departing: departing.iter().map(|p| p.prompt).collect(),
+        }),
+        _ => None,
+    }
+}
+
+/// Where agreement ends at `index`, from its per-prompt agreement.
+pub fn localise(
+    index: usize,
+    agreement: &[PromptAgreement],
+    inputs: &[PromptInputs],
+    profile: Vec<PositionProfile>,
+) -> Localisation {
+    let departing: Vec<&PromptAgreement> = agreement
+        .iter()
+        .filter(|p| p.verdict != Verdict::Pass)
+        .collect();
+    let ids = |v: &[&PromptAgreement]| v.iter().map(|p| p.prompt).collect::<Vec<_>>();
+    let agreeing: Vec<usize> = agreement
+        .iter()
+        .filter(|p| p.verdict == Verdict::Pass)
+        .map(|p| p.prompt)
+        .collect();
+    let boundary = boundary(agreement, &departing, inputs);
+    Localisation {
+        index,
+        sentence: sentence(index, agreement, &departing),
+        cause: boundary.as_ref().map(Boundary::cause),
+        boundary,
+        prompts_agreeing: agreeing,
+        prompts_departing: ids(&departing),
+        profile,
+    }
+}
+
+/// `hidden_states[3]: positions 0–39 agree in every prompt, departure from position 40 on`.
+fn sentence(index: usize, all: &[PromptAgreement], departing: &[&PromptAgreement]) -> String {
+    let head = format!("hidden_states[{index}]");
+    if departing.is_empty() {
+        return format!(
+            "{head}: every prompt agrees row by row (the difference is in the aggregate)"
+        );
+    }
+    let firsts: Vec<usize> = departing
+        .iter()
+        .map(|p| p.first_departing.unwrap_or(0))
+        .collect();
+    let same = firsts.iter().all(|&f| f == firsts[0]);
+    let split = departing.iter().all(|p| p.clean_split());
+    let clean: Vec<usize> = all
+        .iter()
+        .filter(|p| p.verdict == Verdict::Pass)
+        .map(|p| p.prompt)
+        .collect();
+    let (which, plural) = if departing.len() == all.len() {
+        if all.len() == 1 {
+            ("the prompt".to_string(), false)
+        } else {
+            (format!("every prompt ({})", all.len()), false)
+        }
+    } else {
+        let ids: Vec<usize> = departing.iter().map(|p| p.prompt).collect();
+        (prompt_runs(&ids), ids.len() > 1)
+    };
+    let s = if plural { "" } else { "s" };
+    let agreeing = if clean.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ({} agree{})",
+            prompt_runs(&clean),
+            if clean.len() == 1 { "s" } else { "" }
+        )
+    };
+    let departing_rows: usize = departing.iter().map(|p| p.departing_rows()).sum();
+    let later_rows: usize = departing
+        .iter()
+        .map(|p| p.positions - p.first_departing.unwrap_or(0))
+        .sum();
+    let tail = if split {
+        ", every row from there on departs".to_string()
+    } else {
+        format!(" ({departing_rows} of the {later_rows} rows from there on depart)")
+    };
+    match (same, firsts[0]) {
+        (true, 0) if split && clean.is_empty() => format!(
+            "{head}: {which} depart{s} at every position (every token differs from the first on: the cause \
+             is in the weights, the dtype or a kernel, not in a state carried along the sequence)"
+        ),
+        (true, 0) if split => format!("{head}: {which} depart{s} at every position{agreeing}"),
+        (true, 0) => format!("{head}: {which} depart{s} from the first position{tail}{agreeing}"),
+        (true, f) => format!(
+            "{head}: positions 0–{} agree in {which}; departure starts at position {f}{tail}{agreeing}",
+            f - 1
+        ),
+        (false, _) => {
+            let parts: Vec<String> = departing
+                .iter()
+                .map(|p| format!("p{} at {}", p.prompt, p.first_departing.unwrap_or(0)))
+                .collect();
+            format!(
+                "{head}: {which} depart{s}, first at {}{tail}{agreeing}",
+                parts.join(", ")
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parity::metrics::Accumulator;
+    use crate::precision::Precision;
+
+    /// Prompt rows of width 2: rows from `from` on are rotated away from b.
+    fn rows(prompt: usize, t: usize, from: Option<usize>) -> PromptRows {
+        let b: Vec<f32> = (0..t).flat_map(|i| [1.0 + i as f32, 1.0]).collect();
+        let mut a = b.clone();
+        if let Some(f) = from {
+            for i in f..t {
+                a[2 * i] = -a[2 * i];
+            }
+        }
+        let mut acc = Accumulator::default();
+        acc.add_rows(prompt, &a, &b, 2);
+        acc.finish().profile.remove(0)
+    }
+
+    fn agreement(specs: &[(usize, Option<usize>)]) -> Vec<PromptAgreement> {
+        let tol = Tolerance::for_precision(Precision::F32);
+        specs
+            .iter()
+            .enumerate()
+            .map(|(k, &(t, f))| PromptAgreement::of(&rows(k, t, f), &tol))
+            .collect()
+    }
+
+    #[test]
+    fn a_departure_at_a_multiple_of_64_is_a_prefill_chunk() {
+        let a = agreement(&[(100, Some(64)), (130, Some(128))]);
+        assert_eq!(a[0].first_departing, Some(64));
+        assert_eq!(a[0].agreeing, vec![[0, 63]]);
+        let l = localise(3, &a, &[], Vec::new());
+        assert_eq!(
+            l.boundary,
+            Some(Boundary::PrefillChunk {
+                positions: vec![64, 128],
+                chunk: 64
+            })
+        );
+    }
+
+    #[test]
+    fn a_departure_at_the_prompt_end_is_the_decode() {
+        let a = agreement(&[(48, Some(40))]);
+        let inputs = [PromptInputs {
+            prompt_end: Some(40),
+            ..Default::default()
+        }];
+        let l = localise(2, &a, &inputs, Vec::new());
+        assert_eq!(l.boundary, Some(Boundary::PromptEnd { position: 40 }));
+        assert!(
+            l.sentence.contains("positions 0–39 agree"),
+            "{}",
+            l.sentence
+        );
+    }
+
+    #[test]
+    fn clean_first_prompts_and_departing_later_ones_are_a_request_boundary() {
+        let a = agreement(&[(10, None), (10, Some(0)), (12, Some(0))]);
+        let l = localise(1, &a, &[], Vec::new());
+        assert_eq!(
+            l.boundary,
+            Some(Boundary::RequestBoundary {
+                clean: vec![0],
+                departing: vec![1, 2]
+            })
+        );
+    }
+
+    #[test]
+    fn a_run_of_pads_before_the_departure_is_named() {
+        let a = agreement(&[(10, Some(4))]);
+        let inputs = [PromptInputs {
+            ids: Some(vec![7, 7, 7, 7, 1, 2, 3, 4, 5, 6]),
+            ..Default::default()
+        }];
+        let l = localise(1, &a, &inputs, Vec::new());
+        assert_eq!(
+            l.boundary,
+            Some(Boundary::PadRun {
+                start: 0,
+                end: 3,
+                token: Some(7),
+                masked_by: None
+            })
+        );
+    }
+
+    #[test]
+    fn an_odd_position_names_no_boundary() {
+        let a = agreement(&[(50, Some(37))]);
+        let l = localise(1, &a, &[], Vec::new());
+        assert_eq!(l.boundary, None);
+        assert!(l.sentence.contains("departure starts at position 37"));
+    }
+}

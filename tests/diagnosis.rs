@@ -1,0 +1,203 @@
+//! Diagnosis: where in the tokens two runs part, and which convention a
+//! failing state follows. Each case in fixtures/diagnosis/ was made by
+//! tools/make_diagnosis_fixtures.py with transformers 5.23.0 itself (the
+//! reference a, and a run b that parts from it in a way public reports
+//! describe); facts.json says what the generator did, and `diff` must name it.
+
+use crate::common;
+
+use common::{hsparity, repo_root};
+use serde_json::Value;
+
+fn facts(case: &str) -> Value {
+    let p = repo_root().join(format!("fixtures/diagnosis/{case}/facts.json"));
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn diff(case: &str, extra: &[&str]) -> (i32, Value) {
+    let dir = repo_root().join(format!("fixtures/diagnosis/{case}"));
+    let o = hsparity()
+        .arg("diff")
+        .arg(dir.join("a.safetensors"))
+        .arg(dir.join("b.safetensors"))
+        .args(extra)
+        .args(["--json", "--no-report"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&o.stderr)));
+    (o.status.code().unwrap(), v)
+}
+
+fn localisation(v: &Value) -> &Value {
+    &v["pairs"][0]["localisation"]
+}
+
+#[test]
+fn a_state_lost_at_a_prefill_chunk_is_named_with_its_chunk() {
+    let f = facts("chunk-state-lost");
+    let (code, v) = diff("chunk-state-lost", &[]);
+    assert_eq!(code, 1, "{v}");
+    let l = localisation(&v);
+    assert_eq!(l["boundary"]["kind"], "prefill_chunk", "{l}");
+    assert_eq!(l["boundary"]["chunk"], f["chunk"]);
+    assert_eq!(l["boundary"]["positions"], f["departs_at"]);
+    // Every failing row says where each prompt departs; rows before agree.
+    for row in v["pairs"][0]["hidden_states"].as_array().unwrap() {
+        if row["verdict"] == "pass" {
+            continue;
+        }
+        for (p, at) in row["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(f["departs_at"].as_array().unwrap())
+        {
+            assert_eq!(&p["first_departing"], at, "{row}");
+            assert_eq!(
+                p["agreeing"][0],
+                serde_json::json!([0, at.as_u64().unwrap() - 1])
+            );
+        }
+    }
+    let summary = v["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("departure starts at position 64"),
+        "{summary}"
+    );
+    assert!(
+        v["notes"][0]
+            .as_str()
+            .unwrap()
+            .contains("prefill chunk boundary"),
+        "{}",
+        v["notes"]
+    );
+}
+
+#[test]
+fn a_cached_decode_departing_after_the_prompt_is_named() {
+    let f = facts("decode-departs");
+    let (code, v) = diff("decode-departs", &[]);
+    assert_eq!(code, 1);
+    let l = localisation(&v);
+    assert_eq!(l["boundary"]["kind"], "prompt_end", "{l}");
+    assert_eq!(l["boundary"]["position"], f["departs_at"][0]);
+    assert!(
+        l["cause"].as_str().unwrap().contains("cached decode"),
+        "{l}"
+    );
+}
+
+#[test]
+fn state_leaking_into_the_next_request_is_named_per_prompt() {
+    let f = facts("request-leak");
+    let (code, v) = diff("request-leak", &[]);
+    assert_eq!(code, 1);
+    let l = localisation(&v);
+    assert_eq!(l["boundary"]["kind"], "request_boundary", "{l}");
+    assert_eq!(l["boundary"]["clean"], f["clean"]);
+    assert_eq!(l["boundary"]["departing"], f["departing"]);
+    assert_eq!(l["prompts_agreeing"], f["clean"]);
+    // Per-prompt verdicts: p0 passes at every state.
+    for row in v["pairs"][0]["hidden_states"].as_array().unwrap() {
+        assert_eq!(row["prompts"][0]["verdict"], "pass", "{row}");
+    }
+}
+
+#[test]
+fn pads_fed_without_the_mask_are_named_from_the_recorded_masks() {
+    let f = facts("pads-unmasked");
+    let (code, v) = diff("pads-unmasked", &[]);
+    assert_eq!(code, 1);
+    let b = &localisation(&v)["boundary"];
+    assert_eq!(b["kind"], "pad_run", "{b}");
+    assert_eq!(b["start"], f["start"]);
+    assert_eq!(b["end"], f["end"]);
+    assert_eq!(b["masked_by"], f["masked_by"]);
+    let notes = v["notes"].to_string();
+    assert!(notes.contains("has attention_mask"), "{notes}");
+}
+
+#[test]
+fn a_pre_norm_last_state_is_named_and_the_option_aligns_it() {
+    let f = facts("pre-norm-last");
+    let (code, v) = diff("pre-norm-last", &[]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        v["convention"]["convention"], f["convention"],
+        "{}",
+        v["convention"]
+    );
+    assert_eq!(v["convention"]["index"], f["index"]);
+    assert_eq!(v["convention"]["side"], "b");
+    assert!(v["notes"][0]
+        .as_str()
+        .unwrap()
+        .contains("--b-last-pre-norm"));
+    let (code, v) = diff("pre-norm-last", &["--b-last-pre-norm"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["verdict"], "pass");
+    assert!(v["convention"].is_null());
+}
+
+#[test]
+fn identical_dumps_have_no_localisation() {
+    let dir = repo_root().join("fixtures/diagnosis/chunk-state-lost");
+    let a = dir.join("a.safetensors");
+    let v = common::json_of(
+        hsparity()
+            .arg("diff")
+            .arg(&a)
+            .arg(&a)
+            .args(["--json", "--no-report"]),
+    );
+    assert!(v["pairs"][0]["localisation"].is_null());
+    assert_eq!(
+        v["pairs"][0]["hidden_states"][1]["prompts"][1]["first_departing"],
+        Value::Null
+    );
+}
+
+#[test]
+fn the_table_says_which_prompts_depart_where() {
+    let o = hsparity()
+        .arg("diff")
+        .arg(repo_root().join("fixtures/diagnosis/request-leak/a.safetensors"))
+        .arg(repo_root().join("fixtures/diagnosis/request-leak/b.safetensors"))
+        .arg("--no-report")
+        .env("COLUMNS", "200")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("departs at"), "{out}");
+    assert!(out.contains("p1–2 t0; p0 agrees"), "{out}");
+}
+
+#[test]
+fn recorded_inputs_of_the_wrong_length_are_refused_in_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = repo_root().join("fixtures/diagnosis/decode-departs/a.safetensors");
+    for (field, bad) in [("attention_mask", 0), ("prompt_length", 1)] {
+        let mut d = hsparity::dump::Dump::read(&a).unwrap();
+        let rows = d.prompts[0].rows();
+        if bad == 0 {
+            d.prompts[0].attention_mask = Some(vec![1; rows + 1]);
+        } else {
+            d.prompts[0].prompt_length = Some(rows + 5);
+        }
+        let out = tmp.path().join(format!("{field}.safetensors"));
+        d.write(&out, true).unwrap();
+        let o = hsparity()
+            .arg("diff")
+            .arg(&a)
+            .arg(&out)
+            .arg("--no-report")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{field}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(&format!("p0.{field}")), "{err}");
+    }
+}

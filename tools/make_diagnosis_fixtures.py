@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""Build fixtures/diagnosis/: pairs of dumps in which a second run parts
+from transformers' own forward in one of the ways public reports describe,
+each made with transformers 5.23.0 itself on fixtures/tiny-qwen3_5 (f32,
+AutoModelForCausalLM, eager attention). `hsparity diff a.safetensors
+b.safetensors` must name where and why the runs part.
+
+Cases (each folder: a.safetensors = the reference, b.safetensors = the run,
+facts.json = what the generator did, read by the tests):
+
+  chunk-state-lost   b prefills in chunks of 64 tokens through the model's own
+                     cache (`past_key_values`), and the Gated DeltaNet recurrent
+                     states are zeroed between chunks (a state lost at a prefill
+                     chunk boundary). Rows before 64 agree.
+  decode-departs     b prefills the prompt, then feeds the continuation one token
+                     at a time through the cache with the linear-attention conv
+                     states zeroed after the prefill (a decode step that does not
+                     receive the prefill's state). b records p{k}.prompt_length.
+  request-leak       b runs the prompts one after another and starts each prompt
+                     after the first from the previous prompt's Gated DeltaNet
+                     states (a recurrent state not reset between requests).
+  pads-unmasked      every prompt is left-padded with 6 pad tokens; a runs with the
+                     attention mask (0 on the pads) and records it, b runs the same
+                     ids without a mask.
+  pre-norm-last      b is a's capture with its last state taken from a forward hook
+                     on the last decoder layer (the pre-norm output, as vLLM's
+                     hidden states and decoder-layer hooks give it) stored as
+                     hidden_states[N], and no last_layer_output.
+
+Run from the repository root with the pinned environment (tools/requirements.txt):
+    python tools/make_diagnosis_fixtures.py
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = os.path.join(ROOT, "fixtures", "tiny-qwen3_5")
+OUT = os.path.join(ROOT, "fixtures", "diagnosis")
+CHUNK = 64
+PAD = 0
+
+
+def ids_of(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 380, (n,), generator=g).tolist()
+
+
+def layers(model):
+    return model.model.layers
+
+
+def linear_layers(model) -> list[int]:
+    return [i for i, t in enumerate(model.config.layer_types) if t == "linear_attention"]
+
+
+@torch.no_grad()
+def forward(model, ids, cache=None, mask=None):
+    """hidden_states (tuple of [1, T, H]) and the last decoder layer's raw output."""
+    got = {}
+    h = layers(model)[-1].register_forward_hook(lambda _m, _a, out: got.__setitem__("last", out[0] if isinstance(out, tuple) else out))
+    try:
+        out = model(
+            input_ids=torch.tensor([ids]),
+            attention_mask=None if mask is None else torch.tensor([mask]),
+            past_key_values=cache,
+            use_cache=cache is not None,
+            output_hidden_states=True,
+        )
+    finally:
+        h.remove()
+    return out, got["last"]
+
+
+def tensors_of(k: int, ids, hidden, last) -> dict[str, torch.Tensor]:
+    t = {f"p{k}.input_ids": torch.tensor(ids, dtype=torch.int64)}
+    for i, x in enumerate(hidden):
+        t[f"p{k}.hidden_states.{i}"] = x[0].float().contiguous()
+    if last is not None:
+        t[f"p{k}.last_layer_output"] = last[0].float().contiguous()
+    return t
+
+
+def cat(parts):
+    """Concatenates per-chunk (hidden_states, last) along the tokens."""
+    hidden = [torch.cat([p[0][i] for p in parts], dim=1) for i in range(len(parts[0][0]))]
+    last = torch.cat([p[1] for p in parts], dim=1)
+    return hidden, last
+
+
+def new_cache(model):
+    return transformers.DynamicCache(config=model.config)
+
+
+def zero(cache, which: str, model) -> None:
+    for i in linear_layers(model):
+        layer = cache.layers[i]
+        states = getattr(layer, which)
+        for s, t in states.items():
+            if t is not None:
+                t.zero_()
+
+
+def meta(model, name: str) -> dict[str, str]:
+    return {
+        "format": "hsparity.dump.v1",
+        "checkpoint": "fixtures/tiny-qwen3_5",
+        "loading_path": name,
+        "class": type(model).__name__,
+        "dtype": "f32",
+        "num_layers": str(model.config.num_hidden_layers),
+        "tool_version": f"transformers {transformers.__version__} (tools/make_diagnosis_fixtures.py)",
+    }
+
+
+def reference(model, prompts, masks=None):
+    t = {}
+    for k, ids in enumerate(prompts):
+        out, last = forward(model, ids, mask=None if masks is None else masks[k])
+        t |= tensors_of(k, ids, out.hidden_states, last)
+        if masks is not None:
+            t[f"p{k}.attention_mask"] = torch.tensor(masks[k], dtype=torch.int64)
+    return t
+
+
+def chunk_state_lost(model, prompts):
+    t = {}
+    for k, ids in enumerate(prompts):
+        cache, parts = new_cache(model), []
+        for s in range(0, len(ids), CHUNK):
+            if s > 0:
+                zero(cache, "recurrent_states", model)
+            out, last = forward(model, ids[s : s + CHUNK], cache=cache)
+            parts.append((out.hidden_states, last))
+        hidden, last = cat(parts)
+        t |= tensors_of(k, ids, hidden, last)
+    return t, {"boundary": "prefill_chunk", "chunk": CHUNK, "departs_at": [CHUNK for _ in prompts]}
+
+
+def decode_departs(model, prompts, prompt_len: int):
+    t = {}
+    for k, ids in enumerate(prompts):
+        cache = new_cache(model)
+        out, last = forward(model, ids[:prompt_len], cache=cache)
+        parts = [(out.hidden_states, last)]
+        zero(cache, "conv_states", model)
+        for tok in ids[prompt_len:]:
+            out, last = forward(model, [tok], cache=cache)
+            parts.append((out.hidden_states, last))
+        hidden, last = cat(parts)
+        t |= tensors_of(k, ids, hidden, last)
+        t[f"p{k}.prompt_length"] = torch.tensor([prompt_len], dtype=torch.int64)
+    return t, {"boundary": "prompt_end", "departs_at": [prompt_len for _ in prompts]}
+
+
+def request_leak(model, prompts):
+    t, states = {}, None
+    for k, ids in enumerate(prompts):
+        out, last, states = with_initial_states(model, ids, states)
+        t |= tensors_of(k, ids, out.hidden_states, last)
+    return t, {"boundary": "request_boundary", "clean": [0], "departing": list(range(1, len(prompts)))}
+
+
+def with_initial_states(model, ids, initial):
+    """A forward over `ids` from position 0 whose Gated DeltaNet layers start
+    from `initial` (layer -> recurrent state; None: zeros, as a fresh request)
+    and the final states each layer leaves."""
+    finals, saved = {}, {}
+    for i in linear_layers(model):
+        mod = layers(model)[i].linear_attn
+        saved[i] = mod.forward
+
+        def patched(hidden_states, cache_params=None, attention_mask=None, _mod=mod, _i=i, **kw):
+            state = _OneState(None if initial is None else initial[_i])
+            out = type(_mod).forward(_mod, hidden_states, cache_params=state, attention_mask=attention_mask)
+            finals[_i] = state.state
+            return out
+
+        mod.forward = patched
+    try:
+        out, last = forward(model, ids)
+    finally:
+        for i, f in saved.items():
+            layers(model)[i].linear_attn.forward = f
+    return out, last, finals
+
+
+class _OneState:
+    """The cache interface GatedDeltaNet.forward reads (modeling_qwen3_5.py,
+    Qwen3_5GatedDeltaNet.forward), holding one recurrent state and no conv state."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def get_conv_state(self, layer_idx, state_idx=0):
+        return None
+
+    def get_recurrent_state(self, layer_idx, state_idx=0):
+        return self.state
+
+    def is_recording_past(self, layer_idx):
+        return False
+
+    def update_conv_state(self, mixed_qkv, layer_idx, conv_kernel_size):
+        return mixed_qkv
+
+    def update_recurrent_state(self, state, layer_idx, state_idx=0):
+        self.state = state
+
+
+def pre_norm_last(model, prompts):
+    t = reference(model, prompts)
+    n = model.config.num_hidden_layers
+    for k in range(len(prompts)):
+        t[f"p{k}.hidden_states.{n}"] = t.pop(f"p{k}.last_layer_output")
+    return t, {"convention": "pre_norm_last", "index": n}
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = transformers.AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32, attn_implementation="eager").eval()
+    os.makedirs(OUT, exist_ok=True)
+
+    def write(case, a, b, facts):
+        d = os.path.join(OUT, case)
+        os.makedirs(d, exist_ok=True)
+        save_file(a, os.path.join(d, "a.safetensors"), metadata=meta(model, "causal-lm"))
+        save_file(b, os.path.join(d, "b.safetensors"), metadata=meta(model, "causal-lm"))
+        facts = {"case": case, "transformers": transformers.__version__, "torch": torch.__version__} | facts
+        with open(os.path.join(d, "facts.json"), "w") as f:
+            json.dump(facts, f, indent=1)
+            f.write("\n")
+        print(case, facts)
+
+    long = [ids_of(80, 1), ids_of(72, 2)]
+    write("chunk-state-lost", reference(model, long), *chunk_state_lost(model, long))
+    short = [ids_of(24, 3), ids_of(30, 4)]
+    write("decode-departs", reference(model, short), *decode_departs(model, short, 16))
+    three = [ids_of(20, 5), ids_of(18, 6), ids_of(22, 7)]
+    write("request-leak", reference(model, three), *request_leak(model, three))
+    padded = [[PAD] * 6 + ids_of(18, 8), [PAD] * 6 + ids_of(14, 9)]
+    masks = [[0] * 6 + [1] * (len(p) - 6) for p in padded]
+    b = reference(model, padded)
+    write("pads-unmasked", reference(model, padded, masks), b, {"boundary": "pad_run", "start": 0, "end": 5, "masked_by": "a"})
+    write("pre-norm-last", reference(model, short), *pre_norm_last(model, short))
+
+
+if __name__ == "__main__":
+    main()
