@@ -501,6 +501,25 @@ pub fn run(cli: Cli) -> Result<u8> {
             finish(&rep, a.json, None)
         }
         Command::Compare(a) => run_compare(a),
+        Command::Diff(a) if a.a.is_dir() || a.b.is_dir() => {
+            if !(a.a.is_dir() && a.b.is_dir()) {
+                return Err(Error::Input(format!(
+                    "diff compares two dumps (files) or two checkpoints (directories), not one of each: {} is {}, \
+                     {} {}",
+                    a.a.display(),
+                    path_kind(&a.a),
+                    a.b.display(),
+                    path_kind(&a.b)
+                )));
+            }
+            let folder = a.report.prepare::<report::weights::WeightsReport>("diff")?;
+            let rep = diff::run_weights(
+                &a.a.to_string_lossy(),
+                &a.b.to_string_lossy(),
+                command_line(),
+            )?;
+            finish(&rep, a.json, folder)
+        }
         Command::Diff(a) => {
             let folder = a.report.prepare::<report::DiffReport>("diff")?;
             let rep = diff::run(&diff::DiffOptions {
@@ -527,5 +546,13 @@ pub fn run(cli: Cli) -> Result<u8> {
             finish(&rep, a.json, None)
         }
         Command::Import(a) => engines::run_import(a),
+    }
+}
+
+/// `a directory`, `a file`, `missing` (for `diff`'s message on mixed arguments).
+fn path_kind(p: &std::path::Path) -> &'static str {
+    match std::fs::metadata(p) {
+        Ok(m) => crate::input::kind_of(&m).unwrap_or("a file"),
+        Err(_) => "missing",
     }
 }

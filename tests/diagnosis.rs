@@ -201,3 +201,78 @@ fn recorded_inputs_of_the_wrong_length_are_refused_in_one_line() {
         assert!(err.contains(&format!("p0.{field}")), "{err}");
     }
 }
+
+#[test]
+fn a_conversion_that_shifted_the_norms_by_one_is_named_with_its_tensors() {
+    let f = facts("norm-plus-one");
+    let dir = repo_root().join("fixtures/diagnosis/norm-plus-one");
+    let o = hsparity()
+        .arg("diff")
+        .arg(dir.join("a"))
+        .arg(dir.join("b"))
+        .args(["--json", "--no-report"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["kind"], "weights");
+    let findings = v["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 1, "{findings:?}");
+    assert_eq!(
+        findings[0]["relation"],
+        format!("off by {:+}", f["offset"].as_f64().unwrap())
+    );
+    let mut names: Vec<String> = findings[0]["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    let expected: Vec<String> = f["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, expected);
+    assert!(findings[0]["sentence"]
+        .as_str()
+        .unwrap()
+        .contains("zero-centred norm"));
+    for d in v["differing"].as_array().unwrap() {
+        assert_eq!(d["relation"]["kind"], "offset");
+        assert_eq!(d["relation"]["offset"], f["offset"]);
+    }
+    // A checkpoint against itself: every tensor equal.
+    let v = common::json_of(
+        hsparity()
+            .arg("diff")
+            .arg(dir.join("a"))
+            .arg(dir.join("a"))
+            .args(["--json", "--no-report"]),
+    );
+    assert_eq!(v["verdict"], "pass");
+    assert_eq!(v["equal"], 81);
+}
+
+#[test]
+fn a_checkpoint_against_a_dump_is_refused_in_one_line() {
+    let dir = repo_root().join("fixtures/diagnosis");
+    let o = hsparity()
+        .arg("diff")
+        .arg(dir.join("norm-plus-one/a"))
+        .arg(dir.join("decode-departs/a.safetensors"))
+        .arg("--no-report")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("not one of each"), "{err}");
+}

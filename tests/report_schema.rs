@@ -213,6 +213,41 @@ fn diff_report_validates() {
 }
 
 #[test]
+fn diff_reports_of_dumps_that_part_and_of_checkpoints_validate() {
+    let v = Validator::new(&["diff_report", "weights_report"]);
+    let d = "fixtures/diagnosis";
+    for case in [
+        "chunk-state-lost",
+        "pads-unmasked",
+        "pre-norm-last",
+        "request-leak",
+    ] {
+        let (code, out, err) = hsparity(&[
+            "diff",
+            &format!("{d}/{case}/a.safetensors"),
+            &format!("{d}/{case}/b.safetensors"),
+            "--json",
+            "--no-report",
+        ]);
+        assert_eq!(code, 1, "{case}: {err}");
+        let r = json(&out, &err);
+        v.check(case, &r);
+        v.check_def("diff_report", case, &r);
+    }
+    let (code, out, err) = hsparity(&[
+        "diff",
+        &format!("{d}/norm-plus-one/a"),
+        &format!("{d}/norm-plus-one/b"),
+        "--json",
+        "--no-report",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    let r = json(&out, &err);
+    v.check("diff CKPT CKPT", &r);
+    v.check_def("weights_report", "diff CKPT CKPT", &r);
+}
+
+#[test]
 fn committed_examples_validate() {
     let v = Validator::new(&[]);
     let dir = root().join("reports/examples");

@@ -22,6 +22,11 @@ facts.json = what the generator did, read by the tests):
   pads-unmasked      every prompt is left-padded with 6 pad tokens; a runs with the
                      attention mask (0 on the pads) and records it, b runs the same
                      ids without a mask.
+  norm-plus-one      two checkpoints (not dumps): a/ is the model as
+                     `save_pretrained` writes it, b/ the same with 1 added to every
+                     weight of a zero-centred norm (Qwen3_5RMSNorm computes
+                     x * (1 + w)), as a conversion that stored 1 + w would;
+                     facts.json lists those tensors. `hsparity diff a b` must name them.
   pre-norm-last      b is a's capture with its last state taken from a forward hook
                      on the last decoder layer (the pre-norm output, as vLLM's
                      hidden states and decoder-layer hooks give it) stored as
@@ -35,9 +40,14 @@ from __future__ import annotations
 import json
 import os
 
+import sys
+from pathlib import Path
+
 import torch
 import transformers
-from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_fixtures import save_safetensors  # noqa: E402  (deterministic bytes)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "fixtures", "tiny-qwen3_5")
@@ -230,8 +240,8 @@ def main() -> None:
     def write(case, a, b, facts):
         d = os.path.join(OUT, case)
         os.makedirs(d, exist_ok=True)
-        save_file(a, os.path.join(d, "a.safetensors"), metadata=meta(model, "causal-lm"))
-        save_file(b, os.path.join(d, "b.safetensors"), metadata=meta(model, "causal-lm"))
+        save_safetensors(Path(d) / "a.safetensors", a, meta(model, "causal-lm"))
+        save_safetensors(Path(d) / "b.safetensors", b, meta(model, "causal-lm"))
         facts = {"case": case, "transformers": transformers.__version__, "torch": torch.__version__} | facts
         with open(os.path.join(d, "facts.json"), "w") as f:
             json.dump(facts, f, indent=1)
@@ -249,6 +259,45 @@ def main() -> None:
     b = reference(model, padded)
     write("pads-unmasked", reference(model, padded, masks), b, {"boundary": "pad_run", "start": 0, "end": 5, "masked_by": "a"})
     write("pre-norm-last", reference(model, short), *pre_norm_last(model, short))
+    norm_plus_one(model)
+
+
+@torch.no_grad()
+def norm_plus_one(model) -> None:
+    d = os.path.join(OUT, "norm-plus-one")
+    model.save_pretrained(os.path.join(d, "a"))
+    norm_class = type(model.model.norm)
+    shifted = []
+    for name, mod in model.named_modules():
+        if type(mod) is norm_class:
+            mod.weight += 1.0
+            shifted.append(f"{name}.weight")
+    model.save_pretrained(os.path.join(d, "b"))
+    # The saved keys of the shifted parameters (save_pretrained renames them,
+    # e.g. model.layers.* -> model.language_model.layers.*): the keys whose
+    # stored value is a shifted parameter's, found by value in b's file.
+    from safetensors.torch import load_file
+
+    stored = load_file(os.path.join(d, "b", "model.safetensors"))
+    params = [mod.weight for _, mod in model.named_modules() if type(mod) is norm_class]
+    keys = sorted(k for k, v in stored.items() if any(v.shape == p.shape and torch.equal(v, p) for p in params))
+    assert len(keys) == len(shifted), (keys, shifted)
+    for name, mod in model.named_modules():
+        if type(mod) is norm_class:
+            mod.weight -= 1.0
+    facts = {
+        "case": "norm-plus-one",
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "norm_class": norm_class.__name__,
+        "offset": 1.0,
+        "modules": sorted(shifted),
+        "tensors": keys,
+    }
+    with open(os.path.join(d, "facts.json"), "w") as f:
+        json.dump(facts, f, indent=1)
+        f.write("\n")
+    print("norm-plus-one", len(shifted), "tensors")
 
 
 if __name__ == "__main__":

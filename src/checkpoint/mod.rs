@@ -2,6 +2,7 @@
 //! ([`config`]), its tensor headers ([`headers`]) and its lazily mapped data
 //! ([`weights`]).
 
+pub mod compare;
 pub mod config;
 pub mod headers;
 pub mod resolve;

@@ -51,3 +51,32 @@ pub fn run(opts: &DiffOptions) -> Result<DiffReport> {
         opts.command_line.clone(),
     ))
 }
+
+/// Compares two checkpoints' tensors (`diff CKPT_A CKPT_B`): headers first,
+/// then each common tensor streamed.
+///
+/// Errors: a checkpoint that cannot be resolved or whose headers are bad.
+pub fn run_weights(
+    a: &str,
+    b: &str,
+    command_line: String,
+) -> Result<crate::report::weights::WeightsReport> {
+    use crate::checkpoint::{compare, headers::HeaderIndex, resolve, weights::Weights};
+    use std::sync::Arc;
+    let open = |arg: &str| -> Result<(String, Arc<HeaderIndex>)> {
+        let src = resolve::resolve(arg)?;
+        Ok((
+            src.display.clone(),
+            Arc::new(HeaderIndex::read_dir(&src.dir)?),
+        ))
+    };
+    let ((na, ia), (nb, ib)) = (open(a)?, open(b)?);
+    let (wa, wb) = (Weights::new(ia.clone()), Weights::new(ib.clone()));
+    let c = compare::compare(&ia, &ib, &wa, &wb)?;
+    Ok(crate::report::weights::build(
+        c,
+        (&na, &nb),
+        [ia.len(), ib.len()],
+        command_line,
+    ))
+}

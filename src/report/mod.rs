@@ -27,6 +27,7 @@ pub mod localisation;
 pub mod prompts;
 pub mod tabular;
 pub mod triage;
+pub mod weights;
 
 pub use hashes::{file_sha256, prompts_sha256, short_sha256};
 
@@ -70,6 +71,8 @@ pub enum Kind {
     Import,
     /// `hsparity inventory`.
     Inventory,
+    /// `hsparity diff CKPT_A CKPT_B`: two checkpoints' tensors.
+    Weights,
 }
 
 /// The target a run read, when it read one (`diff` reads dumps only).
