@@ -276,3 +276,56 @@ fn a_checkpoint_against_a_dump_is_refused_in_one_line() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("not one of each"), "{err}");
 }
+
+#[test]
+fn drafter_tensors_the_forward_never_reads_are_listed_as_dflash_lists_them() {
+    let f = facts("drafter-extra");
+    let o = hsparity()
+        .args(["drafter", "fixtures/toy-pair/target", "--drafter"])
+        .arg(repo_root().join("fixtures/diagnosis/drafter-extra"))
+        .args([
+            "--prompt-ids",
+            "1,2,3,4,5",
+            "--max-new-tokens",
+            "8",
+            "--json",
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.code() == Some(0) || o.status.code() == Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["drafter"]["unexpected_tensors"], f["dflash_unexpected_keys"],
+        "{}",
+        v["drafter"]
+    );
+    assert!(
+        v["notes"][0].as_str().unwrap().contains("UNEXPECTED"),
+        "{}",
+        v["notes"]
+    );
+    // The drafter as trained carries none.
+    let v = common::json_of(
+        hsparity()
+            .args([
+                "drafter",
+                "fixtures/toy-pair/target",
+                "--drafter",
+                "fixtures/toy-pair/drafter",
+            ])
+            .args([
+                "--prompt-ids",
+                "1,2,3,4,5",
+                "--max-new-tokens",
+                "8",
+                "--json",
+                "-q",
+            ]),
+    );
+    assert_eq!(v["drafter"]["unexpected_tensors"], serde_json::json!([]));
+}

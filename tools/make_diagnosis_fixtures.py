@@ -27,6 +27,11 @@ facts.json = what the generator did, read by the tests):
                      weight of a zero-centred norm (Qwen3_5RMSNorm computes
                      x * (1 + w)), as a conversion that stored 1 + w would;
                      facts.json lists those tensors. `hsparity diff a b` must name them.
+  drafter-extra      the toy pair's DFlash drafter with two tensors its forward never
+                     reads (`input_norm.weight`, `fc_norm.weight`), as a drafter trained with
+                     an extra norm is saved; facts.json holds what dflash 0.1.0's own loader
+                     (`DFlashDraftModel.from_pretrained(..., output_loading_info=True)`) lists
+                     as unexpected keys.
   pre-norm-last      b is a's capture with its last state taken from a forward hook
                      on the last decoder layer (the pre-norm output, as vLLM's
                      hidden states and decoder-layer hooks give it) stored as
@@ -260,6 +265,38 @@ def main() -> None:
     write("pads-unmasked", reference(model, padded, masks), b, {"boundary": "pad_run", "start": 0, "end": 5, "masked_by": "a"})
     write("pre-norm-last", reference(model, short), *pre_norm_last(model, short))
     norm_plus_one(model)
+    drafter_extra()
+
+
+@torch.no_grad()
+def drafter_extra() -> None:
+    import shutil
+
+    from dflash.model import DFlashDraftModel
+    from safetensors.torch import load_file
+
+    src = os.path.join(ROOT, "fixtures", "toy-pair", "drafter")
+    d = os.path.join(OUT, "drafter-extra")
+    os.makedirs(d, exist_ok=True)
+    shutil.copy(os.path.join(src, "config.json"), os.path.join(d, "config.json"))
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    h = tensors["norm.weight"].shape[0]
+    g = torch.Generator().manual_seed(11)
+    tensors["input_norm.weight"] = (1 + 0.1 * torch.randn(h, generator=g)).to(tensors["norm.weight"].dtype)
+    tensors["fc_norm.weight"] = (1 + 0.1 * torch.randn(h, generator=g)).to(tensors["norm.weight"].dtype)
+    save_safetensors(Path(d) / "model.safetensors", tensors, {"format": "pt"})
+    _, info = DFlashDraftModel.from_pretrained(d, output_loading_info=True)
+    facts = {
+        "case": "drafter-extra",
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "dflash_unexpected_keys": sorted(info["unexpected_keys"]),
+        "dflash_missing_keys": sorted(info["missing_keys"]),
+    }
+    with open(os.path.join(d, "facts.json"), "w") as f:
+        json.dump(facts, f, indent=1)
+        f.write("\n")
+    print("drafter-extra", facts)
 
 
 @torch.no_grad()

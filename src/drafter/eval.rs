@@ -349,6 +349,33 @@ pub struct DrafterInfo {
     /// What the drafter's config records about its target, checked against
     /// this target ([`crate::drafter::audit`]); a disagreement fails the run.
     pub audit: Vec<crate::drafter::audit::AuditCheck>,
+    /// Tensors the drafter's file holds that the DFlash forward never reads
+    /// (dflash's `from_pretrained` lists them as UNEXPECTED), sorted: τ is
+    /// measured without them.
+    pub unexpected_tensors: Vec<String>,
+}
+
+impl DrafterInfo {
+    /// The line that names the tensors the forward never reads, when there are any.
+    pub fn unexpected_note(&self) -> Option<String> {
+        let n = self.unexpected_tensors.len();
+        (n > 0).then(|| {
+            let shown: Vec<&str> = self.unexpected_tensors.iter().take(6).map(String::as_str).collect();
+            format!(
+                "the drafter's file holds {n} tensor{} the DFlash forward never reads ({}{}): dflash's \
+                 from_pretrained lists {} as UNEXPECTED and drops {}, so τ here is the drafter without {} — if it \
+                 was trained with {} (a norm before fc, an extra projection), this is not the drafter that was \
+                 trained",
+                if n == 1 { "" } else { "s" },
+                shown.join(", "),
+                if n > shown.len() { ", …" } else { "" },
+                if n == 1 { "it" } else { "them" },
+                if n == 1 { "it" } else { "them" },
+                if n == 1 { "it" } else { "them" },
+                if n == 1 { "it" } else { "them" },
+            )
+        })
+    }
 }
 
 /// DDTree results for one path.

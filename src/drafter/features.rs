@@ -484,6 +484,7 @@ pub fn evaluate(
             num_hidden_layers: drafter.cfg.num_hidden_layers,
             dtype: dprec,
             audit: super::audit::audit(&drafter.cfg, &session.paths[0].text_config),
+            unexpected_tensors: drafter.unexpected.clone(),
         },
         end_rule: settings.replay.rule,
         max_new_tokens: settings.replay.max_new,

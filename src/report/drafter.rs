@@ -43,6 +43,10 @@ pub fn build(
         None => summary,
     };
     let summary = format!("{summary}; τ on {}", eval.measured_on);
+    let mut notes = notes;
+    if let Some(n) = eval.drafter.unexpected_note() {
+        notes.insert(0, n);
+    }
     Report::new(
         Kind::Drafter,
         verdict,

@@ -44,6 +44,10 @@ pub fn build(
         gap.map(|g| format!("; {g}")).unwrap_or_default()
     );
     let summary = format!("{summary}; τ on {}", eval.measured_on);
+    let mut notes = notes;
+    if let Some(n) = eval.drafter.unexpected_note() {
+        notes.insert(0, n);
+    }
     Report::new(
         Kind::Drafter,
         verdict,

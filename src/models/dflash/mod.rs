@@ -60,6 +60,9 @@ pub struct Drafter {
     weights: DrafterWeights,
     rotary: Rotary,
     prec: Precision,
+    /// Tensors the drafter's file holds that its forward never reads (what
+    /// dflash's `from_pretrained` lists as UNEXPECTED keys), sorted.
+    pub unexpected: Vec<String>,
 }
 
 impl Drafter {
@@ -96,14 +99,19 @@ impl Drafter {
             })
         };
         let (kh, qd, kvd) = (mul(k, h)?, mul(nh, hd)?, mul(nkv, hd)?);
-        check_shape(&weights, "fc.weight", &[h, kh]).map_err(|e| match e {
+        let mut read: Vec<String> = Vec::new();
+        let mut check = |w: &DrafterWeights, n: &str, shape: &[usize]| {
+            read.push(n.to_string());
+            check_shape(w, n, shape)
+        };
+        check(&weights, "fc.weight", &[h, kh]).map_err(|e| match e {
             Error::Checkpoint(m) => Error::Checkpoint(format!(
                 "{m} (fc in-features must be len(target_layer_ids) x hidden_size = {k} x {h})"
             )),
             other => other,
         })?;
         for n in ["hidden_norm.weight", "norm.weight"] {
-            check_shape(&weights, n, &[h])?;
+            check(&weights, n, &[h])?;
         }
         for i in 0..cfg.num_hidden_layers {
             for (n, shape) in [
@@ -119,10 +127,17 @@ impl Drafter {
                 ("mlp.up_proj.weight", vec![inter, h]),
                 ("mlp.down_proj.weight", vec![h, inter]),
             ] {
-                check_shape(&weights, &format!("layers.{i}.{n}"), &shape)?;
+                check(&weights, &format!("layers.{i}.{n}"), &shape)?;
             }
         }
+        let mut unexpected: Vec<String> = weights
+            .names()
+            .filter(|n| !read.contains(n))
+            .cloned()
+            .collect();
+        unexpected.sort();
         Ok(Self {
+            unexpected,
             rotary: Rotary::new(cfg.rope_theta, hd),
             cfg,
             weights,
@@ -151,6 +166,7 @@ impl Drafter {
             weights: self.weights.clone(),
             rotary: self.rotary.clone(),
             prec: self.prec,
+            unexpected: self.unexpected.clone(),
         }
     }
 

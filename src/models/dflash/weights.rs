@@ -20,6 +20,11 @@ pub struct DrafterWeights {
 }
 
 impl DrafterWeights {
+    /// The tensors' names (in no order).
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.tensors.keys()
+    }
+
     /// Bytes held (stored dtype).
     pub fn bytes(&self) -> u64 {
         self.tensors
