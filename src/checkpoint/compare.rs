@@ -15,9 +15,10 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::headers::{HeaderIndex, TensorHeader};
+use super::headers::TensorHeader;
 use super::weights::Weights;
 use crate::error::Result;
+use crate::precision::Precision;
 
 /// How tensor `b` relates to tensor `a` of the same name.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -109,13 +110,16 @@ pub struct WeightsComparison {
 
 /// Relative rounding of a stored dtype (half an ulp at 1).
 fn eps(dtype: &str) -> f64 {
-    match dtype {
-        "BF16" => 2f64.powi(-8),
-        "F16" => 2f64.powi(-11),
-        "F64" => 2f64.powi(-53),
-        _ => 2f64.powi(-24),
+    match (Precision::from_safetensors(dtype), dtype) {
+        (Some(p), _) => 2f64.powi(-(p.mantissa_bits() as i32 + 1)),
+        (None, "F64") => 2f64.powi(-53),
+        (None, _) => 2f64.powi(-24),
     }
 }
+
+/// Transposition is checked by loading both tensors whole: up to this many
+/// elements (256 MiB of f32 each); a larger swapped pair is `ShapeDiffers`.
+const MAX_TRANSPOSE_CHECK: u64 = 1 << 26;
 
 /// Rows per streamed chunk so that a chunk holds about 4 M elements.
 fn chunk_rows(shape: &[usize]) -> usize {
@@ -249,15 +253,8 @@ fn fingerprint(row: &[f32]) -> u64 {
 }
 
 /// The lower-precision dtype of two (the one both round to).
-fn lower(a: &str, b: &str) -> Option<crate::precision::Precision> {
-    use crate::precision::Precision;
-    let p = |d: &str| match d {
-        "BF16" => Some(Precision::Bf16),
-        "F16" => Some(Precision::F16),
-        "F32" => Some(Precision::F32),
-        _ => None,
-    };
-    Some(p(a)?.lower(p(b)?))
+fn lower(a: &str, b: &str) -> Option<Precision> {
+    Some(Precision::from_safetensors(a)?.lower(Precision::from_safetensors(b)?))
 }
 
 /// One common tensor of `wa` and `wb`.
@@ -276,11 +273,13 @@ fn compare_tensor(
         });
     }
     if ta.shape != tb.shape {
-        let swapped =
-            ta.shape.len() == 2 && ta.shape[0] == tb.shape[1] && ta.shape[1] == tb.shape[0];
+        let swapped = ta.shape.len() == 2
+            && ta.shape[0] == tb.shape[1]
+            && ta.shape[1] == tb.shape[0]
+            && ta.numel() <= MAX_TRANSPOSE_CHECK;
         if swapped {
-            let a = wa.load_f32_rounded(&ta.name, crate::precision::Precision::F32)?;
-            let b = wb.load_f32_rounded(&tb.name, crate::precision::Precision::F32)?;
+            let a = wa.load_f32_rounded(&ta.name, Precision::F32)?;
+            let b = wb.load_f32_rounded(&tb.name, Precision::F32)?;
             let at = a.t()?.contiguous()?;
             let same = at.flatten_all()?.to_vec1::<f32>()? == b.flatten_all()?.to_vec1::<f32>()?;
             if same {
@@ -303,8 +302,8 @@ fn compare_tensor(
         let len = step.min(rows - start);
         let (a, b) = if ta.shape.is_empty() {
             (
-                wa.load_f32_rounded(&ta.name, crate::precision::Precision::F32)?,
-                wb.load_f32_rounded(&tb.name, crate::precision::Precision::F32)?,
+                wa.load_f32_rounded(&ta.name, Precision::F32)?,
+                wb.load_f32_rounded(&tb.name, Precision::F32)?,
             )
         } else {
             (
@@ -312,12 +311,13 @@ fn compare_tensor(
                 wb.load_row_range(&tb.name, start, len, None)?,
             )
         };
-        let av = a.flatten_all()?.to_vec1::<f32>()?;
-        let bv = b.flatten_all()?.to_vec1::<f32>()?;
+        let mut av = a.flatten_all()?.to_vec1::<f32>()?;
+        let mut bv = b.flatten_all()?.to_vec1::<f32>()?;
         stats.add(&av, &bv, row_len);
         if let Some(p) = rounded {
-            let r = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| p.round_f32(x)).collect() };
-            cast.add(&r(&av), &r(&bv), row_len);
+            p.round_slice(&mut av);
+            p.round_slice(&mut bv);
+            cast.add(&av, &bv, row_len);
         }
         start += len;
     }
@@ -330,15 +330,11 @@ fn compare_tensor(
     Ok(stats.relation(e))
 }
 
-/// Compares every tensor of `a` with `b`'s of the same name.
+/// Compares every tensor of checkpoint `wa` with `wb`'s of the same name.
 ///
 /// Errors: unreadable tensors ([`crate::error::Error::Checkpoint`]).
-pub fn compare(
-    a: &HeaderIndex,
-    b: &HeaderIndex,
-    wa: &Weights,
-    wb: &Weights,
-) -> Result<WeightsComparison> {
+pub fn compare(wa: &Weights, wb: &Weights) -> Result<WeightsComparison> {
+    let (a, b) = (wa.index(), wb.index());
     let in_b: HashMap<&str, &TensorHeader> =
         b.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
     let mut out = WeightsComparison {

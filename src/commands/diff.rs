@@ -63,20 +63,17 @@ pub fn run_weights(
 ) -> Result<crate::report::weights::WeightsReport> {
     use crate::checkpoint::{compare, headers::HeaderIndex, resolve, weights::Weights};
     use std::sync::Arc;
-    let open = |arg: &str| -> Result<(String, Arc<HeaderIndex>)> {
+    let open = |arg: &str| -> Result<(String, Weights)> {
         let src = resolve::resolve(arg)?;
-        Ok((
-            src.display.clone(),
-            Arc::new(HeaderIndex::read_dir(&src.dir)?),
-        ))
+        let index = Arc::new(HeaderIndex::read_dir(&src.dir)?);
+        Ok((src.display, Weights::new(index)))
     };
-    let ((na, ia), (nb, ib)) = (open(a)?, open(b)?);
-    let (wa, wb) = (Weights::new(ia.clone()), Weights::new(ib.clone()));
-    let c = compare::compare(&ia, &ib, &wa, &wb)?;
+    let ((na, wa), (nb, wb)) = (open(a)?, open(b)?);
+    let c = compare::compare(&wa, &wb)?;
     Ok(crate::report::weights::build(
         c,
         (&na, &nb),
-        [ia.len(), ib.len()],
+        [wa.index().len(), wb.index().len()],
         command_line,
     ))
 }

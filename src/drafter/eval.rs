@@ -359,20 +359,16 @@ impl DrafterInfo {
     /// The line that names the tensors the forward never reads, when there are any.
     pub fn unexpected_note(&self) -> Option<String> {
         let n = self.unexpected_tensors.len();
+        let (s, them) = if n == 1 { ("", "it") } else { ("s", "them") };
         (n > 0).then(|| {
             let shown: Vec<&str> = self.unexpected_tensors.iter().take(6).map(String::as_str).collect();
+            let more = if n > shown.len() { ", …" } else { "" };
             format!(
-                "the drafter's file holds {n} tensor{} the DFlash forward never reads ({}{}): dflash's \
-                 from_pretrained lists {} as UNEXPECTED and drops {}, so τ here is the drafter without {} — if it \
-                 was trained with {} (a norm before fc, an extra projection), this is not the drafter that was \
-                 trained",
-                if n == 1 { "" } else { "s" },
-                shown.join(", "),
-                if n > shown.len() { ", …" } else { "" },
-                if n == 1 { "it" } else { "them" },
-                if n == 1 { "it" } else { "them" },
-                if n == 1 { "it" } else { "them" },
-                if n == 1 { "it" } else { "them" },
+                "the drafter's file holds {n} tensor{s} the DFlash forward never reads ({}{more}): dflash's \
+                 from_pretrained lists {them} as UNEXPECTED and drops {them}, so τ here is the drafter without \
+                 {them} — if it was trained with {them} (a norm before fc, an extra projection), this is not the \
+                 drafter that was trained",
+                shown.join(", ")
             )
         })
     }

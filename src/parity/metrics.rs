@@ -239,8 +239,8 @@ impl Accumulator {
         }
     }
 
-    /// The metrics so far.
-    pub fn finish(&self) -> Metrics {
+    /// The metrics (the per-row profile moved into them).
+    pub fn finish(self) -> Metrics {
         let rel_l2 = rel(self.sum_sq_diff, self.sum_sq_ref);
         Metrics {
             cos_min: if self.rows == 0 { 1.0 } else { self.cos_min },
@@ -262,7 +262,7 @@ impl Accumulator {
             nan_count: self.nan,
             inf_count: self.inf,
             rows: self.rows,
-            profile: self.profile.clone(),
+            profile: self.profile,
         }
     }
 }

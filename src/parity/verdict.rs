@@ -136,24 +136,33 @@ impl Tolerance {
 
 /// `hs 0–3` / `hs 2, 5–6`: `hidden_states` indices as runs.
 pub fn index_runs(indices: &[usize]) -> String {
-    let mut runs: Vec<(usize, usize)> = Vec::new();
+    format!("hs {}", runs_text(&runs(indices), ""))
+}
+
+/// Ascending indices as inclusive `[first, last]` runs of neighbours.
+pub fn runs(indices: &[usize]) -> Vec<[usize; 2]> {
+    let mut runs: Vec<[usize; 2]> = Vec::new();
     for &i in indices {
         match runs.last_mut() {
-            Some((_, hi)) if *hi + 1 == i => *hi = i,
-            _ => runs.push((i, i)),
+            Some(r) if r[1] + 1 == i => r[1] = i,
+            _ => runs.push([i, i]),
         }
     }
-    let parts: Vec<String> = runs
-        .iter()
-        .map(|&(lo, hi)| {
+    runs
+}
+
+/// Runs as text, each led by `prefix`: `p0–3, p5` (`prefix` `p`), `0–39, 44`.
+pub fn runs_text(runs: &[[usize; 2]], prefix: &str) -> String {
+    runs.iter()
+        .map(|&[lo, hi]| {
             if lo == hi {
-                lo.to_string()
+                format!("{prefix}{lo}")
             } else {
-                format!("{lo}–{hi}")
+                format!("{prefix}{lo}–{hi}")
             }
         })
-        .collect();
-    format!("hs {}", parts.join(", "))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -179,9 +188,10 @@ mod tests {
         assert_eq!(tol.judge(&far.finish()), Verdict::Fail);
         let mut near = Accumulator::default();
         near.add_rows(0, &[1.0, 1.001], &[1.0, 1.0], 2);
-        assert_eq!(tol.judge(&near.finish()), Verdict::Warn);
+        let near = near.finish();
+        assert_eq!(tol.judge(&near), Verdict::Warn);
         assert_eq!(
-            Tolerance::for_precision(Precision::Bf16).judge(&near.finish()),
+            Tolerance::for_precision(Precision::Bf16).judge(&near),
             Verdict::Pass
         );
     }

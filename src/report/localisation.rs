@@ -12,16 +12,7 @@ fn runs(r: &[[usize; 2]]) -> String {
     if r.is_empty() {
         return "none".into();
     }
-    r.iter()
-        .map(|[a, b]| {
-            if a == b {
-                a.to_string()
-            } else {
-                format!("{a}–{b}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+    crate::parity::verdict::runs_text(r, "")
 }
 
 /// The Markdown section, when the pair has a localisation.
