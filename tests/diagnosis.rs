@@ -33,13 +33,20 @@ fn localisation(v: &Value) -> &Value {
     &v["pairs"][0]["localisation"]
 }
 
+/// `diff` of case `case`: it fails (exit 1) naming a boundary of `kind`;
+/// the case's facts and the report.
+fn parted(case: &str, kind: &str) -> (Value, Value) {
+    let (code, v) = diff(case, &[]);
+    assert_eq!(code, 1, "{case}: {v}");
+    let b = &localisation(&v)["boundary"];
+    assert_eq!(b["kind"], kind, "{case}: {b}");
+    (facts(case), v)
+}
+
 #[test]
 fn a_state_lost_at_a_prefill_chunk_is_named_with_its_chunk() {
-    let f = facts("chunk-state-lost");
-    let (code, v) = diff("chunk-state-lost", &[]);
-    assert_eq!(code, 1, "{v}");
+    let (f, v) = parted("chunk-state-lost", "prefill_chunk");
     let l = localisation(&v);
-    assert_eq!(l["boundary"]["kind"], "prefill_chunk", "{l}");
     assert_eq!(l["boundary"]["chunk"], f["chunk"]);
     assert_eq!(l["boundary"]["positions"], f["departs_at"]);
     // Every failing row says where each prompt departs; rows before agree.
@@ -77,11 +84,8 @@ fn a_state_lost_at_a_prefill_chunk_is_named_with_its_chunk() {
 
 #[test]
 fn a_cached_decode_departing_after_the_prompt_is_named() {
-    let f = facts("decode-departs");
-    let (code, v) = diff("decode-departs", &[]);
-    assert_eq!(code, 1);
+    let (f, v) = parted("decode-departs", "prompt_end");
     let l = localisation(&v);
-    assert_eq!(l["boundary"]["kind"], "prompt_end", "{l}");
     assert_eq!(l["boundary"]["position"], f["departs_at"][0]);
     assert!(
         l["cause"].as_str().unwrap().contains("cached decode"),
@@ -91,11 +95,8 @@ fn a_cached_decode_departing_after_the_prompt_is_named() {
 
 #[test]
 fn state_leaking_into_the_next_request_is_named_per_prompt() {
-    let f = facts("request-leak");
-    let (code, v) = diff("request-leak", &[]);
-    assert_eq!(code, 1);
+    let (f, v) = parted("request-leak", "request_boundary");
     let l = localisation(&v);
-    assert_eq!(l["boundary"]["kind"], "request_boundary", "{l}");
     assert_eq!(l["boundary"]["clean"], f["clean"]);
     assert_eq!(l["boundary"]["departing"], f["departing"]);
     assert_eq!(l["prompts_agreeing"], f["clean"]);
@@ -107,14 +108,13 @@ fn state_leaking_into_the_next_request_is_named_per_prompt() {
 
 #[test]
 fn pads_fed_without_the_mask_are_named_from_the_recorded_masks() {
-    let f = facts("pads-unmasked");
-    let (code, v) = diff("pads-unmasked", &[]);
-    assert_eq!(code, 1);
+    let (f, v) = parted("pads-unmasked", "pad_run");
     let b = &localisation(&v)["boundary"];
-    assert_eq!(b["kind"], "pad_run", "{b}");
     assert_eq!(b["start"], f["start"]);
     assert_eq!(b["end"], f["end"]);
     assert_eq!(b["masked_by"], f["masked_by"]);
+    // The masked run is the pad token's (the generator's pads are token 0).
+    assert_eq!(b["token"], 0);
     let notes = v["notes"].to_string();
     assert!(notes.contains("has attention_mask"), "{notes}");
 }
@@ -328,4 +328,22 @@ fn drafter_tensors_the_forward_never_reads_are_listed_as_dflash_lists_them() {
             ]),
     );
     assert_eq!(v["drafter"]["unexpected_tensors"], serde_json::json!([]));
+}
+
+#[test]
+fn the_pre_norm_option_refuses_a_reference_without_last_layer_output() {
+    // The reference must hold last_layer_output, or nothing would compare
+    // b's last state and the run would pass without looking at it.
+    let dir = repo_root().join("fixtures/diagnosis/pre-norm-last");
+    let o = hsparity()
+        .arg("diff")
+        .arg(dir.join("b.safetensors"))
+        .arg(dir.join("a.safetensors"))
+        .args(["--b-last-pre-norm", "--no-report"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("holds no last_layer_output"), "{err}");
 }

@@ -103,16 +103,31 @@ pub fn detect(a: &Dump, b: &Dump, pair: &PairReport) -> Result<Option<Convention
     Ok(None)
 }
 
-/// `d` with each prompt's `hidden_states[N]` moved to `last_layer_output`
-/// (what `--b-last-pre-norm` compares).
+/// `b` with each prompt's `hidden_states[N]` moved to `last_layer_output`
+/// (what `--b-last-pre-norm` compares against `a`'s `last_layer_output`).
 ///
-/// Errors: `d` holds no `hidden_states[N]` ([`Error::Input`]).
-pub fn last_as_pre_norm(d: &Dump, n: usize, name: &str) -> Result<Dump> {
-    let mut d = d.clone();
+/// Errors ([`Error::Input`]): neither dump says N; `a` holds no
+/// `last_layer_output` (nothing would compare b's last state, and the run
+/// would pass without looking at it); `b` holds no `hidden_states[N]`.
+pub fn last_as_pre_norm(a: &Dump, b: &Dump, (a_name, b_name): (&str, &str)) -> Result<Dump> {
+    let n = b.num_layers().or(a.num_layers()).ok_or_else(|| {
+        Error::Input(
+            "--b-last-pre-norm: neither dump says its number of layers (num_layers metadata), so \
+             hidden_states[N] is unknown"
+                .to_string(),
+        )
+    })?;
+    if let Some(k) = a.prompts.iter().position(|p| p.last_layer_output.is_none()) {
+        return Err(Error::Input(format!(
+            "--b-last-pre-norm: {a_name} p{k} holds no last_layer_output to compare b's last state with \
+             (dump the reference with hsparity dump or tools/dump_hidden_states.py, which record it)"
+        )));
+    }
+    let mut d = b.clone();
     for (k, p) in d.prompts.iter_mut().enumerate() {
         let t = p.hidden_states.remove(&n).ok_or_else(|| {
             Error::Input(format!(
-                "--b-last-pre-norm: {name} p{k} holds no hidden_states[{n}] to read as the last layer's \
+                "--b-last-pre-norm: {b_name} p{k} holds no hidden_states[{n}] to read as the last layer's \
                  pre-norm output"
             ))
         })?;

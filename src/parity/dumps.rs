@@ -148,21 +148,18 @@ pub fn inputs_of(a: &Dump, b: &Dump) -> Vec<PromptInputs> {
 fn input_differences(a: &Dump, b: &Dump, (a_name, b_name): (&str, &str)) -> Vec<String> {
     let mut notes = Vec::new();
     let runs = |v: &[usize]| super::localise::prompt_runs(v);
-    for (field, get) in [
-        (
-            "attention_mask",
-            (|p: &crate::dump::DumpPrompt| p.attention_mask.clone()) as fn(&_) -> _,
-        ),
-        ("position_ids", |p: &crate::dump::DumpPrompt| {
-            p.position_ids.clone()
-        }),
-    ] {
+    type Field = fn(&crate::dump::DumpPrompt) -> Option<&Vec<i64>>;
+    let fields: [(&str, Field); 2] = [
+        ("attention_mask", |p| p.attention_mask.as_ref()),
+        ("position_ids", |p| p.position_ids.as_ref()),
+    ];
+    for (field, get) in fields {
         let (mut one_side, mut differ) = (Vec::new(), Vec::new());
         let mut first = None;
         for (k, (p, q)) in a.prompts.iter().zip(&b.prompts).enumerate() {
             match (get(p), get(q)) {
                 (Some(x), Some(y)) if x != y => {
-                    let at = x.iter().zip(&y).take_while(|(u, v)| u == v).count();
+                    let at = x.iter().zip(y).take_while(|(u, v)| u == v).count();
                     first.get_or_insert((k, at, x.get(at).copied(), y.get(at).copied()));
                     differ.push(k);
                 }
@@ -346,10 +343,7 @@ pub fn compare_dumps(
     let inputs_verified = input_gate(a, b, (a_name, b_name))?;
     let moved;
     let b = if settings.b_last_pre_norm {
-        let n = b.num_layers().or(a.num_layers()).ok_or_else(|| {
-            Error::Input("--b-last-pre-norm: neither dump says its number of layers (num_layers metadata), so                  hidden_states[N] is unknown".to_string())
-        })?;
-        moved = super::conventions::last_as_pre_norm(b, n, b_name)?;
+        moved = super::conventions::last_as_pre_norm(a, b, (a_name, b_name))?;
         &moved
     } else {
         b

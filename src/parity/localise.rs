@@ -45,16 +45,10 @@ pub struct PromptAgreement {
 impl PromptAgreement {
     /// The agreement of one prompt's rows under `tol`.
     pub fn of(rows: &PromptRows, tol: &Tolerance) -> Self {
-        let mut agreeing: Vec<[usize; 2]> = Vec::new();
-        for (t, r) in rows.rows.iter().enumerate() {
-            if !row_agrees(r, tol) {
-                continue;
-            }
-            match agreeing.last_mut() {
-                Some(run) if run[1] + 1 == t => run[1] = t,
-                _ => agreeing.push([t, t]),
-            }
-        }
+        let agreeing_positions: Vec<usize> = (0..rows.rows.len())
+            .filter(|&t| row_agrees(&rows.rows[t], tol))
+            .collect();
+        let agreeing = super::verdict::runs(&agreeing_positions);
         let first_departing = rows.rows.iter().position(|r| !row_agrees(r, tol));
         let (cos_min, rel_l2) = (rows.cos_min(), rows.rel_l2());
         let non_finite = rows.rows.iter().any(|r| r.non_finite);
@@ -251,12 +245,7 @@ impl PositionProfile {
 
 /// `p0`, `p1–3`, `p0, p2`.
 pub fn prompt_runs(prompts: &[usize]) -> String {
-    let runs = super::verdict::index_runs(prompts);
-    let body = runs.trim_start_matches("hs ");
-    body.split(", ")
-        .map(|r| format!("p{r}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    super::verdict::runs_text(&super::verdict::runs(prompts), "p")
 }
 
 /// The first position after a run of one repeated token ending just
@@ -274,10 +263,15 @@ fn pad_run(f: usize, inputs: &PromptInputs) -> Option<Boundary> {
         let masked: Vec<usize> = (0..m.len()).filter(|&t| m[t] == 0 && attended(t)).collect();
         if let (Some(&start), Some(&end)) = (masked.first(), masked.last()) {
             if end + 1 == masked.len() + start && f <= end + 1 {
+                // The run's token, when the masked positions hold one repeated token.
+                let token = inputs.ids.as_ref().and_then(|ids| {
+                    let run = ids.get(start..=end)?;
+                    run.iter().all(|&t| t == run[0]).then_some(run[0])
+                });
                 return Some(Boundary::PadRun {
                     start,
                     end,
-                    token: inputs.ids.as_ref().and_then(|ids| ids.get(start).copied()),
+                    token,
                     masked_by: Some(if masked_by == 0 { "a" } else { "b" }.into()),
                 });
             }
@@ -310,7 +304,6 @@ fn boundary(
     departing: &[&PromptAgreement],
     inputs: &[PromptInputs],
 ) -> Option<Boundary> {
-    let input = |p: usize| inputs.get(p).cloned().unwrap_or_default();
     let firsts: Vec<usize> = departing
         .iter()
         .map(|p| p.first_departing.unwrap_or(0))
@@ -326,7 +319,7 @@ fn boundary(
     if split && firsts.iter().all(|&f| f > 0) {
         let at_end = departing
             .iter()
-            .all(|p| input(p.prompt).prompt_end == p.first_departing);
+            .all(|p| inputs.get(p.prompt).and_then(|i| i.prompt_end) == p.first_departing);
         if at_end {
             return Some(Boundary::PromptEnd {
                 position: firsts[0],
@@ -335,7 +328,7 @@ fn boundary(
     }
     if let Some(b) = departing
         .iter()
-        .find_map(|p| pad_run(p.first_departing.unwrap_or(0), &input(p.prompt)))
+        .find_map(|p| pad_run(p.first_departing.unwrap_or(0), inputs.get(p.prompt)?))
     {
         return Some(b);
     }
@@ -437,8 +430,9 @@ fn sentence(index: usize, all: &[PromptAgreement], departing: &[&PromptAgreement
     };
     match (same, firsts[0]) {
         (true, 0) if split && clean.is_empty() => format!(
-            "{head}: {which} depart{s} at every position (every token differs from the first on: the cause \
-             is in the weights, the dtype or a kernel, not in a state carried along the sequence)"
+            "{head}: {which} depart{s} at every position (every token differs from the first on: not a state \
+             lost along the sequence, but something every position sees — the inputs, the weights, the dtype, a \
+             kernel, or which tensor was captured)"
         ),
         (true, 0) if split => format!("{head}: {which} depart{s} at every position{agreeing}"),
         (true, 0) => format!("{head}: {which} depart{s} from the first position{tail}{agreeing}"),
@@ -547,6 +541,26 @@ mod tests {
                 end: 3,
                 token: Some(7),
                 masked_by: None
+            })
+        );
+    }
+
+    #[test]
+    fn a_masked_run_of_several_tokens_names_no_token() {
+        let a = agreement(&[(10, Some(0))]);
+        let inputs = [PromptInputs {
+            ids: Some(vec![7, 7, 3, 4, 1, 2, 3, 4, 5, 6]),
+            masks: [Some(vec![0, 0, 0, 0, 1, 1, 1, 1, 1, 1]), None],
+            ..Default::default()
+        }];
+        let l = localise(1, &a, &inputs, Vec::new());
+        assert_eq!(
+            l.boundary,
+            Some(Boundary::PadRun {
+                start: 0,
+                end: 3,
+                token: None,
+                masked_by: Some("a".into())
             })
         );
     }
