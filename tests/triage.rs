@@ -20,7 +20,7 @@ use hsparity::drafter::Replay;
 use hsparity::loading::LoadingPath;
 use hsparity::report::TriageReport;
 use hsparity::session::Target;
-use hsparity::triage::{SuspectGroup, TriageSettings, VariantResult};
+use hsparity::triage::{Presence, SuspectGroup, TriageSettings, VariantResult};
 use serde_json::Value;
 
 fn run() -> TriageReport {
@@ -84,11 +84,32 @@ fn ranking_is_sensible_and_reproducible() {
             d(costly)
         );
     }
-    // Ranked by |Δτ|, largest first.
-    assert!(r
-        .variants
-        .windows(2)
-        .all(|w| w[0].delta_tau.abs() >= w[1].delta_tau.abs()));
+    // Ranked by what the inputs show (present, possible, hypothetical), then
+    // by |Δτ|, largest first.
+    assert!(r.variants.windows(2).all(|w| {
+        let (a, b) = (&w[0], &w[1]);
+        a.evidence.presence < b.evidence.presence
+            || (a.evidence.presence == b.evidence.presence
+                && a.delta_tau.abs() >= b.delta_tau.abs())
+    }));
+    // The toy pair loads bitwise the same on every path and has its lm_head:
+    // those suspects cannot occur here, and rank after the harness ones.
+    for name in ["vlm", "missing-lm_head"] {
+        assert_eq!(
+            variant(&r, name).evidence.presence,
+            Presence::Hypothetical,
+            "{name}"
+        );
+    }
+    assert_eq!(
+        variant(&r, "tap-offset+1").evidence.presence,
+        Presence::Possible
+    );
+    assert!(
+        r.summary.contains("costliest suspects: tap-offset+1"),
+        "the costliest possible suspect leads, not the hypothetical random head: {}",
+        r.summary
+    );
     // Tap offsets misread the features (low cosine) but need no target forward.
     let off = r
         .variants
@@ -292,13 +313,38 @@ fn thinking_flipped_and_swa_as_full_are_the_other_runs() {
     cfg["layer_types"] = serde_json::json!(["sliding_attention", "full_attention"]);
     cfg["sliding_window"] = serde_json::json!(6);
     std::fs::write(swa.join("config.json"), cfg.to_string()).unwrap();
-    let r = run_on(chat(Some(true)), swa.to_str().unwrap(), 24);
+    // enable_thinking not passed: the template's default (thinking on)
+    // renders the prompts, and the flipped run is the `false` rendering.
+    let r = run_on(chat(None), swa.to_str().unwrap(), 24);
     assert!(!r
         .not_applicable
         .iter()
         .any(|n| n.name == "thinking-flipped" || n.name == "drafter-swa-as-full"));
     let flipped = variant(&r, "thinking-flipped");
     assert!(flipped.description.contains("enable_thinking=false"));
+    // Both are present in the inputs (a flag left to the template, a drafter
+    // with sliding-window layers) and lead the ranking, before every
+    // suspect the inputs do not show.
+    for name in ["thinking-flipped", "drafter-swa-as-full"] {
+        let v = variant(&r, name);
+        assert_eq!(v.evidence.presence, Presence::Present, "{name}");
+        let rank = r.variants.iter().position(|x| x.name == name).unwrap();
+        assert!(rank < 2, "{name} ranks {rank}");
+        assert!(
+            r.summary.contains("present in the inputs: ") && r.summary.contains(name),
+            "{}",
+            r.summary
+        );
+    }
+    let swa_reason = &variant(&r, "drafter-swa-as-full").evidence.reason;
+    assert!(
+        swa_reason.contains("1 of 2 layers sliding-window (window 6)"),
+        "{swa_reason}"
+    );
+    assert!(
+        !swa_reason.contains("costs nothing here"),
+        "contexts pass the window of 6: {swa_reason}"
+    );
     assert!(flipped.departs_from_greedy_at.is_none());
     let other = drafter_verb::run(&drafter_options(
         chat(Some(false)),
@@ -391,4 +437,103 @@ fn missing_tensors_on_paths_triage_does_not_run_fail_it_with_the_fix() {
         summary.contains("Fix: re-save the weights under `model.language_model.`"),
         "{summary}"
     );
+    // The MISSING tensors of vlm are in the inputs: the suspects that read
+    // them (`missing-vlm`, and `vlm`, the same weights) lead the ranking with
+    // the count, and the next check follows them.
+    let n = missing("vlm");
+    let mut leading: Vec<&str> = Vec::new();
+    for top in &v["variants"].as_array().unwrap()[..2] {
+        assert_eq!(top["evidence"]["presence"], "present", "{top}");
+        let reason = top["evidence"]["reason"].as_str().unwrap();
+        assert!(
+            reason.contains(&format!("leaves {n} tensors MISSING")),
+            "{reason}"
+        );
+        leading.push(top["name"].as_str().unwrap());
+    }
+    leading.sort();
+    assert_eq!(leading, ["missing-vlm", "vlm"]);
+    assert!(summary.contains("present in the inputs: "), "{summary}");
+    assert!(summary.contains("missing-vlm (Δτ "), "{summary}");
+    let next = v["next_check"].as_str().unwrap();
+    assert!(
+        next.contains("hsparity inventory") || next.contains("--paths causal-lm,vlm"),
+        "{next}"
+    );
+}
+
+/// A target whose top-level `dtype` (float16) differs from its
+/// `text_config.dtype` (bfloat16): `AutoModel` computes in f16, the causal
+/// LM in bf16. Both `dtype-f16` and `vlm` are present in the inputs, say
+/// which path loads what and why, and rank before every other suspect.
+#[test]
+fn a_path_loading_another_dtype_is_a_present_finding() {
+    use crate::common::bad_inputs::repo_root;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("target");
+    std::fs::create_dir(&dir).unwrap();
+    let src = repo_root().join("fixtures/toy-pair/target");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    cfg["dtype"] = serde_json::json!("float16");
+    cfg["text_config"]["dtype"] = serde_json::json!("bfloat16");
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let out = crate::common::hsparity()
+        .arg("triage")
+        .arg(&dir)
+        .args(["--drafter", "fixtures/toy-pair/drafter"])
+        .args([
+            "--prompt",
+            "count 347: 347 348 349 350",
+            "--prompt",
+            "count 12: 12 13 14",
+        ])
+        .args(["--max-new-tokens", "8", "--quiet", "--json", "--no-report"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let variants = v["variants"].as_array().unwrap();
+    let present: Vec<&str> = variants
+        .iter()
+        .take_while(|x| x["evidence"]["presence"] == "present")
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(present.len(), 2, "{present:?}");
+    assert!(
+        present.contains(&"dtype-f16") && present.contains(&"vlm"),
+        "{present:?}"
+    );
+    let reason = |name: &str| {
+        variants.iter().find(|x| x["name"] == name).unwrap()["evidence"]["reason"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let f16 = reason("dtype-f16");
+    assert!(
+        f16.contains("vlm (AutoModel) loads f16 (config.dtype)"),
+        "{f16}"
+    );
+    let vlm = reason("vlm");
+    assert!(
+        vlm.contains("it loads f16 (config.dtype) where causal-lm loads bf16"),
+        "{vlm}"
+    );
+    // f32 is loaded by no path: possible, not present.
+    assert_eq!(
+        variants.iter().find(|x| x["name"] == "dtype-f32").unwrap()["evidence"]["presence"],
+        "possible"
+    );
+    let summary = v["summary"].as_str().unwrap();
+    assert!(summary.contains("present in the inputs: "), "{summary}");
 }

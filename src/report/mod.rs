@@ -484,7 +484,7 @@ impl<B> Report<B> {
     pub fn closing_line(&self) -> String {
         match (self.kind, self.exit_code) {
             (Kind::Triage, 0) => {
-                "ranked (exit 0): triage ranks suspects by Δτ, the first line names the costliest\n"
+                "ranked (exit 0): triage ranks the suspects the inputs show first, then by Δτ; the first line names them\n"
                     .into()
             }
             (_, code) => format!(

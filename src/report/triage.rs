@@ -67,6 +67,22 @@ fn descriptions(r: &Triage) -> String {
     out
 }
 
+/// What the inputs show about each variant, present ones first (the
+/// ranking's order), one line each keyed by its name.
+fn evidence(r: &Triage) -> Vec<String> {
+    r.variants
+        .iter()
+        .map(|v| {
+            format!(
+                "{} [{}]: {}",
+                v.name,
+                v.evidence.presence.name(),
+                v.evidence.reason
+            )
+        })
+        .collect()
+}
+
 /// A variant's description, with where its divergence is measured.
 fn description(v: &VariantResult) -> String {
     let own = if v.divergence_on == crate::triage::DivergenceOn::OwnTrajectory {
@@ -85,6 +101,7 @@ pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
     if group.is_none() {
         cols.push(Column::new("group"));
     }
+    cols.push(Column::new("evidence"));
     cols.extend([
         Column::new("first divergent tap"),
         Column::new("cos min at taps"),
@@ -110,6 +127,7 @@ pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
         if group.is_none() {
             row.push(v.group.name().into());
         }
+        row.push(v.evidence.presence.name().into());
         row.extend([
             first_tap_cell(v).into(),
             cos6(v.cos_min_at_taps).into(),
@@ -225,6 +243,10 @@ pub fn render(r: &TriageReport, width: Width) -> String {
         "first divergent tap: the first tap whose features on the baseline's tokens leave the pass tolerance of the baseline's dtype; batch seconds: the variants of one batch share its time (the tap variants reuse the baseline's forward)\n",
     );
     out.push_str(&descriptions(r));
+    out.push_str("evidence: present = the checkpoint, drafter or prompts show it; possible = it depends on a harness or engine hsparity does not see; hypothetical = it cannot occur with these inputs\n");
+    for e in evidence(r) {
+        out.push_str(&format!("  {e}\n"));
+    }
     out.push_str(&format!(
         "wall time {:.1} s (tap variants reuse the baseline forward)\n{}\n",
         r.wall_time_s,
@@ -268,6 +290,11 @@ pub fn markdown(r: &TriageReport) -> String {
             md.push('\n');
         }
     }
+    md.push_str("## What the inputs show\n\nPresent: the checkpoint, drafter or prompts show it; possible: it depends on a harness or engine hsparity does not see; hypothetical: it cannot occur with these inputs (emulated to show its cost).\n\n");
+    for e in evidence(r) {
+        md.push_str(&format!("- {e}\n"));
+    }
+    md.push('\n');
     if let Some(n) = not_distinguishable(r) {
         md.push_str(&format!("{}.\n\n", capitalised(&n)));
     }

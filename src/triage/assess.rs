@@ -209,10 +209,18 @@ impl Scoring<'_> {
         // continuation: its departures from the given tokens say it instead.
         let own_run = matches!(recipe, Recipe::Model { .. }) && same_text && self.given.is_none();
         let max_new = &ran.base.max_new;
+        let contexts = self
+            .session
+            .prompt_lens()
+            .iter()
+            .map(|n| n + self.settings.replay.max_new + b)
+            .max()
+            .unwrap_or(0);
         Ok(VariantResult {
             name: s.name(),
             group: s.group(),
             description: s.description(),
+            evidence: super::evidence::of(s, self.session, self.drafter, contexts),
             first_divergent,
             cos_min_at_taps,
             tau_macro: tau_v,

@@ -268,11 +268,11 @@ fn flipped_prompts(
     };
     let ids = |ps: &[prompts::Prompt]| ps.iter().map(|p| p.ids.clone()).collect::<Vec<_>>();
     let now = session.prompt_ids();
-    // Flip what the run used: the flag as given, else whichever value the
-    // template's default renders like.
+    // Flip what the run used: the flag as given, else the value the
+    // template's default does not render like.
     let value = match session.rendering.enable_thinking {
         Some(v) => !v,
-        None => ids(&render(true)?) == now,
+        None => ids(&render(true)?) != now,
     };
     let flipped = render(value)?;
     if ids(&flipped) == now {

@@ -14,6 +14,7 @@
 
 pub mod assess;
 mod batches;
+pub mod evidence;
 mod groups;
 pub mod harness;
 pub mod lanes;
@@ -40,6 +41,7 @@ use crate::parity::{Accumulator, Tolerance, Verdict};
 use crate::precision::Precision;
 use crate::session::Session;
 use assess::PromptRun;
+pub use evidence::{Evidence, Presence};
 pub use harness::{HarnessOptions, NotApplicable};
 use lanes::LaneEdit;
 pub use suspects::{Head, Recipe, Suspect, SuspectGroup, Taps, Weights};
@@ -78,6 +80,9 @@ pub struct VariantResult {
     pub group: SuspectGroup,
     /// What it emulates ([`Suspect::description`]).
     pub description: String,
+    /// Whether the checkpoint, drafter and prompts show this fault, and
+    /// what shows it ([`evidence::of`]).
+    pub evidence: Evidence,
     /// First tap (as a `hidden_states` index) whose features diverge from the
     /// baseline's beyond tolerance, on the baseline trajectory.
     pub first_divergent: Option<usize>,
@@ -160,15 +165,17 @@ pub struct Baseline {
 pub struct Triage {
     /// The baseline.
     pub baseline: Baseline,
-    /// Ranked by |delta_tau|, largest first.
+    /// Ranked: the suspects present in the inputs first, then the
+    /// possible ones, then the hypothetical ones; each by |delta_tau|,
+    /// largest first.
     pub variants: Vec<VariantResult>,
     /// Suspects that do not apply to this target, drafter or prompts, with
     /// the reason.
     pub not_applicable: Vec<NotApplicable>,
     /// How the Δτ intervals were drawn.
     pub uncertainty: Bootstrap,
-    /// The cheapest next check for the top suspect (the costliest one whose
-    /// interval excludes 0, else the costliest).
+    /// The cheapest next check for the top suspect ([`top_suspect`]: the
+    /// top present finding that lowers τ, else the costliest suspect).
     pub next_check: Option<String>,
     /// `--observed-tau`.
     pub observed_tau: Option<f64>,
@@ -391,8 +398,11 @@ pub fn run(
             variants.push(ctx.score(i, s, o, planned[i].1.as_ref(), &recipes[i])?);
         }
     }
-    // The ranking: the largest |Δτ| first.
-    variants.sort_by(|a, b| b.delta_tau.abs().total_cmp(&a.delta_tau.abs()));
+    // The ranking: what the inputs show first, then the largest |Δτ|.
+    variants.sort_by(|a, b| {
+        (a.evidence.presence.cmp(&b.evidence.presence))
+            .then(b.delta_tau.abs().total_cmp(&a.delta_tau.abs()))
+    });
     let measured_on = crate::prompts::describe(&session.prompts, &session.rendering);
     let mut summary = summarize(&baseline, &variants, settings.observed_tau);
     summary.push_str(&format!("; τ on {measured_on}"));
@@ -545,36 +555,52 @@ fn next_check(
     Some(assess::next_check(s, baseline.tau_macro, &run))
 }
 
-/// The top suspect: the costliest one that lowers τ with an interval that
-/// excludes 0, else the costliest that lowers τ.
+/// The top suspect: among the suspects present in the inputs, else among
+/// all, the costliest that lowers τ with an interval that excludes 0, else
+/// the costliest that lowers τ.
 fn top_suspect(variants: &[VariantResult]) -> Option<&VariantResult> {
-    let lowers = || variants.iter().filter(|v| v.delta_tau < 0.0);
-    lowers()
-        .find(|v| v.delta_tau_interval.is_some_and(|i| !i.contains_zero))
-        .or_else(|| lowers().next())
+    let among = |present: bool| {
+        let lowers = || {
+            variants.iter().filter(move |v| {
+                v.delta_tau < 0.0 && (!present || v.evidence.presence == Presence::Present)
+            })
+        };
+        lowers()
+            .find(|v| v.delta_tau_interval.is_some_and(|i| !i.contains_zero))
+            .or_else(|| lowers().next())
+    };
+    among(true).or_else(|| among(false))
 }
 
-/// The summary sentence: the baseline τ, the costliest suspects with their
-/// intervals, and those consistent with the observed τ.
+/// The summary sentence: the baseline τ, the suspects present in the
+/// inputs, the costliest of the others with their intervals, and those
+/// consistent with the observed τ.
 fn summarize(baseline: &Baseline, variants: &[VariantResult], observed: Option<f64>) -> String {
+    let cell = |v: &VariantResult| match v.delta_tau_interval {
+        Some(i) => format!("{} (Δτ {:+.2}, 95% {})", v.name, v.delta_tau, i.describe()),
+        None => format!("{} (Δτ {:+.2})", v.name, v.delta_tau),
+    };
+    let present: Vec<String> = variants
+        .iter()
+        .filter(|v| v.evidence.presence == Presence::Present)
+        .map(cell)
+        .collect();
     let top: Vec<String> = variants
         .iter()
-        .filter(|v| v.delta_tau < 0.0)
+        .filter(|v| v.evidence.presence != Presence::Present && v.delta_tau < 0.0)
         .take(3)
-        .map(|v| match v.delta_tau_interval {
-            Some(i) => format!("{} (Δτ {:+.2}, 95% {})", v.name, v.delta_tau, i.describe()),
-            None => format!("{} (Δτ {:+.2})", v.name, v.delta_tau),
-        })
+        .map(cell)
         .collect();
-    let mut summary = format!(
-        "baseline causal-lm τ {:.2}; {}",
-        baseline.tau_macro,
-        if top.is_empty() {
-            "no suspect lowers τ".to_string()
-        } else {
-            format!("costliest suspects: {}", top.join(", "))
-        }
-    );
+    let mut summary = format!("baseline causal-lm τ {:.2}; ", baseline.tau_macro);
+    if !present.is_empty() {
+        summary.push_str(&format!("present in the inputs: {}; ", present.join(", ")));
+    }
+    let others = if present.is_empty() { "" } else { "other " };
+    summary.push_str(&if top.is_empty() {
+        format!("no {others}suspect lowers τ")
+    } else {
+        format!("costliest {others}suspects: {}", top.join(", "))
+    });
     if let Some(o) = observed {
         let ok: Vec<&str> = variants
             .iter()
