@@ -135,6 +135,34 @@ pub enum Boundary {
 }
 
 impl Boundary {
+    /// The boundary in a few words, for a summary line: `at the end of the
+    /// prompt (position 16): the cached decode departs`.
+    pub fn label(&self) -> String {
+        match self {
+            Boundary::PromptEnd { position } => {
+                format!("at the end of the prompt (position {position}): the cached decode departs")
+            }
+            Boundary::PadRun {
+                start,
+                end,
+                masked_by,
+                ..
+            } => match masked_by.as_deref() {
+                Some(side) => format!(
+                    "after positions {start}–{end}, pads that {side} masks and {} attends without a mask",
+                    if side == "a" { "b" } else { "a" }
+                ),
+                None => format!("right after positions {start}–{end}, a run of pads attended without a mask"),
+            },
+            Boundary::PrefillChunk { chunk, .. } => {
+                format!("at a prefill chunk boundary (a multiple of {chunk}): a state lost between chunks")
+            }
+            Boundary::RequestBoundary { .. } => {
+                "at a request boundary: state carried from one request into the next".into()
+            }
+        }
+    }
+
     /// What the boundary means and how to confirm it, in one sentence.
     pub fn cause(&self) -> String {
         match self {
@@ -368,10 +396,25 @@ pub fn localise(
         .map(|p| p.prompt)
         .collect();
     let boundary = boundary(agreement, &departing, inputs);
+    let mut cause = boundary.as_ref().map(Boundary::cause);
+    // A departure at a multiple of a power of two is also where a cached
+    // decode would start after a prompt of that length: without the prompt
+    // lengths the two cannot be told apart.
+    if let (Some(Boundary::PrefillChunk { positions, .. }), Some(c)) = (&boundary, &mut cause) {
+        let known = departing
+            .iter()
+            .all(|p| inputs.get(p.prompt).is_some_and(|i| i.prompt_end.is_some()));
+        if !known {
+            c.push_str(&format!(
+                "; or, if the prompt ends at position {} — the captures do not say (a dump's p{{k}}.prompt_length does) — the cached decode departs from its first step",
+                positions.first().copied().unwrap_or(0)
+            ));
+        }
+    }
     Localisation {
         index,
-        sentence: sentence(index, agreement, &departing),
-        cause: boundary.as_ref().map(Boundary::cause),
+        sentence: sentence(index, agreement, &departing, boundary.is_some()),
+        cause,
         boundary,
         prompts_agreeing: agreeing,
         prompts_departing: ids(&departing),
@@ -380,7 +423,13 @@ pub fn localise(
 }
 
 /// `hidden_states[3]: positions 0–39 agree in every prompt, departure from position 40 on`.
-fn sentence(index: usize, all: &[PromptAgreement], departing: &[&PromptAgreement]) -> String {
+/// `named`: a boundary explains the departure (no guess at its cause).
+fn sentence(
+    index: usize,
+    all: &[PromptAgreement],
+    departing: &[&PromptAgreement],
+    named: bool,
+) -> String {
     let head = format!("hidden_states[{index}]");
     if departing.is_empty() {
         return format!(
@@ -429,7 +478,7 @@ fn sentence(index: usize, all: &[PromptAgreement], departing: &[&PromptAgreement
         format!(" ({departing_rows} of the {later_rows} rows from there on depart)")
     };
     match (same, firsts[0]) {
-        (true, 0) if split && clean.is_empty() => format!(
+        (true, 0) if split && clean.is_empty() && !named => format!(
             "{head}: {which} depart{s} at every position (every token differs from the first on: not a state \
              lost along the sequence, but something every position sees — the inputs, the weights, the dtype, a \
              kernel, or which tensor was captured)"
@@ -454,122 +503,4 @@ fn sentence(index: usize, all: &[PromptAgreement], departing: &[&PromptAgreement
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::parity::metrics::Accumulator;
-    use crate::precision::Precision;
-
-    /// Prompt rows of width 2: rows from `from` on are rotated away from b.
-    fn rows(prompt: usize, t: usize, from: Option<usize>) -> PromptRows {
-        let b: Vec<f32> = (0..t).flat_map(|i| [1.0 + i as f32, 1.0]).collect();
-        let mut a = b.clone();
-        if let Some(f) = from {
-            for i in f..t {
-                a[2 * i] = -a[2 * i];
-            }
-        }
-        let mut acc = Accumulator::default();
-        acc.add_rows(prompt, &a, &b, 2);
-        acc.finish().profile.remove(0)
-    }
-
-    fn agreement(specs: &[(usize, Option<usize>)]) -> Vec<PromptAgreement> {
-        let tol = Tolerance::for_precision(Precision::F32);
-        specs
-            .iter()
-            .enumerate()
-            .map(|(k, &(t, f))| PromptAgreement::of(&rows(k, t, f), &tol))
-            .collect()
-    }
-
-    #[test]
-    fn a_departure_at_a_multiple_of_64_is_a_prefill_chunk() {
-        let a = agreement(&[(100, Some(64)), (130, Some(128))]);
-        assert_eq!(a[0].first_departing, Some(64));
-        assert_eq!(a[0].agreeing, vec![[0, 63]]);
-        let l = localise(3, &a, &[], Vec::new());
-        assert_eq!(
-            l.boundary,
-            Some(Boundary::PrefillChunk {
-                positions: vec![64, 128],
-                chunk: 64
-            })
-        );
-    }
-
-    #[test]
-    fn a_departure_at_the_prompt_end_is_the_decode() {
-        let a = agreement(&[(48, Some(40))]);
-        let inputs = [PromptInputs {
-            prompt_end: Some(40),
-            ..Default::default()
-        }];
-        let l = localise(2, &a, &inputs, Vec::new());
-        assert_eq!(l.boundary, Some(Boundary::PromptEnd { position: 40 }));
-        assert!(
-            l.sentence.contains("positions 0–39 agree"),
-            "{}",
-            l.sentence
-        );
-    }
-
-    #[test]
-    fn clean_first_prompts_and_departing_later_ones_are_a_request_boundary() {
-        let a = agreement(&[(10, None), (10, Some(0)), (12, Some(0))]);
-        let l = localise(1, &a, &[], Vec::new());
-        assert_eq!(
-            l.boundary,
-            Some(Boundary::RequestBoundary {
-                clean: vec![0],
-                departing: vec![1, 2]
-            })
-        );
-    }
-
-    #[test]
-    fn a_run_of_pads_before_the_departure_is_named() {
-        let a = agreement(&[(10, Some(4))]);
-        let inputs = [PromptInputs {
-            ids: Some(vec![7, 7, 7, 7, 1, 2, 3, 4, 5, 6]),
-            ..Default::default()
-        }];
-        let l = localise(1, &a, &inputs, Vec::new());
-        assert_eq!(
-            l.boundary,
-            Some(Boundary::PadRun {
-                start: 0,
-                end: 3,
-                token: Some(7),
-                masked_by: None
-            })
-        );
-    }
-
-    #[test]
-    fn a_masked_run_of_several_tokens_names_no_token() {
-        let a = agreement(&[(10, Some(0))]);
-        let inputs = [PromptInputs {
-            ids: Some(vec![7, 7, 3, 4, 1, 2, 3, 4, 5, 6]),
-            masks: [Some(vec![0, 0, 0, 0, 1, 1, 1, 1, 1, 1]), None],
-            ..Default::default()
-        }];
-        let l = localise(1, &a, &inputs, Vec::new());
-        assert_eq!(
-            l.boundary,
-            Some(Boundary::PadRun {
-                start: 0,
-                end: 3,
-                token: None,
-                masked_by: Some("a".into())
-            })
-        );
-    }
-
-    #[test]
-    fn an_odd_position_names_no_boundary() {
-        let a = agreement(&[(50, Some(37))]);
-        let l = localise(1, &a, &[], Vec::new());
-        assert_eq!(l.boundary, None);
-        assert!(l.sentence.contains("departure starts at position 37"));
-    }
-}
+mod tests;

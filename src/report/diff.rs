@@ -126,9 +126,13 @@ pub fn build(
         (_, _, Some(i)) => match (&c.convention, &c.pair.localisation) {
             (Some(f), _) => format!("{na} and {nb} differ at hidden_states[{i}]: {}", f.sentence),
             (None, Some(l)) => format!(
-                "{na} and {nb} diverge from hidden_states[{i}] ({})",
+                "{na} and {nb} diverge from hidden_states[{i}] ({}{})",
                 l.sentence
-                    .trim_start_matches(&format!("hidden_states[{i}]: "))
+                    .trim_start_matches(&format!("hidden_states[{i}]: ")),
+                l.boundary
+                    .as_ref()
+                    .map(|b| format!("; {}", b.label()))
+                    .unwrap_or_default()
             ),
             (None, None) => format!("{na} and {nb} diverge from hidden_states[{i}]"),
         },

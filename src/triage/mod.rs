@@ -18,6 +18,7 @@ pub mod evidence;
 mod groups;
 pub mod harness;
 pub mod lanes;
+mod ranking;
 pub mod suspects;
 
 use std::time::Instant;
@@ -174,7 +175,7 @@ pub struct Triage {
     pub not_applicable: Vec<NotApplicable>,
     /// How the Δτ intervals were drawn.
     pub uncertainty: Bootstrap,
-    /// The cheapest next check for the top suspect ([`top_suspect`]: the
+    /// The cheapest next check for the top suspect ([`ranking::top_suspect`]: the
     /// top present finding that lowers τ, else the costliest suspect).
     pub next_check: Option<String>,
     /// `--observed-tau`.
@@ -398,13 +399,9 @@ pub fn run(
             variants.push(ctx.score(i, s, o, planned[i].1.as_ref(), &recipes[i])?);
         }
     }
-    // The ranking: what the inputs show first, then the largest |Δτ|.
-    variants.sort_by(|a, b| {
-        (a.evidence.presence.cmp(&b.evidence.presence))
-            .then(b.delta_tau.abs().total_cmp(&a.delta_tau.abs()))
-    });
+    ranking::rank(&mut variants);
     let measured_on = crate::prompts::describe(&session.prompts, &session.rendering);
-    let mut summary = summarize(&baseline, &variants, settings.observed_tau);
+    let mut summary = ranking::summarize(&baseline, &variants, settings.observed_tau);
     summary.push_str(&format!("; τ on {measured_on}"));
     let trajectories = given
         .as_ref()
@@ -519,7 +516,7 @@ fn recipes_of(
         .collect()
 }
 
-/// The next check for the top suspect ([`top_suspect`]), if any.
+/// The next check for the top suspect ([`ranking::top_suspect`]), if any.
 fn next_check(
     variants: &[VariantResult],
     suspects: &[Suspect],
@@ -527,7 +524,7 @@ fn next_check(
     session: &Session,
     settings: &TriageSettings,
 ) -> Option<String> {
-    let top = top_suspect(variants)?;
+    let top = ranking::top_suspect(variants)?;
     let s = suspects.iter().find(|s| s.name() == top.name)?;
     use crate::prompts::shell_quote;
     let mut replay = format!(
@@ -553,68 +550,4 @@ fn next_check(
             .then(|| crate::prompts::DRAFTER_DEFAULT_SET.to_string()),
     };
     Some(assess::next_check(s, baseline.tau_macro, &run))
-}
-
-/// The top suspect: among the suspects present in the inputs, else among
-/// all, the costliest that lowers τ with an interval that excludes 0, else
-/// the costliest that lowers τ.
-fn top_suspect(variants: &[VariantResult]) -> Option<&VariantResult> {
-    let among = |present: bool| {
-        let lowers = || {
-            variants.iter().filter(move |v| {
-                v.delta_tau < 0.0 && (!present || v.evidence.presence == Presence::Present)
-            })
-        };
-        lowers()
-            .find(|v| v.delta_tau_interval.is_some_and(|i| !i.contains_zero))
-            .or_else(|| lowers().next())
-    };
-    among(true).or_else(|| among(false))
-}
-
-/// The summary sentence: the baseline τ, the suspects present in the
-/// inputs, the costliest of the others with their intervals, and those
-/// consistent with the observed τ.
-fn summarize(baseline: &Baseline, variants: &[VariantResult], observed: Option<f64>) -> String {
-    let cell = |v: &VariantResult| match v.delta_tau_interval {
-        Some(i) => format!("{} (Δτ {:+.2}, 95% {})", v.name, v.delta_tau, i.describe()),
-        None => format!("{} (Δτ {:+.2})", v.name, v.delta_tau),
-    };
-    let present: Vec<String> = variants
-        .iter()
-        .filter(|v| v.evidence.presence == Presence::Present)
-        .map(cell)
-        .collect();
-    let top: Vec<String> = variants
-        .iter()
-        .filter(|v| v.evidence.presence != Presence::Present && v.delta_tau < 0.0)
-        .take(3)
-        .map(cell)
-        .collect();
-    let mut summary = format!("baseline causal-lm τ {:.2}; ", baseline.tau_macro);
-    if !present.is_empty() {
-        summary.push_str(&format!("present in the inputs: {}; ", present.join(", ")));
-    }
-    let others = if present.is_empty() { "" } else { "other " };
-    summary.push_str(&if top.is_empty() {
-        format!("no {others}suspect lowers τ")
-    } else {
-        format!("costliest {others}suspects: {}", top.join(", "))
-    });
-    if let Some(o) = observed {
-        let ok: Vec<&str> = variants
-            .iter()
-            .filter(|v| v.consistent_with_observed == Some(true))
-            .map(|v| v.name.as_str())
-            .collect();
-        summary.push_str(&format!(
-            "; consistent with observed τ {o}: {}",
-            if ok.is_empty() {
-                "none".to_string()
-            } else {
-                ok.join(", ")
-            }
-        ));
-    }
-    summary
 }
