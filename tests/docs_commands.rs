@@ -19,7 +19,7 @@ struct Shown {
 }
 
 /// Words of a shell command line: blanks split, `'…'` and `"…"` quote.
-fn shell_words(line: &str) -> Vec<String> {
+pub fn shell_words(line: &str) -> Vec<String> {
     let (mut words, mut cur, mut quote, mut any) = (Vec::new(), String::new(), None, false);
     for c in line.chars() {
         match (quote, c) {

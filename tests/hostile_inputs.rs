@@ -497,6 +497,33 @@ fn verdict_dump_on_nan_and_missing_weights() {
     assert_eq!(o.code, Some(1), "{}", o.stderr);
 }
 
+/// NaN/Inf in one MLP weight that both paths read: `compare` does not call
+/// the paths divergent (they agree bit for bit), and names the layer's
+/// sub-layer and the tensor the NaN enters through, not the layer's mixer.
+#[test]
+fn verdict_compare_on_nan_both_paths_hold() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = pair_copy(tmp.path(), "target");
+    poke_bf16_nan(&t, "model.language_model.layers.1.mlp.up_proj.weight");
+    let o = run([
+        OsStr::new("compare"),
+        s(&t),
+        OsStr::new("--prompt"),
+        OsStr::new("count 12: 12 13"),
+        OsStr::new("--no-report"),
+    ]);
+    assert_eq!(o.code, Some(1), "{}", o.stderr);
+    let summary = o.stdout.lines().next().unwrap();
+    assert!(!summary.contains("diverge"), "{summary}");
+    for want in [
+        "causal-lm and vlm agree bitwise, but both hold NaN/Inf from hidden_states[2]",
+        "it enters through layer 1's mlp.up_proj.weight",
+    ] {
+        assert!(summary.contains(want), "{want:?} not in {summary}");
+    }
+    assert!(!o.stdout.contains("local cos_min -inf"), "{}", o.stdout);
+}
+
 #[test]
 fn verdict_drafter_and_triage_on_nan_and_missing_targets() {
     let tmp = tempfile::tempdir().unwrap();

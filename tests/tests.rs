@@ -60,6 +60,7 @@ mod prompt_sets;
 // every command the README and docs/ show, the terminal's layout and progress.
 mod cli;
 mod docs_commands;
+mod failure_corpus;
 mod report_render;
 mod report_schema;
 mod terminal_layout;

@@ -356,6 +356,23 @@ pub struct DrafterInfo {
 }
 
 impl DrafterInfo {
+    /// The finding (a failure of the run) when the drafter's file holds
+    /// tensors the DFlash forward never reads: the τ measured is not the
+    /// trained drafter's. [`Self::unexpected_note`] says why at length.
+    pub fn unexpected_finding(&self) -> Option<String> {
+        let n = self.unexpected_tensors.len();
+        (n > 0).then(|| {
+            let shown: Vec<&str> = self.unexpected_tensors.iter().take(3).map(String::as_str).collect();
+            format!(
+                "the drafter holds {n} tensor{} the DFlash forward never reads ({}{}): τ is measured without {}",
+                if n == 1 { "" } else { "s" },
+                shown.join(", "),
+                if n > shown.len() { ", …" } else { "" },
+                if n == 1 { "it" } else { "them" }
+            )
+        })
+    }
+
     /// The line that names the tensors the forward never reads, when there are any.
     pub fn unexpected_note(&self) -> Option<String> {
         let n = self.unexpected_tensors.len();

@@ -64,10 +64,13 @@ pub struct DrafterEval {
 }
 
 impl DrafterEval {
-    /// Why the evaluation fails, one phrase each (empty when it passes): a
-    /// τ gap over the limit (with its interval), then [`DrafterEval::departures`].
+    /// Why the evaluation fails, one phrase each (empty when it passes): the
+    /// drafter audit's mismatches, tensors the forward never reads
+    /// ([`super::eval::DrafterInfo::unexpected_finding`]), a τ gap over the
+    /// limit (with its interval), then [`DrafterEval::departures`].
     pub fn failures(&self) -> Vec<String> {
         let mut out = super::audit::mismatches(&self.drafter.audit);
+        out.extend(self.drafter.unexpected_finding());
         if self.tau_gap > self.max_tau_gap {
             out.push(super::gap::over_limit(
                 self.tau_gap,

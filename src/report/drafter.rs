@@ -43,6 +43,14 @@ pub fn build(
         None => summary,
     };
     let summary = format!("{summary}; τ on {}", eval.measured_on);
+    // The findings about the drafter itself lead: with them, τ is not the
+    // trained drafter's on this target.
+    let mut findings = crate::drafter::audit::mismatches(&eval.drafter.audit);
+    findings.extend(eval.drafter.unexpected_finding());
+    let summary = match findings.is_empty() {
+        true => summary,
+        false => format!("{}; {summary}", findings.join("; ")),
+    };
     let mut notes = notes;
     if let Some(n) = eval.drafter.unexpected_note() {
         notes.insert(0, n);

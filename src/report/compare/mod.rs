@@ -224,6 +224,10 @@ impl Compare {
                     "hidden_states[{}] ({at}) passes when {}'s layer is fed {}'s input (local cos_min {:.8}): the difference is inherited",
                     row.index, pair.b, pair.a, l.cos_min
                 )),
+                (Some(l), Some(_)) if l.nan_count + l.inf_count > 0 => out.push(format!(
+                    "hidden_states[{}] ({at}) holds NaN/Inf even when both layers get the same input ({} NaN, {} Inf values)",
+                    row.index, l.nan_count, l.inf_count
+                )),
                 (Some(l), Some(_)) => out.push(format!(
                     "hidden_states[{}] ({at}) differs even when both layers get the same input (local cos_min {:.8}): the layer itself computes differently",
                     row.index, l.cos_min
@@ -272,6 +276,32 @@ pub fn dropped_by_rule<'a>(rule: &str, dropped: &'a [String]) -> Option<Vec<&'a 
             .filter(|k| crate::loading::resolve::ignore_matches(pat, k))
             .collect(),
     )
+}
+
+/// `: it enters through layer 1's mlp.up_proj.weight, which holds NaN/Inf`:
+/// the first weight with NaN/Inf a path reads in the layer whose output is
+/// `hidden_states[index]` (the embedding for index 0), named by its
+/// sub-layer; nothing when no such weight is known.
+fn non_finite_source(paths: &[PathRun], index: usize) -> String {
+    let layer = index.checked_sub(1).map(|l| format!("layers.{l}."));
+    let name = paths
+        .iter()
+        .flat_map(|p| p.non_finite_weights.keys())
+        .find(|n| match &layer {
+            Some(l) => n.contains(l.as_str()),
+            None => n.contains("embed_tokens"),
+        });
+    match (name, &layer) {
+        (Some(n), Some(l)) => {
+            let sub = &n[n.find(l.as_str()).map_or(0, |i| i + l.len())..];
+            format!(
+                ": it enters through layer {}'s {sub}, which holds NaN/Inf in the checkpoint",
+                index - 1
+            )
+        }
+        (Some(n), None) => format!(": {n} holds NaN/Inf in the checkpoint"),
+        _ => String::new(),
+    }
 }
 
 /// The verdict and the body of its sentence (`causal-lm and vlm agree bitwise
@@ -331,12 +361,26 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
                         (hidden_state_label(r.index, r.layer_type), d)
                     })
                     .unwrap_or_default();
-                format!(
-                    "{} and {} diverge from hidden_states[{i}] ({at}{dtypes}{detail}){}",
-                    p.a,
-                    p.b,
-                    router_flips(p)
-                )
+                let both = row.is_some_and(|r| {
+                    r.metrics.bitwise && r.metrics.nan_count + r.metrics.inf_count > 0
+                });
+                if both {
+                    // NaN/Inf that both paths hold bit for bit: the weights
+                    // (or the input), not the loading paths.
+                    format!(
+                        "{} and {} agree bitwise, but both hold NaN/Inf from hidden_states[{i}] ({at}{detail}){}",
+                        p.a,
+                        p.b,
+                        non_finite_source(paths, i)
+                    )
+                } else {
+                    format!(
+                        "{} and {} diverge from hidden_states[{i}] ({at}{dtypes}{detail}){}",
+                        p.a,
+                        p.b,
+                        router_flips(p)
+                    )
+                }
             }
             (_, _, None) => {
                 let why = if dtypes.is_empty() {
