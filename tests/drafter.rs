@@ -590,3 +590,132 @@ fn wheel_rule_short_generations_match_dflash_generate() {
     o.drafter.replay.rule = EndRule::GithubMain;
     assert!(drafter::run(&o).unwrap().paths[0].summary.tau_macro >= 1.0);
 }
+
+/// A drafter config that names a `sliding_window` for its
+/// `sliding_attention` layers without `use_sliding_window: true` loads as
+/// transformers' `Qwen3Config` (dflash's config class) resolves it: the
+/// window is dropped and those layers attend causally with no window — the
+/// same drafts as a window larger than any context — and the report names
+/// the unused window. With `use_sliding_window: true` the window applies.
+#[test]
+fn a_window_without_use_sliding_window_is_not_applied_and_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |name: &str, edit: &dyn Fn(&mut Value)| -> Value {
+        let d = tmp.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        std::fs::copy(
+            format!("{PAIR}/drafter/model.safetensors"),
+            d.join("model.safetensors"),
+        )
+        .unwrap();
+        let mut cfg: Value = serde_json::from_str(
+            &std::fs::read_to_string(format!("{PAIR}/drafter/config.json")).unwrap(),
+        )
+        .unwrap();
+        cfg["layer_types"] = json!(["sliding_attention", "full_attention"]);
+        edit(&mut cfg);
+        std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+        common::json_of(
+            hsparity()
+                .arg("drafter")
+                .arg(format!("{PAIR}/target"))
+                .arg("--drafter")
+                .arg(&d)
+                .args(["--prompts", &format!("{PAIR}/prompts.jsonl")])
+                .args([
+                    "--paths",
+                    "causal-lm",
+                    "--max-new-tokens",
+                    "24",
+                    "--quiet",
+                    "--json",
+                ]),
+        )
+    };
+    let accepted = |v: &Value| v["paths"][0]["per_prompt"].to_string();
+    let unused = run("unused", &|c| {
+        c["sliding_window"] = json!(6);
+        c["use_sliding_window"] = json!(false);
+    });
+    let wide = run("wide", &|c| {
+        c["sliding_window"] = json!(1_000_000);
+        c["use_sliding_window"] = json!(true);
+    });
+    let narrow = run("narrow", &|c| {
+        c["sliding_window"] = json!(6);
+        c["use_sliding_window"] = json!(true);
+    });
+    assert_eq!(unused["drafter"]["sliding_window_unused"], 6);
+    assert!(wide["drafter"]["sliding_window_unused"].is_null());
+    assert!(
+        unused["notes"]
+            .to_string()
+            .contains("names sliding_window 6"),
+        "{}",
+        unused["notes"]
+    );
+    assert_eq!(
+        accepted(&unused),
+        accepted(&wide),
+        "no window = a window past every context"
+    );
+    assert_ne!(
+        accepted(&unused),
+        accepted(&narrow),
+        "a window of 6 changes the drafts"
+    );
+}
+
+/// `fixtures/diagnosis/drafter-window`: a sliding_attention layer with
+/// sliding_window 6 and no use_sliding_window. dflash 0.1.0 loads it through
+/// transformers' `Qwen3Config`, which drops the window; hsparity's forward
+/// matches the package's on that config and, with use_sliding_window true,
+/// on the windowed one — and the two differ on a 20-row context.
+#[test]
+fn drafter_window_resolution_matches_the_dflash_package() {
+    let dir = "fixtures/diagnosis/drafter-window";
+    let g =
+        candle_core::safetensors::load(format!("{dir}/golden.safetensors"), &Device::Cpu).unwrap();
+    let facts: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{dir}/facts.json")).unwrap())
+            .unwrap();
+    assert!(facts["resolved_sliding_window"].is_null());
+    let pos = g["position_ids"].to_vec1::<i64>().unwrap();
+    let ctx = &g["target_hidden"];
+    let c = ctx.dim(0).unwrap();
+    let run = |d: &Drafter| {
+        d.forward(&g["noise_embedding"], ctx, pos[0] as usize, pos[c] as usize)
+            .unwrap()
+    };
+    let unused = Drafter::load_dir(Path::new(dir), 64, Precision::F32).unwrap();
+    assert_eq!(unused.cfg.sliding_window, None);
+    assert_eq!(unused.cfg.sliding_window_unused, Some(6));
+    close("window unused", &run(&unused), &g["unused.hidden"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{dir}/config.json")).unwrap())
+            .unwrap();
+    cfg["use_sliding_window"] = json!(true);
+    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(
+        format!("{dir}/model.safetensors"),
+        tmp.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let used = Drafter::load_dir(tmp.path(), 64, Precision::F32).unwrap();
+    assert_eq!(used.cfg.sliding_window, Some(6));
+    close("window used", &run(&used), &g["used.hidden"]);
+    let (a, b) = (&g["unused.hidden"], &g["used.hidden"]);
+    let gap = (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(
+        gap > 1e-3,
+        "the window changes the forward on 20 rows ({gap})"
+    );
+}

@@ -86,11 +86,11 @@ fn ranking_is_sensible_and_reproducible() {
     }
     // Ranked by what the inputs show (present, possible, hypothetical), then
     // by |Δτ|, largest first.
+    // In each, the suspects that lower τ first.
+    let key = |v: &VariantResult| (v.evidence.presence, v.delta_tau >= 0.0);
     assert!(r.variants.windows(2).all(|w| {
         let (a, b) = (&w[0], &w[1]);
-        a.evidence.presence < b.evidence.presence
-            || (a.evidence.presence == b.evidence.presence
-                && a.delta_tau.abs() >= b.delta_tau.abs())
+        key(a) < key(b) || (key(a) == key(b) && a.delta_tau.abs() >= b.delta_tau.abs())
     }));
     // The toy pair loads bitwise the same on every path and has its lm_head:
     // those suspects cannot occur here, and rank after the harness ones.
@@ -312,6 +312,7 @@ fn thinking_flipped_and_swa_as_full_are_the_other_runs() {
     .unwrap();
     cfg["layer_types"] = serde_json::json!(["sliding_attention", "full_attention"]);
     cfg["sliding_window"] = serde_json::json!(6);
+    cfg["use_sliding_window"] = serde_json::json!(true);
     std::fs::write(swa.join("config.json"), cfg.to_string()).unwrap();
     // enable_thinking not passed: the template's default (thinking on)
     // renders the prompts, and the flipped run is the `false` rendering.
@@ -338,7 +339,7 @@ fn thinking_flipped_and_swa_as_full_are_the_other_runs() {
     }
     let swa_reason = &variant(&r, "drafter-swa-as-full").evidence.reason;
     assert!(
-        swa_reason.contains("1 of 2 layers sliding-window (window 6)"),
+        swa_reason.contains("1 of its 2 layers sliding-window (window 6)"),
         "{swa_reason}"
     );
     assert!(
@@ -378,15 +379,9 @@ fn thinking_flipped_and_swa_as_full_are_the_other_runs() {
 /// MISSING tensors with the cause and the fix, and exits 1 as every verb does.
 #[test]
 fn missing_tensors_on_paths_triage_does_not_run_fail_it_with_the_fix() {
-    use crate::common::bad_inputs::{edit_shard, repo_root};
+    use crate::common::bad_inputs::edit_shard;
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("target");
-    std::fs::create_dir(&dir).unwrap();
-    let src = repo_root().join("fixtures/toy-pair/target");
-    for f in std::fs::read_dir(&src).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
-    }
+    let dir = toy_target_copy(tmp.path());
     edit_shard(&dir, "model.safetensors", |s| {
         s.header = std::mem::take(&mut s.header)
             .into_iter()
@@ -468,40 +463,18 @@ fn missing_tensors_on_paths_triage_does_not_run_fail_it_with_the_fix() {
 /// which path loads what and why, and rank before every other suspect.
 #[test]
 fn a_path_loading_another_dtype_is_a_present_finding() {
-    use crate::common::bad_inputs::repo_root;
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("target");
-    std::fs::create_dir(&dir).unwrap();
-    let src = repo_root().join("fixtures/toy-pair/target");
-    for f in std::fs::read_dir(&src).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
-    }
+    let dir = toy_target_copy(tmp.path());
     let mut cfg: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     cfg["dtype"] = serde_json::json!("float16");
     cfg["text_config"]["dtype"] = serde_json::json!("bfloat16");
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
-    let out = crate::common::hsparity()
-        .arg("triage")
-        .arg(&dir)
-        .args(["--drafter", "fixtures/toy-pair/drafter"])
-        .args([
-            "--prompt",
-            "count 347: 347 348 349 350",
-            "--prompt",
-            "count 12: 12 13 14",
-        ])
-        .args(["--max-new-tokens", "8", "--quiet", "--json", "--no-report"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = toy_triage(
+        &dir,
+        &["count 347: 347 348 349 350", "count 12: 12 13 14"],
+        0,
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let variants = v["variants"].as_array().unwrap();
     let present: Vec<&str> = variants
         .iter()
@@ -536,4 +509,100 @@ fn a_path_loading_another_dtype_is_a_present_finding() {
     );
     let summary = v["summary"].as_str().unwrap();
     assert!(summary.contains("present in the inputs: "), "{summary}");
+}
+
+/// A Qwen3 dense target has no Gated DeltaNet: the suspects that act on its
+/// state (`gdn-recurrent`, `harness-gdn-crop`, `gdn-state-reset`) are listed
+/// as not applicable with the reason, and the random-lm_head note does not
+/// quote Qwen3.5's two tie flags.
+#[test]
+fn a_dense_target_runs_no_delta_rule_suspect() {
+    let v = crate::common::json_exit(
+        crate::common::hsparity()
+            .arg("triage")
+            .arg("fixtures/toy-pair-qwen3/target")
+            .args(["--drafter", "fixtures/toy-pair-qwen3/drafter"])
+            .args(["--prompt", "count 347: 347 348", "--max-new-tokens", "8"])
+            .args(["--quiet", "--json", "--no-report"]),
+        0,
+    );
+    let ran: Vec<&str> = v["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    let skipped: Vec<&str> = v["not_applicable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    for name in ["gdn-recurrent", "harness-gdn-crop", "gdn-state-reset@mid"] {
+        assert!(
+            !ran.contains(&name) && skipped.contains(&name),
+            "{name}: ran {ran:?}"
+        );
+    }
+    let notes = v["notes"].to_string();
+    assert!(!notes.contains("only at the top level"), "{notes}");
+}
+
+/// A checkpoint without `lm_head.weight` whose top-level tie flag is false
+/// and `text_config`'s true: the causal LM ties its head, the
+/// image-text-to-text class does not and leaves it MISSING. Triage runs that
+/// path's MISSING suspect as present (it looked at two paths only), and
+/// does not call a random head hypothetical.
+#[test]
+fn missing_tensors_on_any_path_are_a_present_suspect() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = toy_target_copy(tmp.path());
+    let st = dir.join("model.safetensors");
+    let mut t = candle_core::safetensors::load(&st, &candle_core::Device::Cpu).unwrap();
+    t.remove("lm_head.weight").unwrap();
+    candle_core::safetensors::save(&t, &st).unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    cfg["tie_word_embeddings"] = serde_json::json!(false);
+    cfg["text_config"]["tie_word_embeddings"] = serde_json::json!(true);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let v = toy_triage(&dir, &["count 347: 347 348", "count 12: 12 13 14"], 1);
+    let variants = v["variants"].as_array().unwrap();
+    let itt = variants
+        .iter()
+        .find(|x| x["name"] == "missing-image-text-to-text")
+        .unwrap_or_else(|| panic!("not run: {}", v["variants"]));
+    assert_eq!(itt["evidence"]["presence"], "present");
+    let reason = itt["evidence"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("leaves 1 tensor MISSING (lm_head.weight)"),
+        "{reason}"
+    );
+    assert!(variants.iter().all(|x| x["name"] != "missing-lm_head"));
+}
+
+/// A copy of the toy pair's target under `root` (to edit its files).
+fn toy_target_copy(root: &std::path::Path) -> std::path::PathBuf {
+    let dir = root.join("target");
+    std::fs::create_dir(&dir).unwrap();
+    let src = crate::common::bad_inputs::repo_root().join("fixtures/toy-pair/target");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
+/// `triage` of `dir` with the toy drafter on `prompts`, 8 new tokens, which
+/// must exit `code`: its JSON.
+fn toy_triage(dir: &std::path::Path, prompts: &[&str], code: i32) -> Value {
+    let mut cmd = crate::common::hsparity();
+    cmd.arg("triage")
+        .arg(dir)
+        .args(["--drafter", "fixtures/toy-pair/drafter"]);
+    for p in prompts {
+        cmd.args(["--prompt", p]);
+    }
+    cmd.args(["--max-new-tokens", "8", "--quiet", "--json", "--no-report"]);
+    crate::common::json_exit(&mut cmd, code)
 }

@@ -32,13 +32,21 @@ facts.json = what the generator did, read by the tests):
                      an extra norm is saved; facts.json holds what dflash 0.1.0's own loader
                      (`DFlashDraftModel.from_pretrained(..., output_loading_info=True)`) lists
                      as unexpected keys.
+  drafter-window     the toy pair's DFlash drafter with one sliding_attention layer and
+                     sliding_window 6 but no use_sliding_window (false, the Qwen3Config
+                     default), as a config edited without it is saved; golden.safetensors
+                     holds DFlashDraftModel.forward (f32) on a 20-row context, as dflash
+                     0.1.0 loads that config (Qwen3Config drops the window: the layer is
+                     causal with no window) and with use_sliding_window true (window 6);
+                     facts.json records what Qwen3Config resolved.
   pre-norm-last      b is a's capture with its last state taken from a forward hook
                      on the last decoder layer (the pre-norm output, as vLLM's
                      hidden states and decoder-layer hooks give it) stored as
                      hidden_states[N], and no last_layer_output.
 
 Run from the repository root with the pinned environment (tools/requirements.txt):
-    python tools/make_diagnosis_fixtures.py
+    python tools/make_diagnosis_fixtures.py            # every case
+    python tools/make_diagnosis_fixtures.py CASE ...   # only these (drafter-extra, drafter-window, ...)
 """
 from __future__ import annotations
 
@@ -266,6 +274,60 @@ def main() -> None:
     write("pre-norm-last", reference(model, short), *pre_norm_last(model, short))
     norm_plus_one(model)
     drafter_extra()
+    drafter_window()
+
+
+@torch.no_grad()
+def drafter_window() -> None:
+    import shutil
+
+    from dflash.model import DFlashDraftModel
+
+    src = os.path.join(ROOT, "fixtures", "toy-pair", "drafter")
+    d = os.path.join(OUT, "drafter-window")
+    os.makedirs(d, exist_ok=True)
+    shutil.copy(os.path.join(src, "model.safetensors"), os.path.join(d, "model.safetensors"))
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["layer_types"] = ["sliding_attention", "full_attention"]
+    cfg["sliding_window"] = 6
+    cfg["use_sliding_window"] = False
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+    g = torch.Generator().manual_seed(21)
+    unused = DFlashDraftModel.from_pretrained(d, dtype=torch.float32).eval()
+    used_cfg = json.loads(json.dumps(cfg))
+    used_cfg["use_sliding_window"] = True
+    used = DFlashDraftModel(type(unused.config)(**used_cfg)).eval()
+    used.load_state_dict(unused.state_dict())
+    h, b = unused.config.hidden_size, unused.block_size
+    c = 20
+    taps = len(unused.target_layer_ids)
+    feats = torch.randn(1, c, h * taps, generator=g)
+    noise = torch.randn(1, b, h, generator=g)
+    pos = torch.arange(c + b)[None]
+    tensors = {"target_hidden": feats[0], "noise_embedding": noise[0], "position_ids": pos[0]}
+    for tag, model in (("unused", unused), ("used", used)):
+        tensors[f"{tag}.hidden"] = model(target_hidden=feats, noise_embedding=noise, position_ids=pos)[0].contiguous()
+    save_safetensors(Path(d) / "golden.safetensors", tensors,
+                     {"format": "hsparity drafter-window golden v1", "dtype": "float32",
+                      "unused": "config.json as dflash 0.1.0 loads it (use_sliding_window false)",
+                      "used": "the same weights with use_sliding_window true"})
+    facts = {
+        "case": "drafter-window",
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "config_sliding_window": cfg["sliding_window"],
+        "resolved_sliding_window": unused.config.sliding_window,
+        "resolved_sliding_window_used": used.config.sliding_window,
+        "layer_types": list(unused.config.layer_types),
+        "context_rows": c,
+    }
+    with open(os.path.join(d, "facts.json"), "w") as f:
+        json.dump(facts, f, indent=1)
+        f.write("\n")
+    print("drafter-window", facts)
 
 
 @torch.no_grad()
@@ -338,4 +400,11 @@ def norm_plus_one(model) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    only = {"drafter-extra": drafter_extra, "drafter-window": drafter_window}
+    if len(sys.argv) > 1:
+        for case in sys.argv[1:]:
+            if case not in only:
+                sys.exit(f"no case {case!r} that runs alone; those that do: {', '.join(only)}")
+            only[case]()
+    else:
+        main()

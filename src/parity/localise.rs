@@ -149,7 +149,7 @@ impl Boundary {
                 ..
             } => match masked_by.as_deref() {
                 Some(side) => format!(
-                    "after positions {start}–{end}, pads that {side} masks and {} attends without a mask",
+                    "at positions {start}–{end}, pads that {side} masks and {} attends without a mask",
                     if side == "a" { "b" } else { "a" }
                 ),
                 None => format!("right after positions {start}–{end}, a run of pads attended without a mask"),

@@ -52,6 +52,9 @@ pub fn build(
         false => format!("{}; {summary}", findings.join("; ")),
     };
     let mut notes = notes;
+    if let Some(n) = eval.drafter.window_note() {
+        notes.insert(0, n);
+    }
     if let Some(n) = eval.drafter.unexpected_note() {
         notes.insert(0, n);
     }

@@ -45,6 +45,9 @@ pub fn build(
     );
     let summary = format!("{summary}; τ on {}", eval.measured_on);
     let mut notes = notes;
+    if let Some(n) = eval.drafter.window_note() {
+        notes.insert(0, n);
+    }
     if let Some(n) = eval.drafter.unexpected_note() {
         notes.insert(0, n);
     }

@@ -484,7 +484,7 @@ impl<B> Report<B> {
     pub fn closing_line(&self) -> String {
         match (self.kind, self.exit_code) {
             (Kind::Triage, 0) => {
-                "ranked (exit 0): triage ranks the suspects the inputs show first, then by Δτ; the first line names them\n"
+                "ranked (exit 0): the suspects the inputs show first, then those that lower τ most; the first line names them\n"
                     .into()
             }
             (_, code) => format!(

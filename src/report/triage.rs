@@ -93,10 +93,25 @@ fn description(v: &VariantResult) -> String {
     format!("{}{own}", v.description)
 }
 
-/// The ranked variants (all of them, or those of `group`), with their rank
-/// in the whole ranking; seconds on the terminal only (the Markdown stays
-/// stable for tickets).
-pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
+/// Which variants a table holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rows {
+    /// Every variant.
+    All,
+    /// The variants of one group (no group column).
+    Group(SuspectGroup),
+    /// The variants present in the inputs.
+    Present,
+}
+
+/// The ranked variants `rows` selects, with their rank in the whole
+/// ranking; seconds on the terminal only (the Markdown stays stable for
+/// tickets).
+pub fn variants_table(r: &Triage, rows: Rows) -> Table {
+    let group = match rows {
+        Rows::Group(g) => Some(g),
+        _ => None,
+    };
     let mut cols = vec![Column::new("rank").key(), Column::new("variant").key()];
     if group.is_none() {
         cols.push(Column::new("group"));
@@ -120,7 +135,12 @@ pub fn variants_table(r: &Triage, group: Option<SuspectGroup>) -> Table {
     cols.push(Column::new("what it emulates").only(Sinks::Markdown));
     let mut t = Table::new(cols);
     for (i, v) in r.variants.iter().enumerate() {
-        if group.is_some_and(|g| g != v.group) {
+        let shown = match rows {
+            Rows::All => true,
+            Rows::Group(g) => g == v.group,
+            Rows::Present => v.evidence.presence == crate::triage::Presence::Present,
+        };
+        if !shown {
             continue;
         }
         let mut row = vec![(i + 1).to_string().into(), v.name.clone().into()];
@@ -234,7 +254,7 @@ pub fn render(r: &TriageReport, width: Width) -> String {
         "drafter vs target: {}\n",
         crate::drafter::audit::describe(&r.drafter_audit)
     ));
-    out.push_str(&variants_table(r, None).render(width));
+    out.push_str(&variants_table(r, Rows::All).render(width));
     out.push('\n');
     if let Some(n) = not_distinguishable(r) {
         out.push_str(&format!("{n}\n"));
@@ -283,10 +303,18 @@ pub fn markdown(r: &TriageReport) -> String {
     if let Some(c) = &r.next_check {
         md.push_str(&format!("**Next check:** {c}.\n\n"));
     }
+    if r.variants
+        .iter()
+        .any(|v| v.evidence.presence == crate::triage::Presence::Present)
+    {
+        md.push_str("## Present in the inputs\n\nThe suspects the checkpoint, drafter or prompts show, ranked first (their reasons under \"What the inputs show\").\n\n");
+        md.push_str(&variants_table(r, Rows::Present).markdown());
+        md.push('\n');
+    }
     for g in SuspectGroup::ALL {
         if r.variants.iter().any(|v| v.group == g) {
             md.push_str(&format!("## {} suspects\n\n", capitalised(g.name())));
-            md.push_str(&variants_table(r, Some(g)).markdown());
+            md.push_str(&variants_table(r, Rows::Group(g)).markdown());
             md.push('\n');
         }
     }

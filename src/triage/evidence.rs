@@ -71,19 +71,27 @@ pub fn of(s: &Suspect, session: &Session, drafter: &Drafter, contexts: usize) ->
     let base = &session.paths[0];
     match s {
         Suspect::Vlm => vlm(session),
-        Suspect::MissingOn(p) => match resolved(session, *p) {
-            Some(r) => Evidence::new(
+        Suspect::MissingOn(p) => {
+            let inv = match resolved(session, *p) {
+                Some(r) => r.inventory,
+                None => base.inventory.clone(),
+            };
+            let baseline = if *p == base.path {
+                " — the baseline's own path, so this row cannot differ from it: every τ here is measured on random weights"
+            } else {
+                ""
+            };
+            Evidence::new(
                 Present,
                 format!(
-                    "{p} ({}) leaves {} tensor{} MISSING{}: randomly initialised",
+                    "{p} ({}) leaves {} tensor{} MISSING{}: randomly initialised{baseline}",
                     p.auto_class(),
-                    r.inventory.missing,
-                    plural(r.inventory.missing),
-                    first_names(&r.inventory.missing_names)
+                    inv.missing,
+                    plural(inv.missing),
+                    first_names(&inv.missing_names)
                 ),
-            ),
-            None => Evidence::new(Present, format!("{p} leaves tensors MISSING")),
-        },
+            )
+        }
         Suspect::RandomLmHead => Evidence::new(
             Hypothetical,
             "no loading path leaves lm_head.weight (or any tensor) MISSING on this checkpoint",
@@ -161,7 +169,8 @@ fn first_names(names: &[String]) -> String {
     format!(" ({}{more})", shown.join(", "))
 }
 
-/// `p` resolved on the session's checkpoint, when it applies to it.
+/// `p` resolved on the session's checkpoint, when it applies to it and is
+/// not the baseline's path.
 fn resolved(session: &Session, p: LoadingPath) -> Option<ResolvedPath> {
     if session.paths[0].path == p {
         return None;
@@ -255,10 +264,15 @@ fn swa(drafter: &Drafter, contexts: usize) -> Evidence {
         .count();
     let window = drafter.cfg.sliding_window;
     let mut reason = format!(
-        "the drafter's config has {sliding} of {} layers sliding-window{}: an engine that ignores the window runs them as full attention",
+        "the drafter's config makes {sliding} of its {} layers sliding-window{}: an engine that ignores the window runs them as full attention",
         types.len(),
         window.map(|w| format!(" (window {w})")).unwrap_or_default()
     );
+    if let Some(w) = drafter.cfg.sliding_window_unused {
+        reason.push_str(&format!(
+            "; its window {w} is not in use (no use_sliding_window: true, so transformers' Qwen3Config drops it): dflash and this run attend those layers causally with no window"
+        ));
+    }
     if let Some(w) = window.filter(|&w| contexts <= w) {
         reason.push_str(&format!(
             "; no context of this run reaches the window (longest {contexts} tokens ≤ {w}), so it costs nothing here: measure on prompts longer than {w} tokens"

@@ -258,7 +258,19 @@ fn plan(
             .filter(|&p| p != base_prec)
             .map(Suspect::Dtype),
     );
-    plan.push(Suspect::Recurrent);
+    if session
+        .spec
+        .layer_types
+        .contains(&crate::checkpoint::config::LayerType::LinearAttention)
+    {
+        plan.push(Suspect::Recurrent);
+    } else {
+        skip(
+            Suspect::Recurrent,
+            "the target has no linear-attention layers: there is no delta rule to run in another form"
+                .into(),
+        );
+    }
     match (&session.spec.moe, base_prec) {
         (None, _) => skip(
             Suspect::RouterDtype,
@@ -287,7 +299,7 @@ fn plan(
         Suspect::Positions(1),
         Suspect::Positions(settings.position_shift),
     ]);
-    let missing = [LoadingPath::CausalLm, LoadingPath::Vlm]
+    let missing = LoadingPath::applicable(&session.ckpt.config)
         .into_iter()
         .find(|&p| {
             crate::loading::resolve(&session.ckpt, p).is_ok_and(|r| r.inventory.missing > 0)
@@ -295,9 +307,14 @@ fn plan(
     match missing {
         Some(p) => plan.push(Suspect::MissingOn(p)),
         None => {
-            notes.push(
-                "no path reports MISSING tensors on this checkpoint; the missing variant emulates a random lm_head (normal(0, initializer_range)), what causal-lm gets when tie_word_embeddings is set only at the top level and lm_head.weight is absent".into(),
-            );
+            let when = if session.ckpt.config.raw.get("text_config").is_some() {
+                "what causal-lm gets when tie_word_embeddings is set only at the top level and lm_head.weight is absent"
+            } else {
+                "what a loader that does not tie the head gets when lm_head.weight is absent"
+            };
+            notes.push(format!(
+                "no path reports MISSING tensors on this checkpoint; the missing variant emulates a random lm_head (normal(0, initializer_range)), {when}"
+            ));
             plan.push(Suspect::RandomLmHead);
         }
     }

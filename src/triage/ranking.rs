@@ -4,11 +4,13 @@
 
 use super::{Baseline, Presence, VariantResult};
 
-/// Ranks `variants`: present, possible, hypothetical; each by |Δτ|, largest
-/// first.
+/// Ranks `variants`: present, possible, hypothetical; in each, the ones
+/// that lower τ before the others (a suspect that raises τ or leaves it
+/// does not explain a regression), each by |Δτ|, largest first.
 pub fn rank(variants: &mut [VariantResult]) {
     variants.sort_by(|a, b| {
         (a.evidence.presence.cmp(&b.evidence.presence))
+            .then((a.delta_tau >= 0.0).cmp(&(b.delta_tau >= 0.0)))
             .then(b.delta_tau.abs().total_cmp(&a.delta_tau.abs()))
     });
 }

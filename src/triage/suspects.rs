@@ -226,7 +226,7 @@ impl Suspect {
             Suspect::HarnessGdnCrop => "z-lab dflash_generate (0.1.0) on transformers 5.23: the cache crop rolls the Gated DeltaNet conv state back but not the recurrent state, so rejected drafts stay in it".into(),
             Suspect::GdnStateReset(None) => "linear-attention state (conv and recurrent) dropped at the middle of each prompt: a prefix cache or chunked prefill that restores the attention KV but not the Gated DeltaNet state".into(),
             Suspect::GdnStateReset(Some(k)) => format!("linear-attention state (conv and recurrent) dropped at position {k}: a prefix cache or chunked prefill that restores the attention KV but not the Gated DeltaNet state"),
-            Suspect::LeftPadUnmasked(p) => format!("{p} pad tokens before each prompt with no attention or padding mask: a batched harness that drops the mask, so the pads enter attention and the Gated DeltaNet state"),
+            Suspect::LeftPadUnmasked(p) => format!("{p} pad tokens before each prompt with no attention or padding mask: a batched harness that drops the mask, so the pads enter attention (and a Gated DeltaNet state, where the target has one)"),
             Suspect::KvFp8 => "attention K and V stored as fp8 e4m3 with scale 1.0: vLLM --kv-cache-dtype fp8 on a checkpoint without KV scales".into(),
             Suspect::ThinkingFlipped(v) => format!("prompts rendered with enable_thinking={v}, the other value: a harness that passes (or drops) the flag, so the target sees another prompt than the drafter was evaluated on"),
             Suspect::DrafterSwaAsFull => "the drafter's sliding-window layers run as full attention: an engine that drops their window (vLLM before PR #40898)".into(),

@@ -201,10 +201,15 @@ pub fn hsparity() -> assert_cmd::Command {
 
 /// Runs `cmd`, which must exit 0, and parses its stdout as JSON (`--json`).
 pub fn json_of(cmd: &mut assert_cmd::Command) -> serde_json::Value {
+    json_exit(cmd, 0)
+}
+
+/// Runs `cmd`, which must exit `code`, and parses its stdout as JSON.
+pub fn json_exit(cmd: &mut assert_cmd::Command, code: i32) -> serde_json::Value {
     let out = cmd.output().unwrap();
     assert_eq!(
         out.status.code(),
-        Some(0),
+        Some(code),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

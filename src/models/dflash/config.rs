@@ -44,8 +44,16 @@ pub struct DflashConfig {
     pub mask_token_id: u32,
     /// Per draft layer: full or sliding attention.
     pub layer_types: Vec<DraftLayerType>,
-    /// Window of the sliding layers.
+    /// Window of the sliding layers, as transformers' `Qwen3Config`
+    /// (`__post_init__`, the class dflash 0.1.0 loads drafters with)
+    /// resolves it: the config's `sliding_window` (4096 when absent) when
+    /// `use_sliding_window` is true, else none — the sliding layers then
+    /// attend causally within the block without a window.
     pub sliding_window: Option<usize>,
+    /// The window the config names but does not use: `sliding_window` is
+    /// set, the layers are `sliding_attention`, and `use_sliding_window` is
+    /// not true.
+    pub sliding_window_unused: Option<usize>,
     /// `output_multiplier` (default 1).
     pub output_multiplier: f64,
     /// `final_logit_softcapping` (none by default).
@@ -149,23 +157,12 @@ impl DflashConfig {
             )));
         }
         let rope_theta = rope_theta(cfg)?;
-        let layer_types = layer_types(cfg, num_hidden_layers)?;
-        let sliding_window = match get(cfg, "sliding_window") {
-            Some(_) => Some(usize_of("sliding_window")?),
-            None => None,
-        };
-        if sliding_window == Some(0) {
-            return Err(bad(
-                "sliding_window = 0: a window must hold at least one position".into(),
-            ));
-        }
+        let (layer_types, sliding_window, sliding_window_unused) =
+            attention(cfg, num_hidden_layers)?;
         if head_dim % 2 != 0 {
             return Err(bad(format!(
                 "head_dim = {head_dim}: rotary embedding needs an even head_dim"
             )));
-        }
-        if layer_types.contains(&DraftLayerType::SlidingAttention) && sliding_window.is_none() {
-            return Err(bad("sliding_attention layers but no sliding_window".into()));
         }
         let num_key_value_heads = match get(cfg, "num_key_value_heads") {
             Some(_) => usize_of("num_key_value_heads")?,
@@ -197,6 +194,7 @@ impl DflashConfig {
             mask_token_id,
             layer_types,
             sliding_window,
+            sliding_window_unused,
             output_multiplier: number(cfg, "output_multiplier")?.unwrap_or(1.0),
             final_logit_softcapping,
             num_target_layers: recorded(cfg, "num_target_layers")?,
@@ -417,7 +415,66 @@ fn rope_theta(cfg: &Value) -> Result<f64> {
 /// `layer_types` (every layer full attention when absent).
 ///
 /// Errors ([`Error::Config`]): a list of the wrong length or an unknown entry.
-fn layer_types(cfg: &Value, num_hidden_layers: usize) -> Result<Vec<DraftLayerType>> {
+/// The draft layers' attention as transformers 5.23.0's `Qwen3Config`
+/// resolves it: the layer types, the window in use and a window the config
+/// names but does not use ([`DflashConfig::sliding_window`]).
+fn attention(
+    cfg: &Value,
+    num_hidden_layers: usize,
+) -> Result<(Vec<DraftLayerType>, Option<usize>, Option<usize>)> {
+    let bad = Error::Config;
+    let usize_of = |name: &str| -> Result<usize> {
+        let v = get(cfg, name).ok_or_else(|| bad(format!("missing {name}")))?;
+        v.as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| bad(format!("{name} must be a non-negative integer, found {v}")))
+    };
+    // transformers 5.23.0 `Qwen3Config`: `sliding_window` defaults to
+    // 4096 (an explicit null is none), and `__post_init__` drops it
+    // unless `use_sliding_window` is true.
+    let declared = match (get(cfg, "sliding_window"), cfg.get("sliding_window")) {
+        (Some(_), _) => Some(usize_of("sliding_window")?),
+        (None, Some(_)) => None,
+        (None, None) => Some(QWEN3_DEFAULT_SLIDING_WINDOW),
+    };
+    if declared == Some(0) {
+        return Err(bad(
+            "sliding_window = 0: a window must hold at least one position".into(),
+        ));
+    }
+    let used = match cfg.get("use_sliding_window").filter(|v| !v.is_null()) {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(bad(format!(
+                "use_sliding_window must be true or false, found {v}"
+            )))
+        }
+    };
+    let sliding_window = declared.filter(|_| used);
+    let layer_types = layer_types(cfg, num_hidden_layers, sliding_window)?;
+    let sliding_window_unused = declared.filter(|_| {
+        !used
+            && cfg.get("sliding_window").is_some_and(|v| !v.is_null())
+            && layer_types.contains(&DraftLayerType::SlidingAttention)
+    });
+    Ok((layer_types, sliding_window, sliding_window_unused))
+}
+
+/// `Qwen3Config.sliding_window`'s default (transformers 5.23.0).
+const QWEN3_DEFAULT_SLIDING_WINDOW: usize = 4096;
+
+/// `Qwen3Config.max_window_layers`' default (transformers 5.23.0).
+const QWEN3_DEFAULT_MAX_WINDOW_LAYERS: usize = 28;
+
+/// The draft layers' types: `layer_types` as given, else as
+/// `Qwen3Config.__post_init__` derives them — sliding from
+/// `max_window_layers` (28) on when a window is in use, full before.
+fn layer_types(
+    cfg: &Value,
+    num_hidden_layers: usize,
+    window: Option<usize>,
+) -> Result<Vec<DraftLayerType>> {
     let bad = Error::Config;
     Ok(match cfg.get("layer_types").filter(|v| !v.is_null()) {
         Some(Value::Array(a)) => {
@@ -438,7 +495,25 @@ fn layer_types(cfg: &Value, num_hidden_layers: usize) -> Result<Vec<DraftLayerTy
                 .collect::<Result<_>>()?
         }
         Some(v) => return Err(bad(format!("layer_types must be a list, found {v}"))),
-        None => vec![DraftLayerType::FullAttention; num_hidden_layers],
+        None => {
+            let from = match cfg.get("max_window_layers").filter(|v| !v.is_null()) {
+                None => QWEN3_DEFAULT_MAX_WINDOW_LAYERS,
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "max_window_layers must be a whole number, found {v}"
+                        ))
+                    })?,
+            };
+            (0..num_hidden_layers)
+                .map(|i| match window.is_some() && i >= from {
+                    true => DraftLayerType::SlidingAttention,
+                    false => DraftLayerType::FullAttention,
+                })
+                .collect()
+        }
     })
 }
 
