@@ -347,3 +347,39 @@ fn the_pre_norm_option_refuses_a_reference_without_last_layer_output() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("holds no last_layer_output"), "{err}");
 }
+
+/// Every hidden state agrees and only `last_layer_output` does not: the
+/// summary says so plainly (it read "agree bitwise … ; last_layer_output
+/// fail"), and names what the tensor is.
+#[test]
+fn only_the_last_layer_output_departing_is_said_plainly() {
+    let a = repo_root().join("fixtures/diagnosis/pre-norm-last/a.safetensors");
+    let dev = candle_core::Device::Cpu;
+    let mut t = candle_core::safetensors::load(&a, &dev).unwrap();
+    let l = t["p0.last_layer_output"].clone();
+    t.insert("p0.last_layer_output".into(), (l * -1.0).unwrap());
+    let tmp = tempfile::tempdir().unwrap();
+    let b = tmp.path().join("b.safetensors");
+    let meta = safetensors::SafeTensors::read_metadata(&std::fs::read(&a).unwrap())
+        .unwrap()
+        .1
+        .metadata()
+        .clone();
+    let data: Vec<(String, candle_core::Tensor)> = t.into_iter().collect();
+    safetensors::serialize_to_file(data, meta, &b).unwrap();
+    let out = hsparity()
+        .arg("diff")
+        .arg(&a)
+        .arg(&b)
+        .args(["--no-report", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let summary = v["summary"].as_str().unwrap();
+    assert!(summary.contains("agree bitwise"), "{summary}");
+    assert!(
+        summary.contains("but last_layer_output (the pre-norm output of the last decoder layer) does not agree: FAIL"),
+        "{summary}"
+    );
+}

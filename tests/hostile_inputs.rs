@@ -524,6 +524,38 @@ fn verdict_compare_on_nan_both_paths_hold() {
     assert!(!o.stdout.contains("local cos_min -inf"), "{}", o.stdout);
 }
 
+/// A weight finite in bf16 but past f16's range: `dump --dtype f16` writes
+/// the hidden states it computes, and exits 1 naming the first one that
+/// holds Inf or NaN, as a finding (it exited 0).
+#[test]
+fn verdict_dump_in_f16_that_overflows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = pair_copy(tmp.path(), "target");
+    edit_shard(&t, "model.safetensors", |sh| {
+        let (b, _) = sh.offsets("model.language_model.embed_tokens.weight");
+        let b = b as usize;
+        // bf16 0x47C3 = 99840, finite in bf16, Inf in f16: rows 0–4 (width
+        // 64), the embeddings of IDS' tokens.
+        for k in 0..5 * 64 {
+            sh.data[b + 2 * k..b + 2 * k + 2].copy_from_slice(&[0xC3, 0x47]);
+        }
+    });
+    let out = tmp.path().join("f16.safetensors");
+    let mut args: Vec<&OsStr> = vec![OsStr::new("dump"), s(&t)];
+    args.extend(["--path", "causal-lm", "--dtype", "f16", "-q", "--out"].map(OsStr::new));
+    args.push(s(&out));
+    args.extend(IDS.map(OsStr::new));
+    let o = run(args);
+    finding(
+        &o,
+        &["hidden_states[", "Inf values", "the f16 run overflows"],
+    );
+    assert!(out.exists(), "the dump is written as computed");
+    // In its own dtype (bf16) the same checkpoint dumps clean.
+    let o = dump_run(&t, &tmp.path().join("bf16.safetensors"), false);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+}
+
 #[test]
 fn verdict_drafter_and_triage_on_nan_and_missing_targets() {
     let tmp = tempfile::tempdir().unwrap();

@@ -121,7 +121,58 @@ pub fn run_checked(
         &pb,
     )?;
     pb.finish();
-    Ok((obs.dump, session.findings()))
+    let mut findings = session.findings();
+    let weights = !findings.is_empty();
+    findings.extend(non_finite(&obs.dump, precision, weights)?);
+    Ok((obs.dump, findings))
+}
+
+/// The first hidden state holding NaN or ±Inf, as a finding: the dump is
+/// written as computed, and the run exits 1. `weights`: the path's weights
+/// are a finding already (MISSING, NaN/Inf), which the states inherit.
+///
+/// Errors: a tensor failure.
+fn non_finite(
+    dump: &Dump,
+    precision: crate::precision::Precision,
+    weights: bool,
+) -> Result<Vec<String>> {
+    let count = |t: &candle_core::Tensor| -> Result<(usize, usize)> {
+        let v = t
+            .flatten_all()?
+            .to_dtype(candle_core::DType::F32)?
+            .to_vec1::<f32>()?;
+        Ok((
+            v.iter().filter(|x| x.is_nan()).count(),
+            v.iter().filter(|x| x.is_infinite()).count(),
+        ))
+    };
+    let mut out = Vec::new();
+    for index in dump.indices() {
+        let (mut nan, mut inf, mut prompts) = (0, 0, Vec::new());
+        for (k, p) in dump.prompts.iter().enumerate() {
+            if let Some(t) = p.hidden_states.get(&index) {
+                let (n, i) = count(t)?;
+                if n + i > 0 {
+                    prompts.push(k);
+                }
+                (nan, inf) = (nan + n, inf + i);
+            }
+        }
+        if nan + inf > 0 {
+            let why = match weights {
+                true => "from the weights above".to_string(),
+                false => format!("the {precision} run overflows from there on"),
+            };
+            out.push(format!(
+                "hidden_states[{index}] holds {nan} NaN and {inf} Inf values (prompt{} {}): {why} (the dump is written as computed)",
+                if prompts.len() == 1 { "" } else { "s" },
+                crate::parity::verdict::runs_text(&crate::parity::verdict::runs(&prompts), "p")
+            ));
+            break;
+        }
+    }
+    Ok(out)
 }
 
 /// Runs and writes to `out` (atomic; refuses to overwrite without `force`,

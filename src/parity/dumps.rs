@@ -270,8 +270,10 @@ fn compare_rows(
     Ok((noise, skipped))
 }
 
-/// Logits (offset 0, both dumps hold them) and, for a partial dump, the
-/// pre-norm `last_layer_output` (an engine's last-layer tap has no index).
+/// Logits and the pre-norm `last_layer_output` (offset 0, both dumps hold
+/// them). The latter is compared for full dumps too: the final RMSNorm is
+/// scale-invariant, so `hidden_states[N]` can agree while the states it
+/// normalises do not.
 fn compare_extras(a: &Dump, b: &Dump, tap_offset: i64, pair: &mut PairReport) -> Result<bool> {
     if tap_offset != 0 {
         return Ok(false);
@@ -318,7 +320,7 @@ fn compare_extras(a: &Dump, b: &Dump, tap_offset: i64, pair: &mut PairReport) ->
         .map(|(p, q)| Some((p.last_layer_output.as_ref()?, q.last_layer_output.as_ref()?)))
         .collect();
     match last {
-        Some(pairs) if !(a.is_full() && b.is_full()) => {
+        Some(pairs) => {
             let what = |k: usize| format!("p{k}.last_layer_output");
             pair.last_layer_output = Some(metrics(pairs.into_iter(), None, &what)?.0);
             Ok(true)

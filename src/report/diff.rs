@@ -82,11 +82,31 @@ fn partial_summary(c: &DumpComparison) -> String {
     let mut s = String::new();
     if let Some(m) = &c.pair.last_layer_output {
         let v = c.pair.tolerance.judge(m);
-        s.push_str(&format!("; last_layer_output {}", v.as_str()));
+        if v == Verdict::Pass {
+            s.push_str(&format!("; last_layer_output {}", v.as_str()));
+        } else {
+            // The rows may all agree: say what does not, and what it is.
+            let rows_pass = c.pair.verdict() == Verdict::Pass;
+            s.push_str(&format!(
+                "; {}last_layer_output (the pre-norm output of the last decoder layer) does not agree: {} (cos_min {}, rel L2 {:.3e}){}",
+                if rows_pass { "but " } else { "" },
+                v.as_str().to_uppercase(),
+                cos(m.cos_min),
+                m.rel_l2,
+                if rows_pass {
+                    " — the last layer's output before the final norm differs while every compared hidden state agrees (a capture of another tensor there, or a norm the two runs place differently)"
+                } else {
+                    ""
+                }
+            ));
+        }
     }
     let n = c.skipped.a.len() + c.skipped.b.len();
     if n > 0 && c.partial {
-        s.push_str(&format!("; {n} indices held by one dump only skipped"));
+        s.push_str(&format!(
+            "; {n} {} held by one dump only skipped",
+            if n == 1 { "index" } else { "indices" }
+        ));
     }
     if !c.inputs_verified {
         s.push_str("; inputs not verified (no input_ids)");
@@ -125,6 +145,12 @@ pub fn build(
         }
         (_, _, Some(i)) => match (&c.convention, &c.pair.localisation) {
             (Some(f), _) => format!("{na} and {nb} differ at hidden_states[{i}]: {}", f.sentence),
+            (None, Some(_)) if non_finite_at(&c.pair, i).is_some() => {
+                let (nan, inf) = non_finite_at(&c.pair, i).unwrap_or_default();
+                format!(
+                    "{na} and {nb} diverge from hidden_states[{i}], where NaN/Inf appear ({nan} NaN, {inf} Inf values in the two dumps): the run that holds them overflowed or read NaN/Inf weights"
+                )
+            }
             (None, Some(l)) => format!(
                 "{na} and {nb} diverge from hidden_states[{i}] ({}{})",
                 l.sentence
@@ -407,4 +433,15 @@ impl Body for Diff {
     fn files(report: &Report<Self>) -> Result<Vec<(&'static str, String)>> {
         Ok(vec![("report.md", markdown(report))])
     }
+}
+
+/// The NaN and Inf counts of hidden state `index` of `pair`, when it holds
+/// any.
+fn non_finite_at(pair: &crate::parity::PairReport, index: usize) -> Option<(usize, usize)> {
+    let m = &pair
+        .hidden_states
+        .iter()
+        .find(|r| r.index == index)?
+        .metrics;
+    (m.nan_count + m.inf_count > 0).then_some((m.nan_count, m.inf_count))
 }

@@ -14,12 +14,19 @@ pub fn sci(x: f64) -> String {
 
 /// Cosine with enough digits to see f32 round-off (`0.99999994`).
 pub fn cos(x: f64) -> String {
-    format!("{x:.8}")
+    match x {
+        // The metrics record a NaN cosine (a row holding NaN/Inf) as −∞.
+        f64::NEG_INFINITY => "NaN".into(),
+        x => format!("{x:.8}"),
+    }
 }
 
 /// A cosine at six digits (triage's tap column, summaries).
 pub fn cos6(x: f64) -> String {
-    format!("{x:.6}")
+    match x {
+        f64::NEG_INFINITY => "NaN".into(),
+        x => format!("{x:.6}"),
+    }
 }
 
 /// An acceptance length τ (`7.890`).
