@@ -383,3 +383,51 @@ fn only_the_last_layer_output_departing_is_said_plainly() {
         "{summary}"
     );
 }
+
+/// `fixtures/diagnosis/visual-unprefixed`: a vision tower saved as
+/// `visual.*`. transformers adds the base-model prefix key by key, so each
+/// loading path's MISSING and UNEXPECTED keys are transformers' own (the
+/// image-text-to-text path read 21 MISSING and 21 UNEXPECTED: the prefix was
+/// added for a whole checkpoint or not at all).
+#[test]
+fn the_base_model_prefix_is_added_key_by_key_as_transformers_does() {
+    let dir = "fixtures/diagnosis/visual-unprefixed";
+    let report: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join(dir).join("golden/load_report.json")).unwrap(),
+    )
+    .unwrap();
+    let inv = common::json_of(hsparity().args(["inventory", dir, "--json"]));
+    let names = |v: &Value| -> Vec<String> {
+        let mut n: Vec<String> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().to_string())
+            .collect();
+        n.sort();
+        n
+    };
+    for want in report["paths"].as_array().unwrap() {
+        let name = want["name"].as_str().unwrap();
+        let got = inv["paths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap();
+        assert_eq!(got["class"], want["class"], "{name}");
+        assert_eq!(
+            names(&got["missing_names"]),
+            names(&want["missing_keys"]),
+            "{name}"
+        );
+        assert_eq!(
+            names(&got["unexpected_names"]),
+            names(&want["unexpected_keys"]),
+            "{name}"
+        );
+    }
+    let itt = &report["paths"][2];
+    assert_eq!(itt["name"], "image-text-to-text");
+    assert!(itt["missing_keys"].as_array().unwrap().is_empty());
+}

@@ -39,6 +39,13 @@ facts.json = what the generator did, read by the tests):
                      0.1.0 loads that config (Qwen3Config drops the window: the layer is
                      causal with no window) and with use_sliding_window true (window 6);
                      facts.json records what Qwen3Config resolved.
+  visual-unprefixed  fixtures/divergence/bf16-auto re-saved with its vision tower under
+                     `visual.*` instead of `model.visual.*` (as third-party converters and
+                     older VLM layouts store it); golden/load_report.json holds what each
+                     Auto class of transformers 5.23.0 reports (class, missing and
+                     unexpected keys): transformers adds the base-model prefix key by key,
+                     so AutoModelForImageTextToText loads the tower, AutoModelForCausalLM
+                     reports it UNEXPECTED (its ignore rule is ^model.visual.*).
   pre-norm-last      b is a's capture with its last state taken from a forward hook
                      on the last decoder layer (the pre-norm output, as vLLM's
                      hidden states and decoder-layer hooks give it) stored as
@@ -275,6 +282,49 @@ def main() -> None:
     norm_plus_one(model)
     drafter_extra()
     drafter_window()
+    visual_unprefixed()
+
+
+def visual_unprefixed() -> None:
+    import shutil
+
+    from safetensors.torch import load_file
+
+    src = os.path.join(ROOT, "fixtures", "divergence", "bf16-auto")
+    d = os.path.join(OUT, "visual-unprefixed")
+    os.makedirs(os.path.join(d, "golden"), exist_ok=True)
+    for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(src, f), os.path.join(d, f))
+    tensors = {
+        (k.replace("model.visual.", "visual.", 1) if k.startswith("model.visual.") else k): v
+        for k, v in load_file(os.path.join(src, "model.safetensors")).items()
+    }
+    save_safetensors(Path(d) / "model.safetensors", tensors, {"format": "pt"})
+    transformers.logging.set_verbosity_error()
+    paths = []
+    for name, auto in (("causal-lm", transformers.AutoModelForCausalLM), ("vlm", transformers.AutoModel),
+                       ("image-text-to-text", transformers.AutoModelForImageTextToText)):
+        model, info = auto.from_pretrained(d, output_loading_info=True)
+        paths.append({
+            "name": name,
+            "auto_class": auto.__name__,
+            "class": type(model).__name__,
+            "missing_keys": sorted(info["missing_keys"]),
+            "unexpected_keys": sorted(info["unexpected_keys"]),
+            "state_dict_tensors": len(model.state_dict()),
+        })
+    report = {
+        "case": "visual-unprefixed",
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "checkpoint_tensors": len(tensors),
+        "vision_keys": sum(k.startswith("visual.") for k in tensors),
+        "paths": paths,
+    }
+    with open(os.path.join(d, "golden", "load_report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+        f.write("\n")
+    print("visual-unprefixed", [(p["name"], len(p["missing_keys"]), len(p["unexpected_keys"])) for p in paths])
 
 
 @torch.no_grad()
@@ -400,7 +450,8 @@ def norm_plus_one(model) -> None:
 
 
 if __name__ == "__main__":
-    only = {"drafter-extra": drafter_extra, "drafter-window": drafter_window}
+    only = {"drafter-extra": drafter_extra, "drafter-window": drafter_window,
+            "visual-unprefixed": visual_unprefixed}
     if len(sys.argv) > 1:
         for case in sys.argv[1:]:
             if case not in only:

@@ -147,10 +147,14 @@ struct Renamed {
 }
 
 /// Step 2: the conversion renames in transformers' order, then the
-/// base-model prefix (`base_model_prefix = "model"`: stripped when loading a
-/// base class from a head checkpoint, added when loading a head class from a
-/// base checkpoint). `tensors`: the checkpoint's entries (expert conversion applied).
-fn rename(tensors: &[TensorHeader], class: ModelClass) -> Renamed {
+/// base-model prefix key by key, as `core_model_loading.py`
+/// `rename_source_key` decides it against the model's state dict
+/// (`base_model_prefix = "model"`): a key starting with `model` whose rest
+/// is a model key loses the prefix, else a key that is a model key once
+/// `model.` is prepended gains it (a vision tower saved as `visual.*` loads
+/// into `model.visual.*`). `tensors`: the checkpoint's entries (expert
+/// conversion applied); `model`: the class's state-dict keys.
+fn rename(tensors: &[TensorHeader], class: ModelClass, model: &[ModelKey]) -> Renamed {
     let mut renames = vec![Rename {
         from: "model.language_model.model.",
         to: "model.language_model.",
@@ -184,25 +188,26 @@ fn rename(tensors: &[TensorHeader], class: ModelClass) -> Renamed {
         .map(|(r, _)| r.label.to_string())
         .collect();
     let reported = keys.clone();
-    let has_prefix = keys.iter().any(|k| k.starts_with("model."));
-    if !class.has_base_prefix() && has_prefix {
-        let mut any = false;
-        for k in keys.iter_mut() {
-            if let Some(rest) = k.strip_prefix("model.") {
-                *k = rest.to_string();
-                any = true;
-            }
+    let known: std::collections::HashSet<&str> = model.iter().map(|m| m.key.as_str()).collect();
+    let (mut stripped, mut added) = (false, false);
+    for k in keys.iter_mut() {
+        // `re.sub("^model.", "", key, count=1)`: the `.` matches any character.
+        let rest = k
+            .strip_prefix("model")
+            .and_then(|r| r.char_indices().nth(1).map(|(i, _)| &r[i..]));
+        if let Some(rest) = rest.filter(|r| known.contains(r)) {
+            *k = rest.to_string();
+            stripped = true;
+        } else if known.contains(format!("model.{k}").as_str()) {
+            *k = format!("model.{k}");
+            added = true;
         }
-        if any {
-            rules.push("model.X -> X".to_string());
-        }
-    } else if class.has_base_prefix() && !has_prefix && !keys.is_empty() {
-        for k in keys.iter_mut() {
-            if !k.starts_with("lm_head.") {
-                *k = format!("model.{k}");
-            }
-        }
-        rules.push("X -> model.X (base-model checkpoint)".to_string());
+    }
+    if stripped {
+        rules.push("model.X -> X".to_string());
+    }
+    if added {
+        rules.push("X -> model.X (base-model keys)".to_string());
     }
     rules.extend(
         class
@@ -441,7 +446,7 @@ pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
         keys,
         reported,
         rules,
-    } = rename(&entries.tensors, class);
+    } = rename(&entries.tensors, class, &model);
     let mut rules = with_conversion_rules(rules, &entries);
     let matched = match_keys(&entries, &keys, &model, class, path)?;
     check_shapes(headers, &entries, &model, &matched.source, path)?;

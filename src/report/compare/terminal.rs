@@ -111,10 +111,15 @@ fn inventory_lines(report: &CompareReport) -> String {
     let mut out = String::new();
     for p in &report.inventory.paths {
         out.push_str(&format!(
-            "  {:<20} inventory: {} tensors = {} consumed + {} missing; {}{} dropped by rule, {} unexpected{}\n",
+            "  {:<20} inventory: {} tensors = {} consumed{} + {} missing; {}{} dropped by rule, {} unexpected{}\n",
             p.name,
             p.tensors,
             p.consumed,
+            if p.tied_lm_head {
+                " (lm_head.weight tied: it reads the embedding's key)"
+            } else {
+                ""
+            },
             p.missing,
             p.converted
                 .as_ref()
