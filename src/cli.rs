@@ -56,8 +56,10 @@ enum Command {
     /// Run the same prompts through loading paths in lock-step; per-layer parity.
     #[command(after_help = help::after_help())]
     Compare(CompareArgs),
-    /// Compare two dumps (hsparity.dump.v1, from hsparity, tools/dump_hidden_states.py or `import`).
-    #[command(after_help = help::after_help())]
+    /// Compare two dumps (hsparity.dump.v1, from hsparity, tools/dump_hidden_states.py or `import`): where
+    /// they part and why; or two checkpoint directories' tensors (equal, dtype-rounded, off by or scaled by a
+    /// constant, transposed, rows permuted, one side only).
+    #[command(after_help = help::diff_after_help())]
     Diff(DiffArgs),
     /// DFlash drafter acceptance length τ (and DDTree-N) on each loading path.
     Drafter(DrafterArgs),
@@ -216,9 +218,9 @@ struct CompareArgs {
 
 #[derive(Args)]
 struct DiffArgs {
-    /// Reference dump (safetensors).
+    /// Reference dump (safetensors), or a checkpoint directory.
     a: PathBuf,
-    /// Compared dump (safetensors).
+    /// Compared dump (safetensors), or a checkpoint directory (with a directory as A).
     b: PathBuf,
     /// Compare a's hidden_states[i] with b's hidden_states[i + OFFSET] (the other tap convention: ±1), -1024..=1024.
     #[arg(long, default_value_t = 0, allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(-1024..=1024))]

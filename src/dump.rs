@@ -234,8 +234,18 @@ fn prompt_field(name: &str) -> Option<(usize, &str)> {
 /// Integer ids (or a mask) as i64. Errors: a float tensor.
 fn ints(t: Tensor, name: &str, path: &Path) -> Result<Vec<i64>> {
     if t.dtype().is_float() {
+        // `p0.input_ids` → `input_ids`: say what the field holds.
+        let field = name.split_once('.').map_or(name, |(_, f)| f);
+        let what = match field {
+            "input_ids" => "token ids",
+            "attention_mask" => "an attention mask (1 attended, 0 masked)",
+            "loss_mask" => "a loss mask (0 or 1)",
+            "position_ids" => "position ids",
+            "prompt_length" => "a prompt length (a token count)",
+            _ => "its values",
+        };
         return Err(Error::Format(format!(
-            "{}: {name} has dtype {:?}: token ids must be integers (I64)",
+            "{}: {name} has dtype {:?}: {what} must be integers (I64)",
             path.display(),
             t.dtype()
         )));

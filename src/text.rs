@@ -15,9 +15,26 @@ pub fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// `1 tensor`, `3 tensors`: a count with its noun, plural by `-s` (or
+/// `plural` when given, for `index`/`indices`).
+pub fn counted(n: usize, noun: &str, plural: Option<&str>) -> String {
+    match (n, plural) {
+        (1, _) => format!("1 {noun}"),
+        (_, Some(p)) => format!("{n} {p}"),
+        (_, None) => format!("{n} {noun}s"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_take_their_noun() {
+        assert_eq!(counted(1, "tensor", None), "1 tensor");
+        assert_eq!(counted(0, "prompt", None), "0 prompts");
+        assert_eq!(counted(2, "index", Some("indices")), "2 indices");
+    }
 
     #[test]
     fn previews_and_folds() {

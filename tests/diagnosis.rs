@@ -431,3 +431,84 @@ fn the_base_model_prefix_is_added_key_by_key_as_transformers_does() {
     assert_eq!(itt["name"], "image-text-to-text");
     assert!(itt["missing_keys"].as_array().unwrap().is_empty());
 }
+
+/// Inputs recorded as floats are refused naming what the field holds (an
+/// F32 attention mask was called "token ids").
+#[test]
+fn recorded_inputs_stored_as_floats_are_named_by_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = repo_root().join("fixtures/diagnosis/decode-departs/a.safetensors");
+    let dev = candle_core::Device::Cpu;
+    let t = candle_core::safetensors::load(&a, &dev).unwrap();
+    for (field, says) in [
+        (
+            "attention_mask",
+            "an attention mask (1 attended, 0 masked) must be integers",
+        ),
+        (
+            "prompt_length",
+            "a prompt length (a token count) must be integers",
+        ),
+    ] {
+        let mut t = t.clone();
+        let rows = t["p0.input_ids"].dim(0).unwrap();
+        let v = match field {
+            "attention_mask" => candle_core::Tensor::ones(rows, candle_core::DType::F32, &dev),
+            _ => candle_core::Tensor::new(&[16f32], &dev),
+        };
+        t.insert(format!("p0.{field}"), v.unwrap());
+        let out = tmp.path().join(format!("{field}.safetensors"));
+        candle_core::safetensors::save(&t, &out).unwrap();
+        let o = hsparity()
+            .arg("diff")
+            .arg(&a)
+            .arg(&out)
+            .arg("--no-report")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{field}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&format!("p0.{field}")) && err.contains(says),
+            "{err}"
+        );
+    }
+}
+
+/// Two checkpoints of different models: the summary says so first, with
+/// the config facts that differ, and no tensor reads as "scaled ×0" (a
+/// tensor zero on one side has no scale). The norm-plus-one pair, one model
+/// converted, names no architecture.
+#[test]
+fn checkpoints_of_two_models_are_named_as_such() {
+    let v = common::json_exit(
+        hsparity().args([
+            "diff",
+            "fixtures/tiny-qwen3_5",
+            "fixtures/toy-pair/target",
+            "--no-report",
+            "--json",
+        ]),
+        1,
+    );
+    let summary = v["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("are different architectures (num_hidden_layers 6 vs 4"),
+        "{summary}"
+    );
+    assert!(
+        !summary.contains("scaled ×-0") && !summary.contains("scaled ×0 "),
+        "{summary}"
+    );
+    let same = common::json_exit(
+        hsparity().args([
+            "diff",
+            "fixtures/diagnosis/norm-plus-one/a",
+            "fixtures/diagnosis/norm-plus-one/b",
+            "--no-report",
+            "--json",
+        ]),
+        1,
+    );
+    assert!(!same["summary"].as_str().unwrap().contains("architectures"));
+}

@@ -200,6 +200,7 @@ impl Stats {
         let scale = (self.r_min + self.r_max) / 2.0;
         if self.ratio_seen
             && !self.zero_mismatch
+            && scale.abs() > 4.0 * eps
             && self.r_max - self.r_min <= 4.0 * eps * scale.abs()
             && (scale - 1.0).abs() > 4.0 * eps
         {

@@ -69,11 +69,53 @@ pub fn run_weights(
         Ok((src.display, Weights::new(index)))
     };
     let ((na, wa), (nb, wb)) = (open(a)?, open(b)?);
+    let geometry = architecture_differences(&resolve::resolve(a)?.dir, &resolve::resolve(b)?.dir);
     let c = compare::compare(&wa, &wb)?;
     Ok(crate::report::weights::build(
         c,
         (&na, &nb),
         [wa.index().len(), wb.index().len()],
+        &geometry,
         command_line,
     ))
+}
+
+/// The config facts that make two checkpoints different models
+/// (`hidden_size 32 vs 64`), read from each `config.json` (its
+/// `text_config` where it has one); empty when they agree or a config is
+/// absent or unreadable (the tensors then speak alone).
+fn architecture_differences(a: &std::path::Path, b: &std::path::Path) -> Vec<String> {
+    let read = |d: &std::path::Path| -> Option<serde_json::Value> {
+        let text = crate::input::read(&d.join("config.json")).ok()?;
+        serde_json::from_slice(&text).ok()
+    };
+    let (Some(ca), Some(cb)) = (read(a), read(b)) else {
+        return Vec::new();
+    };
+    let field = |c: &serde_json::Value, f: &str| {
+        c.get("text_config")
+            .and_then(|t| t.get(f))
+            .or_else(|| c.get(f))
+            .cloned()
+    };
+    [
+        "model_type",
+        "hidden_size",
+        "num_hidden_layers",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "layer_types",
+    ]
+    .iter()
+    .filter_map(|f| {
+        let (x, y) = (field(&ca, f)?, field(&cb, f)?);
+        (x != y).then(|| match (x.as_array(), y.as_array()) {
+            (Some(_), Some(_)) => format!("{f} differ"),
+            _ => format!("{f} {x} vs {y}"),
+        })
+    })
+    .collect()
 }

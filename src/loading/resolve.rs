@@ -459,10 +459,17 @@ pub fn resolve(ckpt: &Checkpoint, path: LoadingPath) -> Result<ResolvedPath> {
         .iter()
         .map(|&i| reported[i].clone())
         .collect();
+    // The note names the keys as the checkpoint stores them (the load
+    // report lists them after the conversion renames).
+    let stored_unexpected: Vec<String> = matched
+        .unexpected
+        .iter()
+        .map(|&i| entries.tensors[i].name.clone())
+        .collect();
     if let Some(d) = diagnose_prefix(
         a.missing_names.len(),
         model.len(),
-        &unexpected_names,
+        &stored_unexpected,
         (class.text_prefix(), saved_prefix(cfg)),
     ) {
         notes.insert(0, d);

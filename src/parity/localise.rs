@@ -451,7 +451,11 @@ fn sentence(
         if all.len() == 1 {
             ("the prompt".to_string(), false)
         } else {
-            (format!("every prompt ({})", all.len()), false)
+            let which = match all.len() {
+                2 => "both prompts".to_string(),
+                n => format!("all {n} prompts"),
+            };
+            (which, true)
         }
     } else {
         let ids: Vec<usize> = departing.iter().map(|p| p.prompt).collect();

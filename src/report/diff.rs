@@ -104,8 +104,8 @@ fn partial_summary(c: &DumpComparison) -> String {
     let n = c.skipped.a.len() + c.skipped.b.len();
     if n > 0 && c.partial {
         s.push_str(&format!(
-            "; {n} {} held by one dump only skipped",
-            if n == 1 { "index" } else { "indices" }
+            "; {} held by one dump only skipped",
+            crate::text::counted(n, "index", Some("indices"))
         ));
     }
     if !c.inputs_verified {
@@ -338,6 +338,7 @@ pub fn index_table(r: &Diff, p: &PairReport) -> Table {
 pub fn render(r: &DiffReport, width: Width) -> String {
     let mut out = format!("{}\n\n", r.summary);
     for p in &r.pairs {
+        out.push_str("max abs diff @p1 t42 f3 = at prompt 1, token 42, feature 3\n");
         out.push_str(&index_table(r, p).render(width));
         out.push('\n');
         if let Some(l) = &p.logits {

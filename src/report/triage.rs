@@ -209,12 +209,12 @@ fn baseline_line(r: &Triage, path: &str) -> String {
 fn uncertainty_line(r: &Triage) -> String {
     let u = &r.uncertainty;
     format!(
-        "Δτ intervals: {:.0}% {} ({} resamples, seed {}; {} prompts)",
+        "Δτ intervals: {:.0}% {} ({} resamples, seed {}; {})",
         u.level * 100.0,
         u.method,
         u.resamples,
         u.seed,
-        r.baseline.per_prompt.len()
+        crate::text::counted(r.baseline.per_prompt.len(), "prompt", None)
     )
 }
 

@@ -37,10 +37,11 @@ pub fn build(
     c: WeightsComparison,
     (a, b): (&str, &str),
     tensors: [usize; 2],
+    geometry: &[String],
     command: String,
 ) -> WeightsReport {
     let findings = c.findings();
-    let fails = findings.iter().any(|f| f.fails);
+    let fails = findings.iter().any(|f| f.fails) || !geometry.is_empty();
     let summary = if findings.is_empty() {
         format!(
             "{a} and {b} hold the same {} tensors, bitwise equal",
@@ -57,6 +58,14 @@ pub fn build(
             c.equal + c.differing.len(),
             parts.join(", ")
         )
+    };
+    let summary = match geometry.is_empty() {
+        true => summary,
+        false => format!(
+            "{a} and {b} are different architectures ({}): two models' tensors, not one model's converted, so the counts say little; {}",
+            geometry.join(", "),
+            summary.trim_start_matches(&format!("{a} and {b}: "))
+        ),
     };
     Report::new(
         Kind::Weights,
@@ -131,7 +140,7 @@ impl Body for Weights {
             out.push('\n');
             if w.comparison.differing.len() > SHOWN {
                 out.push_str(&format!(
-                    "… and {} more (report.md and --json list every tensor)\n",
+                    "… and {} more (--json lists every tensor, and report.md where one is written)\n",
                     w.comparison.differing.len() - SHOWN
                 ));
             }

@@ -202,15 +202,16 @@ impl Compare {
                         _ => format!("its checkpoint names do not match the class{first}; `hsparity inventory` lists them"),
                     };
                     out.push(format!(
-                        "missing: {} initialises {} tensor(s) randomly ({why})",
-                        p.name, p.missing
+                        "missing: {} initialises {} randomly ({why})",
+                        p.name,
+                        crate::text::counted(p.missing, "tensor", None)
                     ));
                 }
                 if !p.non_finite_weights.is_empty() {
                     out.push(format!(
-                        "weights: {} reads {} tensor(s) holding NaN/Inf",
+                        "weights: {} reads {} holding NaN/Inf",
                         p.name,
-                        p.non_finite_weights.len()
+                        crate::text::counted(p.non_finite_weights.len(), "tensor", None)
                     ));
                 }
             }

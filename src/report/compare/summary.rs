@@ -138,9 +138,9 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
         if let Some((name, nf)) = p.non_finite_weights.iter().next() {
             verdict = Verdict::Fail;
             parts.push(format!(
-                "{} reads {} weight tensor(s) with NaN/Inf (first: {name}: {} NaN, {} Inf)",
+                "{} reads {} with NaN/Inf (first: {name}: {} NaN, {} Inf)",
                 p.name,
-                p.non_finite_weights.len(),
+                crate::text::counted(p.non_finite_weights.len(), "weight tensor", None),
                 nf.nan,
                 nf.inf
             ));

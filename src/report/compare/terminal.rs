@@ -21,7 +21,10 @@ pub fn render(report: &CompareReport, width: Width) -> String {
             p.compute_dtype,
             p.lm_head,
             if p.missing > 0 {
-                format!(", {} MISSING tensors (random init)", p.missing)
+                format!(
+                    ", {} MISSING (random init)",
+                    crate::text::counted(p.missing, "tensor", None)
+                )
             } else {
                 String::new()
             }
@@ -48,7 +51,7 @@ pub fn render(report: &CompareReport, width: Width) -> String {
     }
     for pair in &report.pairs {
         out.push_str(&format!(
-            "\n{a} vs {b} (rel L2 = ‖{a} − {b}‖/‖{b}‖; local = {b}'s layer fed {a}'s input)\n",
+            "\n{a} vs {b} (rel L2 = ‖{a} − {b}‖/‖{b}‖; local = {b}'s layer fed {a}'s input; max abs diff @p1 t42 f3 = at prompt 1, token 42, feature 3)\n",
             a = pair.a,
             b = pair.b
         ));
