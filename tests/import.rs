@@ -418,6 +418,20 @@ fn sglang_dump_files_stitch_prefill_and_decode_and_map_the_dumper_names() {
     let p = &imp.prompts[0];
     assert_eq!(p.input_ids, fed);
     assert_eq!(p.input_ids[..t0], gold_ids(&g, 0)[..]);
+    // The dumper's positions, and the prompt: the rows before the first
+    // single-row (decode) step.
+    assert_eq!(
+        p.position_ids.as_deref(),
+        Some(&(0..fed.len() as i64).collect::<Vec<_>>()[..])
+    );
+    assert_eq!(p.prompt_length, Some(t0));
+    assert!(
+        imp.notes
+            .iter()
+            .any(|n| n.contains(&format!("(prefill {t0} + 1 decode step)"))),
+        "{:?}",
+        imp.notes
+    );
     // the prefill rows are the prompt's forward (the golden); the decode rows have no golden
     for &i in &want {
         let t = state(&imp, 0, i);

@@ -239,6 +239,11 @@ pub struct ImportedPrompt {
     pub hidden_states: BTreeMap<usize, Tensor>,
     /// F32 `[T, H]`: the last layer's raw output (pre-norm), when the file holds it.
     pub last_layer_output: Option<Tensor>,
+    /// `[T]` position ids, when the file records them (SGLang's dumper).
+    pub position_ids: Option<Vec<i64>>,
+    /// Tokens of the prompt, when the file shows where the cached decode
+    /// starts (an SGLang dump: the rows before the first single-row step).
+    pub prompt_length: Option<usize>,
 }
 
 impl ImportedPrompt {

@@ -222,6 +222,8 @@ pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
             loss_mask: None,
             hidden_states: Default::default(),
             last_layer_output: None,
+            position_ids: None,
+            prompt_length: None,
         };
         p.hidden_states.insert(n, t);
         if decode > 0 {

@@ -280,6 +280,8 @@ fn read_one(file: &Path, opts: &ImportOptions, width: &mut Option<usize>) -> Res
         loss_mask,
         hidden_states: Default::default(),
         last_layer_output: None,
+        position_ids: None,
+        prompt_length: None,
     };
     let mut layers = Vec::new();
     let mut notes = Vec::new();

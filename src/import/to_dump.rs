@@ -31,6 +31,8 @@ impl Imported {
                 loss_mask: p.loss_mask.clone(),
                 hidden_states: p.hidden_states.clone(),
                 last_layer_output: p.last_layer_output.clone(),
+                position_ids: p.position_ids.clone(),
+                prompt_length: p.prompt_length,
                 logits: None,
                 ..Default::default()
             })

@@ -236,6 +236,8 @@ fn read_request(
         loss_mask: None,
         hidden_states: Default::default(),
         last_layer_output: None,
+        position_ids: None,
+        prompt_length: None,
     };
     for (j, &k) in ids.iter().enumerate() {
         let s = if tlh {

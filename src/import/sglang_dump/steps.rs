@@ -17,9 +17,53 @@ use crate::import::{
 
 pub(super) struct Seq {
     ids: Vec<i64>,
+    positions: Vec<i64>,
     states: BTreeMap<StateIndex, Vec<Tensor>>,
     extended_at: Option<u64>,
-    steps: Vec<u64>,
+    /// Per forward pass that extended it: the step and its rows.
+    steps: Vec<(u64, usize)>,
+}
+
+impl Seq {
+    /// The rows before the first single-row step (a cached decode step),
+    /// when one follows multi-row ones: the prompt. `None` when the steps
+    /// do not show it (one step, or no decode step).
+    fn prompt_length(&self) -> Option<usize> {
+        let first_decode = self.steps.iter().position(|&(_, rows)| rows == 1)?;
+        (first_decode > 0).then(|| self.steps[..first_decode].iter().map(|&(_, r)| r).sum())
+    }
+
+    /// `prefill 64 + prefill chunk 64 + 2 decode steps`: what each forward
+    /// pass was, from its rows (a multi-row pass after a decode step is a
+    /// speculative verify or another chunk: said as rows).
+    fn kinds(&self) -> String {
+        let mut parts: Vec<String> = Vec::new();
+        let mut decoded = false;
+        let mut decodes = 0;
+        let flush = |parts: &mut Vec<String>, n: &mut usize| {
+            if *n > 0 {
+                parts.push(format!("{n} decode step{}", if *n == 1 { "" } else { "s" }));
+                *n = 0;
+            }
+        };
+        for (k, &(_, rows)) in self.steps.iter().enumerate() {
+            if rows == 1 && k > 0 {
+                decodes += 1;
+                decoded = true;
+                continue;
+            }
+            flush(&mut parts, &mut decodes);
+            parts.push(match (k, decoded) {
+                (0, _) => format!("prefill {rows}"),
+                (_, false) => format!("prefill chunk {rows}"),
+                (_, true) => format!(
+                    "a {rows}-row pass after decoding (a speculative verify or a new chunk)"
+                ),
+            });
+        }
+        flush(&mut parts, &mut decodes);
+        parts.join(" + ")
+    }
 }
 
 /// The files of one forward pass of one rank, by dumped name.
@@ -269,6 +313,7 @@ impl Reader<'_> {
                 }
                 self.seqs.push(Seq {
                     ids: Vec::new(),
+                    positions: Vec::new(),
                     states: BTreeMap::new(),
                     extended_at: None,
                     steps: Vec::new(),
@@ -286,6 +331,7 @@ impl Reader<'_> {
             };
             let s = &mut self.seqs[target];
             s.ids.extend_from_slice(&ids[start..end]);
+            s.positions.extend_from_slice(&positions[start..end]);
             for (i, (v, _, _)) in states {
                 s.states
                     .entry(*i)
@@ -293,7 +339,7 @@ impl Reader<'_> {
                     .push(v.narrow(0, start, end - start)?);
             }
             s.extended_at = Some(step);
-            s.steps.push(step);
+            s.steps.push((step, end - start));
             start = end;
         }
         Ok(())
@@ -318,22 +364,28 @@ impl Reader<'_> {
         }
         let mut prompts = Vec::new();
         for s in std::mem::take(&mut self.seqs) {
+            let (kinds, prompt_length) = (s.kinds(), s.prompt_length());
+            let steps: Vec<u64> = s.steps.iter().map(|&(k, _)| k).collect();
             let mut p = ImportedPrompt {
                 source: self.dir.clone(),
                 input_ids: s.ids,
                 loss_mask: None,
                 hidden_states: BTreeMap::new(),
                 last_layer_output: None,
+                position_ids: Some(s.positions),
+                prompt_length,
             };
             for (i, parts) in s.states {
                 p.insert(i, Tensor::cat(&parts, 0)?);
             }
-            if s.steps.len() > 1 {
+            if steps.len() > 1 {
                 self.notes.push(format!(
-                    "p{}: {} tokens from steps {:?} (prefill + decode)",
+                    "p{}: {} tokens from steps {steps:?} ({kinds}){}",
                     prompts.len(),
                     p.input_ids.len(),
-                    s.steps
+                    prompt_length
+                        .map(|n| format!("; p{}.prompt_length {n} recorded", prompts.len()))
+                        .unwrap_or_default()
                 ));
             }
             prompts.push(p);
@@ -360,5 +412,39 @@ impl Reader<'_> {
             trimmed: Vec::new(),
             notes: self.notes,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(rows: &[usize]) -> Seq {
+        Seq {
+            ids: Vec::new(),
+            positions: Vec::new(),
+            states: BTreeMap::new(),
+            extended_at: None,
+            steps: rows
+                .iter()
+                .enumerate()
+                .map(|(k, &r)| (k as u64, r))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_chunked_prefill_is_not_called_decode() {
+        let s = seq(&[64, 64, 1, 1]);
+        assert_eq!(s.kinds(), "prefill 64 + prefill chunk 64 + 2 decode steps");
+        assert_eq!(s.prompt_length(), Some(128));
+        let only_chunks = seq(&[64, 20]);
+        assert_eq!(only_chunks.kinds(), "prefill 64 + prefill chunk 20");
+        assert_eq!(only_chunks.prompt_length(), None);
+        let verify = seq(&[12, 1, 8]);
+        assert!(verify
+            .kinds()
+            .starts_with("prefill 12 + 1 decode step + a 8-row pass"));
+        assert_eq!(verify.prompt_length(), Some(12));
     }
 }
