@@ -233,3 +233,42 @@ fn the_tap_offset_the_align_line_names_aligns_the_dumps() {
     ]);
     succeeds(&o);
 }
+
+/// A dump whose writer numbered its states one layer late (hs[i] holds the
+/// reference's hs[i+1], as a tap-L-is-layer-L's-input reading gives): the
+/// `--align` note names both tap conventions and the `--tap-offset` that
+/// aligns them, since the dump says nothing of where it came from.
+#[test]
+fn an_offset_dump_of_unknown_origin_names_the_two_conventions() {
+    let src = repo_root().join("fixtures/tiny-qwen3_5/golden/causal-lm.safetensors");
+    let mut d = Dump::read(&src).unwrap();
+    for p in &mut d.prompts {
+        let shifted: BTreeMap<usize, Tensor> = p
+            .hidden_states
+            .iter()
+            .filter_map(|(&i, _)| Some((i, p.hidden_states.get(&(i + 1))?.clone())))
+            .collect();
+        p.hidden_states = shifted;
+    }
+    d.metadata.remove("source_format");
+    let tmp = tempfile::tempdir().unwrap();
+    let b = tmp.path().join("late.safetensors");
+    d.write(&b, true).unwrap();
+    let v = common::json_exit(
+        common::hsparity()
+            .arg("diff")
+            .arg(&src)
+            .arg(&b)
+            .args(["--align", "--no-report", "--json"]),
+        1,
+    );
+    let notes = v["notes"].to_string();
+    for want in [
+        "sit +1 from their indices",
+        "DFlash/SpecForge tap L (target_layer_ids) = hidden_states[L+1]",
+        "vLLM/SGLang aux id k = hidden_states[k]",
+        "`diff --tap-offset -1` compares them aligned",
+    ] {
+        assert!(notes.contains(want), "{want:?} not in {notes}");
+    }
+}

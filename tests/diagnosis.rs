@@ -512,3 +512,37 @@ fn checkpoints_of_two_models_are_named_as_such() {
     );
     assert!(!same["summary"].as_str().unwrap().contains("architectures"));
 }
+
+/// `normed-stream`: b holds each layer's input-norm output where a holds the
+/// residual stream (transformers' own `input_layernorm` on a's states).
+/// `diff` names the convention at every index the generator normed, from
+/// the two dumps alone, and says what to capture instead; no other case of
+/// the corpus is read as normed.
+#[test]
+fn a_capture_of_the_normed_stream_is_named() {
+    let f = facts("normed-stream");
+    let (code, v) = diff("normed-stream", &[]);
+    assert_eq!(code, 1);
+    let c = &v["convention"];
+    assert_eq!(c["convention"], "normed_stream", "{v}");
+    assert_eq!(c["side"], "b");
+    let n = f["indices"].as_array().unwrap().len();
+    let summary = v["summary"].as_str().unwrap();
+    assert!(
+        summary.contains(&format!(
+            "b's hs 0–{} are the RMS-normed residual stream",
+            n - 1
+        )),
+        "{summary}"
+    );
+    assert!(v["notes"].to_string().contains("input_layernorm.output.1"));
+    for other in [
+        "chunk-state-lost",
+        "decode-departs",
+        "request-leak",
+        "pads-unmasked",
+    ] {
+        let (_, v) = diff(other, &[]);
+        assert!(!v.to_string().contains("normed_stream"), "{other}");
+    }
+}

@@ -46,6 +46,10 @@ facts.json = what the generator did, read by the tests):
                      unexpected keys): transformers adds the base-model prefix key by key,
                      so AutoModelForImageTextToText loads the tower, AutoModelForCausalLM
                      reports it UNEXPECTED (its ignore rule is ^model.visual.*).
+  normed-stream      b holds, at every index below N, the output of the layer's input RMSNorm
+                     (x / rms(x) * (1 + w), what a hook on input_layernorm or SGLang's dumper
+                     name input_layernorm.output.0 gives) instead of the residual stream
+                     hidden_states[i] itself; hidden_states[N] and last_layer_output as a's.
   pre-norm-last      b is a's capture with its last state taken from a forward hook
                      on the last decoder layer (the pre-norm output, as vLLM's
                      hidden states and decoder-layer hooks give it) stored as
@@ -243,6 +247,32 @@ class _OneState:
         self.state = state
 
 
+@torch.no_grad()
+def normed_stream() -> None:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = transformers.AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32, attn_implementation="eager").eval()
+    prompts = [ids_of(24, 12), ids_of(30, 13)]
+    a = reference(model, prompts)
+    b = dict(a)
+    n = model.config.num_hidden_layers
+    for k in range(len(prompts)):
+        for i in range(n):
+            x = a[f"p{k}.hidden_states.{i}"]
+            b[f"p{k}.hidden_states.{i}"] = layers(model)[i].input_layernorm(x[None])[0].float().contiguous()
+    d = os.path.join(OUT, "normed-stream")
+    os.makedirs(d, exist_ok=True)
+    save_safetensors(Path(d) / "a.safetensors", a, meta(model, "causal-lm"))
+    save_safetensors(Path(d) / "b.safetensors", b, meta(model, "causal-lm"))
+    facts = {"case": "normed-stream", "transformers": transformers.__version__, "torch": torch.__version__,
+             "convention": "normed_stream", "indices": list(range(n)),
+             "norm_class": type(layers(model)[0].input_layernorm).__name__}
+    with open(os.path.join(d, "facts.json"), "w") as f:
+        json.dump(facts, f, indent=1)
+        f.write("\n")
+    print("normed-stream", facts)
+
+
 def pre_norm_last(model, prompts):
     t = reference(model, prompts)
     n = model.config.num_hidden_layers
@@ -283,6 +313,7 @@ def main() -> None:
     drafter_extra()
     drafter_window()
     visual_unprefixed()
+    normed_stream()
 
 
 def visual_unprefixed() -> None:
@@ -451,7 +482,7 @@ def norm_plus_one(model) -> None:
 
 if __name__ == "__main__":
     only = {"drafter-extra": drafter_extra, "drafter-window": drafter_window,
-            "visual-unprefixed": visual_unprefixed}
+            "visual-unprefixed": visual_unprefixed, "normed-stream": normed_stream}
     if len(sys.argv) > 1:
         for case in sys.argv[1:]:
             if case not in only:

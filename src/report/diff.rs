@@ -182,21 +182,17 @@ pub fn build(
     } else if let Some(cause) = c.pair.localisation.as_ref().and_then(|l| l.cause.clone()) {
         notes.insert(0, format!("cause: {cause}"));
     }
-    if let (Some(o), Some("vllm")) = (
-        c.alignment
-            .as_ref()
-            .and_then(|a| a.offset)
-            .filter(|&o| o != 0),
-        dumps
+    let offset = c
+        .alignment
+        .as_ref()
+        .and_then(|a| a.offset)
+        .filter(|&o| o != 0);
+    if let Some(o) = offset {
+        let source = dumps
             .get(1)
             .and_then(|m| m.get("source_format"))
-            .map(String::as_str),
-    ) {
-        notes.push(format!(
-            "b is a vLLM capture whose states sit {o:+} from the ids it was read with: the run captured other \
-             layers than its eagle_aux_hidden_state_layer_ids say (vLLM's blanket +1 over aux ids gives +1); \
-             re-import it with every --layer-ids value shifted by {o:+}"
-        ));
+            .map(String::as_str);
+        notes.push(convention_note(o, source));
     }
     if c.tap_offset != 0 {
         summary.push_str(&format!("; b shifted by tap offset {:+}", c.tap_offset));
@@ -445,4 +441,37 @@ fn non_finite_at(pair: &crate::parity::PairReport, index: usize) -> Option<(usiz
         .find(|r| r.index == index)?
         .metrics;
     (m.nan_count + m.inf_count > 0).then_some((m.nan_count, m.inf_count))
+}
+
+/// What an `--align` offset `o` says about the tap-index conventions, by
+/// where b came from (`source_format` of its metadata), with the option that
+/// aligns it.
+fn convention_note(o: i64, source: Option<&str>) -> String {
+    let conventions = "DFlash/SpecForge tap L (target_layer_ids) = hidden_states[L+1], the output of layer L; \
+                       vLLM/SGLang aux id k = hidden_states[k], the input to layer k (0 = embeddings)";
+    match source {
+        Some("vllm") => format!(
+            "b is a vLLM capture whose states sit {o:+} from the ids it was read with: the run captured other \
+             layers than its eagle_aux_hidden_state_layer_ids say (vLLM's blanket +1 over aux ids gives +1); \
+             re-import it with every --layer-ids value shifted by {o:+} ({conventions})"
+        ),
+        Some("specforge") => format!(
+            "b is a SpecForge capture whose states sit {o:+} from the taps it was read with: the ids given \
+             (--target-layer-ids, or the drafter's config) follow the other convention; re-import it with every \
+             id shifted by {o:+} ({conventions})"
+        ),
+        Some(f) => format!(
+            "b ({f}) holds states {o:+} from the indices it was read with: its writer numbered layers in the \
+             other convention ({conventions}); `diff --tap-offset {:+}` compares them aligned",
+            -o
+        ),
+        None => format!(
+            "b's states sit {o:+} from their indices: its writer numbered layers in the other convention \
+             ({conventions}; a decoder-layer hook's output of layer L is hidden_states[L+1]); \
+             `diff --tap-offset {:+}` compares them aligned, and a drafter fed these states reads taps one \
+             layer {} (triage's tap-offset{o:+} row says what that costs)",
+            -o,
+            if o > 0 { "late" } else { "early" }
+        ),
+    }
 }
