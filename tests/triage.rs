@@ -117,6 +117,21 @@ fn ranking_is_sensible_and_reproducible() {
         .find(|v| v.name == "tap-offset+1")
         .unwrap();
     assert!(off.cos_min_at_taps < 0.9 && off.wall_s == 0.0);
+    // Where the taps part: a misread tap at every row; a state dropped in
+    // the middle of each prompt only from there on; the recurrent form
+    // nowhere.
+    let departs = |name: &str| variant(&r, name).taps_depart.clone().unwrap_or_default();
+    assert!(
+        departs("tap-offset+1").contains("at every position"),
+        "{}",
+        departs("tap-offset+1")
+    );
+    let reset = departs("gdn-state-reset@mid");
+    assert!(
+        reset.starts_with("tap 1 (hidden_states[2]): ") && reset.contains(", first at p0 at "),
+        "{reset}"
+    );
+    assert!(variant(&r, "gdn-recurrent").taps_depart.is_none());
     // Consistent with the observed τ: observed − baseline τ inside the Δτ interval.
     for v in &r.variants {
         let inside = v

@@ -422,6 +422,21 @@ pub fn localise(
     }
 }
 
+/// Where agreement ends at `index` when the cause is known (no guess at it
+/// in the sentence), with the boundary's label when one is found: what
+/// triage says of a suspect's taps.
+pub fn where_known(index: usize, agreement: &[PromptAgreement], inputs: &[PromptInputs]) -> String {
+    let departing: Vec<&PromptAgreement> = agreement
+        .iter()
+        .filter(|p| p.verdict != Verdict::Pass)
+        .collect();
+    let s = sentence(index, agreement, &departing, true);
+    match boundary(agreement, &departing, inputs) {
+        Some(b) => format!("{s}; {}", b.label()),
+        None => s,
+    }
+}
+
 /// `hidden_states[3]: positions 0–39 agree in every prompt, departure from position 40 on`.
 /// `named`: a boundary explains the departure (no guess at its cause).
 fn sentence(

@@ -67,6 +67,15 @@ fn descriptions(r: &Triage) -> String {
     out
 }
 
+/// Where each variant's first divergent tap departs along the rows, one
+/// line each keyed by its name (variants whose taps diverge only).
+fn taps_depart(r: &Triage) -> Vec<String> {
+    r.variants
+        .iter()
+        .filter_map(|v| Some(format!("{}: {}", v.name, v.taps_depart.as_ref()?)))
+        .collect()
+}
+
 /// What the inputs show about each variant, present ones first (the
 /// ranking's order), one line each keyed by its name.
 fn evidence(r: &Triage) -> Vec<String> {
@@ -263,6 +272,13 @@ pub fn render(r: &TriageReport, width: Width) -> String {
         "first divergent tap: the first tap whose features on the baseline's tokens leave the pass tolerance of the baseline's dtype; batch seconds: the variants of one batch share its time (the tap variants reuse the baseline's forward)\n",
     );
     out.push_str(&descriptions(r));
+    let departs = taps_depart(r);
+    if !departs.is_empty() {
+        out.push_str("where the taps part (rows of the baseline's tokens both runs share):\n");
+        for d in departs {
+            out.push_str(&format!("  {d}\n"));
+        }
+    }
     out.push_str("evidence: present = the checkpoint, drafter or prompts show it; possible = it depends on a harness or engine hsparity does not see; hypothetical = it cannot occur with these inputs\n");
     for e in evidence(r) {
         out.push_str(&format!("  {e}\n"));
@@ -323,6 +339,14 @@ pub fn markdown(r: &TriageReport) -> String {
         md.push_str(&format!("- {e}\n"));
     }
     md.push('\n');
+    let departs = taps_depart(r);
+    if !departs.is_empty() {
+        md.push_str("## Where the taps part\n\nPer variant, where along the rows of the baseline's tokens (those both runs share) its first divergent tap departs.\n\n");
+        for d in departs {
+            md.push_str(&format!("- {d}\n"));
+        }
+        md.push('\n');
+    }
     if let Some(n) = not_distinguishable(r) {
         md.push_str(&format!("{}.\n\n", capitalised(&n)));
     }

@@ -171,6 +171,20 @@ pub struct Scoring<'a> {
 }
 
 impl Scoring<'_> {
+    /// What localisation knows of each prompt's rows: where its prompt ends
+    /// (rows start at the first position the variant and the baseline share).
+    fn inputs(&self, o: &Outcome) -> Vec<crate::parity::PromptInputs> {
+        self.session
+            .prompt_lens()
+            .iter()
+            .zip(&o.base_skip)
+            .map(|(&n, &skip)| crate::parity::PromptInputs {
+                prompt_end: n.checked_sub(skip),
+                ..Default::default()
+            })
+            .collect()
+    }
+
     /// Suspect `i`'s row: divergence at the taps (against the baseline's
     /// rows it compares with, or its own reference), τ, the Δτ interval,
     /// consistency, departures, per-prompt runs.
@@ -195,12 +209,13 @@ impl Scoring<'_> {
                 .map(|(f, &k)| Ok(f.narrow(0, k, f.dim(0)? - k)?))
                 .collect::<Result<_>>()?,
         };
-        let (first_divergent, cos_min_at_taps) = super::tap_divergence(
+        let (first_divergent, cos_min_at_taps, taps_depart) = super::tap_divergence(
             &o.feats_on_base,
             &reference,
             &self.drafter.cfg.target_layer_ids,
             self.session.paths[0].text_config.hidden_size,
             &Tolerance::for_precision(baseline.dtype),
+            &self.inputs(o),
         )?;
         let tau_v = super::tau(&o.dflash, b);
         let iv = interval(&self.boot, &o.dflash, &ran.baseline.dflash);
@@ -223,6 +238,7 @@ impl Scoring<'_> {
             evidence: super::evidence::of(s, self.session, self.drafter, contexts),
             first_divergent,
             cos_min_at_taps,
+            taps_depart,
             tau_macro: tau_v,
             delta_tau: tau_v - baseline.tau_macro,
             delta_tau_interval: iv,

@@ -90,6 +90,12 @@ pub struct VariantResult {
     /// Smallest per-token cosine between the variant's and the baseline's tap
     /// features (on the baseline trajectory).
     pub cos_min_at_taps: f64,
+    /// Where along the compared rows the first divergent tap departs, per
+    /// prompt (`tap 1 (hidden_states[2]): positions 0–15 agree in all 5
+    /// prompts; departure starts at position 16 …`); rows count from the
+    /// first position the variant and the baseline share.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub taps_depart: Option<String>,
     /// τ (macro) on the variant's own trajectory.
     pub tau_macro: f64,
     /// τ(variant) − τ(baseline).
@@ -199,15 +205,19 @@ fn tau(p: &[PromptTau], b: usize) -> f64 {
     eval::summarize(p, b).tau_macro
 }
 
-/// Per-tap divergence: the first tap whose features fail `tol`, and the
-/// smallest cosine over all taps. `a`, `b`: per prompt `[T, K·H]`.
+/// Per-tap divergence: the first tap whose features fail `tol`, the
+/// smallest cosine over all taps, and where along the rows that tap departs
+/// ([`crate::parity::localise::where_known`]: per prompt, the first
+/// departing row, and the end of the prompt when it departs there, from
+/// `inputs`). `a`, `b`: per prompt `[T, K·H]`.
 fn tap_divergence(
     a: &[Tensor],
     b: &[Tensor],
     taps: &[usize],
     h: usize,
     tol: &Tolerance,
-) -> Result<(Option<usize>, f64)> {
+    inputs: &[crate::parity::PromptInputs],
+) -> Result<(Option<usize>, f64, Option<String>)> {
     if a.len() != b.len() {
         return Err(crate::error::Error::Input(format!(
             "tap divergence needs features of the same prompts: {} vs {}",
@@ -217,6 +227,7 @@ fn tap_divergence(
     }
     let mut first = None;
     let mut cos_min = f64::INFINITY;
+    let mut where_ = None;
     for (j, &l) in taps.iter().enumerate() {
         let mut acc = Accumulator::default();
         for (k, (x, y)) in a.iter().zip(b).enumerate() {
@@ -226,9 +237,19 @@ fn tap_divergence(
         cos_min = cos_min.min(m.cos_min);
         if first.is_none() && tol.judge(&m) != Verdict::Pass {
             first = Some(l + 1);
+            let agreement: Vec<crate::parity::PromptAgreement> = m
+                .profile
+                .iter()
+                .map(|rows| crate::parity::PromptAgreement::of(rows, tol))
+                .collect();
+            let found = crate::parity::localise::where_known(l + 1, &agreement, inputs);
+            where_ = Some(found.replace(
+                &format!("hidden_states[{}]: ", l + 1),
+                &format!("tap {l} (hidden_states[{}]): ", l + 1),
+            ));
         }
     }
-    Ok((first, cos_min))
+    Ok((first, cos_min, where_))
 }
 
 /// The suspects that apply to this target and drafter, in report order,
