@@ -293,8 +293,10 @@ fn drafter_tensors_the_forward_never_reads_are_listed_as_dflash_lists_them() {
         ])
         .output()
         .unwrap();
-    assert!(
-        o.status.code() == Some(0) || o.status.code() == Some(1),
+    // A finding: the drafter evaluated is not the one trained.
+    assert_eq!(
+        o.status.code(),
+        Some(1),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
@@ -544,5 +546,51 @@ fn a_capture_of_the_normed_stream_is_named() {
     ] {
         let (_, v) = diff(other, &[]);
         assert!(!v.to_string().contains("normed_stream"), "{other}");
+    }
+}
+
+/// A drafter config with `norm_before_fc: true` (an input norm on the taps
+/// before `fc`, as SGLang's and speculators' EAGLE-3 drafters read it): the
+/// DFlash forward has no such norm, so the run fails naming the flag, with
+/// or without the norm's tensor in the file.
+#[test]
+fn a_config_flag_the_forward_ignores_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (case, src) in [
+        ("flag-only", "fixtures/toy-pair/drafter"),
+        ("flag-and-tensors", "fixtures/diagnosis/drafter-extra"),
+    ] {
+        let d = tmp.path().join(case);
+        std::fs::create_dir(&d).unwrap();
+        let src = repo_root().join(src);
+        std::fs::copy(src.join("model.safetensors"), d.join("model.safetensors")).unwrap();
+        let mut cfg: Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
+                .unwrap();
+        cfg["norm_before_fc"] = serde_json::json!(true);
+        std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+        let v = common::json_exit(
+            hsparity()
+                .args(["drafter", "fixtures/toy-pair/target", "--drafter"])
+                .arg(&d)
+                .args([
+                    "--prompt-ids",
+                    "1,2,3,4,5",
+                    "--max-new-tokens",
+                    "8",
+                    "--json",
+                    "-q",
+                ]),
+            1,
+        );
+        assert_eq!(
+            v["drafter"]["ignored_flags"],
+            serde_json::json!(["norm_before_fc: true"])
+        );
+        let summary = v["summary"].as_str().unwrap();
+        assert!(
+            summary.contains("norm_before_fc: true"),
+            "{case}: {summary}"
+        );
     }
 }

@@ -358,6 +358,10 @@ pub struct DrafterInfo {
     /// `Qwen3Config` drops it, so dflash (and this run) attend those layers
     /// causally without a window.
     pub sliding_window_unused: Option<usize>,
+    /// Config flags asking for a forward the DFlash one does not have
+    /// (`norm_before_fc: true`), as `name: value`: τ is measured without
+    /// them, a finding like [`Self::unexpected_tensors`].
+    pub ignored_flags: Vec<String>,
 }
 
 impl DrafterInfo {
@@ -366,14 +370,24 @@ impl DrafterInfo {
     /// trained drafter's. [`Self::unexpected_note`] says why at length.
     pub fn unexpected_finding(&self) -> Option<String> {
         let n = self.unexpected_tensors.len();
+        if n == 0 && !self.ignored_flags.is_empty() {
+            return Some(format!(
+                "the drafter's config sets {}, which the DFlash forward does not implement: τ is measured without it",
+                self.ignored_flags.join(", ")
+            ));
+        }
+        let flags = match self.ignored_flags.is_empty() {
+            true => String::new(),
+            false => format!(", and its config sets {}", self.ignored_flags.join(", ")),
+        };
         (n > 0).then(|| {
             let shown: Vec<&str> = self.unexpected_tensors.iter().take(3).map(String::as_str).collect();
             format!(
-                "the drafter holds {n} tensor{} the DFlash forward never reads ({}{}): τ is measured without {}",
+                "the drafter holds {n} tensor{} the DFlash forward never reads ({}{}){flags}: τ is measured without {}",
                 if n == 1 { "" } else { "s" },
                 shown.join(", "),
                 if n > shown.len() { ", …" } else { "" },
-                if n == 1 { "it" } else { "them" }
+                if n == 1 && flags.is_empty() { "it" } else { "them" }
             )
         })
     }

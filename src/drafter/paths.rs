@@ -565,6 +565,7 @@ fn assemble(
             audit: super::audit::audit(&drafter.cfg, &session.paths[0].text_config),
             unexpected_tensors: drafter.unexpected.clone(),
             sliding_window_unused: drafter.cfg.sliding_window_unused,
+            ignored_flags: drafter.cfg.ignored_flags.clone(),
         },
         end_rule: settings.replay.rule,
         max_new_tokens: max_new,

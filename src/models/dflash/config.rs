@@ -50,6 +50,10 @@ pub struct DflashConfig {
     /// `use_sliding_window` is true, else none — the sliding layers then
     /// attend causally within the block without a window.
     pub sliding_window: Option<usize>,
+    /// Config flags that ask for a forward the DFlash one does not have
+    /// (`norm_before_fc: true`: a norm on the taps before `fc`, as SGLang's
+    /// and speculators' EAGLE-3 drafters read it), as `name: value`.
+    pub ignored_flags: Vec<String>,
     /// The window the config names but does not use: `sliding_window` is
     /// set, the layers are `sliding_attention`, and `use_sliding_window` is
     /// not true.
@@ -195,6 +199,7 @@ impl DflashConfig {
             layer_types,
             sliding_window,
             sliding_window_unused,
+            ignored_flags: ignored_flags(cfg),
             output_multiplier: number(cfg, "output_multiplier")?.unwrap_or(1.0),
             final_logit_softcapping,
             num_target_layers: recorded(cfg, "num_target_layers")?,
@@ -459,6 +464,20 @@ fn attention(
             && layer_types.contains(&DraftLayerType::SlidingAttention)
     });
     Ok((layer_types, sliding_window, sliding_window_unused))
+}
+
+/// The flags of `cfg` that change a drafter's forward in other
+/// implementations and that dflash 0.1.0's `DFlashDraftModel` never reads:
+/// `norm_before_fc` true (SGLang `llama_eagle3.py`, speculators: the taps
+/// go through `input_norm` before `fc`).
+fn ignored_flags(cfg: &Value) -> Vec<String> {
+    ["norm_before_fc"]
+        .iter()
+        .filter_map(|f| {
+            let v = get(cfg, f)?;
+            (v == &Value::Bool(true)).then(|| format!("{f}: {v}"))
+        })
+        .collect()
 }
 
 /// `Qwen3Config.sliding_window`'s default (transformers 5.23.0).
