@@ -514,6 +514,18 @@ pub fn run(cli: Cli) -> Result<u8> {
                     path_kind(&a.b)
                 )));
             }
+            let dump_only = [
+                (a.align, "--align"),
+                (a.tap_offset != 0, "--tap-offset"),
+                (a.b_last_pre_norm, "--b-last-pre-norm"),
+            ];
+            if let Some((_, flag)) = dump_only.iter().find(|(set, _)| *set) {
+                return Err(Error::Input(format!(
+                    "{flag} compares dumps' hidden states; {} and {} are checkpoints, whose tensors diff compares by name",
+                    a.a.display(),
+                    a.b.display()
+                )));
+            }
             let folder = a.report.prepare::<report::weights::WeightsReport>("diff")?;
             let rep = diff::run_weights(
                 &a.a.to_string_lossy(),

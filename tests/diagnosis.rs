@@ -592,5 +592,152 @@ fn a_config_flag_the_forward_ignores_is_named() {
             summary.contains("norm_before_fc: true"),
             "{case}: {summary}"
         );
+        if case == "flag-only" {
+            // Triage ranks on this drafter: its summary says τ is another forward's.
+            let t = common::json_of(
+                hsparity()
+                    .args(["triage", "fixtures/toy-pair/target", "--drafter"])
+                    .arg(&d)
+                    .args([
+                        "--prompt-ids",
+                        "1,2,3,4,5",
+                        "--max-new-tokens",
+                        "8",
+                        "--json",
+                        "-q",
+                    ])
+                    .arg("--no-report"),
+            );
+            let ts = t["summary"].as_str().unwrap();
+            assert!(
+                ts.starts_with("the drafter's config sets norm_before_fc: true"),
+                "{ts}"
+            );
+            // A truthy string is read as the engines read it.
+            cfg["norm_before_fc"] = serde_json::json!("true");
+            std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+            let v = common::json_exit(
+                hsparity()
+                    .args(["drafter", "fixtures/toy-pair/target", "--drafter"])
+                    .arg(&d)
+                    .args([
+                        "--prompt-ids",
+                        "1,2,3,4,5",
+                        "--max-new-tokens",
+                        "8",
+                        "--json",
+                        "-q",
+                    ]),
+                1,
+            );
+            assert_eq!(
+                v["drafter"]["ignored_flags"],
+                serde_json::json!(["norm_before_fc: \"true\""])
+            );
+        }
     }
+}
+
+/// What an attack on the diagnoses found, each pinned: a zero capture is
+/// not a normed stream; NaN both dumps hold bitwise is said as such, with
+/// no boundary blamed; `--align` with `--tap-offset`, and dump options on
+/// checkpoints, are usage errors; an offset of 2 is not called a tap
+/// convention.
+#[test]
+fn odd_captures_get_no_false_cause() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = repo_root().join("fixtures/diagnosis/decode-departs/a.safetensors");
+    let base = hsparity::dump::Dump::read(&a).unwrap();
+    let write = |name: &str, edit: &dyn Fn(&mut hsparity::dump::Dump)| {
+        let mut d = base.clone();
+        edit(&mut d);
+        let p = tmp.path().join(name);
+        d.write(&p, true).unwrap();
+        p
+    };
+    let run = |b: &std::path::Path, extra: &[&str]| {
+        let o = hsparity()
+            .arg("diff")
+            .arg(&a)
+            .arg(b)
+            .args(extra)
+            .args(["--json", "--no-report"])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        (
+            o.status.code().unwrap(),
+            v,
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    // All-zero states: divergent, never "normed".
+    let zero = write("zero.safetensors", &|d| {
+        for p in &mut d.prompts {
+            for t in p.hidden_states.values_mut() {
+                *t = t.zeros_like().unwrap();
+            }
+        }
+    });
+    let (code, v, _) = run(&zero, &[]);
+    assert_eq!(code, 1);
+    assert!(v["convention"].is_null(), "{}", v["convention"]);
+    // One NaN in both dumps, bitwise: said as such, no request boundary.
+    let nan = write("nan.safetensors", &|d| {
+        let t = &d.prompts[1].hidden_states[&3];
+        let mut x = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        x[5] = f32::NAN;
+        let t2 = candle_core::Tensor::from_vec(x, t.dims(), t.device()).unwrap();
+        d.prompts[1].hidden_states.insert(3, t2);
+    });
+    let o = hsparity()
+        .arg("diff")
+        .arg(&nan)
+        .arg(&nan)
+        .args(["--json", "--no-report"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let summary = v["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("agree bitwise, but both hold NaN/Inf from hidden_states[3]"),
+        "{summary}"
+    );
+    assert!(!v.to_string().contains("request"), "{v}");
+    let (_, v, _) = run(&nan, &[]);
+    let summary = v["summary"].as_str().unwrap();
+    assert!(summary.contains("holds 1 NaN/Inf value there"), "{summary}");
+    // --align with --tap-offset: one or the other.
+    let (code, _, err) = run(&nan, &["--align", "--tap-offset", "1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("pass one of them"), "{err}");
+    // Dump options on checkpoints.
+    let o = hsparity()
+        .args([
+            "diff",
+            "fixtures/diagnosis/norm-plus-one/a",
+            "fixtures/diagnosis/norm-plus-one/b",
+        ])
+        .args(["--align", "--no-report"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--align compares dumps' hidden states"));
+    // States two layers late: not a tap convention.
+    let late2 = write("late2.safetensors", &|d| {
+        for p in &mut d.prompts {
+            let shifted: std::collections::BTreeMap<usize, candle_core::Tensor> = p
+                .hidden_states
+                .iter()
+                .filter_map(|(&i, _)| Some((i, p.hidden_states.get(&(i + 2))?.clone())))
+                .collect();
+            p.hidden_states = shifted;
+        }
+    });
+    let (_, v, _) = run(&late2, &["--align"]);
+    let notes = v["notes"].to_string();
+    assert!(
+        notes.contains("sit +2 from their indices: more than one layer, so not a tap convention"),
+        "{notes}"
+    );
 }

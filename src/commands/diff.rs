@@ -85,12 +85,18 @@ pub fn run_weights(
 /// `text_config` where it has one); empty when they agree or a config is
 /// absent or unreadable (the tensors then speak alone).
 fn architecture_differences(a: &std::path::Path, b: &std::path::Path) -> Vec<String> {
-    let read = |d: &std::path::Path| -> Option<serde_json::Value> {
-        let text = crate::input::read(&d.join("config.json")).ok()?;
-        serde_json::from_slice(&text).ok()
+    let read = |d: &std::path::Path| -> std::result::Result<serde_json::Value, String> {
+        let p = d.join("config.json");
+        let text = crate::input::read(&p)
+            .map_err(|_| format!("{} has no readable config.json", d.display()))?;
+        serde_json::from_slice(&text)
+            .map_err(|e| format!("{}: config.json is not JSON ({e})", d.display()))
     };
-    let (Some(ca), Some(cb)) = (read(a), read(b)) else {
-        return Vec::new();
+    let (ca, cb) = match (read(a), read(b)) {
+        (Ok(x), Ok(y)) => (x, y),
+        (Err(e), _) | (_, Err(e)) => {
+            return vec![format!("architectures not compared: {e}")];
+        }
     };
     let field = |c: &serde_json::Value, f: &str| {
         c.get("text_config")

@@ -82,6 +82,11 @@ fn as_normed(xs: &[&candle_core::Tensor], ys: &[&candle_core::Tensor]) -> Result
         if h != hy || x.len() != y.len() || h == 0 {
             return Ok(None);
         }
+        // A norm's output has unit RMS before its weight: a zero row (a
+        // state never written) or a non-finite one is no normed state.
+        if y.chunks(h).any(|r| r.iter().all(|v| *v == 0.0)) || y.iter().any(|v| !v.is_finite()) {
+            return Ok(None);
+        }
         data.push((x, y, h));
     }
     let Some(&(_, _, h)) = data.first() else {

@@ -69,6 +69,10 @@ pub struct DumpComparison {
     pub notes: Vec<String>,
     /// A failing state that another convention explains (pre-norm last state).
     pub convention: Option<ConventionFinding>,
+    /// NaN and ±Inf values each dump holds at the first divergent index
+    /// (`[a, b]`), when either holds any.
+    #[serde(skip)]
+    pub non_finite: Option<[usize; 2]>,
 }
 
 /// What to compare: `b`'s index = `a`'s + `tap_offset`; `align` adds the best-match search.
@@ -342,6 +346,11 @@ pub fn compare_dumps(
     settings: DiffSettings,
 ) -> Result<DumpComparison> {
     let tap_offset = settings.tap_offset;
+    if settings.align && tap_offset != 0 {
+        return Err(Error::Input(format!(
+            "--align finds the offset between the dumps and --tap-offset {tap_offset} applies one: pass one of them"
+        )));
+    }
     let inputs_verified = input_gate(a, b, (a_name, b_name))?;
     let moved;
     let b = if settings.b_last_pre_norm {
@@ -400,9 +409,18 @@ pub fn compare_dumps(
     } else {
         Skipped::default()
     };
+    let non_finite = non_finite_at(a, b, pair.first_divergent, tap_offset)?;
+    if non_finite.is_some() {
+        // NaN/Inf rows depart wherever they are: no boundary is evidence.
+        if let Some(l) = pair.localisation.as_mut() {
+            l.boundary = None;
+            l.cause = None;
+        }
+    }
     let mut notes = input_differences(a, b, (a_name, b_name));
     notes.extend(notes_of(&pair, &shown, (a, b), (a_name, b_name), last));
     Ok(DumpComparison {
+        non_finite,
         partial,
         pair,
         tap_offset,
@@ -460,4 +478,36 @@ fn notes_of(
         );
     }
     notes
+}
+
+/// NaN and ±Inf values of `a` and `b` at `index` (b's at `index +
+/// tap_offset`), when either holds any.
+///
+/// Errors: a tensor failure.
+fn non_finite_at(
+    a: &Dump,
+    b: &Dump,
+    index: Option<usize>,
+    tap_offset: i64,
+) -> Result<Option<[usize; 2]>> {
+    let Some(i) = index else {
+        return Ok(None);
+    };
+    let count = |d: &Dump, i: Option<usize>| -> Result<usize> {
+        let Some(i) = i else { return Ok(0) };
+        let mut n = 0;
+        for p in &d.prompts {
+            if let Some(t) = p.hidden_states.get(&i) {
+                let v = t
+                    .to_dtype(candle_core::DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                n += v.iter().filter(|x| !x.is_finite()).count();
+            }
+        }
+        Ok(n)
+    };
+    let j = usize::try_from(i as i64 + tap_offset).ok();
+    let sides = [count(a, Some(i))?, count(b, j)?];
+    Ok((sides[0] + sides[1] > 0).then_some(sides))
 }

@@ -117,18 +117,12 @@ fn partial_summary(c: &DumpComparison) -> String {
     s
 }
 
-/// The report of comparison `c` between dumps named `na` and `nb` with the
-/// given metadata.
-pub fn build(
-    c: DumpComparison,
-    (na, nb): (&str, &str),
-    dumps: Vec<BTreeMap<String, String>>,
-    command: String,
-) -> DiffReport {
-    let verdict = verdict_of(&c);
-    let noise_rows = c.dtype_noise.iter().filter(|r| r.dtype_noise).count();
+/// The summary's first clause: bitwise, within tolerance, where the dumps
+/// part (with the convention, boundary or NaN/Inf that explains it), or
+/// the logits.
+fn headline(c: &DumpComparison, (na, nb): (&str, &str)) -> String {
     let rows_verdict = c.pair.verdict();
-    let mut summary = match (
+    match (
         rows_verdict,
         c.pair.first_non_bitwise,
         c.pair.first_divergent,
@@ -145,11 +139,34 @@ pub fn build(
         }
         (_, _, Some(i)) => match (&c.convention, &c.pair.localisation) {
             (Some(f), _) => format!("{na} and {nb} differ at hidden_states[{i}]: {}", f.sentence),
-            (None, Some(_)) if non_finite_at(&c.pair, i).is_some() => {
-                let (nan, inf) = non_finite_at(&c.pair, i).unwrap_or_default();
-                format!(
-                    "{na} and {nb} diverge from hidden_states[{i}], where NaN/Inf appear ({nan} NaN, {inf} Inf values in the two dumps): the run that holds them overflowed or read NaN/Inf weights"
-                )
+            (None, _) if c.non_finite.is_some() => {
+                let [x, y] = c.non_finite.unwrap_or_default();
+                let bitwise = c
+                    .pair
+                    .hidden_states
+                    .iter()
+                    .find(|r| r.index == i)
+                    .is_some_and(|r| r.metrics.bitwise);
+                let holds = match (x, y) {
+                    (0, n) => format!(
+                        "{nb} holds {}",
+                        crate::text::counted(n, "NaN/Inf value", None)
+                    ),
+                    (n, 0) => format!(
+                        "{na} holds {}",
+                        crate::text::counted(n, "NaN/Inf value", None)
+                    ),
+                    (n, m) => format!("{na} holds {n} and {nb} {m} NaN/Inf values"),
+                };
+                if bitwise {
+                    format!(
+                        "{na} and {nb} agree bitwise, but both hold NaN/Inf from hidden_states[{i}] ({holds}): the run that wrote them overflowed or read NaN/Inf weights"
+                    )
+                } else {
+                    format!(
+                        "{na} and {nb} diverge from hidden_states[{i}], where NaN/Inf appear ({holds} there): the run that holds them overflowed or read NaN/Inf weights"
+                    )
+                }
             }
             (None, Some(l)) => format!(
                 "{na} and {nb} diverge from hidden_states[{i}] ({}{})",
@@ -163,7 +180,20 @@ pub fn build(
             (None, None) => format!("{na} and {nb} diverge from hidden_states[{i}]"),
         },
         (_, _, None) => format!("{na} and {nb} differ in the logits"),
-    };
+    }
+}
+
+/// The report of comparison `c` between dumps named `na` and `nb` with the
+/// given metadata.
+pub fn build(
+    c: DumpComparison,
+    (na, nb): (&str, &str),
+    dumps: Vec<BTreeMap<String, String>>,
+    command: String,
+) -> DiffReport {
+    let verdict = verdict_of(&c);
+    let noise_rows = c.dtype_noise.iter().filter(|r| r.dtype_noise).count();
+    let mut summary = headline(&c, (na, nb));
     if let Some(policy) = c.pair.policy() {
         summary.push_str(&format!("; {policy}"));
     }
@@ -334,7 +364,9 @@ pub fn index_table(r: &Diff, p: &PairReport) -> Table {
 pub fn render(r: &DiffReport, width: Width) -> String {
     let mut out = format!("{}\n\n", r.summary);
     for p in &r.pairs {
-        out.push_str("max abs diff @p1 t42 f3 = at prompt 1, token 42, feature 3\n");
+        if p.first_non_bitwise.is_some() {
+            out.push_str("max abs diff @p1 t42 f3 = at prompt 1, token 42, feature 3\n");
+        }
         out.push_str(&index_table(r, p).render(width));
         out.push('\n');
         if let Some(l) = &p.logits {
@@ -431,22 +463,18 @@ impl Body for Diff {
         Ok(vec![("report.md", markdown(report))])
     }
 }
-
-/// The NaN and Inf counts of hidden state `index` of `pair`, when it holds
-/// any.
-fn non_finite_at(pair: &crate::parity::PairReport, index: usize) -> Option<(usize, usize)> {
-    let m = &pair
-        .hidden_states
-        .iter()
-        .find(|r| r.index == index)?
-        .metrics;
-    (m.nan_count + m.inf_count > 0).then_some((m.nan_count, m.inf_count))
-}
-
 /// What an `--align` offset `o` says about the tap-index conventions, by
 /// where b came from (`source_format` of its metadata), with the option that
 /// aligns it.
 fn convention_note(o: i64, source: Option<&str>) -> String {
+    if o.abs() != 1 {
+        return format!(
+            "b's states sit {o:+} from their indices: more than one layer, so not a tap convention (those \
+             differ by one) but another numbering or another model's depth; `diff --tap-offset {:+}` compares \
+             them aligned",
+            -o
+        );
+    }
     let conventions = "DFlash/SpecForge tap L (target_layer_ids) = hidden_states[L+1], the output of layer L; \
                        vLLM/SGLang aux id k = hidden_states[k], the input to layer k (0 = embeddings)";
     match source {

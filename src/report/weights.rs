@@ -41,6 +41,11 @@ pub fn build(
     command: String,
 ) -> WeightsReport {
     let findings = c.findings();
+    // An unreadable config is said, not a finding about the tensors.
+    let (unread, geometry): (Vec<&String>, Vec<&String>) = geometry
+        .iter()
+        .partition(|g| g.starts_with("architectures not compared"));
+    let geometry: Vec<String> = geometry.into_iter().cloned().collect();
     let fails = findings.iter().any(|f| f.fails) || !geometry.is_empty();
     let summary = if findings.is_empty() {
         format!(
@@ -50,7 +55,17 @@ pub fn build(
     } else {
         let parts: Vec<String> = findings
             .iter()
-            .map(|f| format!("{} {}", f.names.len(), f.relation))
+            .map(|f| {
+                // `1 differs`, `74 differ`; `1 shape differs`, `22 shapes differ`.
+                let n = f.names.len();
+                let relation = match (n, f.relation.as_str()) {
+                    (1, r) => r.to_string(),
+                    (_, "differs") => "differ".to_string(),
+                    (_, "shape differs") => "shapes differ".to_string(),
+                    (_, r) => r.to_string(),
+                };
+                format!("{n} {relation}")
+            })
             .collect();
         format!(
             "{a} and {b}: {} of {} common tensors equal; {}",
@@ -58,6 +73,10 @@ pub fn build(
             c.equal + c.differing.len(),
             parts.join(", ")
         )
+    };
+    let summary = match unread.first() {
+        Some(u) => format!("{summary}; {u}"),
+        None => summary,
     };
     let summary = match geometry.is_empty() {
         true => summary,

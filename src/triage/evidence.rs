@@ -268,6 +268,11 @@ fn swa(drafter: &Drafter, contexts: usize) -> Evidence {
         types.len(),
         window.map(|w| format!(" (window {w})")).unwrap_or_default()
     );
+    if window.is_none() && drafter.cfg.sliding_window_unused.is_none() {
+        reason.push_str(
+            "; it names no window, so those layers attend causally within the block over the whole context (dflash's own reading), and the full-attention run differs only in that",
+        );
+    }
     if let Some(w) = drafter.cfg.sliding_window_unused {
         reason.push_str(&format!(
             "; its window {w} is not in use (no use_sliding_window: true, so transformers' Qwen3Config drops it): dflash and this run attend those layers causally with no window"

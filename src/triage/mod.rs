@@ -441,6 +441,10 @@ pub fn run(
     let measured_on = crate::prompts::describe(&session.prompts, &session.rendering);
     let mut summary = ranking::summarize(&baseline, &variants, settings.observed_tau);
     summary.push_str(&format!("; τ on {measured_on}"));
+    // The drafter itself: every τ here is measured without what it does not read.
+    if let Some(f) = eval::unread_finding(&drafter.unexpected, &drafter.cfg.ignored_flags) {
+        summary = format!("{f}; {summary}");
+    }
     let trajectories = given
         .as_ref()
         .map(|g| trajectory_report(g, &ran.baseline, &mut summary, &mut notes));

@@ -475,7 +475,16 @@ fn ignored_flags(cfg: &Value) -> Vec<String> {
         .iter()
         .filter_map(|f| {
             let v = get(cfg, f)?;
-            (v == &Value::Bool(true)).then(|| format!("{f}: {v}"))
+            // Python's truthiness, as the engines read the flag.
+            let set = match v {
+                Value::Bool(b) => *b,
+                Value::Number(n) => n.as_f64().is_some_and(|x| x != 0.0),
+                Value::String(t) => !t.is_empty(),
+                Value::Array(a) => !a.is_empty(),
+                Value::Object(o) => !o.is_empty(),
+                Value::Null => false,
+            };
+            set.then(|| format!("{f}: {v}"))
         })
         .collect()
 }
