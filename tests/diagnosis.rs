@@ -280,27 +280,12 @@ fn a_checkpoint_against_a_dump_is_refused_in_one_line() {
 #[test]
 fn drafter_tensors_the_forward_never_reads_are_listed_as_dflash_lists_them() {
     let f = facts("drafter-extra");
-    let o = hsparity()
-        .args(["drafter", "fixtures/toy-pair/target", "--drafter"])
-        .arg(repo_root().join("fixtures/diagnosis/drafter-extra"))
-        .args([
-            "--prompt-ids",
-            "1,2,3,4,5",
-            "--max-new-tokens",
-            "8",
-            "--json",
-            "-q",
-        ])
-        .output()
-        .unwrap();
     // A finding: the drafter evaluated is not the one trained.
-    assert_eq!(
-        o.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
+    let v = toy_drafter_run(
+        "drafter",
+        &repo_root().join("fixtures/diagnosis/drafter-extra"),
+        1,
     );
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         v["drafter"]["unexpected_tensors"], f["dflash_unexpected_keys"],
         "{}",
@@ -312,23 +297,7 @@ fn drafter_tensors_the_forward_never_reads_are_listed_as_dflash_lists_them() {
         v["notes"]
     );
     // The drafter as trained carries none.
-    let v = common::json_of(
-        hsparity()
-            .args([
-                "drafter",
-                "fixtures/toy-pair/target",
-                "--drafter",
-                "fixtures/toy-pair/drafter",
-            ])
-            .args([
-                "--prompt-ids",
-                "1,2,3,4,5",
-                "--max-new-tokens",
-                "8",
-                "--json",
-                "-q",
-            ]),
-    );
+    let v = toy_drafter_run("drafter", &repo_root().join("fixtures/toy-pair/drafter"), 0);
     assert_eq!(v["drafter"]["unexpected_tensors"], serde_json::json!([]));
 }
 
@@ -569,20 +538,7 @@ fn a_config_flag_the_forward_ignores_is_named() {
                 .unwrap();
         cfg["norm_before_fc"] = serde_json::json!(true);
         std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
-        let v = common::json_exit(
-            hsparity()
-                .args(["drafter", "fixtures/toy-pair/target", "--drafter"])
-                .arg(&d)
-                .args([
-                    "--prompt-ids",
-                    "1,2,3,4,5",
-                    "--max-new-tokens",
-                    "8",
-                    "--json",
-                    "-q",
-                ]),
-            1,
-        );
+        let v = toy_drafter_run("drafter", &d, 1);
         assert_eq!(
             v["drafter"]["ignored_flags"],
             serde_json::json!(["norm_before_fc: true"])
@@ -594,21 +550,10 @@ fn a_config_flag_the_forward_ignores_is_named() {
         );
         if case == "flag-only" {
             // Triage ranks on this drafter: its summary says τ is another forward's.
-            let t = common::json_of(
-                hsparity()
-                    .args(["triage", "fixtures/toy-pair/target", "--drafter"])
-                    .arg(&d)
-                    .args([
-                        "--prompt-ids",
-                        "1,2,3,4,5",
-                        "--max-new-tokens",
-                        "8",
-                        "--json",
-                        "-q",
-                    ])
-                    .arg("--no-report"),
-            );
-            let ts = t["summary"].as_str().unwrap();
+            let ts = toy_drafter_run("triage", &d, 0)["summary"]
+                .as_str()
+                .unwrap()
+                .to_string();
             assert!(
                 ts.starts_with("the drafter's config sets norm_before_fc: true"),
                 "{ts}"
@@ -616,20 +561,7 @@ fn a_config_flag_the_forward_ignores_is_named() {
             // A truthy string is read as the engines read it.
             cfg["norm_before_fc"] = serde_json::json!("true");
             std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
-            let v = common::json_exit(
-                hsparity()
-                    .args(["drafter", "fixtures/toy-pair/target", "--drafter"])
-                    .arg(&d)
-                    .args([
-                        "--prompt-ids",
-                        "1,2,3,4,5",
-                        "--max-new-tokens",
-                        "8",
-                        "--json",
-                        "-q",
-                    ]),
-                1,
-            );
+            let v = toy_drafter_run("drafter", &d, 1);
             assert_eq!(
                 v["drafter"]["ignored_flags"],
                 serde_json::json!(["norm_before_fc: \"true\""])
@@ -740,4 +672,24 @@ fn odd_captures_get_no_false_cause() {
         notes.contains("sit +2 from their indices: more than one layer, so not a tap convention"),
         "{notes}"
     );
+}
+
+/// `verb` (`drafter` or `triage`) on the toy target with drafter `d`, 5
+/// prompt ids, 8 new tokens, which must exit `code`: its JSON.
+fn toy_drafter_run(verb: &str, d: &std::path::Path, code: i32) -> Value {
+    let mut cmd = hsparity();
+    cmd.args([verb, "fixtures/toy-pair/target", "--drafter"])
+        .arg(d)
+        .args([
+            "--prompt-ids",
+            "1,2,3,4,5",
+            "--max-new-tokens",
+            "8",
+            "--json",
+            "-q",
+        ]);
+    if verb == "triage" {
+        cmd.arg("--no-report");
+    }
+    common::json_exit(&mut cmd, code)
 }
