@@ -561,6 +561,17 @@ fn a_dense_target_runs_no_delta_rule_suspect() {
     }
     let notes = v["notes"].to_string();
     assert!(!notes.contains("only at the top level"), "{notes}");
+    // Nor does its baseline line name a delta-rule form.
+    let out = crate::common::hsparity()
+        .args(["triage", "fixtures/toy-pair-qwen3/target"])
+        .args(["--drafter", "fixtures/toy-pair-qwen3/drafter"])
+        .args(["--prompt", "count 347: 347 348", "--max-new-tokens", "8"])
+        .args(["--quiet", "--no-report"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("baseline: ")).unwrap();
+    assert!(!line.contains("Gated DeltaNet"), "{line}");
 }
 
 /// A checkpoint without `lm_head.weight` whose top-level tie flag is false

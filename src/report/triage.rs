@@ -204,10 +204,13 @@ fn departs(d: Option<&PathDepartures>) -> String {
 /// `baseline: causal-lm (bf16, chunked Gated DeltaNet, taps [1, 2]): τ …, DDTree τ …`.
 fn baseline_line(r: &Triage, path: &str) -> String {
     let b = &r.baseline;
+    let form = match b.linear_attention {
+        true => format!("{} Gated DeltaNet, ", b.gdn_form.name()),
+        false => String::new(),
+    };
     format!(
-        "{path} ({}, {} Gated DeltaNet, taps {:?}): τ {}, DDTree τ {}",
+        "{path} ({}, {form}taps {:?}): τ {}, DDTree τ {}",
         b.dtype,
-        b.gdn_form.name(),
         b.taps,
         tau(b.tau_macro),
         tau(b.ddtree_tau_macro)

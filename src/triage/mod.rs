@@ -153,6 +153,9 @@ pub struct Baseline {
     pub dtype: Precision,
     /// Delta-rule form.
     pub gdn_form: GdnForm,
+    /// Whether the target has Gated DeltaNet layers (the form applies).
+    #[serde(skip)]
+    pub linear_attention: bool,
     /// The drafter's taps.
     pub taps: Vec<usize>,
     /// τ (macro).
@@ -409,7 +412,11 @@ pub fn run(
         given.as_ref(),
         settings.quiet,
     )?;
-    let baseline = baseline_of(&ran, &drafter, base_prec);
+    let mut baseline = baseline_of(&ran, &drafter, base_prec);
+    baseline.linear_attention = session
+        .spec
+        .layer_types
+        .contains(&crate::checkpoint::config::LayerType::LinearAttention);
     let mut outcomes = std::mem::take(&mut ran.outcomes);
     groups::tap_outcomes(
         session,
@@ -477,6 +484,7 @@ fn baseline_of(
         path: LoadingPath::CausalLm,
         dtype: prec,
         gdn_form: GdnForm::Chunked,
+        linear_attention: true,
         taps: drafter.cfg.target_layer_ids.clone(),
         tau_macro: tau(&ran.baseline.dflash, b),
         ddtree_tau_macro: tau(&ran.baseline.ddtree, b),
