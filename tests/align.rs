@@ -272,3 +272,35 @@ fn an_offset_dump_of_unknown_origin_names_the_two_conventions() {
         assert!(notes.contains(want), "{want:?} not in {notes}");
     }
 }
+
+/// The offset holds across the indices that have a counterpart (a shifted
+/// reference lacks one at its edge), and states that match nothing (zeros)
+/// have no offset at all — they used to "match at offset 0".
+#[test]
+fn the_offset_ignores_edges_without_a_counterpart_and_garbage_matches_nothing() {
+    let g = golden_p0();
+    // Reference: hs[i] holds the true hs[i+1] (one layer late), so it lacks the last index.
+    let late: BTreeMap<usize, Vec<Tensor>> = g
+        .keys()
+        .filter_map(|&i| Some((i, g.get(&(i + 1))?.clone())))
+        .collect();
+    let a = align(&late, &g).unwrap();
+    assert_eq!(a.offset, Some(-1), "{}", a.diagnosis());
+    assert!(
+        a.diagnosis()
+            .contains("indices with a counterpart (1 without one)"),
+        "{}",
+        a.diagnosis()
+    );
+    let zeros: BTreeMap<usize, Vec<Tensor>> = g
+        .iter()
+        .map(|(&i, v)| (i, v.iter().map(|t| t.zeros_like().unwrap()).collect()))
+        .collect();
+    let z = align(&g, &zeros).unwrap();
+    assert_eq!(z.offset, None);
+    assert!(
+        z.diagnosis().starts_with("no index matches"),
+        "{}",
+        z.diagnosis()
+    );
+}

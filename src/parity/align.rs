@@ -51,17 +51,37 @@ pub struct Alignment {
 impl Alignment {
     /// One line: `offset +1 on all 4 indices (hidden_states[i] of B is hidden_states[i+1] of A)`, or the disagreement.
     pub fn diagnosis(&self) -> String {
+        // `all 7 indices`, or `the 6 indices with a counterpart (1 has none)`.
+        let on = |o: i64| {
+            let n = self
+                .rows
+                .iter()
+                .filter(|r| matches(r) && r.offset == o)
+                .count();
+            match self.rows.len() - n {
+                0 => format!("all {n} indices"),
+                k => format!("the {n} indices with a counterpart ({k} without one)"),
+            }
+        };
         match self.offset {
             Some(0) => format!(
-                "offset 0 on all {} indices: every index matches the reference's index of the same number",
-                self.rows.len()
+                "offset 0 on {}: every index matches the reference's index of the same number",
+                on(0)
             ),
             Some(o) => format!(
-                "offset {o:+} on all {} indices: compared hidden_states[i] is reference hidden_states[i{o:+}] \
+                "offset {o:+} on {}: compared hidden_states[i] is reference hidden_states[i{o:+}] \
                  (the capture was read with a layer-index convention off by {o:+}; \
                  `diff --tap-offset {:+}` compares them aligned)",
-                self.rows.len(),
+                on(o),
                 -o
+            ),
+            None if !self.rows.iter().any(matches) => format!(
+                "no index matches: the best mean cosine of any index is {:.3} (below {MATCH_COS}): the compared \
+                 dump holds other states than the reference's at every index (zeros, NaN/Inf, another model's)",
+                self.rows
+                    .iter()
+                    .map(|r| if r.cos_mean.is_finite() { r.cos_mean } else { f64::NEG_INFINITY })
+                    .fold(f64::NEG_INFINITY, f64::max)
             ),
             None => {
                 let parts: Vec<String> = self
@@ -146,7 +166,35 @@ pub fn align(
             runner_up: scored.get(1).map(|(ri, m)| (*ri, m.cos_mean)),
         });
     }
-    let first = rows[0].offset;
-    let offset = rows.iter().all(|r| r.offset == first).then_some(first);
+    let offset = common_offset(&rows, reference);
     Ok(Alignment { rows, offset })
+}
+
+/// A best match below this mean cosine is no match (zeros, NaN, another
+/// model's states).
+const MATCH_COS: f64 = 0.5;
+
+/// Whether a row's best match is a match at all.
+fn matches(r: &AlignRow) -> bool {
+    r.cos_mean.is_finite() && r.cos_mean >= MATCH_COS
+}
+
+/// The offset every row agrees on: the commonest offset among the rows that
+/// match, accepted when every row either has it or has no counterpart at it
+/// in the reference (the last index of a shifted capture has none); `None`
+/// when no row matches or the rows disagree.
+fn common_offset(rows: &[AlignRow], reference: &BTreeMap<usize, Vec<Tensor>>) -> Option<i64> {
+    let mut counts: BTreeMap<i64, usize> = BTreeMap::new();
+    for r in rows.iter().filter(|r| matches(r)) {
+        *counts.entry(r.offset).or_default() += 1;
+    }
+    let (&o, _) = counts.iter().max_by_key(|(o, n)| (**n, -o.abs()))?;
+    let counterpart = |r: &AlignRow| {
+        usize::try_from(r.compared as i64 + o)
+            .ok()
+            .is_some_and(|i| reference.contains_key(&i))
+    };
+    rows.iter()
+        .all(|r| (matches(r) && r.offset == o) || !counterpart(r))
+        .then_some(o)
 }

@@ -18,7 +18,7 @@ use crate::drafter::eval::PromptTau;
 use crate::drafter::trajectories::{Given, PathDepartures};
 use crate::error::Result;
 use crate::models::dflash::Drafter;
-use crate::parity::Tolerance;
+use crate::parity::{Accumulator, Tolerance, Verdict};
 use crate::session::Session;
 
 /// One prompt's run of a suspect (or the baseline): `per_prompt[]`.
@@ -209,7 +209,7 @@ impl Scoring<'_> {
                 .map(|(f, &k)| Ok(f.narrow(0, k, f.dim(0)? - k)?))
                 .collect::<Result<_>>()?,
         };
-        let (first_divergent, cos_min_at_taps, taps_depart) = super::tap_divergence(
+        let (first_divergent, cos_min_at_taps, taps_depart) = tap_divergence(
             &o.feats_on_base,
             &reference,
             &self.drafter.cfg.target_layer_ids,
@@ -270,4 +270,51 @@ impl Scoring<'_> {
                 .map(|g| PathDepartures::new(&s.name(), super::checked(g), &o.departures)),
         })
     }
+}
+
+/// Per-tap divergence: the first tap whose features fail `tol`, the
+/// smallest cosine over all taps, and where along the rows that tap departs
+/// ([`crate::parity::localise::where_known`]: per prompt, the first
+/// departing row, and the end of the prompt when it departs there, from
+/// `inputs`). `a`, `b`: per prompt `[T, K·H]`.
+fn tap_divergence(
+    a: &[Tensor],
+    b: &[Tensor],
+    taps: &[usize],
+    h: usize,
+    tol: &Tolerance,
+    inputs: &[crate::parity::PromptInputs],
+) -> Result<(Option<usize>, f64, Option<String>)> {
+    if a.len() != b.len() {
+        return Err(crate::error::Error::Input(format!(
+            "tap divergence needs features of the same prompts: {} vs {}",
+            a.len(),
+            b.len()
+        )));
+    }
+    let mut first = None;
+    let mut cos_min = f64::INFINITY;
+    let mut where_ = None;
+    for (j, &l) in taps.iter().enumerate() {
+        let mut acc = Accumulator::default();
+        for (k, (x, y)) in a.iter().zip(b).enumerate() {
+            acc.add(k, &x.narrow(1, j * h, h)?, &y.narrow(1, j * h, h)?)?;
+        }
+        let m = acc.finish();
+        cos_min = cos_min.min(m.cos_min);
+        if first.is_none() && tol.judge(&m) != Verdict::Pass {
+            first = Some(l + 1);
+            let agreement: Vec<crate::parity::PromptAgreement> = m
+                .profile
+                .iter()
+                .map(|rows| crate::parity::PromptAgreement::of(rows, tol))
+                .collect();
+            let found = crate::parity::localise::where_known(l + 1, &agreement, inputs);
+            where_ = Some(found.replace(
+                &format!("hidden_states[{}]: ", l + 1),
+                &format!("tap {l} (hidden_states[{}]): ", l + 1),
+            ));
+        }
+    }
+    Ok((first, cos_min, where_))
 }

@@ -23,7 +23,6 @@ pub mod suspects;
 
 use std::time::Instant;
 
-use candle_core::Tensor;
 use serde::Serialize;
 
 use crate::drafter::bootstrap::{Bootstrap, DeltaInterval};
@@ -38,7 +37,6 @@ use crate::loading::resident::Resident;
 use crate::loading::{LoadingPath, WeightSource};
 use crate::models::dflash::Drafter;
 use crate::models::GdnForm;
-use crate::parity::{Accumulator, Tolerance, Verdict};
 use crate::precision::Precision;
 use crate::session::Session;
 use assess::PromptRun;
@@ -206,53 +204,6 @@ pub struct Triage {
 /// τ (macro) of per-prompt results for block size `b`.
 fn tau(p: &[PromptTau], b: usize) -> f64 {
     eval::summarize(p, b).tau_macro
-}
-
-/// Per-tap divergence: the first tap whose features fail `tol`, the
-/// smallest cosine over all taps, and where along the rows that tap departs
-/// ([`crate::parity::localise::where_known`]: per prompt, the first
-/// departing row, and the end of the prompt when it departs there, from
-/// `inputs`). `a`, `b`: per prompt `[T, K·H]`.
-fn tap_divergence(
-    a: &[Tensor],
-    b: &[Tensor],
-    taps: &[usize],
-    h: usize,
-    tol: &Tolerance,
-    inputs: &[crate::parity::PromptInputs],
-) -> Result<(Option<usize>, f64, Option<String>)> {
-    if a.len() != b.len() {
-        return Err(crate::error::Error::Input(format!(
-            "tap divergence needs features of the same prompts: {} vs {}",
-            a.len(),
-            b.len()
-        )));
-    }
-    let mut first = None;
-    let mut cos_min = f64::INFINITY;
-    let mut where_ = None;
-    for (j, &l) in taps.iter().enumerate() {
-        let mut acc = Accumulator::default();
-        for (k, (x, y)) in a.iter().zip(b).enumerate() {
-            acc.add(k, &x.narrow(1, j * h, h)?, &y.narrow(1, j * h, h)?)?;
-        }
-        let m = acc.finish();
-        cos_min = cos_min.min(m.cos_min);
-        if first.is_none() && tol.judge(&m) != Verdict::Pass {
-            first = Some(l + 1);
-            let agreement: Vec<crate::parity::PromptAgreement> = m
-                .profile
-                .iter()
-                .map(|rows| crate::parity::PromptAgreement::of(rows, tol))
-                .collect();
-            let found = crate::parity::localise::where_known(l + 1, &agreement, inputs);
-            where_ = Some(found.replace(
-                &format!("hidden_states[{}]: ", l + 1),
-                &format!("tap {l} (hidden_states[{}]): ", l + 1),
-            ));
-        }
-    }
-    Ok((first, cos_min, where_))
 }
 
 /// The suspects that apply to this target and drafter, in report order,
