@@ -188,16 +188,7 @@ fn recorded_inputs_of_the_wrong_length_are_refused_in_one_line() {
         }
         let out = tmp.path().join(format!("{field}.safetensors"));
         d.write(&out, true).unwrap();
-        let o = hsparity()
-            .arg("diff")
-            .arg(&a)
-            .arg(&out)
-            .arg("--no-report")
-            .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(2), "{field}");
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        let err = refused(&a, &out);
         assert!(err.contains(&format!("p0.{field}")), "{err}");
     }
 }
@@ -430,15 +421,7 @@ fn recorded_inputs_stored_as_floats_are_named_by_field() {
         t.insert(format!("p0.{field}"), v.unwrap());
         let out = tmp.path().join(format!("{field}.safetensors"));
         candle_core::safetensors::save(&t, &out).unwrap();
-        let o = hsparity()
-            .arg("diff")
-            .arg(&a)
-            .arg(&out)
-            .arg("--no-report")
-            .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(2), "{field}");
-        let err = String::from_utf8_lossy(&o.stderr);
+        let err = refused(&a, &out);
         assert!(
             err.contains(&format!("p0.{field}")) && err.contains(says),
             "{err}"
@@ -692,4 +675,19 @@ fn toy_drafter_run(verb: &str, d: &std::path::Path, code: i32) -> Value {
         cmd.arg("--no-report");
     }
     common::json_exit(&mut cmd, code)
+}
+
+/// `diff a b`, which must be refused in one line (exit 2): that line.
+fn refused(a: &std::path::Path, b: &std::path::Path) -> String {
+    let o = hsparity()
+        .arg("diff")
+        .arg(a)
+        .arg(b)
+        .arg("--no-report")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    err
 }
