@@ -104,6 +104,29 @@ impl Dump {
             .unwrap_or_default()
     }
 
+    /// The NaN and ±Inf values `hidden_states[index]` holds, and the prompts
+    /// holding any (`dump`'s overflow finding, `diff`'s NaN summary).
+    ///
+    /// Errors: a tensor failure.
+    pub fn non_finite(&self, index: usize) -> Result<NonFinite> {
+        let mut nf = NonFinite::default();
+        for (k, p) in self.prompts.iter().enumerate() {
+            let Some(t) = p.hidden_states.get(&index) else {
+                continue;
+            };
+            let v = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+            let (nan, inf) = (
+                v.iter().filter(|x| x.is_nan()).count(),
+                v.iter().filter(|x| x.is_infinite()).count(),
+            );
+            if nan + inf > 0 {
+                nf.prompts.push(k);
+            }
+            (nf.nan, nf.inf) = (nf.nan + nan, nf.inf + inf);
+        }
+        Ok(nf)
+    }
+
     /// N: the metadata's `num_layers`, else the last index of a dump holding
     /// every index 0..=N (a full dump written without metadata), else unknown.
     pub fn num_layers(&self) -> Option<usize> {
@@ -251,6 +274,24 @@ fn ints(t: Tensor, name: &str, path: &Path) -> Result<Vec<i64>> {
         )));
     }
     Ok(t.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?)
+}
+
+/// NaN and ±Inf values of one hidden state over a dump's prompts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NonFinite {
+    /// NaN values.
+    pub nan: usize,
+    /// ±Inf values.
+    pub inf: usize,
+    /// Prompts holding any.
+    pub prompts: Vec<usize>,
+}
+
+impl NonFinite {
+    /// NaN and Inf together.
+    pub fn total(&self) -> usize {
+        self.nan + self.inf
+    }
 }
 
 /// Removes prompt `k`'s tensors from `all`; `None` when it has none.

@@ -247,11 +247,16 @@ class _OneState:
         self.state = state
 
 
-@torch.no_grad()
-def normed_stream() -> None:
+def load_model():
+    """fixtures/tiny-qwen3_5 as AutoModelForCausalLM, f32, eager attention, seeded, one thread."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = transformers.AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32, attn_implementation="eager").eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+@torch.no_grad()
+def normed_stream() -> None:
+    model = load_model()
     prompts = [ids_of(24, 12), ids_of(30, 13)]
     a = reference(model, prompts)
     b = dict(a)
@@ -282,9 +287,7 @@ def pre_norm_last(model, prompts):
 
 
 def main() -> None:
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = transformers.AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32, attn_implementation="eager").eval()
+    model = load_model()
     os.makedirs(OUT, exist_ok=True)
 
     def write(case, a, b, facts):

@@ -137,37 +137,20 @@ fn non_finite(
     precision: crate::precision::Precision,
     weights: bool,
 ) -> Result<Vec<String>> {
-    let count = |t: &candle_core::Tensor| -> Result<(usize, usize)> {
-        let v = t
-            .flatten_all()?
-            .to_dtype(candle_core::DType::F32)?
-            .to_vec1::<f32>()?;
-        Ok((
-            v.iter().filter(|x| x.is_nan()).count(),
-            v.iter().filter(|x| x.is_infinite()).count(),
-        ))
-    };
     let mut out = Vec::new();
     for index in dump.indices() {
-        let (mut nan, mut inf, mut prompts) = (0, 0, Vec::new());
-        for (k, p) in dump.prompts.iter().enumerate() {
-            if let Some(t) = p.hidden_states.get(&index) {
-                let (n, i) = count(t)?;
-                if n + i > 0 {
-                    prompts.push(k);
-                }
-                (nan, inf) = (nan + n, inf + i);
-            }
-        }
-        if nan + inf > 0 {
+        let nf = dump.non_finite(index)?;
+        if nf.total() > 0 {
             let why = match weights {
                 true => "from the weights above".to_string(),
                 false => format!("the {precision} run overflows from there on"),
             };
             out.push(format!(
-                "hidden_states[{index}] holds {nan} NaN and {inf} Inf values (prompt{} {}): {why} (the dump is written as computed)",
-                if prompts.len() == 1 { "" } else { "s" },
-                crate::parity::verdict::runs_text(&crate::parity::verdict::runs(&prompts), "p")
+                "hidden_states[{index}] holds {} NaN and {} Inf values (prompt{} {}): {why} (the dump is written as computed)",
+                nf.nan,
+                nf.inf,
+                if nf.prompts.len() == 1 { "" } else { "s" },
+                crate::parity::verdict::runs_text(&crate::parity::verdict::runs(&nf.prompts), "p")
             ));
             break;
         }

@@ -410,13 +410,6 @@ pub fn compare_dumps(
         Skipped::default()
     };
     let non_finite = non_finite_at(a, b, pair.first_divergent, tap_offset)?;
-    if non_finite.is_some() {
-        // NaN/Inf rows depart wherever they are: no boundary is evidence.
-        if let Some(l) = pair.localisation.as_mut() {
-            l.boundary = None;
-            l.cause = None;
-        }
-    }
     let mut notes = input_differences(a, b, (a_name, b_name));
     notes.extend(notes_of(&pair, &shown, (a, b), (a_name, b_name), last));
     Ok(DumpComparison {
@@ -493,21 +486,10 @@ fn non_finite_at(
     let Some(i) = index else {
         return Ok(None);
     };
-    let count = |d: &Dump, i: Option<usize>| -> Result<usize> {
-        let Some(i) = i else { return Ok(0) };
-        let mut n = 0;
-        for p in &d.prompts {
-            if let Some(t) = p.hidden_states.get(&i) {
-                let v = t
-                    .to_dtype(candle_core::DType::F32)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?;
-                n += v.iter().filter(|x| !x.is_finite()).count();
-            }
-        }
-        Ok(n)
+    let x = a.non_finite(i)?.total();
+    let y = match usize::try_from(i as i64 + tap_offset) {
+        Ok(j) => b.non_finite(j)?.total(),
+        Err(_) => 0,
     };
-    let j = usize::try_from(i as i64 + tap_offset).ok();
-    let sides = [count(a, Some(i))?, count(b, j)?];
-    Ok((sides[0] + sides[1] > 0).then_some(sides))
+    Ok((x + y > 0).then_some([x, y]))
 }

@@ -266,7 +266,12 @@ impl PairReport {
                     .iter()
                     .map(|rows| PositionProfile::of(rows, &self.tolerance))
                     .collect();
-                super::localise::localise(r.index, &r.prompts, inputs, profile)
+                let mut l = super::localise::localise(r.index, &r.prompts, inputs, profile);
+                // NaN/Inf rows depart wherever they are: no boundary is evidence.
+                if r.metrics.nan_count + r.metrics.inf_count > 0 {
+                    (l.boundary, l.cause) = (None, None);
+                }
+                l
             });
     }
 

@@ -168,6 +168,8 @@ pub struct Scoring<'a> {
     pub settings: &'a TriageSettings,
     /// `--trajectories`: every lane measured on them.
     pub given: Option<&'a Given>,
+    /// What the inputs show of each suspect ([`super::evidence::Inputs`]).
+    pub inputs_shown: &'a super::evidence::Inputs<'a>,
 }
 
 impl Scoring<'_> {
@@ -224,18 +226,11 @@ impl Scoring<'_> {
         // continuation: its departures from the given tokens say it instead.
         let own_run = matches!(recipe, Recipe::Model { .. }) && same_text && self.given.is_none();
         let max_new = &ran.base.max_new;
-        let contexts = self
-            .session
-            .prompt_lens()
-            .iter()
-            .map(|n| n + self.settings.replay.max_new + b)
-            .max()
-            .unwrap_or(0);
         Ok(VariantResult {
             name: s.name(),
             group: s.group(),
             description: s.description(),
-            evidence: super::evidence::of(s, self.session, self.drafter, contexts),
+            evidence: self.inputs_shown.of(s),
             first_divergent,
             cos_min_at_taps,
             taps_depart,

@@ -62,100 +62,140 @@ impl Evidence {
     }
 }
 
-/// What the inputs show about `s`: the checkpoint's loading paths (header
-/// only), the drafter's config, the run's prompts and rendering.
-/// `contexts`: per prompt, the longest context the drafter attends to
-/// (prompt + new tokens + block).
-pub fn of(s: &Suspect, session: &Session, drafter: &Drafter, contexts: usize) -> Evidence {
-    use Presence::*;
-    let base = &session.paths[0];
-    match s {
-        Suspect::Vlm => vlm(session),
-        Suspect::MissingOn(p) => {
-            let inv = match resolved(session, *p) {
-                Some(r) => r.inventory,
-                None => base.inventory.clone(),
-            };
-            let baseline = if *p == base.path {
-                " — the baseline's own path, so this row cannot differ from it: every τ here is measured on random weights"
-            } else {
-                ""
-            };
-            Evidence::new(
-                Present,
-                format!(
-                    "{p} ({}) leaves {} tensor{} MISSING{}: randomly initialised{baseline}",
-                    p.auto_class(),
-                    inv.missing,
-                    plural(inv.missing),
-                    first_names(&inv.missing_names)
-                ),
-            )
-        }
-        Suspect::RandomLmHead => Evidence::new(
-            Hypothetical,
-            "no loading path leaves lm_head.weight (or any tensor) MISSING on this checkpoint",
-        ),
-        Suspect::Dtype(p) => dtype(session, *p),
-        Suspect::DrafterSwaAsFull => swa(drafter, contexts),
-        Suspect::ThinkingFlipped(v) => match session.rendering.enable_thinking {
-            None => Evidence::new(
-                Present,
-                format!(
-                    "enable_thinking is not set: the prompts take the chat template's default, and a harness that passes enable_thinking={v} renders other prompts"
-                ),
-            ),
-            Some(now) => Evidence::new(
-                Possible,
-                format!("this run sets enable_thinking={now}; a harness that sets {v} renders other prompts"),
-            ),
-        },
-        Suspect::Recurrent => Evidence::new(
-            Possible,
-            format!(
-                "every transformers loading path prefills with the chunked form; an engine's multi-token kernel may run the recurrent one ({} computes in {})",
-                base.path, base.compute
-            ),
-        ),
-        Suspect::RouterDtype => Evidence::new(
-            Possible,
-            "transformers computes the router's softmax in f32; an engine may compute it in the model dtype",
-        ),
-        Suspect::TapOffset(_) | Suspect::NormedLastTap => Evidence::new(
-            Possible,
-            format!(
-                "the drafter's config names taps {:?} (tap L = hidden_states[L+1], pre-norm); which index a harness reads is not in the inputs",
-                drafter.cfg.target_layer_ids
-            ),
-        ),
-        Suspect::Positions(_) => Evidence::new(
-            Possible,
-            "the position ids a harness feeds after the prefill are not in the inputs",
-        ),
-        Suspect::HarnessGdnCrop => Evidence::new(
-            Possible,
-            "z-lab dflash_generate (0.1.0) on transformers 5.23.0 crops the cache this way; whether your harness does is not in the inputs",
-        ),
-        Suspect::GdnStateReset(_) => Evidence::new(
-            Possible,
-            "an engine's prefix cache or chunked prefill that restores only the attention KV; not in the inputs",
-        ),
-        Suspect::LeftPadUnmasked(_) => Evidence::new(
-            Possible,
-            "a batched harness's padding and mask are not in the inputs (a dump's p{k}.attention_mask shows them: hsparity diff)",
-        ),
-        Suspect::KvFp8 => Evidence::new(
-            Possible,
-            "the engine's KV-cache dtype is a serving flag (vLLM --kv-cache-dtype), not in the inputs",
-        ),
-    }
+/// What a triage run's inputs are, gathered once: the session, the
+/// drafter, the longest context the drafter attends to (prompt, new tokens
+/// and a block), and every other loading path of the checkpoint, resolved
+/// from the headers.
+pub struct Inputs<'a> {
+    session: &'a Session,
+    drafter: &'a Drafter,
+    contexts: usize,
+    others: Vec<ResolvedPath>,
 }
 
-fn plural(n: usize) -> &'static str {
-    if n == 1 {
-        ""
-    } else {
-        "s"
+impl<'a> Inputs<'a> {
+    /// The inputs of a run generating `max_new` tokens per prompt.
+    pub fn gather(session: &'a Session, drafter: &'a Drafter, max_new: usize) -> Self {
+        let base = session.paths[0].path;
+        let others = LoadingPath::applicable(&session.ckpt.config)
+            .into_iter()
+            .filter(|&p| p != base)
+            .filter_map(|p| loading::resolve(&session.ckpt, p).ok())
+            .collect();
+        let contexts = session
+            .prompt_lens()
+            .iter()
+            .map(|n| n + max_new + drafter.cfg.block_size)
+            .max()
+            .unwrap_or(0);
+        Self {
+            session,
+            drafter,
+            contexts,
+            others,
+        }
+    }
+
+    /// `p` resolved, when it applies to the checkpoint and is not the
+    /// baseline's path.
+    fn resolved(&self, p: LoadingPath) -> Option<&ResolvedPath> {
+        self.others.iter().find(|r| r.path == p)
+    }
+
+    /// The first loading path (the baseline's, then the others in
+    /// transformers' order) that leaves tensors MISSING.
+    pub fn missing_on(&self) -> Option<LoadingPath> {
+        std::iter::once(&self.session.paths[0])
+            .chain(&self.others)
+            .find(|r| r.inventory.missing > 0)
+            .map(|r| r.path)
+    }
+
+    /// What the inputs show about `s`: the checkpoint's loading paths, the
+    /// drafter's config, the run's prompts and rendering.
+    pub fn of(&self, s: &Suspect) -> Evidence {
+        use Presence::*;
+        let (session, drafter, contexts) = (self.session, self.drafter, self.contexts);
+        let base = &session.paths[0];
+        match s {
+            Suspect::Vlm => vlm(session, self.resolved(LoadingPath::Vlm)),
+            Suspect::MissingOn(p) => {
+                let inv = match self.resolved(*p) {
+                    Some(r) => r.inventory.clone(),
+                    None => base.inventory.clone(),
+                };
+                let baseline = if *p == base.path {
+                    " — the baseline's own path, so this row cannot differ from it: every τ here is measured on random weights"
+                } else {
+                    ""
+                };
+                Evidence::new(
+                    Present,
+                    format!(
+                        "{p} ({}) leaves {} MISSING{}: randomly initialised{baseline}",
+                        p.auto_class(),
+                        crate::text::counted(inv.missing, "tensor", None),
+                        first_names(&inv.missing_names)
+                    ),
+                )
+            }
+            Suspect::RandomLmHead => Evidence::new(
+                Hypothetical,
+                "no loading path leaves lm_head.weight (or any tensor) MISSING on this checkpoint",
+            ),
+            Suspect::Dtype(p) => dtype(&session.paths[0], &self.others, *p),
+            Suspect::DrafterSwaAsFull => swa(drafter, contexts),
+            Suspect::ThinkingFlipped(v) => match session.rendering.enable_thinking {
+                None => Evidence::new(
+                    Present,
+                    format!(
+                        "enable_thinking is not set: the prompts take the chat template's default, and a harness that passes enable_thinking={v} renders other prompts"
+                    ),
+                ),
+                Some(now) => Evidence::new(
+                    Possible,
+                    format!("this run sets enable_thinking={now}; a harness that sets {v} renders other prompts"),
+                ),
+            },
+            Suspect::Recurrent => Evidence::new(
+                Possible,
+                format!(
+                    "every transformers loading path prefills with the chunked form; an engine's multi-token kernel may run the recurrent one ({} computes in {})",
+                    base.path, base.compute
+                ),
+            ),
+            Suspect::RouterDtype => Evidence::new(
+                Possible,
+                "transformers computes the router's softmax in f32; an engine may compute it in the model dtype",
+            ),
+            Suspect::TapOffset(_) | Suspect::NormedLastTap => Evidence::new(
+                Possible,
+                format!(
+                    "the drafter's config names taps {:?} (tap L = hidden_states[L+1], pre-norm); which index a harness reads is not in the inputs",
+                    drafter.cfg.target_layer_ids
+                ),
+            ),
+            Suspect::Positions(_) => Evidence::new(
+                Possible,
+                "the position ids a harness feeds after the prefill are not in the inputs",
+            ),
+            Suspect::HarnessGdnCrop => Evidence::new(
+                Possible,
+                "z-lab dflash_generate (0.1.0) on transformers 5.23.0 crops the cache this way; whether your harness does is not in the inputs",
+            ),
+            Suspect::GdnStateReset(_) => Evidence::new(
+                Possible,
+                "an engine's prefix cache or chunked prefill that restores only the attention KV; not in the inputs",
+            ),
+            Suspect::LeftPadUnmasked(_) => Evidence::new(
+                Possible,
+                "a batched harness's padding and mask are not in the inputs (a dump's p{k}.attention_mask shows them: hsparity diff)",
+            ),
+            Suspect::KvFp8 => Evidence::new(
+                Possible,
+                "the engine's KV-cache dtype is a serving flag (vLLM --kv-cache-dtype), not in the inputs",
+            ),
+        }
     }
 }
 
@@ -169,21 +209,12 @@ fn first_names(names: &[String]) -> String {
     format!(" ({}{more})", shown.join(", "))
 }
 
-/// `p` resolved on the session's checkpoint, when it applies to it and is
-/// not the baseline's path.
-fn resolved(session: &Session, p: LoadingPath) -> Option<ResolvedPath> {
-    if session.paths[0].path == p {
-        return None;
-    }
-    loading::resolve(&session.ckpt, p).ok()
-}
-
 /// `vlm`: present when `AutoModel` loads other tensors, another dtype or
 /// leaves tensors MISSING; hypothetical when it loads bitwise what the
 /// baseline loads.
-fn vlm(session: &Session) -> Evidence {
+fn vlm(session: &Session, vlm: Option<&ResolvedPath>) -> Evidence {
     let base = &session.paths[0];
-    let Some(v) = resolved(session, LoadingPath::Vlm) else {
+    let Some(v) = vlm else {
         return Evidence::new(
             Presence::Hypothetical,
             "AutoModel does not load this checkpoint's config",
@@ -198,13 +229,12 @@ fn vlm(session: &Session) -> Evidence {
     }
     if v.inventory.missing > 0 {
         diffs.push(format!(
-            "it leaves {} tensor{} MISSING",
-            v.inventory.missing,
-            plural(v.inventory.missing)
+            "it leaves {} MISSING",
+            crate::text::counted(v.inventory.missing, "tensor", None)
         ));
     }
     let key = |r: &ResolvedPath| weights_key(&session.spec, &r.view, None, r.dtype).1;
-    if v.inventory.missing == 0 && key(&v) != key(base) {
+    if v.inventory.missing == 0 && key(v) != key(base) {
         diffs.push("it reads other tensors for the text model".into());
     }
     if diffs.is_empty() {
@@ -226,19 +256,19 @@ fn vlm(session: &Session) -> Evidence {
     }
 }
 
-/// `dtype-P`: present when a loading path of this checkpoint loads in P.
-fn dtype(session: &Session, p: Precision) -> Evidence {
-    let loads: Vec<String> = LoadingPath::applicable(&session.ckpt.config)
-        .into_iter()
-        .filter_map(|path| {
-            let (dtype, reason) = if path == session.paths[0].path {
-                let b = &session.paths[0];
-                (b.dtype, b.inventory.dtype_reason.clone())
-            } else {
-                let r = loading::resolve(&session.ckpt, path).ok()?;
-                (r.dtype, r.inventory.dtype_reason)
-            };
-            (dtype == p).then(|| format!("{path} ({}) loads {p} ({reason})", path.auto_class()))
+/// `dtype-P`: present when a loading path of this checkpoint (the
+/// baseline's, or one of `others`) loads in P.
+fn dtype(base: &ResolvedPath, others: &[ResolvedPath], p: Precision) -> Evidence {
+    let loads: Vec<String> = std::iter::once(base)
+        .chain(others)
+        .filter(|r| r.dtype == p)
+        .map(|r| {
+            format!(
+                "{} ({}) loads {p} ({})",
+                r.path,
+                r.path.auto_class(),
+                r.inventory.dtype_reason
+            )
         })
         .collect();
     if loads.is_empty() {

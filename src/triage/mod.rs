@@ -80,7 +80,7 @@ pub struct VariantResult {
     /// What it emulates ([`Suspect::description`]).
     pub description: String,
     /// Whether the checkpoint, drafter and prompts show this fault, and
-    /// what shows it ([`evidence::of`]).
+    /// what shows it ([`evidence::Inputs::of`]).
     pub evidence: Evidence,
     /// First tap (as a `hidden_states` index) whose features diverge from the
     /// baseline's beyond tolerance, on the baseline trajectory.
@@ -213,6 +213,7 @@ fn tau(p: &[PromptTau], b: usize) -> f64 {
 /// Errors ([`crate::error::Error::Input`]): `--reset-at` outside a prompt.
 fn plan(
     session: &Session,
+    shown: &evidence::Inputs,
     drafter: &Drafter,
     base_prec: Precision,
     settings: &TriageSettings,
@@ -274,12 +275,7 @@ fn plan(
         Suspect::Positions(1),
         Suspect::Positions(settings.position_shift),
     ]);
-    let missing = LoadingPath::applicable(&session.ckpt.config)
-        .into_iter()
-        .find(|&p| {
-            crate::loading::resolve(&session.ckpt, p).is_ok_and(|r| r.inventory.missing > 0)
-        });
-    match missing {
+    match shown.missing_on() {
         Some(p) => plan.push(Suspect::MissingOn(p)),
         None => {
             let when = if session.ckpt.config.raw.get("text_config").is_some() {
@@ -334,10 +330,19 @@ pub fn run(
     let mut notes = Vec::new();
     let base_path = &session.paths[0];
     let base_prec = base_path.dtype;
+    let inputs_shown = evidence::Inputs::gather(session, &drafter, settings.replay.max_new);
     let harness::Planned {
         suspects: planned,
         not_applicable,
-    } = plan(session, &drafter, base_prec, settings, replay, &mut notes)?;
+    } = plan(
+        session,
+        &inputs_shown,
+        &drafter,
+        base_prec,
+        settings,
+        replay,
+        &mut notes,
+    )?;
     let suspects: Vec<Suspect> = planned.iter().map(|(s, _)| *s).collect();
     let recipes = recipes_of(&planned, session, base_prec, settings.seed)?;
     let mem = plan_for(session, &drafter, settings.memory_budget);
@@ -381,6 +386,7 @@ pub fn run(
     )?;
     let boot = Bootstrap::seeded(settings.seed);
     let ctx = assess::Scoring {
+        inputs_shown: &inputs_shown,
         session,
         drafter: &drafter,
         baseline: &baseline,
