@@ -1,7 +1,7 @@
 //! The command line: clap definitions, the flag groups the verbs share
 //! (target, prompts, run, report folder, drafter evaluation), and the one
 //! place each flag is parsed into a typed value ([`LoadingPath`],
-//! [`Precision`], [`GdnForm`], [`EndRule`], [`DeviceSpec`]). An unknown
+//! [`Precision`], [`GdnForm`], [`EndRule`](crate::drafter::eval::EndRule), [`DeviceSpec`]). An unknown
 //! value is a clap error (exit 2). [`run`] dispatches to [`crate::commands`]
 //! and prints or writes what comes back; `main.rs` only calls it. The
 //! engine-capture flags (`import`, `drafter --features`) are in `engines`.
@@ -15,7 +15,6 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::commands::{compare, diff, drafter, dump, features, inventory, prompts, triage};
 use crate::device::DeviceSpec;
-use crate::drafter::eval::EndRule;
 use crate::error::{Error, Result};
 use crate::loading::LoadingPath;
 use crate::models::GdnForm;
@@ -32,7 +31,7 @@ mod drafter_args;
 mod help;
 mod prompt_args;
 mod values;
-use drafter_args::{BudgetArgs, DrafterEvalArgs, ReplayArgs, TrajectoryArgs};
+use drafter_args::{BudgetArgs, DrafterEvalArgs, EndRuleArgs, ReplayArgs, TrajectoryArgs};
 use prompt_args::PromptArgs;
 use values::{dir_or_id, DtypeArg};
 
@@ -278,6 +277,8 @@ struct TriageArgs {
     #[command(flatten)]
     replay: ReplayArgs,
     #[command(flatten)]
+    end: EndRuleArgs,
+    #[command(flatten)]
     budget: BudgetArgs,
     #[command(flatten)]
     trajectories: TrajectoryArgs,
@@ -470,7 +471,7 @@ fn run_triage(a: TriageArgs) -> Result<u8> {
     let folder = a
         .report
         .prepare::<report::TriageReport>(&a.target.checkpoint)?;
-    let replay = a.replay.replay(EndRule::GithubMain);
+    let replay = a.replay.replay(a.end.end_rule);
     let rep = triage::run(&triage::TriageOptions {
         target: drafting(
             a.target.target(&a.run, None),

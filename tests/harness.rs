@@ -42,12 +42,17 @@ fn ids(v: &Value) -> Vec<u32> {
 /// Runs the wheel's loop on every prompt of a golden set with `crop`:
 /// per prompt (new tokens, acceptance lengths).
 fn run(set: &Value, crop: CacheCrop) -> Vec<(Vec<u32>, Vec<usize>)> {
+    run_rule(set, crop, EndRule::Wheel)
+}
+
+/// [`run`] under the end-of-generation `rule`.
+fn run_rule(set: &Value, crop: CacheCrop, rule: EndRule) -> Vec<(Vec<u32>, Vec<usize>)> {
     let c = Checkpoint::open(&format!("{T}/target")).unwrap();
     let p = loading::resolve(&c, LoadingPath::CausalLm).unwrap();
     let spec = TextModelSpec::new(&p.text_config).unwrap();
     // The set's drafter dtype (the noise set runs it in f32, see the generator).
     let dprec = Precision::from_name(set["drafter_dtype"].as_str().unwrap()).unwrap();
-    let dir = format!("{T}/drafter");
+    let dir = format!("{T}/{}", set["drafter"].as_str().unwrap());
     let drafter = Drafter::load_dir(Path::new(&dir), p.text_config.hidden_size, dprec).unwrap();
     let target = TargetModel {
         spec: &spec,
@@ -72,7 +77,7 @@ fn run(set: &Value, crop: CacheCrop) -> Vec<(Vec<u32>, Vec<usize>)> {
         })
         .collect();
     let max_new = set["max_new_tokens"].as_u64().unwrap() as usize;
-    let g = dflash_loop_with(&target, &drafter, &lanes, max_new, EndRule::Wheel, &|_| {}).unwrap();
+    let g = dflash_loop_with(&target, &drafter, &lanes, max_new, rule, &|_| {}).unwrap();
     g.tokens
         .iter()
         .zip(&prompts)
@@ -84,13 +89,18 @@ fn run(set: &Value, crop: CacheCrop) -> Vec<(Vec<u32>, Vec<usize>)> {
 /// Every round and every token of `dflash_generate` on the toy pair, with
 /// the crop that leaves the recurrent state behind: the 15 held-out prompts
 /// (64 new tokens; the trained drafter accepts most blocks, τ as the
-/// package's) and 6 off-distribution prompts (32 new tokens; rejected drafts
+/// package's), 6 off-distribution prompts (32 new tokens; rejected drafts
 /// every round, and the package's output leaves greedy on some of them at
-/// the same position as ours).
+/// the same position as ours), and the end-of-generation sets: prompts of
+/// 12 to 40 tokens, max_new_tokens that are not multiples of the block
+/// size (25 and 45 with the trained drafter, block 8; 27 and 37 with the
+/// random one, block 6), over the whole length.
 #[test]
 fn conv_only_crop_reproduces_dflash_generate() {
     let g = golden();
-    for name in ["held_out", "noise"] {
+    let names: Vec<&String> = g["sets"].as_object().unwrap().keys().collect();
+    assert!(names.iter().filter(|n| n.starts_with("end_")).count() >= 4);
+    for name in names {
         let set = &g["sets"][name];
         let ours = run(set, CacheCrop::ConvOnly);
         let mut tau_sum = 0.0;
@@ -137,4 +147,115 @@ fn exact_crop_is_greedy_where_dflash_generate_is_not() {
         differs += usize::from(*toks != ids(&q["output_ids"]));
     }
     assert!(differs >= 2, "only {differs} prompts tell the crops apart");
+}
+
+/// The end sets tell the end rules apart: z-lab GitHub main's loop (full
+/// blocks to the end) leaves the wheel's tokens or rounds on some prompt, so
+/// reproducing the wheel over the whole length is a property of the rule.
+#[test]
+fn github_main_end_rule_is_not_the_wheel_at_the_end() {
+    let g = golden();
+    let mut differ = 0;
+    for (name, set) in g["sets"].as_object().unwrap() {
+        if !name.starts_with("end_") {
+            continue;
+        }
+        let max_new = set["max_new_tokens"].as_u64().unwrap() as usize;
+        let main = run_rule(set, CacheCrop::ConvOnly, EndRule::GithubMain);
+        for (q, (toks, _)) in set["per_prompt"].as_array().unwrap().iter().zip(&main) {
+            differ += usize::from(toks[..max_new] != ids(&q["output_ids"])[..]);
+        }
+    }
+    assert!(
+        differ >= 1,
+        "no prompt of the end sets tells the rules apart"
+    );
+}
+
+/// triage's `harness-gdn-crop` under `--end-rule wheel` is the wheel's
+/// `dflash_generate` to the last token: on an end set (the trained drafter
+/// in f32 as the golden runs it, 45 new tokens, prompts of 12 to 40 tokens,
+/// some leaving greedy near the end) its tokens, rounds and departures from
+/// greedy are the package's, and the report records the rule.
+#[test]
+fn triage_gdn_crop_variant_is_the_wheels_loop_to_the_last_token() {
+    use hsparity::commands::triage::{self, TriageOptions};
+    use hsparity::drafter::Replay;
+    use hsparity::triage::TriageSettings;
+    let g = golden();
+    let set = &g["sets"]["end_drafter_45"];
+    let tmp = tempfile::tempdir().unwrap();
+    let per = set["per_prompt"].as_array().unwrap();
+    let lines: Vec<String> = per
+        .iter()
+        .map(|q| serde_json::json!({"input_ids": q["input_ids"]}).to_string())
+        .collect();
+    let prompts = tmp.path().join("p.jsonl");
+    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    // The drafter as the golden runs it: float32 (its config's dtype).
+    let drafter = tmp.path().join("drafter");
+    std::fs::create_dir(&drafter).unwrap();
+    std::fs::copy(
+        format!("{T}/drafter/model.safetensors"),
+        drafter.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{T}/drafter/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(set["drafter_dtype"], "float32");
+    cfg["dtype"] = "float32".into();
+    std::fs::write(drafter.join("config.json"), cfg.to_string()).unwrap();
+    let max_new = set["max_new_tokens"].as_u64().unwrap() as usize;
+    let r = triage::run(&TriageOptions {
+        target: hsparity::session::Target {
+            checkpoint: format!("{T}/target"),
+            prompts: hsparity::prompts::PromptOptions {
+                file: Some(prompts),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        settings: TriageSettings {
+            drafter: drafter.to_str().unwrap().into(),
+            replay: Replay {
+                max_new,
+                budget: 8,
+                rule: EndRule::Wheel,
+            },
+            observed_tau: None,
+            position_shift: 16,
+            seed: 0,
+            quiet: true,
+            memory_budget: None,
+            harness: Default::default(),
+            trajectories: None,
+        },
+        command_line: String::new(),
+    })
+    .unwrap();
+    assert_eq!(r.end_rule, EndRule::Wheel);
+    let crop = r
+        .variants
+        .iter()
+        .find(|v| v.name == "harness-gdn-crop")
+        .unwrap();
+    let mut departing = 0;
+    for (k, (p, q)) in crop.per_prompt.iter().zip(per).enumerate() {
+        assert_eq!(p.tokens, ids(&q["output_ids"]), "prompt {k}: tokens");
+        assert_eq!(
+            p.acceptance_lengths,
+            nums::<usize>(&q["acceptance_lengths"]),
+            "prompt {k}: rounds"
+        );
+        let want = q["first_departure"].as_u64().map(|d| d as usize);
+        assert_eq!(
+            crop.departs_from_greedy_at.as_ref().unwrap()[k],
+            want,
+            "prompt {k}: departure"
+        );
+        departing += usize::from(want.is_some());
+    }
+    assert_eq!(crop.per_prompt.len(), per.len());
+    assert!(departing >= 2);
 }

@@ -857,6 +857,11 @@ def evaluate_generate(root: Path, prompts_ids: list[list[int]]) -> dict:
 
 GDN_CROP_NOISE = 6       # off-distribution prompts (random characters), where rejected drafts are common
 GDN_CROP_NOISE_NEW = 32  # new tokens for them
+GDN_CROP_END_HELD_OUT = [11, 0, 4, 9]  # held-out prompts of 12, 18, 27 and 40 tokens
+GDN_CROP_END_NOISE = 6                 # and the noise prompts (14 to 29 tokens)
+# (drafter directory, its block size, max_new_tokens that are not multiples of it; at these lengths
+# GitHub main's full last blocks leave the wheel's tokens on some noise prompt)
+GDN_CROP_END_SETS = [("drafter", 8, [25, 45]), ("golden/random-drafter", 6, [27, 37])]
 
 
 def noise_prompts() -> list[str]:
@@ -925,11 +930,23 @@ def evaluate_generate_gdn_crop(root: Path, prompts_ids: list[list[int]]) -> dict
     drafters = {"held_out": DFlashDraftModel.from_pretrained(str(root / "drafter"), dtype=torch.bfloat16).eval(),
                 "noise": f32_drafter(root / "drafter")}
     path = Path_("causal-lm", target, target.lm_head, TAPS)
-    sets = {"held_out": [(ids, None) for ids in prompts_ids],
-            "noise": [(encode(tok, t), t) for t in noise_prompts()]}
+    noise = [(encode(tok, t), t) for t in noise_prompts()]
+    sets = {"held_out": [(ids, None) for ids in prompts_ids], "noise": noise}
+    news = {"held_out": MAX_NEW, "noise": GDN_CROP_NOISE_NEW}
+    dirs = {"held_out": "drafter", "noise": "drafter"}
+    # The wheel's end of generation: max_new_tokens that are not multiples of the block size, prompts
+    # of several lengths, two drafters (the trained one, block 8, and the random one, block 6).
+    mixed = [(prompts_ids[i], None) for i in GDN_CROP_END_HELD_OUT] + noise[:GDN_CROP_END_NOISE]
+    for ddir, block, n_news in GDN_CROP_END_SETS:
+        for n_new in n_news:
+            assert n_new % block, (ddir, block, n_new)
+            name = f"end_{Path(ddir).name}_{n_new}"
+            sets[name], news[name], dirs[name] = mixed, n_new, ddir
+            drafters.setdefault(ddir, f32_drafter(root / ddir))
+            drafters[name] = drafters[ddir]
     out_sets = {}
     for name, items in sets.items():
-        n_new = MAX_NEW if name == "held_out" else GDN_CROP_NOISE_NEW
+        n_new = news[name]
         draft = drafters[name]
         per = []
         for i, (ids, text) in enumerate(items):
@@ -943,7 +960,8 @@ def evaluate_generate_gdn_crop(root: Path, prompts_ids: list[list[int]]) -> dict
             per.append({"prompt": i, "num_tokens": len(ids), **({"text": text} if text is not None else {}),
                         "input_ids": ids, "output_ids": out, "greedy_ids": greedy, "first_departure": dep,
                         "acceptance_lengths": acc, "tau": round(sum(acc) / len(acc), 4)})
-        out_sets[name] = {"max_new_tokens": n_new, "drafter_dtype": str(draft.dtype).removeprefix("torch."),
+        out_sets[name] = {"max_new_tokens": n_new, "drafter": dirs[name],
+                          "drafter_dtype": str(draft.dtype).removeprefix("torch."),
                           **summarise([p["acceptance_lengths"] for p in per], BLOCK),
                           "departing_prompts": sum(p["first_departure"] is not None for p in per), "per_prompt": per}
         log(f"dflash_generate gdn crop {name}: tau {out_sets[name]['tau_macro']}, "
@@ -968,7 +986,10 @@ def evaluate_generate_gdn_crop(root: Path, prompts_ids: list[list[int]]) -> dict
                                    "(conv state only) + DynamicLayer.crop (KV)",
                      "sets": {"held_out": "prompts.jsonl, 64 new tokens",
                               "noise": f"{GDN_CROP_NOISE} random strings of CHARS (random.Random(SEED + 6)), "
-                                       f"{GDN_CROP_NOISE_NEW} new tokens"},
+                                       f"{GDN_CROP_NOISE_NEW} new tokens",
+                              "end_<drafter>_<N>": f"held-out prompts {GDN_CROP_END_HELD_OUT} and the first "
+                                                   f"{GDN_CROP_END_NOISE} noise prompts, N new tokens (not a "
+                                                   "multiple of the drafter's block size), the drafter in f32"},
                      "output_ids": "generated part only (prompt excluded)",
                      "greedy_ids": "target greedy continuation, full re-forward per token (no cache)",
                      "first_departure": "first index where output_ids != greedy_ids (null: none)",

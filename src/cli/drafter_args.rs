@@ -142,6 +142,13 @@ pub(super) struct DrafterEvalArgs {
     /// Exit 1 when τ on two paths differs by more than this (a finite number, 0..=1024).
     #[arg(long, default_value_t = 0.05, value_parser = tau_gap)]
     pub(super) max_tau_gap: f64,
+    #[command(flatten)]
+    pub(super) end: EndRuleArgs,
+}
+
+/// `--end-rule` (`drafter`, `compare --drafter`, `triage`).
+#[derive(Args)]
+pub(super) struct EndRuleArgs {
     /// End-of-generation rule replayed: main (z-lab GitHub main) or wheel (the dflash 0.1.0 PyPI wheel).
     #[arg(long, value_enum, default_value = "main")]
     pub(super) end_rule: EndRule,
@@ -151,7 +158,7 @@ impl DrafterEvalArgs {
     pub(super) fn settings(&self, source: String) -> DrafterSettings {
         DrafterSettings {
             source,
-            replay: self.replay.replay(self.end_rule),
+            replay: self.replay.replay(self.end.end_rule),
             max_tau_gap: self.max_tau_gap,
             memory_budget: self.budget.memory_budget,
             trajectories: self.trajectories.given(&self.replay),

@@ -263,8 +263,9 @@ pub fn render(r: &TriageReport, width: Width) -> String {
         out.push_str(&format!("prompts: {line}\n"));
     }
     out.push_str(&format!(
-        "drafter vs target: {}\n",
-        crate::drafter::audit::describe(&r.drafter_audit)
+        "drafter vs target: {}\nτ rule: {}\n",
+        crate::drafter::audit::describe(&r.drafter_audit),
+        r.end_rule.describe()
     ));
     out.push_str(&variants_table(r, Rows::All).render(width));
     out.push('\n');
@@ -319,6 +320,7 @@ pub fn markdown(r: &TriageReport) -> String {
     if let Some(line) = r.environment.rendering_line() {
         md.push_str(&format!("Prompts: {line}.\n\n"));
     }
+    md.push_str(&format!("τ rule: {}.\n\n", r.end_rule.describe()));
     if let Some(c) = &r.next_check {
         md.push_str(&format!("**Next check:** {c}.\n\n"));
     }

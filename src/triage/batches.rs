@@ -51,12 +51,8 @@ pub fn run_all(
         "forward variants run (the tap variants reuse the baseline's)",
     );
     let tokens = bars.count(0, "new tokens generated (this batch)");
-    let per_lane = prompts.len() as u64
-        * lane_tokens(
-            replay.max_new,
-            drafter.cfg.block_size,
-            crate::drafter::eval::EndRule::GithubMain,
-        );
+    let per_lane =
+        prompts.len() as u64 * lane_tokens(replay.max_new, drafter.cfg.block_size, replay.rule);
     let mut outcomes: Vec<Option<Outcome>> = (0..names.len()).map(|_| None).collect();
     let mut shared: Vec<Vec<String>> = vec![Vec::new(); names.len()];
     let (mut base, mut baseline) = (None, None);

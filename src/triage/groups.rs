@@ -14,7 +14,7 @@ use candle_core::Tensor;
 use super::lanes::{self, Forcing, LaneEdit};
 use super::suspects::{self, Head, Recipe, Taps, Weights};
 use crate::drafter::eval::PromptTau;
-use crate::drafter::generate::{dflash_loop, Lane};
+use crate::drafter::generate::{dflash_loop_with, Lane};
 use crate::drafter::target::{Capture, TargetModel};
 use crate::drafter::trajectories::{departures_of, Departure, Given};
 use crate::drafter::{concat_taps, replay_upto, teacher_forced, Forced, Replay};
@@ -164,7 +164,7 @@ fn forcings_of(
 /// trajectories only the teacher-forced sweep runs, over them. Returns per
 /// lane its outcome, and the baseline when this is its group.
 /// `on_progress` gets the new tokens the loop has committed over the
-/// group's lanes ([`dflash_loop`]).
+/// group's lanes ([`dflash_loop_with`], under `replay.rule`).
 pub fn run_group(
     g: &Group,
     drafter: &Drafter,
@@ -180,7 +180,14 @@ pub fn run_group(
         Some(t) => (Source::Given(t), t.tokens.clone(), t.replayed.clone()),
         None => {
             let lanes = lanes_of(g, prompts);
-            let gen = dflash_loop(&g.target, drafter, &lanes, replay.max_new, on_progress)?;
+            let gen = dflash_loop_with(
+                &g.target,
+                drafter,
+                &lanes,
+                replay.max_new,
+                replay.rule,
+                on_progress,
+            )?;
             let tokens = match base {
                 Some(b) => b.tokens.clone(),
                 None => gen.tokens[..np].to_vec(),

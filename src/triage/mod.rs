@@ -50,8 +50,8 @@ pub use suspects::{Head, Recipe, Suspect, SuspectGroup, Taps, Weights};
 pub struct TriageSettings {
     /// Drafter directory or Hub id.
     pub drafter: String,
-    /// Greedy tokens per prompt and the DDTree budget (the end rule is
-    /// z-lab GitHub main's).
+    /// Greedy tokens per prompt, the DDTree budget and the end-of-generation
+    /// rule every lane's loop and replay follow (`--end-rule`).
     pub replay: Replay,
     /// τ seen in the eval that regressed, to point at consistent suspects.
     pub observed_tau: Option<f64>,
@@ -199,6 +199,9 @@ pub struct Triage {
     pub measured_on: String,
     /// Which prompts those are (`given`, `drafter-default`, …).
     pub prompt_basis: crate::prompts::PromptBasis,
+    /// The end-of-generation rule every loop and replay followed
+    /// (`--end-rule`; serialised as its sentence).
+    pub end_rule: EndRule,
 }
 
 /// τ (macro) of per-prompt results for block size `b`.
@@ -320,10 +323,7 @@ pub fn run(
     given: Option<Given>,
 ) -> Result<(Triage, String, Vec<String>)> {
     let t0 = Instant::now();
-    let replay = Replay {
-        rule: EndRule::GithubMain,
-        ..settings.replay
-    };
+    let replay = settings.replay;
     // The left pads, like a position shift, move the last positions out.
     let extra = settings.position_shift.max(settings.harness.left_pad);
     let (drafter, _, given) = load_checked(session, &settings.drafter, replay, extra, given)?;
@@ -425,6 +425,7 @@ pub fn run(
         drafter_audit: crate::drafter::audit::audit(&drafter.cfg, &session.paths[0].text_config),
         measured_on,
         prompt_basis: session.rendering.basis,
+        end_rule: replay.rule,
     };
     Ok((triage, summary, notes))
 }
@@ -538,6 +539,10 @@ fn next_check(
         " --max-new-tokens {} --ddtree-budget {}",
         settings.replay.max_new, settings.replay.budget
     );
+    let rule = match settings.replay.rule {
+        EndRule::GithubMain => String::new(),
+        r => format!(" --end-rule {}", r.flag()),
+    };
     if let Some(t) = &settings.trajectories {
         replay = format!(
             " --trajectories {}",
@@ -548,6 +553,7 @@ fn next_check(
         }
         replay.push_str(&format!(" --ddtree-budget {}", settings.replay.budget));
     }
+    replay.push_str(&rule);
     let run = assess::RunFlags {
         checkpoint: shell_quote(&session.ckpt.source.display),
         drafter: shell_quote(&settings.drafter),
