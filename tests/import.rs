@@ -347,6 +347,26 @@ fn vllm_aux_id_k_is_hidden_states_k_and_id_n_is_the_pre_norm_last_layer() {
     }
 }
 
+/// vLLM 0.32 names its capture files `{request index}-{random suffix}`:
+/// requests 2 and 10 come in that order (as text "10-…" sorts first).
+#[test]
+fn vllm_request_files_sort_by_their_request_number() {
+    let (m, g) = (manifest(), golden());
+    let d = tempfile::tempdir().unwrap();
+    for (src, name) in [("0", "2-0f3c1b2d"), ("1", "10-aaba4a94")] {
+        let to = d.path().join(format!("{name}.safetensors"));
+        std::fs::copy(caps(&format!("vllm/{src}.safetensors")), to).unwrap();
+    }
+    let o = ImportOptions {
+        layer_ids: Some(vllm_ids(&m)),
+        ..opts(&m)
+    };
+    let imp = import::read(d.path(), Format::Vllm, &o).unwrap();
+    let ids: Vec<Vec<i64>> = imp.prompts.iter().map(|p| p.input_ids.clone()).collect();
+    assert_eq!(ids, vec![gold_ids(&g, 0), gold_ids(&g, 1)]);
+    assert!(imp.prompts[0].source.ends_with("2-0f3c1b2d.safetensors"));
+}
+
 #[test]
 fn vllm_older_l_t_h_layout_reads_the_same_states() {
     let m = manifest();

@@ -53,13 +53,21 @@ fn request_files(path: &Path) -> Result<Vec<PathBuf>> {
             path.display()
         )));
     }
-    // numeric request ids in numeric order ("2" before "10"), the rest by name after them
-    let key = |p: &PathBuf| {
-        let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("");
-        (stem.parse::<u64>().unwrap_or(u64::MAX), p.clone())
-    };
-    files.sort_by_key(key);
+    files.sort_by_key(|p| request_order(p));
     Ok(files)
+}
+
+/// Where a capture file sorts: by its request id's leading number, in
+/// numeric order ("2" before "10"): `LLM` numbers its requests in
+/// submission order (`vllm/entrypoints/llm.py`, `request_counter`) and vLLM
+/// 0.32 appends a random suffix (`vllm/v1/engine/input_processor.py`:
+/// `f"{external_req_id}-{random_uuid():.8}"`), so `10-aaba4a94` is the
+/// eleventh prompt. Then by name; names that do not start with a number
+/// come after them, by name.
+fn request_order(p: &Path) -> (u64, PathBuf) {
+    let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    let lead = stem.split(['-', '_']).next().unwrap_or("");
+    (lead.parse::<u64>().unwrap_or(u64::MAX), p.to_path_buf())
 }
 
 fn float_dtype(d: Dtype) -> Option<DType> {
