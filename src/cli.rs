@@ -31,7 +31,9 @@ mod drafter_args;
 mod help;
 mod prompt_args;
 mod values;
-use drafter_args::{BudgetArgs, DrafterEvalArgs, EndRuleArgs, ReplayArgs, TrajectoryArgs};
+use drafter_args::{
+    BudgetArgs, DrafterEvalArgs, EndRuleArgs, EngineMetricsArgs, ReplayArgs, TrajectoryArgs,
+};
 use prompt_args::PromptArgs;
 use values::{dir_or_id, DtypeArg};
 
@@ -285,6 +287,8 @@ struct TriageArgs {
     /// τ seen in the regressed eval: marks the variants consistent with it (a finite number, 0..=1024).
     #[arg(long, value_parser = observed_tau)]
     observed_tau: Option<f64>,
+    #[command(flatten)]
+    engine: EngineMetricsArgs,
     /// k of the "positions shifted by +k" variant, 1..=65536.
     #[arg(long, default_value_t = 16, value_parser = RangedU64ValueParser::<usize>::new().range(1..=65_536))]
     position_shift: usize,
@@ -481,6 +485,7 @@ fn run_triage(a: TriageArgs) -> Result<u8> {
             drafter: a.drafter,
             replay,
             observed_tau: a.observed_tau,
+            engine_metrics: a.engine.engine_metrics,
             position_shift: a.position_shift,
             seed: a.run.seed,
             quiet: a.run.quiet,

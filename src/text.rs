@@ -25,6 +25,21 @@ pub fn counted(n: usize, noun: &str, plural: Option<&str>) -> String {
     }
 }
 
+/// `s` with its first letter upper-case (a sentence that opens a Markdown line).
+pub fn capitalised(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
+}
+
+/// A measured value to at most 4 decimals, trailing zeros dropped (`1.2`,
+/// `7.7162`): an observed τ as given or as an engine's counters give it.
+pub fn decimals4(x: f64) -> String {
+    let s = format!("{x:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,6 +48,7 @@ fn options(dir: &str, end_rule: EndRule) -> DrafterOptions {
             max_tau_gap: 0.05,
             memory_budget: None,
             trajectories: None,
+            engine_metrics: None,
         },
         quiet: true,
         command_line: String::new(),

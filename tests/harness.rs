@@ -224,6 +224,7 @@ fn triage_gdn_crop_variant_is_the_wheels_loop_to_the_last_token() {
                 rule: EndRule::Wheel,
             },
             observed_tau: None,
+            engine_metrics: None,
             position_shift: 16,
             seed: 0,
             quiet: true,

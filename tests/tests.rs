@@ -45,9 +45,11 @@ mod moe_drafter;
 mod trajectories;
 mod triage;
 
-// Other engines' captures and dumps: import, diff, align.
+// Other engines' captures and dumps (generated, and real engines' own files in
+// engine_runs): import, diff, align, engine metrics.
 mod align;
 mod diff;
+mod engine_runs;
 mod engines;
 mod import;
 

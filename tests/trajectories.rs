@@ -443,6 +443,7 @@ fn triage_on_the_baselines_own_trajectory_matches_the_generated_run() {
             rule: EndRule::GithubMain,
         },
         observed_tau: None,
+        engine_metrics: None,
         position_shift: 16,
         seed: 0,
         quiet: true,

@@ -45,6 +45,7 @@ fn run_on(target: Target, drafter: &str, max_new: usize) -> TriageReport {
                 rule: EndRule::GithubMain,
             },
             observed_tau: Some(1.2),
+            engine_metrics: None,
             position_shift: 16,
             seed: 0,
             quiet: true,

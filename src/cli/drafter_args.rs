@@ -144,6 +144,17 @@ pub(super) struct DrafterEvalArgs {
     pub(super) max_tau_gap: f64,
     #[command(flatten)]
     pub(super) end: EndRuleArgs,
+    #[command(flatten)]
+    pub(super) engine: EngineMetricsArgs,
+}
+
+/// `--engine-metrics` (`drafter`, `compare --drafter`, `triage`).
+#[derive(Args)]
+pub(super) struct EngineMetricsArgs {
+    /// A serving engine's speculative-decoding counters on the same prompts, set beside τ: vLLM's
+    /// /metrics text or its per-request metrics (JSON lines); docs/engines.md, "Engine metrics".
+    #[arg(long, value_name = "FILE")]
+    pub(super) engine_metrics: Option<PathBuf>,
 }
 
 /// `--end-rule` (`drafter`, `compare --drafter`, `triage`).
@@ -162,6 +173,7 @@ impl DrafterEvalArgs {
             max_tau_gap: self.max_tau_gap,
             memory_budget: self.budget.memory_budget,
             trajectories: self.trajectories.given(&self.replay),
+            engine_metrics: self.engine.engine_metrics.clone(),
         }
     }
 }

@@ -2,6 +2,8 @@
 //! loading path, DDTree-N from the same drafts, and cross runs (path B's
 //! features against path A's trajectory).
 
+use crate::drafter::engine_gap;
+use crate::drafter::engine_metrics::{self, EngineMetrics};
 use crate::drafter::trajectories::Given;
 use crate::drafter::{self, DrafterSettings};
 use crate::error::Result;
@@ -50,6 +52,7 @@ pub(crate) struct Prepared<'a> {
     drafter: Drafter,
     dprec: Precision,
     given: Option<Given>,
+    engine: Option<EngineMetrics>,
 }
 
 impl Prepared<'_> {
@@ -76,11 +79,17 @@ pub(crate) fn prepare<'a>(
     )?;
     let (drafter, dprec, given) =
         drafter::load_checked(session, &settings.source, settings.replay, 0, given)?;
+    let engine = settings
+        .engine_metrics
+        .as_deref()
+        .map(|f| engine_metrics::read_for(f, session.prompts.len(), drafter.cfg.block_size))
+        .transpose()?;
     Ok(Prepared {
         settings,
         drafter,
         dprec,
         given,
+        engine,
     })
 }
 
@@ -102,6 +111,10 @@ pub(crate) fn evaluate(
         quiet,
     )?;
     eval.tau_gap_interval = drafter::gap::gap(&eval, seed);
+    eval.engine = p.engine.map(|m| {
+        let departures = eval.trajectories.as_ref().map(|t| &t.paths[0]);
+        engine_gap::compare(m, &eval.paths[0], departures)
+    });
     let env = Environment::of_session(session, GdnForm::Chunked)?;
     let made_for = drafter::audit::mismatches(&eval.drafter.audit);
     let report = crate::report::drafter::build(eval, env, command_line.into(), notes);

@@ -63,6 +63,11 @@ pub fn run(o: &FeaturesOptions) -> Result<FeaturesReport> {
     let settings = &d.drafter;
     drafter::check_tau_gap(settings.max_tau_gap)?;
     drafter::check_end_rule(settings.replay.max_new, settings.replay.rule)?;
+    if settings.engine_metrics.is_some() {
+        return Err(Error::Input(
+            "--engine-metrics compares an engine's acceptance with τ on prompts (or --trajectories), not on --features: the engine's rounds anchor at the prompt end, the file's at its loss mask".into(),
+        ));
+    }
     let p = &d.target.prompts;
     if !p.texts.is_empty() || !p.ids.is_empty() || p.file.is_some() {
         return Err(Error::Input(

@@ -7,6 +7,8 @@
 
 pub mod audit;
 pub mod bootstrap;
+pub mod engine_gap;
+pub mod engine_metrics;
 pub mod eval;
 pub mod faults;
 pub mod features;
@@ -54,6 +56,9 @@ pub struct DrafterSettings {
     pub memory_budget: Option<u64>,
     /// `--trajectories`: τ on supplied greedy outputs instead of generating.
     pub trajectories: Option<trajectories::GivenFile>,
+    /// `--engine-metrics`: an engine's speculative-decoding counters on the
+    /// same prompts, compared with τ ([`engine_gap`]).
+    pub engine_metrics: Option<std::path::PathBuf>,
 }
 
 /// DFlash and DDTree-N results per prompt of one replay.

@@ -61,13 +61,16 @@ pub struct DrafterEval {
     pub measured_on: String,
     /// Which prompts those are (`given`, `drafter-default`, …).
     pub prompt_basis: crate::prompts::PromptBasis,
+    /// `--engine-metrics`: the engine's acceptance beside path 0's τ ([`super::engine_gap::compare`]).
+    pub engine: Option<super::engine_gap::EngineComparison>,
 }
 
 impl DrafterEval {
     /// Why the evaluation fails, one phrase each (empty when it passes): the
     /// drafter audit's mismatches, tensors the forward never reads
     /// ([`super::eval::DrafterInfo::unexpected_finding`]), a τ gap over the
-    /// limit (with its interval), then [`DrafterEval::departures`].
+    /// limit (with its interval), then [`DrafterEval::departures`], then a
+    /// gap to the engine's acceptance (`--engine-metrics`).
     pub fn failures(&self) -> Vec<String> {
         let mut out = super::audit::mismatches(&self.drafter.audit);
         out.extend(self.drafter.unexpected_finding());
@@ -79,6 +82,12 @@ impl DrafterEval {
             ));
         }
         out.extend(self.departures());
+        out.extend(
+            self.engine
+                .iter()
+                .filter(|e| e.is_gap())
+                .map(|e| e.conclusion.clone()),
+        );
         out
     }
 
@@ -577,6 +586,7 @@ fn assemble(
         cross,
         measured_on: crate::prompts::describe(&session.prompts, &session.rendering),
         prompt_basis: session.rendering.basis,
+        engine: None,
         trajectories: given.map(|g| {
             let checked = g.lines.iter().map(|t| t.output.len()).sum();
             TrajectoryReport::new(

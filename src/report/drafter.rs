@@ -4,6 +4,8 @@
 use super::format::tau;
 use super::tabular::{Cell, Column, Row, Sinks, Span, Table};
 use super::{Body, Environment, Kind, Report};
+use crate::drafter::engine_gap::EngineComparison;
+use crate::drafter::engine_metrics::MetricsFormat;
 use crate::drafter::paths::DrafterEval;
 use crate::parity::Verdict;
 use crate::width::Width;
@@ -40,6 +42,10 @@ pub fn build(
     );
     let summary = match eval.departures().first() {
         Some(first) => format!("{summary}; {first}"),
+        None => summary,
+    };
+    let summary = match &eval.engine {
+        Some(e) => format!("{summary}; {}", e.headline()),
         None => summary,
     };
     let summary = format!("{summary}; τ on {}", eval.measured_on);
@@ -159,6 +165,63 @@ fn trajectory_lines(d: &DrafterEval) -> Vec<String> {
     out
 }
 
+/// The engine's acceptance beside hsparity's, per draft position
+/// (`--engine-metrics`), with the conclusion.
+fn engine_table(e: &EngineComparison) -> Table {
+    let mut t = Table::new(vec![
+        Column::new("measure"),
+        Column::new("engine"),
+        Column::new(format!("hsparity ({})", e.path)),
+    ]);
+    let row = |t: &mut Table, m: String, a: String, b: String| {
+        t.push(Row::new(vec![m.into(), a.into(), b.into()]))
+    };
+    row(
+        &mut t,
+        "τ (pooled: 1 + accepted/drafts)".into(),
+        tau(e.engine_tau_pooled),
+        tau(e.tau_pooled),
+    );
+    if let Some(m) = e.engine_tau_macro {
+        row(
+            &mut t,
+            "τ (macro: mean per request)".into(),
+            tau(m),
+            tau(e.tau_macro),
+        );
+    }
+    row(
+        &mut t,
+        "rounds with drafts".into(),
+        e.engine_rounds.to_string(),
+        e.rounds.to_string(),
+    );
+    row(
+        &mut t,
+        "accepted draft tokens".into(),
+        e.engine_accepted.to_string(),
+        e.accepted.to_string(),
+    );
+    for p in &e.per_position {
+        row(
+            &mut t,
+            format!("accepted at draft position {}", p.position),
+            format!("{:.4}", p.engine),
+            format!("{:.4}", p.hsparity),
+        );
+    }
+    t
+}
+
+/// The engine comparison's heading line.
+fn engine_line(e: &EngineComparison) -> String {
+    let what = match e.metrics.format {
+        MetricsFormat::Prometheus => "Prometheus counters",
+        MetricsFormat::VllmPerRequest => "vLLM per-request metrics",
+    };
+    format!("engine metrics: {} ({what})", e.metrics.file)
+}
+
 /// The terminal rendering.
 pub fn render(d: &DrafterReport, width: Width) -> String {
     let mut out = format!(
@@ -178,6 +241,11 @@ pub fn render(d: &DrafterReport, width: Width) -> String {
     out.push_str(&format!("\nτ rule: {}\n", d.end_rule.describe()));
     for l in trajectory_lines(d) {
         out.push_str(&format!("trajectories: {l}\n"));
+    }
+    if let Some(e) = &d.engine {
+        out.push_str(&format!("{}\n", engine_line(e)));
+        out.push_str(&engine_table(e).render(width));
+        out.push_str(&format!("\nengine: {}\n", e.conclusion));
     }
     for n in &d.notes {
         out.push_str(&format!("note: {n}\n"));
@@ -200,6 +268,14 @@ pub fn markdown(d: &DrafterReport) -> String {
         for l in lines {
             out.push_str(&format!("- {l}\n"));
         }
+    }
+    if let Some(e) = &d.engine {
+        out.push_str(&format!(
+            "\n### Engine acceptance\n\n{}.\n\n{}\n{}.\n",
+            crate::text::capitalised(&engine_line(e)),
+            engine_table(e).markdown(),
+            crate::text::capitalised(&e.conclusion)
+        ));
     }
     out
 }

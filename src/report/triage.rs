@@ -136,7 +136,10 @@ pub fn variants_table(r: &Triage, rows: Rows) -> Table {
         Column::new("batch seconds").only(Sinks::Terminal),
     ]);
     if let Some(o) = r.observed_tau {
-        cols.push(Column::new(format!("≈ observed {o}")));
+        cols.push(Column::new(format!(
+            "≈ observed {}",
+            crate::text::decimals4(o)
+        )));
     }
     if r.trajectories.is_some() {
         cols.push(Column::new("departs from the given tokens"));
@@ -334,7 +337,10 @@ pub fn markdown(r: &TriageReport) -> String {
     }
     for g in SuspectGroup::ALL {
         if r.variants.iter().any(|v| v.group == g) {
-            md.push_str(&format!("## {} suspects\n\n", capitalised(g.name())));
+            md.push_str(&format!(
+                "## {} suspects\n\n",
+                crate::text::capitalised(g.name())
+            ));
             md.push_str(&variants_table(r, Rows::Group(g)).markdown());
             md.push('\n');
         }
@@ -353,7 +359,7 @@ pub fn markdown(r: &TriageReport) -> String {
         md.push('\n');
     }
     if let Some(n) = not_distinguishable(r) {
-        md.push_str(&format!("{}.\n\n", capitalised(&n)));
+        md.push_str(&format!("{}.\n\n", crate::text::capitalised(&n)));
     }
     md.push_str(&format!("{}.\n", uncertainty_line(r)));
     if let Some(d) = departure_line(r) {
@@ -371,13 +377,6 @@ pub fn markdown(r: &TriageReport) -> String {
     }
     md.push_str(&format!("\n\n## Reproduce\n\n```\n{}\n```\n", r.command));
     md
-}
-
-fn capitalised(s: &str) -> String {
-    let mut c = s.chars();
-    c.next()
-        .map(|f| f.to_uppercase().chain(c).collect())
-        .unwrap_or_default()
 }
 
 impl Body for Triage {

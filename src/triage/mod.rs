@@ -55,6 +55,8 @@ pub struct TriageSettings {
     pub replay: Replay,
     /// τ seen in the eval that regressed, to point at consistent suspects.
     pub observed_tau: Option<f64>,
+    /// `--engine-metrics`: the engine's counters, whose τ is the observed one.
+    pub engine_metrics: Option<std::path::PathBuf>,
     /// k of the "decode positions shifted by +k" suspect.
     pub position_shift: usize,
     /// Seed for MISSING tensors.
@@ -328,6 +330,7 @@ pub fn run(
     let extra = settings.position_shift.max(settings.harness.left_pad);
     let (drafter, _, given) = load_checked(session, &settings.drafter, replay, extra, given)?;
     let mut notes = Vec::new();
+    let settings = &with_observed(settings, session, drafter.cfg.block_size, &mut notes)?;
     let base_path = &session.paths[0];
     let base_prec = base_path.dtype;
     let inputs_shown = evidence::Inputs::gather(session, &drafter, settings.replay.max_new);
@@ -428,6 +431,28 @@ pub fn run(
         end_rule: replay.rule,
     };
     Ok((triage, summary, notes))
+}
+
+/// `settings` with the observed τ `--engine-metrics` gives, if given
+/// ([`crate::drafter::engine_metrics::observed_tau`]; the note goes to `notes`).
+///
+/// Errors: as that.
+fn with_observed(
+    settings: &TriageSettings,
+    session: &Session,
+    block: usize,
+    notes: &mut Vec<String>,
+) -> Result<TriageSettings> {
+    let observed_tau = crate::drafter::engine_metrics::observed_tau(
+        settings.engine_metrics.as_deref(),
+        settings.observed_tau,
+        (session.prompts.len(), block),
+        notes,
+    )?;
+    Ok(TriageSettings {
+        observed_tau,
+        ..settings.clone()
+    })
 }
 
 /// The baseline's row: the training-side path in its own dtype with the

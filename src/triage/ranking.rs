@@ -68,7 +68,8 @@ pub fn summarize(baseline: &Baseline, variants: &[VariantResult], observed: Opti
             .map(|v| v.name.as_str())
             .collect();
         summary.push_str(&format!(
-            "; consistent with observed τ {o}: {}",
+            "; consistent with observed τ {}: {}",
+            crate::text::decimals4(o),
             if ok.is_empty() {
                 "none".to_string()
             } else {

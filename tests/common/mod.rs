@@ -360,6 +360,7 @@ pub fn drafter_options(
             max_tau_gap: 0.05,
             memory_budget: None,
             trajectories: None,
+            engine_metrics: None,
         },
         quiet: true,
         command_line: String::new(),
