@@ -39,7 +39,7 @@ import json
 import os
 import shutil
 
-from common import BIN, ROOT, WORK, build, gib, timed, write_sparse_checkpoint
+from common import machine, BIN, ROOT, WORK, build, gib, timed, write_sparse_checkpoint
 
 DRAFTER = {
     "architectures": ["DFlashDraftModel"],
@@ -116,6 +116,7 @@ def main():
     a = ap.parse_args()
     only = set(a.only.split(","))
     build()
+    print("\n".join(machine(None)))
     fx = ROOT / "fixtures" / "qwen3.6-27b"
     cfg = json.loads((fx / "config.json").read_text())
     table = json.loads((fx / "tensors.json").read_text())

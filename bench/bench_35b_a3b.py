@@ -19,7 +19,7 @@ import random
 import shutil
 import struct
 
-from common import BIN, ROOT, WORK, build, gib, read_headers, timed, write_sparse_checkpoint
+from common import machine, BIN, ROOT, WORK, build, gib, read_headers, timed, write_sparse_checkpoint
 
 
 def bf16_bytes(values):
@@ -105,6 +105,7 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the sparse checkpoint")
     a = ap.parse_args()
     build()
+    print("\n".join(machine(None)))
     fx = ROOT / "fixtures" / "qwen3.5-35b-a3b"
     cfg = json.loads((fx / "config.json").read_text())
     tensors = derive(json.loads((fx / "tensors.json").read_text())["tensors"], a.layout)

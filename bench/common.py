@@ -1,6 +1,7 @@
 """Shared helpers of the benchmark scripts (standard library only)."""
 
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -10,6 +11,51 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "target" / "release" / "hsparity"
 WORK = ROOT / "target" / "bench"
+
+
+TORCH_FACTS = r"""
+import json, torch
+cfg = torch.__config__.show()
+print(json.dumps({
+    "torch": torch.__version__,
+    "threads": torch.get_num_threads(),
+    "mkldnn (oneDNN)": torch.backends.mkldnn.is_available(),
+    "mkl": torch.backends.mkl.is_available(),
+    "cpu capability": torch.backends.cpu.get_cpu_capability(),
+    "build": [l.strip(" -") for l in cfg.splitlines()
+              if any(k in l for k in ("MKL-DNN", "oneDNN", "Math Kernel Library")) and "Build settings" not in l],
+}))
+"""
+
+
+def machine(py=None):
+    """The machine every figure of a run belongs to, as printed lines: CPU model, the ISA
+    flags the kernels depend on (AVX-512F, AVX512-BF16, AMX), cores, memory, and torch's
+    CPU paths (oneDNN/MKL, its dispatch capability) when `py` has torch."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "?")
+    flags = set(next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), []))
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_fp16") if f in flags]
+    mem = next((l.split()[1] for l in Path("/proc/meminfo").read_text().splitlines()
+                if l.startswith("MemTotal")), "0") if Path("/proc/meminfo").exists() else "0"
+    lines = [f"machine: {model}; {os.cpu_count()} logical CPUs; {int(mem) / 2**20:.0f} GiB; "
+             f"ISA {' '.join(isa) or 'none of avx2/avx512f/avx512_bf16/amx'}"]
+    if py:
+        out = subprocess.run([py, "-c", TORCH_FACTS], capture_output=True, text=True)
+        if out.returncode == 0:
+            t = json.loads(out.stdout)
+            lines.append(f"torch {t['torch']}: {t['threads']} threads, oneDNN {t['mkldnn (oneDNN)']}, "
+                         f"MKL {t['mkl']}, CPU capability {t['cpu capability']}")
+            lines += [f"  {b}" for b in t["build"]]
+    kernels = subprocess.run([str(BIN), "compare", "fixtures/tiny-qwen3_5", "--no-report", "--quiet", "--json"],
+                             capture_output=True, text=True, cwd=ROOT)
+    try:
+        k = json.loads(kernels.stdout)["environment"]["kernels"]
+        lines.append(f"hsparity kernels: CPU features {k['cpu_features']}, available {k['available']}, "
+                     f"disabled by {k['disabled_by'] or 'nothing'}")
+    except (ValueError, KeyError):
+        lines.append("hsparity kernels: unknown (compare --json did not run)")
+    return lines
 
 
 def build():

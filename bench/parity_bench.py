@@ -28,7 +28,7 @@ import json
 import os
 import subprocess
 
-from common import BIN, ROOT, WORK, build, gib, median_run, read_headers
+from common import machine, BIN, ROOT, WORK, build, gib, median_run, read_headers
 
 INCREMENTAL_STEPS = 8  # hsparity::parity::incremental::STEPS
 
@@ -159,6 +159,7 @@ def main():
     a = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     build()
+    print("\n".join(machine(a.python)))
     rows = [run_case(c, a.python, a.repeat) for c in (list(CASES) if a.case == "all" else [a.case])]
     print(f"\n{'case':14} {'transformers':>22} {'hsparity':>22} {'speed-up':>9} {'RSS ratio':>9}")
     for name, pw, pr, hw, hr in rows:

@@ -1,6 +1,7 @@
 //! The prefill-vs-incremental check inside the capture's own sweep: for one
 //! prompt, each path's layer also runs a prefill of all but the last `steps`
-//! tokens (chunked form, fresh state) and then those tokens one at a time
+//! of its first `PREFILL_CAP + steps` tokens
+//! ([`crate::parity::incremental::split`]) (chunked form, fresh state) and then those tokens one at a time
 //! (recurrent form, continuing the prefill's conv, recurrent and KV state),
 //! as transformers' `generate` runs a cached decode. Teacher-forced on the
 //! prompt's own tokens, every layer's step inputs are known when the layer
@@ -44,13 +45,12 @@ impl DecodePlan {
         if len < 2 {
             return Ok(None);
         }
-        let steps = check.steps.min(len - 1);
-        let pre = len - steps;
+        let (pre, steps) = crate::parity::incremental::split(len, check.steps);
         Ok(Some(Self {
             check: CachedDecode { steps, ..check },
             pre,
             pos_pre: spec.positions(0, pre)?,
-            pos_step: (pre..len)
+            pos_step: (pre..pre + steps)
                 .map(|t| spec.positions(t, 1))
                 .collect::<Result<_>>()?,
         }))
