@@ -6,7 +6,7 @@
 //! same checkpoint bytes share one loaded copy, and one forward pass when
 //! their inputs are bitwise equal as well.
 
-mod decode;
+pub mod decode;
 mod head;
 mod share;
 

@@ -367,6 +367,28 @@ fn vllm_request_files_sort_by_their_request_number() {
     assert!(imp.prompts[0].source.ends_with("2-0f3c1b2d.safetensors"));
 }
 
+/// A folder whose files are not one `LLM` run's numbered requests is
+/// refused rather than imported in an order that is not the prompts'.
+#[test]
+fn vllm_folders_of_mixed_or_repeated_request_numbers_are_refused() {
+    let m = manifest();
+    let o = ImportOptions {
+        layer_ids: Some(vllm_ids(&m)),
+        ..opts(&m)
+    };
+    for (names, want) in [
+        (&["2-x", "10-y", "cmpl-abc"][..], "numbered by vLLM's LLM (e.g. 2-x.safetensors) beside others (e.g. cmpl-abc.safetensors)"),
+        (&["1-a", "1-b"][..], "two files of request 1 (1-a.safetensors and 1-b.safetensors)"),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        for n in names {
+            std::fs::copy(caps("vllm/0.safetensors"), d.path().join(format!("{n}.safetensors"))).unwrap();
+        }
+        let e = one_line(&import::read(d.path(), Format::Vllm, &o).unwrap_err());
+        assert!(e.contains(want), "{e}");
+    }
+}
+
 #[test]
 fn vllm_older_l_t_h_layout_reads_the_same_states() {
     let m = manifest();

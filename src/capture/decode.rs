@@ -1,7 +1,7 @@
 //! The prefill-vs-incremental check inside the capture's own sweep: for one
 //! prompt, each path's layer also runs a prefill of all but the last `steps`
 //! of its first `PREFILL_CAP + steps` tokens
-//! ([`crate::parity::incremental::split`]) (chunked form, fresh state) and then those tokens one at a time
+//! ([`split`]) (chunked form, fresh state) and then those tokens one at a time
 //! (recurrent form, continuing the prefill's conv, recurrent and KV state),
 //! as transformers' `generate` runs a cached decode. Teacher-forced on the
 //! prompt's own tokens, every layer's step inputs are known when the layer
@@ -15,6 +15,26 @@ use candle_core::Tensor;
 
 use crate::error::Result;
 use crate::models::{DecoderLayer, GdnForm, LayerState, Positions, Sequence, TextModelSpec};
+
+/// The most prompt tokens the check's prefill takes: 4 full delta-rule
+/// chunks of 64 and a partial one of 44, so the prefill hands on a state
+/// built across chunk boundaries and ending mid-chunk, a KV cache of 300
+/// rows and a conv state, and the steps run at positions 300–307 of the
+/// prompt, compared with the capture's rows there. On longer prompts the
+/// check then costs at most 308 tokens per path whatever the prompt's
+/// length (the capture costs T: at 4096 tokens the check is under 8 % of
+/// it), instead of a second forward of the whole prompt. What it cannot see
+/// is a fault that only a decode past position 307 shows (a window or a
+/// cache size reached later): no supported family has one.
+pub const PREFILL_CAP: usize = 300;
+
+/// Prefill tokens and steps of the check on a prompt of `len ≥ 2` tokens:
+/// the steps are the last `STEPS` (at most `len − 1`) tokens of its first
+/// `PREFILL_CAP + STEPS`.
+pub fn split(len: usize, steps: usize) -> (usize, usize) {
+    let steps = steps.min(len - 1);
+    ((len - steps).min(PREFILL_CAP), steps)
+}
 
 /// Which prompt the check runs on and how many single-token steps it takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +65,7 @@ impl DecodePlan {
         if len < 2 {
             return Ok(None);
         }
-        let (pre, steps) = crate::parity::incremental::split(len, check.steps);
+        let (pre, steps) = split(len, check.steps);
         Ok(Some(Self {
             check: CachedDecode { steps, ..check },
             pre,

@@ -152,7 +152,7 @@ pub(super) struct DrafterEvalArgs {
 #[derive(Args)]
 pub(super) struct EngineMetricsArgs {
     /// A serving engine's speculative-decoding counters on the same prompts, set beside τ: vLLM's
-    /// /metrics text or its per-request metrics (JSON lines); docs/engines.md, "Engine metrics".
+    /// /metrics text or its per-request metrics (JSON); docs/engines.md, "Engine metrics".
     #[arg(long, value_name = "FILE")]
     pub(super) engine_metrics: Option<PathBuf>,
 }

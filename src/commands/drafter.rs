@@ -4,6 +4,7 @@
 
 use crate::drafter::engine_gap;
 use crate::drafter::engine_metrics::{self, EngineMetrics};
+use crate::drafter::eval::PromptTau;
 use crate::drafter::trajectories::Given;
 use crate::drafter::{self, DrafterSettings};
 use crate::error::Result;
@@ -82,7 +83,10 @@ pub(crate) fn prepare<'a>(
     let engine = settings
         .engine_metrics
         .as_deref()
-        .map(|f| engine_metrics::read_for(f, session.prompts.len(), drafter.cfg.block_size))
+        .map(|f| {
+            let (n, b) = (session.prompts.len(), drafter.cfg.block_size);
+            engine_metrics::read_for(f, n, b, settings.replay.rule, given.is_some())
+        })
         .transpose()?;
     Ok(Prepared {
         settings,
@@ -111,10 +115,26 @@ pub(crate) fn evaluate(
         quiet,
     )?;
     eval.tau_gap_interval = drafter::gap::gap(&eval, seed);
-    eval.engine = p.engine.map(|m| {
+    if let Some(m) = p.engine {
+        let path = &eval.paths[0];
+        let rounds: Vec<PromptTau> = path
+            .per_prompt
+            .iter()
+            .map(|q| engine_metrics::prompt_tau(q.acceptance_lengths.clone()))
+            .collect();
+        let replayed = match &p.given {
+            Some(g) => g.replayed.clone(),
+            None => vec![p.settings.replay.max_new; rounds.len()],
+        };
+        let ours = engine_gap::Ours {
+            name: &path.name,
+            rounds: &rounds,
+            replayed: &replayed,
+            block: eval.drafter.block_size,
+        };
         let departures = eval.trajectories.as_ref().map(|t| &t.paths[0]);
-        engine_gap::compare(m, &eval.paths[0], departures)
-    });
+        eval.engine = Some(engine_gap::compare(m, &ours, departures));
+    }
     let env = Environment::of_session(session, GdnForm::Chunked)?;
     let made_for = drafter::audit::mismatches(&eval.drafter.audit);
     let report = crate::report::drafter::build(eval, env, command_line.into(), notes);

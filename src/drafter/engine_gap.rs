@@ -1,14 +1,16 @@
 //! hsparity's τ beside a serving engine's own acceptance counters
-//! ([`super::engine_metrics`]) on the same prompts, and where a gap lies:
-//! the harness (the engine's tokens are not this target's greedy
-//! continuation), the engine's forward (same tokens, other acceptance: its
-//! hidden states at the taps or its drafter's forward), or unknown (the
-//! engine's tokens were not given).
+//! ([`super::engine_metrics`]) on the same prompts, with the definitions
+//! aligned (the engine's rounds cut to those hsparity replays, both sides
+//! summarised by [`super::eval::summarize`]), and where a gap lies: other
+//! tokens (the engine's outputs are not this target's greedy continuation),
+//! the engine's forward (same tokens, other acceptance: its hidden states at
+//! the taps or its drafter's forward), or unknown (the engine's tokens were
+//! not given).
 
 use serde::Serialize;
 
 use super::engine_metrics::EngineMetrics;
-use super::eval::PathTau;
+use super::eval::{summarize, PromptTau, TauSummary};
 use super::trajectories::PathDepartures;
 
 /// Draft position k (1 = the first draft token) accepted in this fraction
@@ -17,35 +19,37 @@ use super::trajectories::PathDepartures;
 pub struct PositionRate {
     /// Draft slot, 1-based.
     pub position: usize,
-    /// The engine's `accepted_per_pos[k-1] / drafts`.
+    /// The engine's fraction of rounds accepting it.
     pub engine: f64,
-    /// hsparity's `per_position_acceptance[k-1]`.
+    /// hsparity's (`per_position_acceptance[k-1]`).
     pub hsparity: f64,
 }
 
 /// The first round where the engine's accepted drafts differ from
-/// hsparity's (per-request metrics only).
+/// hsparity's (per-request metrics only; prompts and rounds from 0).
 #[derive(Debug, Clone, Serialize)]
 pub struct RoundApart {
     /// Prompt index.
     pub prompt: usize,
-    /// Round index within the prompt (`None`: the engine recorded no
-    /// per-step list, only the prompt's totals differ).
+    /// Round index within the prompt; `None` when the engine recorded only
+    /// the prompt's totals (then the accepted drafts are the prompt's).
     pub round: Option<usize>,
-    /// The engine's accepted drafts there (its totals: accepted over rounds).
-    pub engine: String,
-    /// hsparity's.
-    pub hsparity: String,
+    /// Drafts the engine accepted there (`None`: no such round).
+    pub engine_accepted: Option<u64>,
+    /// Drafts hsparity accepted there (`None`: no such round).
+    pub hsparity_accepted: Option<u64>,
 }
 
 /// Where the gap between the engine's acceptance and hsparity's lies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum GapIn {
-    /// No gap: the same rounds and accepted drafts (or within near-ties).
+    /// No gap: the same rounds and accepted drafts (or within 0.5 %).
     None,
-    /// The engine's tokens leave this target's greedy continuation.
-    Harness,
+    /// The engine's outputs leave this target's greedy continuation: the
+    /// acceptance was measured on other tokens (its harness, or its own
+    /// target forward).
+    OtherTokens,
     /// Same tokens, other acceptance: a serving-side loss in the engine's
     /// hidden states at the taps or its drafter's forward.
     EngineForward,
@@ -58,26 +62,25 @@ pub enum GapIn {
 pub struct EngineComparison {
     /// The counters as read.
     pub metrics: EngineMetrics,
-    /// The loading path compared (the first).
+    /// The loading path (or triage's baseline) compared.
     pub path: String,
-    /// `1 + accepted / drafts`: vLLM's mean acceptance length (over the
-    /// rounds hsparity replays).
+    /// `1 + accepted / rounds` over the rounds compared: vLLM's mean
+    /// acceptance length.
     pub engine_tau_pooled: f64,
     /// hsparity's pooled τ (Σ(a+1) / rounds), the same definition.
     pub tau_pooled: f64,
-    /// Mean of the engine's per-request mean acceptance lengths (per-request
-    /// file only, and only when no round was left out).
+    /// Mean over prompts of the engine's per-prompt τ (per-request files only).
     pub engine_tau_macro: Option<f64>,
     /// hsparity's macro τ.
     pub tau_macro: f64,
-    /// Rounds with drafts: the engine's (over the rounds hsparity replays).
+    /// The engine's rounds compared.
     pub engine_rounds: u64,
-    /// The engine's rounds left out: on its own outputs hsparity replays the
-    /// rounds whose block they cover, and per-step metrics are cut to those.
+    /// The engine's rounds left out: those past what hsparity replays (on
+    /// the engine's own outputs, the rounds whose block they do not cover).
     pub rounds_left_out: u64,
     /// hsparity's rounds.
     pub rounds: u64,
-    /// Accepted draft tokens: the engine's.
+    /// Draft tokens the engine accepted in the rounds compared.
     pub engine_accepted: u64,
     /// hsparity's (Σ a).
     pub accepted: u64,
@@ -97,228 +100,219 @@ impl EngineComparison {
         self.gap_in != GapIn::None
     }
 
-    /// The summary's clause: `engine τ 7.651 vs 7.854 pooled: a serving-side loss`.
+    /// The summary's clause: `engine pooled τ 7.6967 vs hsparity 7.8525 on causal-lm: …`.
     pub fn headline(&self) -> String {
         let what = match self.gap_in {
             GapIn::None => "the engine accepts as hsparity does",
-            GapIn::Harness => "the engine's tokens depart (harness)",
+            GapIn::OtherTokens => "the engine's outputs are other tokens",
             GapIn::EngineForward => "a serving-side loss (same tokens)",
-            GapIn::Unknown => "a gap hsparity cannot place as given",
+            GapIn::Unknown => "a gap (give the engine's outputs to place it)",
         };
         format!(
-            "engine τ {:.4} vs {:.4} on {} (pooled): {what}",
+            "engine pooled τ {:.4} vs hsparity {:.4} on {}: {what}",
             self.engine_tau_pooled, self.tau_pooled, self.path
         )
     }
 }
 
+/// hsparity's side: a path's (or the baseline's) rounds per prompt and the
+/// output tokens replayed per prompt.
+pub struct Ours<'a> {
+    /// Loading path or `baseline`.
+    pub name: &'a str,
+    /// Per prompt, its rounds.
+    pub rounds: &'a [PromptTau],
+    /// Output tokens replayed per prompt (`--max-new-tokens`, or what the
+    /// engine's outputs cover).
+    pub replayed: &'a [usize],
+    /// The drafter's block size.
+    pub block: usize,
+}
+
 /// Accepted drafts the engine may differ by and still agree: near-ties its
-/// numerics break the other way, 0.5 % of hsparity's accepted drafts, at least 1.
-fn near_ties(accepted: u64) -> u64 {
+/// numerics resolve the other way, 0.5 % of hsparity's accepted drafts, at
+/// least 1.
+fn within(accepted: u64) -> u64 {
     (accepted / 200).max(1)
 }
 
-/// The engine's side of the comparison: its counters over the rounds
-/// hsparity replayed.
+/// Rounds and accepted drafts of per-prompt rounds.
+fn totals(p: &[PromptTau]) -> (u64, u64) {
+    let lens = || p.iter().flat_map(|x| &x.acceptance_lengths);
+    (lens().count() as u64, lens().map(|&l| l as u64 - 1).sum())
+}
+
+/// The engine's side: its rounds within what hsparity replays, summarised
+/// as hsparity's (with per-step lists), else its counters.
 struct Side {
-    rounds: u64,
+    rounds: Option<Vec<PromptTau>>,
+    summary: TauSummary,
+    count: u64,
     accepted: u64,
-    /// Rounds that accepted draft position k (k = 0 first).
-    per_position: Vec<u64>,
-    /// The engine's rounds left out (past the given outputs).
-    left_out: u64,
-    /// The counters cover rounds hsparity could not replay and cannot be cut.
-    unaligned: bool,
 }
 
-/// The engine's counters over the rounds hsparity replays. Generating
-/// (`given` false) hsparity runs every round the engine ran (its
-/// `--max-new-tokens M` is the engine's `max_tokens = M + 1`). On the
-/// engine's own outputs it replays only the rounds whose block the outputs
-/// cover, so per-step metrics are cut to each prompt's first rounds; pooled
-/// counters cannot be cut.
-fn engine_side(m: &EngineMetrics, path: &PathTau, given: bool) -> Side {
-    let whole = Side {
-        rounds: m.num_drafts,
-        accepted: m.num_accepted_tokens,
-        per_position: m.accepted_per_position.clone(),
-        left_out: 0,
-        unaligned: given,
-    };
-    if !given {
-        return whole;
+fn engine_side(m: &EngineMetrics, ours: &Ours) -> Side {
+    if let Some(r) = m.rounds_within(ours.replayed) {
+        let (count, accepted) = totals(&r);
+        return Side {
+            summary: summarize(&r, ours.block),
+            rounds: Some(r),
+            count,
+            accepted,
+        };
     }
-    let Some(steps) = m.per_request.as_ref().and_then(|r| {
-        r.iter()
-            .map(|q| q.per_step_accepted.as_ref())
-            .collect::<Option<Vec<_>>>()
-    }) else {
-        return whole;
-    };
-    let kept: Vec<&[u64]> = steps
-        .iter()
-        .zip(&path.per_prompt)
-        .map(|(s, p)| &s[..s.len().min(p.acceptance_lengths.len())])
-        .collect();
-    let rounds = kept.iter().map(|s| s.len() as u64).sum();
-    let mut per_position = vec![0u64; m.accepted_per_position.len()];
-    for &a in kept.iter().flat_map(|s| s.iter()) {
-        per_position
-            .iter_mut()
-            .take(a as usize)
-            .for_each(|p| *p += 1);
-    }
+    let n = m.num_drafts as f64;
+    let tau_macro = m
+        .request_taus()
+        .map(|t| t.iter().sum::<f64>() / t.len().max(1) as f64);
     Side {
-        rounds,
-        accepted: kept.iter().flat_map(|s| s.iter()).sum(),
-        per_position,
-        left_out: m.num_drafts - rounds,
-        unaligned: false,
+        rounds: None,
+        summary: TauSummary {
+            tau_macro: tau_macro.unwrap_or(f64::NAN),
+            tau_pooled: 1.0 + m.num_accepted_tokens as f64 / n,
+            histogram: Vec::new(),
+            per_position_acceptance: m
+                .accepted_per_position
+                .iter()
+                .map(|&c| c as f64 / n)
+                .collect(),
+        },
+        count: m.num_drafts,
+        accepted: m.num_accepted_tokens,
     }
 }
 
-/// Compares `m` with `path`'s replay; `departures`: this path's departures
-/// from the supplied trajectories (the engine's outputs), `None` when the
-/// tokens were generated here.
+/// Compares `m` with `ours`; `departures`: the path's departures from the
+/// supplied trajectories (the engine's outputs), `None` when the tokens were
+/// generated here.
 pub fn compare(
     m: EngineMetrics,
-    path: &PathTau,
+    ours: &Ours,
     departures: Option<&PathDepartures>,
 ) -> EngineComparison {
-    let lens = || path.per_prompt.iter().flat_map(|p| &p.acceptance_lengths);
-    let rounds = lens().count() as u64;
-    let accepted: u64 = lens().map(|&l| l as u64 - 1).sum();
-    let e = engine_side(&m, path, departures.is_some());
-    let per_position = path
-        .summary
+    let (rounds, accepted) = totals(ours.rounds);
+    let s = summarize(ours.rounds, ours.block);
+    let e = engine_side(&m, ours);
+    let per_position = s
         .per_position_acceptance
         .iter()
         .enumerate()
         .map(|(k, &h)| PositionRate {
             position: k + 1,
-            engine: e.per_position.get(k).copied().unwrap_or(0) as f64 / e.rounds.max(1) as f64,
+            engine: e
+                .summary
+                .per_position_acceptance
+                .get(k)
+                .copied()
+                .unwrap_or(0.0),
             hsparity: h,
         })
         .collect();
-    let same = rounds == e.rounds && accepted == e.accepted;
-    let close = rounds == e.rounds && accepted.abs_diff(e.accepted) <= near_ties(accepted);
+    let same = rounds == e.count && accepted == e.accepted;
+    let close = rounds == e.count && accepted.abs_diff(e.accepted) <= within(accepted);
     let gap_in = match (same || close, departures) {
         (true, _) => GapIn::None,
-        (false, Some(d)) if d.first_failure.is_some() => GapIn::Harness,
-        (false, Some(_)) if !e.unaligned => GapIn::EngineForward,
-        (false, _) => GapIn::Unknown,
+        (false, Some(d)) if d.first_failure.is_some() => GapIn::OtherTokens,
+        (false, Some(_)) => GapIn::EngineForward,
+        (false, None) => GapIn::Unknown,
     };
-    let pooled = |r: u64, a: u64| 1.0 + a as f64 / r.max(1) as f64;
     let mut c = EngineComparison {
-        engine_tau_pooled: pooled(e.rounds, e.accepted),
-        engine_tau_macro: m.tau_macro().filter(|_| e.left_out == 0),
-        engine_rounds: e.rounds,
+        engine_tau_pooled: e.summary.tau_pooled,
+        engine_tau_macro: Some(e.summary.tau_macro).filter(|t| t.is_finite()),
+        engine_rounds: e.count,
+        rounds_left_out: m.num_drafts - e.count,
         engine_accepted: e.accepted,
-        rounds_left_out: e.left_out,
-        first_apart: first_apart(&m, path, departures.is_some()),
+        first_apart: first_apart(&m, e.rounds.as_deref(), ours.rounds),
         metrics: m,
-        path: path.name.clone(),
-        tau_pooled: path.summary.tau_pooled,
-        tau_macro: path.summary.tau_macro,
+        path: ours.name.to_string(),
+        tau_pooled: s.tau_pooled,
+        tau_macro: s.tau_macro,
         rounds,
         accepted,
         per_position,
         gap_in,
         conclusion: String::new(),
     };
-    c.conclusion = conclusion(&c, same, departures, e.unaligned);
+    c.conclusion = conclusion(&c, same, departures);
     c
 }
 
 /// The first prompt (and round, with per-step lists) whose accepted drafts
-/// differ (`given`: on the engine's outputs, where its rounds past
-/// hsparity's are left out, not a difference).
-fn first_apart(m: &EngineMetrics, path: &PathTau, given: bool) -> Option<RoundApart> {
+/// differ: from the engine's rounds cut as compared (`engine`), else from
+/// its per-request totals.
+fn first_apart(
+    m: &EngineMetrics,
+    engine: Option<&[PromptTau]>,
+    ours: &[PromptTau],
+) -> Option<RoundApart> {
+    let drafts = |p: &PromptTau| -> Vec<u64> {
+        p.acceptance_lengths.iter().map(|&l| l as u64 - 1).collect()
+    };
+    if let Some(engine) = engine {
+        return engine.iter().zip(ours).enumerate().find_map(|(k, (e, o))| {
+            let (e, o) = (drafts(e), drafts(o));
+            let i = e.iter().zip(&o).position(|(a, b)| a != b);
+            let i = i.or((e.len() != o.len()).then(|| e.len().min(o.len())))?;
+            Some(RoundApart {
+                prompt: k,
+                round: Some(i),
+                engine_accepted: e.get(i).copied(),
+                hsparity_accepted: o.get(i).copied(),
+            })
+        });
+    }
     let reqs = m.per_request.as_ref()?;
-    reqs.iter()
-        .zip(&path.per_prompt)
-        .enumerate()
-        .find_map(|(k, (r, p))| {
-            let ours: Vec<u64> = p.acceptance_lengths.iter().map(|&l| l as u64 - 1).collect();
-            match &r.per_step_accepted {
-                Some(steps) => {
-                    let i = steps.iter().zip(&ours).position(|(a, b)| a != b);
-                    let short = steps.len() < ours.len() || (!given && steps.len() > ours.len());
-                    let i = i.or(short.then(|| steps.len().min(ours.len())))?;
-                    let at = |v: &[u64]| {
-                        v.get(i)
-                            .map_or("no round".into(), |a| format!("{a} accepted"))
-                    };
-                    Some(RoundApart {
-                        prompt: k,
-                        round: Some(i),
-                        engine: at(steps),
-                        hsparity: at(&ours),
-                    })
-                }
-                None if given => None,
-                None => {
-                    let sum: u64 = ours.iter().sum();
-                    (r.num_spec_steps != ours.len() as u64 || r.num_accepted_draft_tokens != sum)
-                        .then(|| RoundApart {
-                            prompt: k,
-                            round: None,
-                            engine: format!(
-                                "{} accepted over {} rounds",
-                                r.num_accepted_draft_tokens, r.num_spec_steps
-                            ),
-                            hsparity: format!("{sum} accepted over {} rounds", ours.len()),
-                        })
-                }
-            }
+    reqs.iter().zip(ours).enumerate().find_map(|(k, (r, o))| {
+        let (n, a) = totals(std::slice::from_ref(o));
+        (r.num_spec_steps != n || r.num_accepted_draft_tokens != a).then_some(RoundApart {
+            prompt: k,
+            round: None,
+            engine_accepted: Some(r.num_accepted_draft_tokens),
+            hsparity_accepted: Some(a),
         })
+    })
 }
 
-/// `engine τ 7.651 vs 7.854 here (pooled, 1 + accepted/drafts): …`.
-fn conclusion(
-    c: &EngineComparison,
-    same: bool,
-    departures: Option<&PathDepartures>,
-    unaligned: bool,
-) -> String {
+/// The comparison in one sentence, with its conclusion.
+fn conclusion(c: &EngineComparison, same: bool, departures: Option<&PathDepartures>) -> String {
     let left_out = match c.rounds_left_out {
         0 => String::new(),
         n => format!(
-            ", the engine's {} past the given outputs left out",
+            "; the engine's {} past the outputs replayed left out",
             crate::text::counted(n as usize, "round", None)
         ),
     };
     let head = format!(
-        "engine τ {:.4} vs {:.4} on {} (pooled, 1 + accepted/drafts; {} vs {} rounds, {} vs {} accepted drafts{left_out})",
+        "engine pooled τ {:.4} vs hsparity {:.4} on {} (1 + accepted/rounds: {} vs {} rounds, {} vs {} accepted drafts{left_out})",
         c.engine_tau_pooled, c.tau_pooled, c.path, c.engine_rounds, c.rounds, c.engine_accepted, c.accepted
     );
+    let n = |a: Option<u64>| a.map_or("no round".to_string(), |a| format!("{a}"));
     let apart = c
         .first_apart
         .as_ref()
         .map(|a| match a.round {
             Some(r) => format!(
-                "; first apart at prompt {} round {} (engine {}, hsparity {})",
-                a.prompt, r, a.engine, a.hsparity
+                "; first differs at prompt {} round {} (counted from 0): the engine accepted {} drafts, hsparity {}",
+                a.prompt, r, n(a.engine_accepted), n(a.hsparity_accepted)
             ),
             None => format!(
-                "; first apart at prompt {} (engine {}, hsparity {})",
-                a.prompt, a.engine, a.hsparity
+                "; first differs at prompt {} (counted from 0): the engine accepted {} drafts over the prompt, hsparity {}",
+                a.prompt, n(a.engine_accepted), n(a.hsparity_accepted)
             ),
         })
         .unwrap_or_default();
     let tail = match c.gap_in {
         GapIn::None if same => "the engine accepts exactly what hsparity does: no serving-side loss".to_string(),
         GapIn::None => format!(
-            "within {} accepted drafts (0.5 %, near-ties the engine's numerics break otherwise): no serving-side loss",
-            near_ties(c.accepted)
+            "within {} accepted drafts (0.5 %: near-ties the engine's numerics resolve otherwise): no serving-side loss",
+            within(c.accepted)
         ),
-        GapIn::Harness => format!(
-            "the harness: {} — the engine's tokens are not this target's greedy continuation, so its acceptance is measured on other tokens",
+        GapIn::OtherTokens => format!(
+            "other tokens: {} — the engine's outputs are not this target's greedy continuation (its harness, or its own target forward), so its acceptance was measured on other tokens",
             departures.map(PathDepartures::describe).unwrap_or_default()
         ),
         GapIn::EngineForward => "a serving-side loss: on the same tokens the engine accepts otherwise, so its hidden states at the taps or its drafter's forward differ; `hsparity diff` its capture of the taps against `hsparity dump` (docs/engines.md): taps that agree put the loss in the engine's drafter forward".to_string(),
-        GapIn::Unknown if unaligned => "not comparable as given: on the engine's outputs hsparity replays only the rounds whose block they cover, and pooled counters also hold each prompt's last rounds; give per-request metrics with per-step lists (vLLM --per-request-spec-decode-metrics detailed), or compare without --trajectories (vLLM's max_tokens = --max-new-tokens + 1)".to_string(),
-        GapIn::Unknown => "the engine's tokens were not given: pass its outputs with --trajectories to tell the harness (other tokens) from the engine's forward (same tokens); vLLM's max_tokens must be --max-new-tokens + 1".to_string(),
+        GapIn::Unknown => "the engine's tokens were not given: pass its outputs with --trajectories to tell other tokens from the engine's forward (and check that its max_tokens was --max-new-tokens + 1)".to_string(),
     };
     format!("{head}{apart}: {tail}")
 }

@@ -18,13 +18,18 @@
 //! requests, which is hsparity's pooled τ (Σ(a+1) / rounds); a request's
 //! `mean_acceptance_length` is that prompt's τ, so their mean is the macro τ.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Serialize;
 use serde_json::Value;
 
+use super::eval::{EndRule, PromptTau};
 use crate::error::{Error, Result};
+
+mod prometheus;
+
+/// Draft positions a file may name: no DFlash block is wider.
+pub const MAX_POSITIONS: usize = 1024;
 
 /// Which file the counters came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -82,9 +87,13 @@ impl EngineMetrics {
     pub fn read(path: &Path) -> Result<Self> {
         let text = crate::input::read_to_string(path)?;
         let file = path.display().to_string();
-        let m = match text.trim_start().starts_with(['{', '[']) {
+        let m = match text
+            .trim_start_matches('\u{feff}')
+            .trim_start()
+            .starts_with(['{', '['])
+        {
             true => per_request(&file, &text)?,
-            false => prometheus(&file, &text)?,
+            false => prometheus::read(&file, &text)?,
         };
         if m.num_drafts == 0 {
             return Err(Error::Input(format!(
@@ -94,23 +103,6 @@ impl EngineMetrics {
         Ok(m)
     }
 
-    /// `1 + accepted / drafts`: vLLM's mean acceptance length, hsparity's
-    /// pooled τ.
-    pub fn tau_pooled(&self) -> f64 {
-        1.0 + self.num_accepted_tokens as f64 / self.num_drafts as f64
-    }
-
-    /// Mean over requests of each request's mean acceptance length (the
-    /// per-request file only): hsparity's macro τ.
-    pub fn tau_macro(&self) -> Option<f64> {
-        let r = self.per_request.as_ref()?;
-        let taus = r
-            .iter()
-            .filter(|q| q.num_spec_steps > 0)
-            .map(|q| 1.0 + q.num_accepted_draft_tokens as f64 / q.num_spec_steps as f64);
-        Some(taus.sum::<f64>() / r.len().max(1) as f64)
-    }
-
     /// Draft tokens per round (vLLM's `num_speculative_tokens`: block size − 1
     /// for DFlash), when every round proposed the same number.
     pub fn drafts_per_round(&self) -> Option<u64> {
@@ -118,73 +110,125 @@ impl EngineMetrics {
             .is_multiple_of(self.num_drafts)
             .then(|| self.num_draft_tokens / self.num_drafts)
     }
+
+    /// Per prompt, the engine's rounds as hsparity records them (`a + 1`),
+    /// cut to the rounds hsparity replays: a round at output position j
+    /// (j = 0 for the prefill's token, then + a + 1 per round) is kept while
+    /// j < `replayed[k]`. Generating M tokens hsparity replays every round of
+    /// an engine run with `max_tokens = M + 1` (its rounds all start before
+    /// output M); on the engine's own outputs it replays those whose block
+    /// the outputs cover. `None` without per-step lists.
+    pub fn rounds_within(&self, replayed: &[usize]) -> Option<Vec<PromptTau>> {
+        let reqs = self.per_request.as_ref()?;
+        reqs.iter()
+            .zip(replayed)
+            .map(|(r, &limit)| {
+                let steps = r.per_step_accepted.as_ref()?;
+                let (mut j, mut lens) = (0u64, Vec::new());
+                for &a in steps {
+                    if j >= limit as u64 {
+                        break;
+                    }
+                    lens.push(a as usize + 1);
+                    j += a + 1;
+                }
+                Some(prompt_tau(lens))
+            })
+            .collect()
+    }
+
+    /// Per prompt, the engine's rounds from its totals only (`summary`
+    /// level, or when no cut is needed): as many rounds of mean length.
+    pub fn request_taus(&self) -> Option<Vec<f64>> {
+        let reqs = self.per_request.as_ref()?;
+        Some(
+            reqs.iter()
+                .map(|r| match r.num_spec_steps {
+                    0 => 0.0,
+                    n => 1.0 + r.num_accepted_draft_tokens as f64 / n as f64,
+                })
+                .collect(),
+        )
+    }
 }
 
-/// [`EngineMetrics::read`], checked against a run of `prompts` prompts with
-/// a drafter of block size `block`: a per-request file holds one request
-/// per prompt, and every round proposed `block − 1` drafts.
+/// A prompt's τ from its rounds' lengths, as [`super::eval`] records it (0
+/// for a prompt with no round: the engine's `mean_acceptance_length` says
+/// 1.0 there, hsparity's macro τ counts 0).
+pub fn prompt_tau(acceptance_lengths: Vec<usize>) -> PromptTau {
+    let tau = match acceptance_lengths.len() {
+        0 => 0.0,
+        n => acceptance_lengths.iter().sum::<usize>() as f64 / n as f64,
+    };
+    PromptTau {
+        tau,
+        acceptance_lengths,
+    }
+}
+
+/// What the comparison of `m` with a run needs, checked before the run:
+/// one request per prompt (`prompts`), `block − 1` drafts every round and
+/// per draft position, GitHub main's end rule (the engine verifies full
+/// blocks to the end, as vLLM does), and on the engine's own outputs
+/// (`given`) per-step lists, to cut the engine's rounds to those replayed.
 ///
-/// Errors ([`Error::Input`]): as [`EngineMetrics::read`]; another number of
-/// requests; another number of drafts per round.
-pub fn read_for(path: &Path, prompts: usize, block: usize) -> Result<EngineMetrics> {
+/// Errors ([`Error::Input`]): as [`EngineMetrics::read`]; each of those.
+pub fn read_for(
+    path: &Path,
+    prompts: usize,
+    block: usize,
+    rule: EndRule,
+    given: bool,
+) -> Result<EngineMetrics> {
     let m = EngineMetrics::read(path)?;
-    if let Some(r) = &m.per_request {
-        if r.len() != prompts {
-            return Err(Error::Input(format!(
-                "{}: {} requests, the run has {prompts} prompts: give the engine's metrics of exactly these prompts, in their order",
-                m.file,
-                r.len()
-            )));
-        }
-    }
-    match m.drafts_per_round() {
-        Some(k) if k == block as u64 - 1 => Ok(m),
-        k => Err(Error::Input(format!(
-            "{}: the engine proposed {} draft tokens per round, the drafter's block size {block} makes {}: were these counters from this drafter (vLLM num_speculative_tokens = block_size − 1)?",
-            m.file,
-            k.map_or(format!("{} over {} rounds (not a whole number)", m.num_draft_tokens, m.num_drafts), |k| k.to_string()),
-            block - 1
-        ))),
-    }
-}
-
-/// The observed τ of `triage`: `--observed-tau`, or the τ of the engine's
-/// counters in `file` (checked as [`read_for`] with `(prompts, block)`) —
-/// the macro τ of per-request metrics, the definition triage ranks by, else
-/// the pooled τ of a Prometheus scrape, with a note saying so.
-///
-/// Errors ([`Error::Input`]): both given; as [`read_for`].
-pub fn observed_tau(
-    file: Option<&Path>,
-    given: Option<f64>,
-    (prompts, block): (usize, usize),
-    notes: &mut Vec<String>,
-) -> Result<Option<f64>> {
-    let Some(f) = file else { return Ok(given) };
-    if given.is_some() {
-        return Err(Error::Input(
-            "--observed-tau and --engine-metrics both give the observed τ: pass one".into(),
+    let refuse = |why: String| Err(Error::Input(format!("{}: {why}", m.file)));
+    if rule != EndRule::GithubMain {
+        return refuse(format!(
+            "--end-rule {} with --engine-metrics: the engine verifies full blocks to the end of generation (its max_tokens = --max-new-tokens + 1), which is --end-rule main",
+            rule.flag()
         ));
     }
-    let m = read_for(f, prompts, block)?;
-    Ok(Some(match m.tau_macro() {
-        Some(t) => {
-            notes.push(format!(
-                "observed τ {t:.4}: the mean of the engine's per-request mean acceptance lengths in {} (its pooled τ, 1 + accepted/drafts, is {:.4})",
-                m.file,
-                m.tau_pooled()
-            ));
-            t
-        }
-        None => {
-            notes.push(format!(
-                "observed τ {:.4}: the engine's pooled τ (1 + accepted/drafts) from {}; the variants' τ are per-prompt means, which weigh a long prompt's rounds less — per-request metrics give the same definition",
-                m.tau_pooled(),
-                m.file
-            ));
-            m.tau_pooled()
-        }
-    }))
+    let k = block as u64 - 1;
+    match m.drafts_per_round() {
+        Some(d) if d == k => {}
+        d => return refuse(format!(
+            "the engine proposed {} per round, the drafter's block size {block} makes {k}: were these counters from this drafter (vLLM num_speculative_tokens = block_size − 1)?",
+            d.map_or(format!("{} draft tokens over {} rounds (not a whole number)", m.num_draft_tokens, m.num_drafts), |d| format!("{d} draft tokens"))
+        )),
+    }
+    if m.accepted_per_position.len() as u64 > k {
+        return refuse(format!(
+            "accepted tokens at draft position {}, past the {k} a block of {block} drafts",
+            m.accepted_per_position.len() - 1
+        ));
+    }
+    let Some(r) = &m.per_request else {
+        return match given {
+            true => refuse("pooled counters (a /metrics scrape) hold every round of the engine's outputs, and on those outputs hsparity replays only the rounds whose block they cover: give per-request metrics with per-step lists (vLLM --per-request-spec-decode-metrics detailed), or compare on the prompts (without --trajectories)".into()),
+            false => Ok(m),
+        };
+    };
+    if r.len() != prompts {
+        return refuse(format!(
+            "{} requests, the run has {}: give the engine's metrics of exactly these prompts, in their order",
+            r.len(),
+            crate::text::counted(prompts, "prompt", None)
+        ));
+    }
+    if let Some(q) = r
+        .iter()
+        .position(|q| q.acceptance_histogram.len() as u64 != k + 1)
+    {
+        return refuse(format!(
+            "request {q}: an acceptance histogram of {} entries, the drafter's block size {block} makes {} (0..={k} accepted)",
+            r[q].acceptance_histogram.len(),
+            k + 1
+        ));
+    }
+    if given && r.iter().any(|q| q.per_step_accepted.is_none()) {
+        return refuse("requests without per_step_accepted: on the engine's outputs hsparity replays only the rounds whose block they cover, and cutting the engine's rounds to those needs its per-step lists (vLLM --per-request-spec-decode-metrics detailed)".into());
+    }
+    Ok(m)
 }
 
 /// A whole, non-negative counter value.
@@ -192,176 +236,39 @@ fn count(file: &str, what: &str, v: f64) -> Result<u64> {
     if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 2f64.powi(53) {
         Ok(v as u64)
     } else {
-        Err(Error::Input(format!("{file}: {what} is {v}, not a count")))
-    }
-}
-
-/// A sample line's metric name, labels and value text.
-type Sample<'a> = (&'a str, BTreeMap<String, String>, &'a str);
-
-/// One sample line of the text format: `name{labels} value [timestamp]`.
-/// `None` for comments and blank lines.
-fn sample(line: &str) -> Option<std::result::Result<Sample<'_>, String>> {
-    let line = line.trim();
-    if line.is_empty() || line.starts_with('#') {
-        return None;
-    }
-    let end = line
-        .find(|c: char| c == '{' || c.is_whitespace())
-        .unwrap_or(line.len());
-    let (name, rest) = line.split_at(end);
-    let name_ok = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_' || c == ':')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
-    if !name_ok {
-        return Some(Err(format!(
-            "not a Prometheus sample line ({:?}); expected vLLM's /metrics text or its per-request metrics (JSON)",
-            crate::text::preview(line)
-        )));
-    }
-    let (labels, rest) = match rest.strip_prefix('{') {
-        Some(r) => match label_set(r) {
-            Ok(x) => x,
-            Err(e) => return Some(Err(e)),
-        },
-        None => (BTreeMap::new(), rest),
-    };
-    match rest.split_whitespace().next() {
-        Some(v) => Some(Ok((name, labels, v))),
-        None => Some(Err(format!("{name}: no value"))),
-    }
-}
-
-/// `k="v",…}` → the labels and what follows the closing brace (values may
-/// hold `,` `}` and the escapes `\\` `\"` `\n`).
-fn label_set(s: &str) -> std::result::Result<(BTreeMap<String, String>, &str), String> {
-    let mut out = BTreeMap::new();
-    let mut rest = s.trim_start();
-    loop {
-        if let Some(r) = rest.strip_prefix('}') {
-            return Ok((out, r));
-        }
-        let eq = rest.find('=').ok_or("a label without a value")?;
-        let key = rest[..eq].trim().to_string();
-        let body = rest[eq + 1..]
-            .trim_start()
-            .strip_prefix('"')
-            .ok_or("a label value without quotes")?;
-        let (mut val, mut chars) = (String::new(), body.char_indices());
-        let close = loop {
-            match chars.next() {
-                Some((i, '"')) => break i,
-                Some((_, '\\')) => match chars.next() {
-                    Some((_, 'n')) => val.push('\n'),
-                    Some((_, c)) => val.push(c),
-                    None => return Err("an unterminated label value".into()),
-                },
-                Some((_, c)) => val.push(c),
-                None => return Err("an unterminated label value".into()),
-            }
+        let shown = match v.abs() < 1e15 {
+            true => format!("{v}"),
+            false => format!("{v:e}"),
         };
-        out.insert(key, val);
-        rest = body[close + 1..].trim_start();
-        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
+        Err(Error::Input(format!(
+            "{file}: {what} is {shown}, not a count"
+        )))
     }
-}
-
-/// The counters of a Prometheus scrape, summed over engines; refused when
-/// they name several models (which of them served the prompts?).
-fn prometheus(file: &str, text: &str) -> Result<EngineMetrics> {
-    let mut sums: BTreeMap<&str, f64> = BTreeMap::new();
-    let mut per_pos: BTreeMap<u64, f64> = BTreeMap::new();
-    let mut models = std::collections::BTreeSet::new();
-    for (i, line) in text.lines().enumerate() {
-        let Some(s) = sample(line) else { continue };
-        let (name, labels, value) =
-            s.map_err(|e| Error::Input(format!("{file}:{}: {e}", i + 1)))?;
-        let Some(base) = name.strip_prefix("vllm:spec_decode_") else {
-            continue;
-        };
-        let base = base.strip_suffix("_total").unwrap_or(base);
-        let v: f64 = value
-            .parse()
-            .map_err(|_| Error::Input(format!("{file}:{}: {name} has value {value:?}", i + 1)))?;
-        if let Some(m) = labels.get("model_name") {
-            models.insert(m.clone());
-        }
-        match base {
-            "num_drafts" | "num_draft_tokens" | "num_accepted_tokens" => {
-                *sums.entry(base).or_default() += v
-            }
-            "num_accepted_tokens_per_pos" => {
-                let pos = labels
-                    .get("position")
-                    .and_then(|p| p.parse::<u64>().ok())
-                    .ok_or_else(|| {
-                        Error::Input(format!(
-                            "{file}:{}: {name} without a numeric position label",
-                            i + 1
-                        ))
-                    })?;
-                *per_pos.entry(pos).or_default() += v;
-            }
-            _ => {}
-        }
-    }
-    if models.len() > 1 {
-        let names: Vec<&str> = models.iter().map(String::as_str).collect();
-        return Err(Error::Input(format!(
-            "{file}: counters of several models ({}): scrape a server that served only the target",
-            names.join(", ")
-        )));
-    }
-    let get = |k: &str| -> Result<u64> {
-        let v = sums.get(k).ok_or_else(|| {
-            Error::Input(format!(
-                "{file}: no vllm:spec_decode_{k} counter; expected vLLM's /metrics text (Prometheus) or its per-request metrics (JSON lines)"
-            ))
-        })?;
-        count(file, &format!("vllm:spec_decode_{k}"), *v)
-    };
-    let (drafts, tokens, accepted) = (
-        get("num_drafts")?,
-        get("num_draft_tokens")?,
-        get("num_accepted_tokens")?,
-    );
-    let positions = per_pos.keys().last().map_or(0, |&k| k as usize + 1);
-    let mut by_pos = vec![0u64; positions];
-    for (k, v) in per_pos {
-        by_pos[k as usize] = count(file, &format!("accepted tokens at position {k}"), v)?;
-    }
-    let m = EngineMetrics {
-        file: file.into(),
-        format: MetricsFormat::Prometheus,
-        num_drafts: drafts,
-        num_draft_tokens: tokens,
-        num_accepted_tokens: accepted,
-        accepted_per_position: by_pos,
-        per_request: None,
-    };
-    consistent(&m)?;
-    Ok(m)
 }
 
 /// The per-request objects in prompt order: one JSON document (an array of
-/// requests, or an object whose `requests` lists them) or JSON lines, one
-/// request each. A request is vLLM's `speculative_decoding` object, bare or
-/// inside the response's `metrics` (or under `speculative_decoding`).
+/// requests, or an object whose `requests` (or `responses`) lists them) or
+/// JSON lines, one request each. A request is vLLM's `speculative_decoding`
+/// object, bare or inside the response's `metrics` (or under
+/// `speculative_decoding`).
 fn per_request(file: &str, text: &str) -> Result<EngineMetrics> {
+    let text = text.trim_start_matches('\u{feff}');
+    let listed = |o: &serde_json::Map<String, Value>| {
+        ["requests", "responses"]
+            .iter()
+            .find_map(|k| o.get(*k).and_then(Value::as_array).map(|a| (*k, a.clone())))
+    };
     let items: Vec<(String, Value)> = match serde_json::from_str::<Value>(text) {
         Ok(Value::Array(a)) => a
             .into_iter()
             .enumerate()
             .map(|(k, v)| (format!("{file}: request {k}"), v))
             .collect(),
-        Ok(Value::Object(o)) if o.get("requests").is_some_and(Value::is_array) => {
-            let Some(Value::Array(a)) = o.get("requests").cloned() else {
-                unreachable!("checked above")
-            };
+        Ok(Value::Object(o)) if listed(&o).is_some() => {
+            let (key, a) = listed(&o).unwrap_or_default();
             a.into_iter()
                 .enumerate()
-                .map(|(k, v)| (format!("{file}: requests[{k}]"), v))
+                .map(|(k, v)| (format!("{file}: {key}[{k}]"), v))
                 .collect()
         }
         Ok(v) => vec![(format!("{file}:1"), v)],
@@ -395,8 +302,13 @@ fn per_request(file: &str, text: &str) -> Result<EngineMetrics> {
         .unwrap_or(1);
     let mut by_pos = vec![0u64; width.saturating_sub(1)];
     for r in &reqs {
-        for (j, &c) in r.acceptance_histogram.iter().enumerate() {
-            by_pos.iter_mut().take(j).for_each(|p| *p += c);
+        // Steps that accepted j drafts accepted positions 0..j.
+        let mut at_least = 0;
+        for (j, &c) in r.acceptance_histogram.iter().enumerate().rev() {
+            if j > 0 {
+                at_least += c;
+                by_pos[j - 1] += at_least;
+            }
         }
     }
     Ok(EngineMetrics {
@@ -430,9 +342,16 @@ fn request(at: &str, v: &Value) -> Result<RequestMetrics> {
     let list = |k: &str| -> Result<Option<Vec<u64>>> {
         match &o[k] {
             Value::Null => Ok(None),
+            Value::Array(a) if a.len() > 1 << 20 => {
+                Err(bad(format!("{k} has {} entries", a.len())))
+            }
             Value::Array(a) => a
                 .iter()
-                .map(|x| count(at, k, x.as_f64().unwrap_or(-1.0)))
+                .enumerate()
+                .map(|(i, x)| match x.as_f64() {
+                    Some(x) => count(at, &format!("{k}[{i}]"), x),
+                    None => Err(bad(format!("{k}[{i}] is {x}, not a count"))),
+                })
                 .collect::<Result<Vec<_>>>()
                 .map(Some),
             _ => Err(bad(format!("{k} is not a list"))),
@@ -450,9 +369,15 @@ fn request(at: &str, v: &Value) -> Result<RequestMetrics> {
     Ok(r)
 }
 
-/// A request's histogram, step list and totals agree.
+/// A request's histogram, step list and totals agree: the histogram counts
+/// the steps and the accepted drafts, at most [`MAX_POSITIONS`] drafts a
+/// step and no more accepted than proposed, and the step list is the
+/// histogram's steps in order.
 fn request_consistent(r: &RequestMetrics) -> std::result::Result<(), String> {
     let h = &r.acceptance_histogram;
+    if h.is_empty() || h.len() > MAX_POSITIONS + 1 {
+        return Err(format!("an acceptance_histogram of {} entries", h.len()));
+    }
     let steps: u64 = h.iter().sum();
     let acc: u64 = h.iter().enumerate().map(|(j, &c)| j as u64 * c).sum();
     if steps != r.num_spec_steps || acc != r.num_accepted_draft_tokens {
@@ -461,33 +386,30 @@ fn request_consistent(r: &RequestMetrics) -> std::result::Result<(), String> {
             r.num_spec_steps, r.num_accepted_draft_tokens
         ));
     }
+    if acc > r.num_draft_tokens {
+        return Err(format!(
+            "{acc} accepted draft tokens of {} proposed",
+            r.num_draft_tokens
+        ));
+    }
     if let Some(p) = &r.per_step_accepted {
-        if p.len() as u64 != steps || p.iter().sum::<u64>() != acc {
-            return Err(format!(
-                "per_step_accepted has {} steps summing to {}, the histogram {steps} and {acc}",
-                p.len(),
-                p.iter().sum::<u64>()
-            ));
+        let mut counts = vec![0u64; h.len()];
+        for &a in p {
+            match counts.get_mut(a as usize) {
+                Some(c) => *c += 1,
+                None => {
+                    return Err(format!(
+                        "per_step_accepted holds {a}, past the histogram's {} drafts a step",
+                        h.len() - 1
+                    ))
+                }
+            }
         }
-    }
-    Ok(())
-}
-
-/// Pooled counters that cannot come from one run are refused.
-fn consistent(m: &EngineMetrics) -> Result<()> {
-    let bad = |why: String| Err(Error::Input(format!("{}: {why}", m.file)));
-    if m.num_accepted_tokens > m.num_draft_tokens {
-        return bad(format!(
-            "{} accepted draft tokens of {} proposed",
-            m.num_accepted_tokens, m.num_draft_tokens
-        ));
-    }
-    let per_pos: u64 = m.accepted_per_position.iter().sum();
-    if !m.accepted_per_position.is_empty() && per_pos != m.num_accepted_tokens {
-        return bad(format!(
-            "accepted tokens per position sum to {per_pos}, num_accepted_tokens is {}",
-            m.num_accepted_tokens
-        ));
+        if counts != *h {
+            return Err(
+                "per_step_accepted does not count the steps acceptance_histogram counts".into(),
+            );
+        }
     }
     Ok(())
 }

@@ -209,7 +209,12 @@ pub fn load_checked(
         load_drafter(source, tc, session.spec.num_layers(), &session.spec.device)?;
     let b = drafter.cfg.block_size;
     let given = match given {
-        Some(g) => Some(g.with_replay(b, replay.rule)?),
+        Some(g) => {
+            if let Some(n) = g.cap {
+                check_end_rule(n, replay.rule)?;
+            }
+            Some(g.with_replay(b, replay.rule)?)
+        }
         None => {
             check_positions(
                 &session.prompts,

@@ -54,6 +54,31 @@ fn request_files(path: &Path) -> Result<Vec<PathBuf>> {
         )));
     }
     files.sort_by_key(|p| request_order(p));
+    let numbers: Vec<u64> = files.iter().map(|p| request_order(p).0).collect();
+    let numbered = numbers.iter().filter(|&&n| n != u64::MAX).count();
+    let name = |i: usize| {
+        files[i]
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    if numbered > 0 && numbered < files.len() {
+        return Err(Error::Input(format!(
+            "{}: request files numbered by vLLM's LLM (e.g. {}) beside others (e.g. {}): one capture run per folder, so that the order is the prompts'",
+            path.display(),
+            name(0),
+            name(numbered)
+        )));
+    }
+    if let Some(i) = (1..numbered).find(|&i| numbers[i] == numbers[i - 1]) {
+        return Err(Error::Input(format!(
+            "{}: two files of request {} ({} and {}): captures of two runs in one folder",
+            path.display(),
+            numbers[i],
+            name(i - 1),
+            name(i)
+        )));
+    }
     Ok(files)
 }
 

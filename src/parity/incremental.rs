@@ -17,26 +17,6 @@ use crate::session::{weights_key, Session};
 /// Cached steps of the check.
 pub const STEPS: usize = 8;
 
-/// The most prompt tokens the check's prefill takes: 4 full delta-rule
-/// chunks of 64 and a partial one of 44, so the prefill hands on a state
-/// built across chunk boundaries and ending mid-chunk, a KV cache of 300
-/// rows and a conv state, and the steps run at positions 300–307 of the
-/// prompt, compared with the capture's rows there. On longer prompts the
-/// check then costs at most 308 tokens per path whatever the prompt's
-/// length (the capture costs T: at 4096 tokens the check is under 8 % of
-/// it), instead of a second forward of the whole prompt. What it cannot see
-/// is a fault that only a decode past position 307 shows (a window or a
-/// cache size reached later): no supported family has one.
-pub const PREFILL_CAP: usize = 300;
-
-/// Prefill tokens and steps of the check on a prompt of `len ≥ 2` tokens:
-/// the steps are the last `STEPS` (at most `len − 1`) tokens of its first
-/// `PREFILL_CAP + STEPS`.
-pub fn split(len: usize, steps: usize) -> (usize, usize) {
-    let steps = steps.min(len - 1);
-    ((len - steps).min(PREFILL_CAP), steps)
-}
-
 /// One path's check (a row of `compare --json`'s `incremental`).
 #[derive(Debug, Clone, Serialize)]
 pub struct IncrementalCheck {
@@ -84,7 +64,7 @@ pub fn check(
     };
     let (spec, src) = (&session.spec, &path.view as &dyn WeightSource);
     let ids = &session.prompts[k].ids;
-    let (pre, steps) = split(ids.len(), STEPS);
+    let (pre, steps) = crate::capture::decode::split(ids.len(), STEPS);
     let emb = Embedding::gather(src, prec, ids)?;
     let mut full = full_last.is_none().then(|| emb.clone());
     let mut prefill = emb.narrow(0, 0, pre)?;

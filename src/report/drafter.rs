@@ -245,7 +245,7 @@ pub fn render(d: &DrafterReport, width: Width) -> String {
     if let Some(e) = &d.engine {
         out.push_str(&format!("{}\n", engine_line(e)));
         out.push_str(&engine_table(e).render(width));
-        out.push_str(&format!("\nengine: {}\n", e.conclusion));
+        out.push_str(&format!("\nengine comparison: {}\n", e.conclusion));
     }
     for n in &d.notes {
         out.push_str(&format!("note: {n}\n"));

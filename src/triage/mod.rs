@@ -18,6 +18,7 @@ pub mod evidence;
 mod groups;
 pub mod harness;
 pub mod lanes;
+mod observed;
 mod ranking;
 pub mod suspects;
 
@@ -204,6 +205,8 @@ pub struct Triage {
     /// The end-of-generation rule every loop and replay followed
     /// (`--end-rule`; serialised as its sentence).
     pub end_rule: EndRule,
+    /// `--engine-metrics`: the engine's acceptance beside the baseline's.
+    pub engine: Option<crate::drafter::engine_gap::EngineComparison>,
 }
 
 /// τ (macro) of per-prompt results for block size `b`.
@@ -330,14 +333,12 @@ pub fn run(
     let extra = settings.position_shift.max(settings.harness.left_pad);
     let (drafter, _, given) = load_checked(session, &settings.drafter, replay, extra, given)?;
     let mut notes = Vec::new();
-    let settings = &with_observed(settings, session, drafter.cfg.block_size, &mut notes)?;
-    let base_path = &session.paths[0];
-    let base_prec = base_path.dtype;
+    let (settings, engine) =
+        observed::with_observed(settings, session, &drafter, given.as_ref(), &mut notes)?;
+    let settings = &settings;
+    let (base_path, base_prec) = (&session.paths[0], session.paths[0].dtype);
     let inputs_shown = evidence::Inputs::gather(session, &drafter, settings.replay.max_new);
-    let harness::Planned {
-        suspects: planned,
-        not_applicable,
-    } = plan(
+    let (planned, not_applicable) = plan(
         session,
         &inputs_shown,
         &drafter,
@@ -345,7 +346,8 @@ pub fn run(
         settings,
         replay,
         &mut notes,
-    )?;
+    )
+    .map(|p| (p.suspects, p.not_applicable))?;
     let suspects: Vec<Suspect> = planned.iter().map(|(s, _)| *s).collect();
     let recipes = recipes_of(&planned, session, base_prec, settings.seed)?;
     let mem = plan_for(session, &drafter, settings.memory_budget);
@@ -415,6 +417,13 @@ pub fn run(
     let trajectories = given
         .as_ref()
         .map(|g| trajectory_report(g, &ran.baseline, &mut summary, &mut notes));
+    let engine = observed::beside(
+        engine,
+        &baseline,
+        (settings, &drafter, given.as_ref()),
+        trajectories.as_ref(),
+        &mut summary,
+    );
     let next_check = next_check(&variants, &suspects, &baseline, session, settings);
     let triage = Triage {
         baseline,
@@ -429,30 +438,9 @@ pub fn run(
         measured_on,
         prompt_basis: session.rendering.basis,
         end_rule: replay.rule,
+        engine,
     };
     Ok((triage, summary, notes))
-}
-
-/// `settings` with the observed τ `--engine-metrics` gives, if given
-/// ([`crate::drafter::engine_metrics::observed_tau`]; the note goes to `notes`).
-///
-/// Errors: as that.
-fn with_observed(
-    settings: &TriageSettings,
-    session: &Session,
-    block: usize,
-    notes: &mut Vec<String>,
-) -> Result<TriageSettings> {
-    let observed_tau = crate::drafter::engine_metrics::observed_tau(
-        settings.engine_metrics.as_deref(),
-        settings.observed_tau,
-        (session.prompts.len(), block),
-        notes,
-    )?;
-    Ok(TriageSettings {
-        observed_tau,
-        ..settings.clone()
-    })
 }
 
 /// The baseline's row: the training-side path in its own dtype with the

@@ -223,7 +223,7 @@ impl Suspect {
             Suspect::MissingOn(_) | Suspect::RandomLmHead => {
                 "MISSING tensors initialised as transformers would".into()
             }
-            Suspect::HarnessGdnCrop => "z-lab dflash_generate (0.1.0) on transformers 5.23, to the τ rule's end of generation (--end-rule wheel: the PyPI wheel's, whose shortened last blocks leave fewer rejected drafts): the cache crop rolls the Gated DeltaNet conv state back but not the recurrent state, so rejected drafts stay in it".into(),
+            Suspect::HarnessGdnCrop => "z-lab dflash_generate (0.1.0) on transformers 5.23, ending generation as the τ rule says: the cache crop rolls the Gated DeltaNet conv state back but not the recurrent state, so rejected drafts stay in it".into(),
             Suspect::GdnStateReset(None) => "linear-attention state (conv and recurrent) dropped at the middle of each prompt: a prefix cache or chunked prefill that restores the attention KV but not the Gated DeltaNet state".into(),
             Suspect::GdnStateReset(Some(k)) => format!("linear-attention state (conv and recurrent) dropped at position {k}: a prefix cache or chunked prefill that restores the attention KV but not the Gated DeltaNet state"),
             Suspect::LeftPadUnmasked(p) => format!("{p} pad tokens before each prompt with no attention or padding mask: a batched harness that drops the mask, so the pads enter attention (and a Gated DeltaNet state, where the target has one)"),

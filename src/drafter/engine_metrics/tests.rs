@@ -41,9 +41,9 @@ fn a_scrape_sums_the_engines_and_reads_past_created_gauges() {
         (15, 30, 15)
     );
     assert_eq!(m.accepted_per_position, vec![11, 4]);
-    assert_eq!(m.tau_pooled(), 2.0);
     assert_eq!(m.drafts_per_round(), Some(2));
-    assert_eq!(m.tau_macro(), None);
+    assert_eq!(m.request_taus(), None);
+    assert_eq!(m.rounds_within(&[10]), None);
 }
 
 #[test]
@@ -91,7 +91,8 @@ fn bad_scrapes_are_refused_with_the_reason() {
         err(&over)
     );
     let unterminated = "vllm:spec_decode_num_drafts_total{engine=\"0 1\n";
-    assert!(err(unterminated).contains(":1: an unterminated label value"));
+    assert!(err(unterminated)
+        .contains(":1: vllm:spec_decode_num_drafts_total: an unterminated label value"));
     let zero = SCRAPE.replace("} 10.0", "} 0.0").replace("} 5.0", "} 0.0");
     assert!(
         err(&zero).contains("no speculative round") || err(&zero).contains("accepted"),
@@ -117,11 +118,32 @@ fn per_request_lines_give_the_pooled_and_the_macro_tau() {
     );
     // position 0 accepted in both steps of request 0 that accepted ≥ 1, position 1 in one
     assert_eq!(m.accepted_per_position, vec![2, 1]);
-    assert_eq!(m.tau_pooled(), 1.6);
-    assert_eq!(m.tau_macro(), Some((2.5 + 1.0) / 2.0));
+    assert_eq!(m.request_taus(), Some(vec![2.5, 1.0]));
+    // The engine's rounds as hsparity records them (a + 1), cut to the
+    // rounds that start before the outputs replayed: request 0's rounds
+    // start at output 0 and 3, request 1's at 0, 1, 2.
+    let lens = |r: Vec<crate::drafter::eval::PromptTau>| -> Vec<Vec<usize>> {
+        r.into_iter().map(|p| p.acceptance_lengths).collect()
+    };
+    // Request 1 has no per-step list (the `summary` level): no cut.
+    assert!(m.rounds_within(&[10, 10]).is_none());
+    let detailed = REQUESTS.replace(
+        r#""num_spec_tokens": 2}"#,
+        r#""num_spec_tokens": 2, "per_step_accepted": [0, 0, 0]}"#,
+    );
+    let (_e, q) = write(&detailed);
+    let m = EngineMetrics::read(&q).unwrap();
+    assert_eq!(
+        lens(m.rounds_within(&[10, 10]).unwrap()),
+        vec![vec![3, 2], vec![1, 1, 1]]
+    );
+    assert_eq!(
+        lens(m.rounds_within(&[3, 2]).unwrap()),
+        vec![vec![3], vec![1, 1]]
+    );
     let r = m.per_request.unwrap();
     assert_eq!(r[0].per_step_accepted, Some(vec![2, 1]));
-    assert_eq!(r[1].per_step_accepted, None);
+    assert_eq!(r[1].per_step_accepted, Some(vec![0, 0, 0]));
 }
 
 #[test]
@@ -131,7 +153,7 @@ fn contradictory_request_lines_name_their_line() {
         r#""per_step_accepted": [2, 2]"#,
     );
     assert!(
-        err(&bad).contains(":1: per_step_accepted has 2 steps summing to 4"),
+        err(&bad).contains(":1: per_step_accepted does not count the steps"),
         "{}",
         err(&bad)
     );
@@ -145,4 +167,88 @@ fn contradictory_request_lines_name_their_line() {
     assert!(err(other).contains(":1: no speculative_decoding metrics"));
     let broken = "{\"num_spec_steps\": 1\n";
     assert!(err(broken).contains(":1: not JSON"));
+}
+
+/// Counters one run cannot give are refused, with where they are.
+#[test]
+fn impossible_counters_are_refused() {
+    let pos = |p: &str| SCRAPE.replace(r#"position="1"} 4.0"#, &format!(r#"position="{p}"}} 4.0"#));
+    assert!(
+        err(&pos("18446744073709551615")).contains("without a numeric position label")
+            || err(&pos("18446744073709551615")).contains("past 1024"),
+        "{}",
+        err(&pos("18446744073709551615"))
+    );
+    assert!(err(&pos("99999999999")).contains("position 99999999999: a draft position past 1024"));
+    let rising = SCRAPE
+        .replace(r#"position="0"} 8.0"#, r#"position="0"} 2.0"#)
+        .replace(r#"position="1"} 4.0"#, r#"position="1"} 10.0"#);
+    assert!(
+        err(&rising).contains("position 1 accepted in 10 rounds, more than 5"),
+        "{}",
+        err(&rising)
+    );
+    let twice =
+        format!("{SCRAPE}vllm:spec_decode_num_drafts{{engine=\"0\",model_name=\"toy\"}} 10.0\n");
+    assert!(
+        err(&twice).contains("the series vllm:spec_decode_num_drafts"),
+        "{}",
+        err(&twice)
+    );
+    let negative = SCRAPE.replace("} 5.0", "} -5.0");
+    assert!(
+        err(&negative).contains("is -5, not a count"),
+        "{}",
+        err(&negative)
+    );
+    let no_comma = SCRAPE.replace(r#"engine="0",model_name"#, r#"engine="0" model_name"#);
+    assert!(
+        err(&no_comma).contains("labels not separated by commas"),
+        "{}",
+        err(&no_comma)
+    );
+    let label_twice = SCRAPE.replace(
+        r#"model_name="toy",position="0""#,
+        r#"position="3",position="0""#,
+    );
+    assert!(
+        err(&label_twice).contains("the label position twice"),
+        "{}",
+        err(&label_twice)
+    );
+    // Per request: a step list that is not the histogram's, more accepted
+    // than proposed, a histogram wider than any block.
+    let steps = REQUESTS.replace(
+        r#""per_step_accepted": [2, 1]"#,
+        r#""per_step_accepted": [0, 3]"#,
+    );
+    assert!(
+        err(&steps).contains("per_step_accepted holds 3, past the histogram's 2 drafts"),
+        "{}",
+        err(&steps)
+    );
+    let swapped = REQUESTS.replace(r#""acceptance_histogram": [0, 1, 1]"#, r#""acceptance_histogram": [1, 0, 1]"#).replace(r#""num_accepted_draft_tokens": 3, "num_draft_tokens": 4, "num_spec_tokens": 2, "per_step_accepted": [2, 1]"#, r#""num_accepted_draft_tokens": 2, "num_draft_tokens": 4, "num_spec_tokens": 2, "per_step_accepted": [1, 1]"#);
+    assert!(
+        err(&swapped).contains("does not count the steps"),
+        "{}",
+        err(&swapped)
+    );
+    let over = REQUESTS.replace(r#""num_draft_tokens": 4"#, r#""num_draft_tokens": 2"#);
+    assert!(
+        err(&over).contains("3 accepted draft tokens of 2 proposed"),
+        "{}",
+        err(&over)
+    );
+    let wide = format!("{{\"num_spec_steps\": 0, \"num_accepted_draft_tokens\": 0, \"num_draft_tokens\": 0, \"acceptance_histogram\": [{}]}}\n", vec!["0"; 2000].join(","));
+    assert!(
+        err(&wide).contains("an acceptance_histogram of 2000 entries"),
+        "{}",
+        err(&wide)
+    );
+    let null = REQUESTS.replace("[3, 0, 0]", "[3, null, 0]");
+    assert!(
+        err(&null).contains("acceptance_histogram[1] is null, not a count"),
+        "{}",
+        err(&null)
+    );
 }

