@@ -41,6 +41,7 @@ fn runs_here(kernel: Kernel, test: &str) -> bool {
     let switches = [
         (caps.no_avx512_gemm, "HSPARITY_NO_AVX512_GEMM"),
         (caps.no_bf16_dot, "HSPARITY_NO_BF16_DOT"),
+        (caps.no_avx512_delta, "HSPARITY_NO_AVX512_DELTA"),
     ];
     let off: Vec<&str> = switches.iter().filter(|s| s.0).map(|s| s.1).collect();
     let why = format!(
@@ -134,11 +135,13 @@ fn switches_change_which_kernel_runs_not_what_the_cpu_can_do() {
     let off = Capabilities {
         no_avx512_gemm: true,
         no_bf16_dot: true,
+        no_avx512_delta: true,
         ..all
     };
     assert!(all.avx512_gemm() && all.bf16_gemm());
     assert!(!off.avx512_gemm() && !off.bf16_gemm());
     assert_eq!(off.available(), vec!["delta-rule-avx2"]);
+    assert!(all.available().contains(&"delta-rule-avx512"));
     assert!(off.cpu_reads_weights_once());
     assert!(!Capabilities::none().cpu_reads_weights_once());
 }
@@ -505,7 +508,8 @@ fn report(args: &[&str], candle_only: bool) -> (serde_json::Value, Vec<String>) 
         .args(args);
     if candle_only {
         cmd.env("HSPARITY_NO_AVX512_GEMM", "1")
-            .env("HSPARITY_NO_BF16_DOT", "1");
+            .env("HSPARITY_NO_BF16_DOT", "1")
+            .env("HSPARITY_NO_AVX512_DELTA", "1");
     }
     let out = cmd.output().unwrap();
     let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -520,9 +524,10 @@ fn report(args: &[&str], candle_only: bool) -> (serde_json::Value, Vec<String>) 
 }
 
 /// End to end, every kernel of hsparity's own against candle's GEMM
-/// everywhere: the same report, figure for figure, in f32, bf16 and the
-/// fp16-on-disk pair that diverges (bf16 against f16); and the two runs
-/// really ran different kernels (the environment says which).
+/// everywhere (and the delta rule's widest build against its AVX2 one): the
+/// same report, figure for figure, in f32, bf16 and the fp16-on-disk pair
+/// that diverges (bf16 against f16); and the two runs really ran different
+/// kernels (the environment says which).
 #[test]
 fn compare_gives_the_same_report_with_candles_gemm_everywhere() {
     let cases: [(&[&str], Kernel); 3] = [
@@ -554,9 +559,17 @@ fn compare_gives_the_same_report_with_candles_gemm_everywhere() {
             "{args:?}: switched off, yet {candle_ran:?} ran"
         );
         let name = "compare_gives_the_same_report_with_candles_gemm_everywhere";
+        // The delta rule: its widest build here against its AVX2 build (the
+        // switched run), the same report.
+        if runs_here(Kernel::DeltaRuleAvx512, name) {
+            assert!(
+                ran.iter().any(|k| k == Kernel::DeltaRuleAvx512.name()),
+                "{ran:?}"
+            );
+        }
         if runs_here(Kernel::DeltaRuleAvx2, name) {
-            let wide = Kernel::DeltaRuleAvx2.name();
-            assert!(ran.iter().any(|k| k == wide) && candle_ran.iter().any(|k| k == wide));
+            let avx2 = Kernel::DeltaRuleAvx2.name();
+            assert!(candle_ran.iter().any(|k| k == avx2), "{candle_ran:?}");
         }
         if runs_here(kernel, name) {
             assert!(

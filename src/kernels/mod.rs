@@ -8,17 +8,18 @@
 //!
 //! The policy, in one place:
 //! - [`Capabilities`] is read once per process ([`capabilities`]): the CPU's
-//!   features (CPUID) and the two environment switches
-//!   (`HSPARITY_NO_AVX512_GEMM`, `HSPARITY_NO_BF16_DOT`, set to any value).
+//!   features (CPUID) and the environment switches (`HSPARITY_NO_AVX512_GEMM`,
+//!   `HSPARITY_NO_BF16_DOT`, `HSPARITY_NO_AVX512_DELTA`, set to any value).
 //! - [`plan`] answers "which kernel computes `x [m, k] · w [n, k]ᵀ` exactly
 //!   here?" for every kernel, from candle's route for that shape
 //!   ([`routes::route`]) and the capabilities; `None` means candle's GEMM.
 //! - A [`Plan`] is the only way to run a product kernel; [`Plan::run`]
 //!   refuses one this CPU cannot execute (a plan made for other
 //!   capabilities), and records the kernel's name ([`ran`]) for the report's
-//!   `environment.kernels`. The Gated DeltaNet's head loops, compiled twice
-//!   in `models::qwen3_5::delta_rule`, pick their AVX2 build from the same
-//!   capabilities and record it as [`Kernel::DeltaRuleAvx2`].
+//!   `environment.kernels`. The Gated DeltaNet's head loops, compiled three
+//!   times in `models::qwen3_5::delta_rule`, pick their widest build from the
+//!   same capabilities and record it as [`Kernel::DeltaRuleAvx512`] or
+//!   [`Kernel::DeltaRuleAvx2`].
 //! - The products' arithmetic lives in per-architecture modules behind
 //!   `cfg` (`x86_64`: AVX-512 FMA, AVX512-BF16); on any other architecture
 //!   the capabilities are all off, no plan is made, and candle's GEMM
@@ -57,6 +58,9 @@ pub struct Capabilities {
     pub no_avx512_gemm: bool,
     /// `HSPARITY_NO_BF16_DOT` is set: the bf16 kernel off.
     pub no_bf16_dot: bool,
+    /// `HSPARITY_NO_AVX512_DELTA` is set: the delta rule's AVX-512F build off
+    /// (its AVX2 build runs).
+    pub no_avx512_delta: bool,
 }
 
 impl Capabilities {
@@ -69,6 +73,7 @@ impl Capabilities {
         Self {
             no_avx512_gemm: std::env::var_os("HSPARITY_NO_AVX512_GEMM").is_some(),
             no_bf16_dot: std::env::var_os("HSPARITY_NO_BF16_DOT").is_some(),
+            no_avx512_delta: std::env::var_os("HSPARITY_NO_AVX512_DELTA").is_some(),
             ..cpu
         }
     }
@@ -117,6 +122,7 @@ impl Capabilities {
                 Kernel::F32Gemm | Kernel::Gemv => self.avx512_gemm(),
                 Kernel::Bf16Gemm => self.bf16_gemm(),
                 Kernel::DeltaRuleAvx2 => self.avx2,
+                Kernel::DeltaRuleAvx512 => self.avx512f && !self.no_avx512_delta,
             })
             .map(Kernel::name)
             .collect()
@@ -141,15 +147,18 @@ pub enum Kernel {
     /// The Gated DeltaNet's head loops compiled for AVX2
     /// (`models::qwen3_5::delta_rule`: the same operations, wider lanes).
     DeltaRuleAvx2,
+    /// The same loops compiled for AVX-512F.
+    DeltaRuleAvx512,
 }
 
 impl Kernel {
     /// Every kernel, in the order reports list them.
-    pub const ALL: [Kernel; 4] = [
+    pub const ALL: [Kernel; 5] = [
         Kernel::F32Gemm,
         Kernel::Bf16Gemm,
         Kernel::Gemv,
         Kernel::DeltaRuleAvx2,
+        Kernel::DeltaRuleAvx512,
     ];
 
     /// The name reports use.
@@ -159,16 +168,13 @@ impl Kernel {
             Kernel::Bf16Gemm => "bf16-gemm-avx512bf16",
             Kernel::Gemv => "gemv-avx512",
             Kernel::DeltaRuleAvx2 => "delta-rule-avx2",
+            Kernel::DeltaRuleAvx512 => "delta-rule-avx512",
         }
     }
 
     fn slot(self) -> &'static AtomicBool {
-        static RAN: [AtomicBool; 4] = [
-            AtomicBool::new(false),
-            AtomicBool::new(false),
-            AtomicBool::new(false),
-            AtomicBool::new(false),
-        ];
+        static RAN: [AtomicBool; Kernel::ALL.len()] =
+            [const { AtomicBool::new(false) }; Kernel::ALL.len()];
         &RAN[self as usize]
     }
 
@@ -321,7 +327,7 @@ impl Plan {
         let here = match self.kernel {
             Kernel::F32Gemm | Kernel::Gemv => cpu.avx512f,
             Kernel::Bf16Gemm => cpu.avx512f && cpu.avx512bf16,
-            Kernel::DeltaRuleAvx2 => false,
+            Kernel::DeltaRuleAvx2 | Kernel::DeltaRuleAvx512 => false,
         };
         if !here {
             return Err(refuse("this CPU lacks the kernel's instructions"));

@@ -312,7 +312,8 @@ pub struct Environment {
 pub struct KernelFacts {
     /// CPU features (`avx2`, `avx512f`, `avx512bf16`).
     pub cpu_features: Vec<&'static str>,
-    /// Switches set in the environment (`HSPARITY_NO_AVX512_GEMM`, `HSPARITY_NO_BF16_DOT`).
+    /// Switches set in the environment (`HSPARITY_NO_AVX512_GEMM`, `HSPARITY_NO_BF16_DOT`,
+    /// `HSPARITY_NO_AVX512_DELTA`).
     pub disabled_by: Vec<&'static str>,
     /// Kernels that may run.
     pub available: Vec<&'static str>,
@@ -327,6 +328,7 @@ impl KernelFacts {
         let disabled_by = [
             (caps.no_avx512_gemm, "HSPARITY_NO_AVX512_GEMM"),
             (caps.no_bf16_dot, "HSPARITY_NO_BF16_DOT"),
+            (caps.no_avx512_delta, "HSPARITY_NO_AVX512_DELTA"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))

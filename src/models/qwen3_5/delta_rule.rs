@@ -1,12 +1,13 @@
 //! The delta-rule kernels of [`super::gated_delta_net`]: the recurrent and the
 //! chunked form of `modeling_qwen3_5.py`'s `torch_recurrent_gated_delta_rule`
 //! and `torch_chunk_gated_delta_rule` over f32 buffers, one rayon task per
-//! head. Each head's loop is compiled twice, portable and for AVX2, and the
-//! AVX2 build runs where the CPU has it ([`crate::kernels::capabilities`],
-//! recorded as `delta-rule-avx2`): the same
+//! head. Each head's loop is compiled three times, portable, for AVX2 and for
+//! AVX-512F, and the widest build the CPU has runs
+//! ([`crate::kernels::capabilities`], recorded as `delta-rule-avx512` or
+//! `delta-rule-avx2`; `HSPARITY_NO_AVX512_DELTA` keeps it to AVX2): the same
 //! operations in the same order on wider lanes (independent elements only;
-//! no fused multiply-add is enabled, no sum is reassociated), so both builds
-//! give bitwise the same values.
+//! no fused multiply-add is enabled, no sum is reassociated), so every build
+//! gives bitwise the same values (tested in `delta_rule/tests.rs`).
 
 use rayon::prelude::*;
 
@@ -21,38 +22,45 @@ type Dims = (usize, usize, usize);
 /// A head kernel: the head's inputs, its state (in and out), the dims; its outputs `[T·dv]`.
 type HeadKernel = fn(&Head, &mut [f32], Dims) -> Vec<f32>;
 
-/// `portable(h, s, d)`, or `avx2(h, s, d)` where the CPU has AVX2.
-#[inline(always)]
-fn on_widest(
+/// A head kernel compiled for an instruction set (call only where the CPU has it).
+type WideKernel = unsafe fn(&Head, &mut [f32], Dims) -> Vec<f32>;
+
+/// One head kernel in its three builds: portable, AVX2, AVX-512F.
+#[derive(Clone, Copy)]
+struct Builds {
     portable: HeadKernel,
-    avx2: unsafe fn(&Head, &mut [f32], Dims) -> Vec<f32>,
-    h: &Head,
-    s: &mut [f32],
-    d: Dims,
-) -> Vec<f32> {
+    avx2: WideKernel,
+    avx512: WideKernel,
+}
+
+/// The widest build this CPU runs: AVX-512F, else AVX2, else portable.
+#[inline(always)]
+fn on_widest(k: Builds, h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::capabilities().avx2 {
-        crate::kernels::Kernel::DeltaRuleAvx2.record();
-        // SAFETY: the CPU has AVX2 (read from CPUID with the capabilities).
-        return unsafe { avx2(h, s, d) };
+    {
+        let caps = crate::kernels::capabilities();
+        if caps.avx512f && !caps.no_avx512_delta {
+            crate::kernels::Kernel::DeltaRuleAvx512.record();
+            // SAFETY: the CPU has AVX-512F (read from CPUID with the capabilities).
+            return unsafe { (k.avx512)(h, s, d) };
+        }
+        if caps.avx2 {
+            crate::kernels::Kernel::DeltaRuleAvx2.record();
+            // SAFETY: the CPU has AVX2 (read from CPUID with the capabilities).
+            return unsafe { (k.avx2)(h, s, d) };
+        }
     }
-    let _ = avx2;
-    portable(h, s, d)
+    (k.portable)(h, s, d)
 }
 
 /// `kernel` on every head of `inp` (one rayon task per head; heads are
 /// independent), `state` split per head; the outputs as `[T, heads, dv]`.
-fn over_heads(
-    inp: &DeltaRuleInputs,
-    state: &mut [f32],
-    portable: HeadKernel,
-    avx2: unsafe fn(&Head, &mut [f32], Dims) -> Vec<f32>,
-) -> Vec<f32> {
+fn over_heads(inp: &DeltaRuleInputs, state: &mut [f32], k: Builds) -> Vec<f32> {
     let (t, dk, dv) = (inp.t, inp.dk, inp.dv);
     let per: Vec<Vec<f32>> = per_head(inp)
         .par_iter()
         .zip(state.par_chunks_mut(dk * dv))
-        .map(|(h, s)| on_widest(portable, avx2, h, s, (t, dk, dv)))
+        .map(|(h, s)| on_widest(k, h, s, (t, dk, dv)))
         .collect();
     interleave_heads(&per, t, dv)
 }
@@ -68,6 +76,32 @@ unsafe fn recurrent_head_avx2(h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
 unsafe fn chunked_head_avx2(h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
     chunked_head(h, s, d)
 }
+
+/// [`recurrent_head`] compiled for AVX-512F (call only where the CPU has it).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
+unsafe fn recurrent_head_avx512(h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
+    recurrent_head(h, s, d)
+}
+
+/// [`chunked_head`] compiled for AVX-512F (call only where the CPU has it).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
+unsafe fn chunked_head_avx512(h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
+    chunked_head(h, s, d)
+}
+
+/// The recurrent head's builds.
+const RECURRENT: Builds = Builds {
+    portable: recurrent_head,
+    avx2: recurrent_head_avx2,
+    avx512: recurrent_head_avx512,
+};
+
+/// The chunked head's builds.
+const CHUNKED: Builds = Builds {
+    portable: chunked_head,
+    avx2: chunked_head_avx2,
+    avx512: chunked_head_avx512,
+};
 
 /// `x · rsqrt(Σx² + 1e-6)` in place (transformers' `l2norm`, eps fixed at 1e-6).
 fn l2norm(x: &mut [f32]) {
@@ -113,7 +147,7 @@ fn per_head(inp: &DeltaRuleInputs) -> Vec<Head> {
 /// `state`: `[heads, dk, dv]`, read as the initial state and overwritten with
 /// the final one. Returns `o`: `[T, heads, dv]`.
 pub fn recurrent(inp: &DeltaRuleInputs, state: &mut [f32]) -> Vec<f32> {
-    over_heads(inp, state, recurrent_head, recurrent_head_avx2)
+    over_heads(inp, state, RECURRENT)
 }
 
 /// One head of [`recurrent`]: `s` is its `[dk, dv]` state.
@@ -191,7 +225,7 @@ fn interleave_heads(per: &[Vec<f32>], t: usize, dv: usize) -> Vec<f32> {
 /// `state`: `[heads, dk, dv]`, initial state in, final state out. Returns
 /// `o`: `[T, heads, dv]`.
 pub fn chunked(inp: &DeltaRuleInputs, state: &mut [f32]) -> Vec<f32> {
-    over_heads(inp, state, chunked_head, chunked_head_avx2)
+    over_heads(inp, state, CHUNKED)
 }
 
 /// One head of [`chunked`]: `s` is its `[dk, dv]` state.
@@ -309,3 +343,6 @@ fn dots_with_keys(dots: &mut [f32], x: &[f32], kt: &[f32], n: usize) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
