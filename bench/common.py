@@ -38,7 +38,8 @@ def machine(py=None):
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_fp16") if f in flags]
     mem = next((l.split()[1] for l in Path("/proc/meminfo").read_text().splitlines()
                 if l.startswith("MemTotal")), "0") if Path("/proc/meminfo").exists() else "0"
-    lines = [f"machine: {model}; {os.cpu_count()} logical CPUs; {int(mem) / 2**20:.0f} GiB; "
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines = [f"machine: {model}; {usable} logical CPUs usable; {int(mem) / 2**20:.0f} GiB; "
              f"ISA {' '.join(isa) or 'none of avx2/avx512f/avx512_bf16/amx'}"]
     if py:
         out = subprocess.run([py, "-c", TORCH_FACTS], capture_output=True, text=True)
@@ -51,7 +52,7 @@ def machine(py=None):
                              capture_output=True, text=True, cwd=ROOT)
     try:
         k = json.loads(kernels.stdout)["environment"]["kernels"]
-        lines.append(f"hsparity kernels: CPU features {k['cpu_features']}, available {k['available']}, "
+        lines.append(f"hsparity kernels: CPU features {k['cpu_features']}, ran on the tiny fixture {k['ran']}, "
                      f"disabled by {k['disabled_by'] or 'nothing'}")
     except (ValueError, KeyError):
         lines.append("hsparity kernels: unknown (compare --json did not run)")

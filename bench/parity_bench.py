@@ -32,6 +32,7 @@ import subprocess
 from common import machine, BIN, ROOT, WORK, build, gib, median_run, read_headers
 
 INCREMENTAL_STEPS = 8  # hsparity::parity::incremental::STEPS
+PREFILL_CAP = 300  # hsparity::capture::decode::PREFILL_CAP
 
 CASES = {
     # name: (checkpoint, make_mid_checkpoint.py flags (None: a fixture), dtype, prompts, tokens,
@@ -97,13 +98,13 @@ def roofline(ckpt, n, t, identical, wall_py, wall_hs, peaks):
     py_flops = 2 * fwd  # two models, one forward each
     # hsparity: identical paths run one forward; diverging paths run path a, path b and
     # b's layers on a's inputs (the local comparison; the LM head on two inputs). The
-    # prefill-vs-incremental check runs the first prompt's prefill and single steps once
-    # per distinct dtype: about one prompt's tokens each.
+    # prefill-vs-incremental check runs the first prompt's prefill (at most 300 tokens) and
+    # 8 single steps once per distinct dtype.
     if identical:
         hs_flops, checks = fwd, 1
     else:
         hs_flops, checks = 3 * 2 * layers * tokens + 2 * 2 * head * tokens, 2
-    hs_flops += checks * 2 * layers * t
+    hs_flops += checks * 2 * layers * min(t, PREFILL_CAP + INCREMENTAL_STEPS)
     f32, bf16 = peaks["f32"], peaks["bf16"]
     for who, fl, w in (("transformers", py_flops, wall_py), ("hsparity", hs_flops, wall_hs)):
         g = fl / w / 1e9

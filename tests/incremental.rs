@@ -137,3 +137,44 @@ fn the_incremental_plan_follows_the_flags_the_size_and_the_cpu() {
     assert!(skip(plan(None, big, r, true, &avx512)).contains("--gdn-form recurrent"));
     assert!(skip(plan(None, big, c, true, &none)).contains("pass --incremental to force it"));
 }
+
+/// On a prompt longer than the cap the check prefills 300 tokens and steps
+/// through positions 300–307, in the capture's sweep (chunked) and as its
+/// own pass (`--gdn-form recurrent`) alike, and passes: the cached decode of
+/// the tiny fixture is its full forward there.
+#[test]
+fn on_a_long_prompt_the_check_runs_on_its_first_308_tokens() {
+    let ids: Vec<String> = (0..420)
+        .map(|i| ((17 + 7919 * i) % 384).to_string())
+        .collect();
+    for form in ["chunked", "recurrent"] {
+        let o = crate::common::hsparity()
+            .args([
+                "compare",
+                "fixtures/tiny-qwen3_5",
+                "--json",
+                "--no-report",
+                "--quiet",
+                "--incremental",
+            ])
+            .args(["--gdn-form", form, "--prompt-ids", &ids.join(",")])
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{form}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        for row in v["incremental"].as_array().unwrap() {
+            assert_eq!(
+                (row["prefill_tokens"].as_u64(), row["steps"].as_u64()),
+                (Some(300), Some(8)),
+                "{form}"
+            );
+            assert_eq!(row["verdict"], "pass", "{form}: {row}");
+        }
+        assert_eq!(v["incremental"].as_array().unwrap().len(), 2, "{form}");
+    }
+}

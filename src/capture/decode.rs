@@ -23,10 +23,20 @@ use crate::models::{DecoderLayer, GdnForm, LayerState, Positions, Sequence, Text
 /// prompt, compared with the capture's rows there. On longer prompts the
 /// check then costs at most 308 tokens per path whatever the prompt's
 /// length (the capture costs T: at 4096 tokens the check is under 8 % of
-/// it), instead of a second forward of the whole prompt. What it cannot see
-/// is a fault that only a decode past position 307 shows (a window or a
-/// cache size reached later): no supported family has one.
+/// it), instead of a second forward of the whole prompt (with `--gdn-form
+/// recurrent`, whose full forward the check computes itself, that forward
+/// also stops at 308 tokens). What it cannot see: a fault that only a decode
+/// past position 307 shows (a window or a cache size reached later: no
+/// supported family has one), a hand-off exactly at a chunk boundary (the
+/// incremental tests cover it), and drift that grows over more than five
+/// chunks of prefill.
 pub const PREFILL_CAP: usize = 300;
+
+// The prefill crosses chunk boundaries and ends mid-chunk.
+const _: () = assert!(
+    PREFILL_CAP > crate::models::qwen3_5::gated_delta_net::CHUNK_SIZE
+        && !PREFILL_CAP.is_multiple_of(crate::models::qwen3_5::gated_delta_net::CHUNK_SIZE)
+);
 
 /// Prefill tokens and steps of the check on a prompt of `len ≥ 2` tokens:
 /// the steps are the last `STEPS` (at most `len − 1`) tokens of its first
@@ -34,6 +44,20 @@ pub const PREFILL_CAP: usize = 300;
 pub fn split(len: usize, steps: usize) -> (usize, usize) {
     let steps = steps.min(len - 1);
     ((len - steps).min(PREFILL_CAP), steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{split, PREFILL_CAP};
+
+    #[test]
+    fn the_prefill_takes_all_but_the_steps_up_to_the_cap() {
+        assert_eq!(split(2, 8), (1, 1));
+        assert_eq!(split(9, 8), (1, 8));
+        assert_eq!(split(PREFILL_CAP + 8, 8), (PREFILL_CAP, 8));
+        assert_eq!(split(PREFILL_CAP + 9, 8), (PREFILL_CAP, 8));
+        assert_eq!(split(4096, 8), (PREFILL_CAP, 8));
+    }
 }
 
 /// Which prompt the check runs on and how many single-token steps it takes.

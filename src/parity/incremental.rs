@@ -39,9 +39,10 @@ pub fn prompt_of(session: &Session) -> Option<usize> {
     session.prompts.iter().position(|p| p.ids.len() >= 2)
 }
 
-/// Prefill `ids[..n-s]`, then `s` single cached steps (single tokens take
-/// the recurrent form, as transformers' decode does); compare the stepped
-/// rows' final-normed states with the full forward's.
+/// Prefill the first `pre` tokens, then `s` single cached steps (single
+/// tokens take the recurrent form, as transformers' decode does), `(pre, s)`
+/// from [`crate::capture::decode::split`]; compare the stepped rows'
+/// final-normed states with the full forward's at the same positions.
 ///
 /// Teacher-forced on the prompt's own tokens, so it runs layer-major: each
 /// layer's weights are loaded once, run on the full sequence, the prefill
@@ -50,7 +51,10 @@ pub fn prompt_of(session: &Session) -> Option<usize> {
 ///
 /// `full_last`: the full forward's final-normed states `[T, H]` when the
 /// capture already computed them (chunked form, same path and dtype);
-/// `None` computes them here. `None` when no prompt has two tokens.
+/// `None` computes them here, over the first `pre + s` tokens only (so the
+/// check's cost stays bounded at any prompt length; a causal model's rows
+/// there are those of the whole prompt, to f32 rounding of the chunking).
+/// `None` when no prompt has two tokens.
 ///
 /// Errors: a tensor cannot be loaded or computed.
 pub fn check(
@@ -65,6 +69,7 @@ pub fn check(
     let (spec, src) = (&session.spec, &path.view as &dyn WeightSource);
     let ids = &session.prompts[k].ids;
     let (pre, steps) = crate::capture::decode::split(ids.len(), STEPS);
+    let ids = &ids[..pre + steps];
     let emb = Embedding::gather(src, prec, ids)?;
     let mut full = full_last.is_none().then(|| emb.clone());
     let mut prefill = emb.narrow(0, 0, pre)?;
@@ -196,7 +201,8 @@ pub enum IncrementalPlan {
 }
 
 /// The prefill-vs-incremental check adds, per path and layer, a prefill of
-/// one prompt and [`STEPS`] single-token steps to the capture's sweep, on
+/// at most [`crate::capture::decode::PREFILL_CAP`] tokens of one prompt and
+/// [`STEPS`] single-token steps to the capture's sweep, on
 /// the layer already loaded. Where the steps' products can run in one pass
 /// over each weight (the CPU has the single-row kernel,
 /// [`crate::kernels::Capabilities::cpu_reads_weights_once`], whatever

@@ -31,9 +31,14 @@ fn builds_agree(k: Builds, name: &str) {
         let (mut s, mut s2, mut s5) = (s0.clone(), s0.clone(), s0.clone());
         let want = (k.portable)(&h, &mut s, (t, dk, dv));
         let caps = crate::kernels::capabilities();
-        if !caps.avx2 || !caps.avx512f {
-            eprintln!(
-                "{name}: this CPU lacks AVX2 or AVX-512F; those builds are not compared here"
+        let required = std::env::var("HSPARITY_REQUIRE_KERNELS").unwrap_or_default();
+        for (has, kernel) in [
+            (caps.avx2, "delta-rule-avx2"),
+            (caps.avx512f, "delta-rule-avx512"),
+        ] {
+            assert!(
+                has || !required.split(',').any(|r| r.trim() == kernel),
+                "HSPARITY_REQUIRE_KERNELS names {kernel}, which this CPU cannot run"
             );
         }
         if caps.avx2 {
