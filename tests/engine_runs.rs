@@ -175,12 +175,13 @@ fn engine(pair: &str, metrics: &str, traj: Option<&str>) -> (EngineComparison, b
 /// With the grouped k-norm fix vLLM accepts exactly what hsparity's loop
 /// does: generating M = 64 (vLLM's max_tokens 65) the same rounds and
 /// accepted drafts per prompt and per step, from the per-request metrics and
-/// from the real server's /metrics scrape; on vLLM's own outputs the rounds
+/// from the real server's /metrics scrape and its responses' per-request
+/// metrics (serve.json); on vLLM's own outputs the rounds
 /// hsparity replays (those whose block the outputs cover) agree step for step.
 #[test]
 fn vllms_acceptance_is_hsparitys_tau_round_for_round_with_the_fix() {
     for pair in ["toy-pair", "toy-pair-qwen3"] {
-        for metrics in ["fixed/metrics.json", "fixed/metrics.prom"] {
+        for metrics in ["fixed/metrics.json", "fixed/metrics.prom", "fixed/serve.json"] {
             let (e, fails) = engine(pair, metrics, None);
             assert_eq!(e.gap_in, GapIn::None, "{pair} {metrics}: {}", e.conclusion);
             assert!(!fails);
