@@ -12,7 +12,8 @@ Qwen3.5 checkpoints written by tools/make_mid_checkpoint.py under target/bench/ 
   mid            f32 on disk, both sides in f32 (`--dtype f32`, `dtype=torch.float32`);
   mid-bf16       bf16 on disk, identical paths, both sides in the checkpoint's dtype
                  (`compare` default `--dtype auto`, transformers `dtype="auto"`);
-  mid-long       the mid checkpoint, f32, one prompt of 4096 tokens (a long eval context);
+  mid-2k, mid-long  the mid checkpoint, f32, one prompt of 2048 / 4096 tokens (long eval
+                 contexts; its max_position_embeddings is 4096);
   mid-divergent  fp16 on disk, `text_config.dtype = bfloat16` and no top-level dtype:
                  AutoModelForCausalLM resolves bf16, AutoModel f16 (both sides `auto`).
 
@@ -40,6 +41,7 @@ CASES = {
     "tiny": (ROOT / "fixtures" / "tiny-qwen3_5", None, "f32", 4, 32, True),
     "mid": (WORK / "mid-qwen3_5", [], "f32", 4, 128, True),
     "mid-bf16": (WORK / "mid-bf16-qwen3_5", ["--dtype", "bfloat16"], "auto", 4, 128, True),
+    "mid-2k": (WORK / "mid-qwen3_5", [], "f32", 1, 2048, True),
     "mid-long": (WORK / "mid-qwen3_5", [], "f32", 1, 4096, True),
     "mid-divergent": (
         WORK / "mid-divergent-qwen3_5",
