@@ -347,20 +347,7 @@ fn engine_metrics_of_other_runs_are_refused() {
         ),
     ];
     for (args, want) in cases {
-        let o = hsparity()
-            .args([
-                "drafter",
-                "fixtures/toy-pair/target",
-                "--drafter",
-                "fixtures/toy-pair/drafter",
-            ])
-            .args(args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(want), "{args:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "{err}");
+        refused_on_the_toy_pair("drafter", args, want);
     }
     let random = "fixtures/toy-pair/golden/random-drafter"; // block 6: 5 drafts a round
     let o = hsparity()
@@ -422,21 +409,28 @@ fn engine_metrics_of_other_runs_are_refused() {
         ),
     ];
     for (verb, args, want) in refused {
-        let o = hsparity()
-            .args([
-                verb,
-                "fixtures/toy-pair/target",
-                "--drafter",
-                "fixtures/toy-pair/drafter",
-            ])
-            .args(args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(2), "{verb} {args:?}: {err}");
-        assert!(err.contains(want), "{verb} {args:?}: {err}");
-        assert!(o.stdout.is_empty());
+        refused_on_the_toy_pair(verb, args, want);
     }
+}
+
+/// `hsparity VERB fixtures/toy-pair/target --drafter fixtures/toy-pair/drafter
+/// ARGS` exits 2 with one line on stderr holding `want`, and nothing on stdout.
+fn refused_on_the_toy_pair(verb: &str, args: &[&str], want: &str) {
+    let o = hsparity()
+        .args([
+            verb,
+            "fixtures/toy-pair/target",
+            "--drafter",
+            "fixtures/toy-pair/drafter",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{verb} {args:?}: {err}");
+    assert!(err.contains(want), "{verb} {args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(o.stdout.is_empty());
 }
 
 /// SpecForge's own records (its SGLang CPU capture of the dense pair, batch
