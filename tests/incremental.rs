@@ -174,6 +174,10 @@ fn on_a_long_prompt_the_check_runs_on_its_first_308_tokens() {
                 "{form}"
             );
             assert_eq!(row["verdict"], "pass", "{form}: {row}");
+            // The largest difference is named at its position in the prompt.
+            if let Some(t) = row["metrics"]["max_abs_at"]["token"].as_u64() {
+                assert!((300..308).contains(&t), "{form}: {row}");
+            }
         }
         assert_eq!(v["incremental"].as_array().unwrap().len(), 2, "{form}");
     }
