@@ -484,3 +484,42 @@ fn specforge_records_import_agree_and_replay() {
         assert_eq!(r["verdict"], "pass", "{dir}: {}", r["summary"]);
     }
 }
+
+/// `compare --drafter` carries the engine comparison too: its summary says
+/// when the engine accepts what hsparity's loop does.
+#[test]
+fn compare_with_a_drafter_says_when_the_engine_agrees() {
+    let o = hsparity()
+        .args([
+            "compare",
+            "fixtures/toy-pair/target",
+            "--drafter",
+            "fixtures/toy-pair/drafter",
+        ])
+        .args([
+            "--prompts",
+            &format!("{V}/toy-pair/prompts.jsonl"),
+            "--no-report",
+            "--json",
+            "--quiet",
+        ])
+        .args([
+            "--engine-metrics",
+            &format!("{V}/toy-pair/fixed/metrics.prom"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let summary = r["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("the engine accepts as hsparity does"),
+        "{summary}"
+    );
+    assert_eq!(r["drafter"]["engine"]["gap_in"], "none");
+}

@@ -115,6 +115,10 @@ pub fn append_drafter(d: &DrafterReport, verdict: &mut Verdict, summary: &mut St
         summary.push_str(&format!(" ({})", g.sentence()));
     }
     summary.push_str(&format!(", on {}", d.measured_on));
+    // `--engine-metrics`: a gap is among the failures above; agreement is said here.
+    if let Some(e) = d.engine.as_ref().filter(|e| !e.is_gap()) {
+        summary.push_str(&format!("; {}", e.headline()));
+    }
 }
 
 /// Fails the run on every path whose cached decode departs from its full
