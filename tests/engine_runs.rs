@@ -8,7 +8,7 @@
 
 use crate::common;
 
-use common::hsparity;
+use common::{hsparity, json_of};
 use hsparity::commands::drafter::{self, DrafterOptions};
 use hsparity::drafter::engine_gap::{EngineComparison, GapIn};
 use hsparity::drafter::trajectories::GivenFile;
@@ -19,16 +19,35 @@ use std::path::Path;
 const V: &str = "fixtures/engine-runs/vllm-cpu";
 const SF: &str = "fixtures/engine-runs/specforge";
 
-/// Runs hsparity with `args`, expecting exit `code`; returns its JSON (or Null).
-fn run(args: &[&str], code: i32) -> Value {
-    let o = hsparity().args(args).output().unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(code),
-        "hsparity {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
+/// Runs `hsparity ARGS`, which must exit 0 (`dump`, `import`: no JSON).
+fn ok(args: &[&str]) {
+    hsparity().args(args).assert().success();
+}
+
+/// `hsparity VERB` on the toy pair and vLLM's prompts with the fixed run's
+/// `METRICS` as `--engine-metrics`: its report.
+fn on_the_fixed_run(verb: &str, metrics: &str) -> Value {
+    let (prompts, metrics) = (
+        format!("{V}/toy-pair/prompts.jsonl"),
+        format!("{V}/toy-pair/fixed/{metrics}"),
     );
-    serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+    report(&[
+        verb,
+        "fixtures/toy-pair/target",
+        "--drafter",
+        "fixtures/toy-pair/drafter",
+        "--prompts",
+        &prompts,
+        "--engine-metrics",
+        &metrics,
+        "--no-report",
+        "--quiet",
+    ])
+}
+
+/// Runs `hsparity ARGS --json`, which must exit 0, and returns its report.
+fn report(args: &[&str]) -> Value {
+    json_of(hsparity().args(args).arg("--json"))
 }
 
 /// `hsparity dump` of `target` on `prompts` in `dtype` into `dir`.
@@ -36,22 +55,19 @@ fn dump(dir: &Path, target: &str, prompts: &str, dtype: &str) -> String {
     let name = target.replace('/', "-");
     let out = dir.join(format!("hf-{name}-{dtype}.safetensors"));
     let out = out.to_str().unwrap();
-    run(
-        &[
-            "dump",
-            target,
-            "--path",
-            "causal-lm",
-            "--dtype",
-            dtype,
-            "--prompts",
-            prompts,
-            "--quiet",
-            "--out",
-            out,
-        ],
-        0,
-    );
+    ok(&[
+        "dump",
+        target,
+        "--path",
+        "causal-lm",
+        "--dtype",
+        dtype,
+        "--prompts",
+        prompts,
+        "--quiet",
+        "--out",
+        out,
+    ]);
     out.to_string()
 }
 
@@ -87,22 +103,19 @@ fn vllm_captures_import_in_request_order_and_agree_with_a_dump() {
         let theirs = tmp.path().join(format!("{pair}-{caps}.safetensors"));
         let theirs = theirs.to_str().unwrap();
         let dir = format!("{V}/{pair}/{caps}");
-        run(
-            &[
-                "import",
-                &dir,
-                "--format",
-                "vllm",
-                "--layer-ids",
-                "0,2,3,4",
-                "--num-layers",
-                "4",
-                "--out",
-                theirs,
-            ],
-            0,
-        );
-        let d = run(&["diff", &ours, theirs, "--json", "--no-report"], 0);
+        ok(&[
+            "import",
+            &dir,
+            "--format",
+            "vllm",
+            "--layer-ids",
+            "0,2,3,4",
+            "--num-layers",
+            "4",
+            "--out",
+            theirs,
+        ]);
+        let d = report(&["diff", &ours, theirs, "--no-report"]);
         assert_eq!(d["verdict"], "pass", "{pair} {caps}: {}", d["summary"]);
         let worst = worst_rel_l2(&d);
         assert!(worst < limit, "{pair} {caps}: rel L2 {worst}");
@@ -125,23 +138,19 @@ fn vllm_outputs_are_the_targets_greedy_continuation() {
         ("toy-pair-qwen3", "fixed-f32"),
     ] {
         let traj = format!("{V}/{pair}/{run_dir}/trajectories.jsonl");
-        let r = run(
-            &[
-                "drafter",
-                &format!("fixtures/{pair}/target"),
-                "--drafter",
-                &format!("fixtures/{pair}/drafter"),
-                "--paths",
-                "causal-lm",
-                "--trajectories",
-                &traj,
-                "--max-new-tokens",
-                "64",
-                "--json",
-                "--quiet",
-            ],
-            0,
-        );
+        let r = report(&[
+            "drafter",
+            &format!("fixtures/{pair}/target"),
+            "--drafter",
+            &format!("fixtures/{pair}/drafter"),
+            "--paths",
+            "causal-lm",
+            "--trajectories",
+            &traj,
+            "--max-new-tokens",
+            "64",
+            "--quiet",
+        ]);
         let p = &r["trajectories"]["paths"][0];
         assert_eq!(p["departures"], 0, "{pair} {run_dir}: {p}");
         assert_eq!(p["checked"], 15 * 65, "{pair} {run_dir}");
@@ -263,33 +272,7 @@ fn the_shipped_vllm_cpu_run_is_a_serving_side_loss() {
 /// says there is no regression to explain before any suspect.
 #[test]
 fn triage_reads_the_engines_acceptance_as_the_observed_tau() {
-    let o = hsparity()
-        .args([
-            "triage",
-            "fixtures/toy-pair/target",
-            "--drafter",
-            "fixtures/toy-pair/drafter",
-        ])
-        .args([
-            "--prompts",
-            &format!("{V}/toy-pair/prompts.jsonl"),
-            "--no-report",
-            "--json",
-            "--quiet",
-        ])
-        .args([
-            "--engine-metrics",
-            &format!("{V}/toy-pair/fixed/metrics.json"),
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = on_the_fixed_run("triage", "metrics.json");
     let (obs, base) = (
         r["observed_tau"].as_f64().unwrap(),
         r["baseline"]["tau_macro"].as_f64().unwrap(),
@@ -350,35 +333,28 @@ fn engine_metrics_of_other_runs_are_refused() {
         refused_on_the_toy_pair("drafter", args, want);
     }
     let random = "fixtures/toy-pair/golden/random-drafter"; // block 6: 5 drafts a round
-    let o = hsparity()
-        .args([
+    let (prompts, prom) = (
+        format!("{V}/toy-pair/prompts.jsonl"),
+        format!("{V}/toy-pair/fixed/metrics.prom"),
+    );
+    refused(
+        &[
             "triage",
             "fixtures/toy-pair/target",
             "--drafter",
             random,
             "--no-report",
-        ])
-        .args(["--prompts", &format!("{V}/toy-pair/prompts.jsonl")])
-        .args([
+            "--prompts",
+            &prompts,
             "--engine-metrics",
-            &format!("{V}/toy-pair/fixed/metrics.prom"),
-        ])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("proposed 7 draft tokens per round, the drafter's block size 6 makes 5"),
-        "{err}"
+            &prom,
+        ],
+        "proposed 7 draft tokens per round, the drafter's block size 6 makes 5",
     );
     // Comparisons whose definitions cannot be aligned are refused, not run.
-    let prompts = format!("{V}/toy-pair/prompts.jsonl");
     let traj = format!("{V}/toy-pair/fixed/trajectories.jsonl");
-    let (json, prom) = (
-        format!("{V}/toy-pair/fixed/metrics.json"),
-        format!("{V}/toy-pair/fixed/metrics.prom"),
-    );
-    let refused: [(&str, &[&str], &str); 3] = [
+    let json = format!("{V}/toy-pair/fixed/metrics.json");
+    let unaligned: [(&str, &[&str], &str); 3] = [
         (
             "drafter",
             &[
@@ -408,27 +384,30 @@ fn engine_metrics_of_other_runs_are_refused() {
             "a /metrics scrape gives only the pooled τ",
         ),
     ];
-    for (verb, args, want) in refused {
+    for (verb, args, want) in unaligned {
         refused_on_the_toy_pair(verb, args, want);
     }
 }
 
 /// `hsparity VERB fixtures/toy-pair/target --drafter fixtures/toy-pair/drafter
-/// ARGS` exits 2 with one line on stderr holding `want`, and nothing on stdout.
+/// ARGS` is refused ([`refused`]).
 fn refused_on_the_toy_pair(verb: &str, args: &[&str], want: &str) {
-    let o = hsparity()
-        .args([
-            verb,
-            "fixtures/toy-pair/target",
-            "--drafter",
-            "fixtures/toy-pair/drafter",
-        ])
-        .args(args)
-        .output()
-        .unwrap();
+    let head = [
+        verb,
+        "fixtures/toy-pair/target",
+        "--drafter",
+        "fixtures/toy-pair/drafter",
+    ];
+    refused(&[&head[..], args].concat(), want);
+}
+
+/// `hsparity ARGS` exits 2 with one line on stderr holding `want`, and
+/// nothing on stdout.
+fn refused(args: &[&str], want: &str) {
+    let o = hsparity().args(args).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{verb} {args:?}: {err}");
-    assert!(err.contains(want), "{verb} {args:?}: {err}");
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: {err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(o.stdout.is_empty());
 }
@@ -445,20 +424,17 @@ fn specforge_records_import_agree_and_replay() {
     for dir in ["toy-pair-qwen3", "toy-pair-qwen3-bs4"] {
         let out = tmp.path().join(format!("{dir}.safetensors"));
         let out = out.to_str().unwrap();
-        run(
-            &[
-                "import",
-                &format!("{SF}/{dir}"),
-                "--format",
-                "specforge",
-                "--drafter",
-                "fixtures/toy-pair-qwen3/drafter",
-                "--out",
-                out,
-            ],
-            0,
-        );
-        let d = run(&["diff", &ours, out, "--json", "--no-report"], 0);
+        ok(&[
+            "import",
+            &format!("{SF}/{dir}"),
+            "--format",
+            "specforge",
+            "--drafter",
+            "fixtures/toy-pair-qwen3/drafter",
+            "--out",
+            out,
+        ]);
+        let d = report(&["diff", &ours, out, "--no-report"]);
         assert_eq!(d["verdict"], "pass", "{dir}: {}", d["summary"]);
         let idx: Vec<u64> = d["pairs"][0]["hidden_states"]
             .as_array()
@@ -468,19 +444,15 @@ fn specforge_records_import_agree_and_replay() {
             .collect();
         assert_eq!(idx, vec![2, 3], "{dir}: taps 1 and 2");
         assert!(worst_rel_l2(&d) < 2e-2, "{dir}");
-        let r = run(
-            &[
-                "drafter",
-                "fixtures/toy-pair-qwen3/target",
-                "--drafter",
-                "fixtures/toy-pair-qwen3/drafter",
-                "--features",
-                &format!("{SF}/{dir}"),
-                "--json",
-                "--quiet",
-            ],
-            0,
-        );
+        let r = report(&[
+            "drafter",
+            "fixtures/toy-pair-qwen3/target",
+            "--drafter",
+            "fixtures/toy-pair-qwen3/drafter",
+            "--features",
+            &format!("{SF}/{dir}"),
+            "--quiet",
+        ]);
         assert_eq!(r["verdict"], "pass", "{dir}: {}", r["summary"]);
     }
 }
@@ -489,33 +461,7 @@ fn specforge_records_import_agree_and_replay() {
 /// when the engine accepts what hsparity's loop does.
 #[test]
 fn compare_with_a_drafter_says_when_the_engine_agrees() {
-    let o = hsparity()
-        .args([
-            "compare",
-            "fixtures/toy-pair/target",
-            "--drafter",
-            "fixtures/toy-pair/drafter",
-        ])
-        .args([
-            "--prompts",
-            &format!("{V}/toy-pair/prompts.jsonl"),
-            "--no-report",
-            "--json",
-            "--quiet",
-        ])
-        .args([
-            "--engine-metrics",
-            &format!("{V}/toy-pair/fixed/metrics.prom"),
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = on_the_fixed_run("compare", "metrics.prom");
     let summary = r["summary"].as_str().unwrap();
     assert!(
         summary.contains("the engine accepts as hsparity does"),

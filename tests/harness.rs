@@ -180,8 +180,6 @@ fn github_main_end_rule_is_not_the_wheel_at_the_end() {
 #[test]
 fn triage_gdn_crop_variant_is_the_wheels_loop_to_the_last_token() {
     use hsparity::commands::triage::{self, TriageOptions};
-    use hsparity::drafter::Replay;
-    use hsparity::triage::TriageSettings;
     let g = golden();
     let set = &g["sets"]["end_drafter_45"];
     let tmp = tempfile::tempdir().unwrap();
@@ -208,30 +206,12 @@ fn triage_gdn_crop_variant_is_the_wheels_loop_to_the_last_token() {
     std::fs::write(drafter.join("config.json"), cfg.to_string()).unwrap();
     let max_new = set["max_new_tokens"].as_u64().unwrap() as usize;
     let r = triage::run(&TriageOptions {
-        target: hsparity::session::Target {
-            checkpoint: format!("{T}/target"),
-            prompts: hsparity::prompts::PromptOptions {
-                file: Some(prompts),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-        settings: TriageSettings {
-            drafter: drafter.to_str().unwrap().into(),
-            replay: Replay {
-                max_new,
-                budget: 8,
-                rule: EndRule::Wheel,
-            },
-            observed_tau: None,
-            engine_metrics: None,
-            position_shift: 16,
-            seed: 0,
-            quiet: true,
-            memory_budget: None,
-            harness: Default::default(),
-            trajectories: None,
-        },
+        target: crate::common::target(&format!("{T}/target"), prompts.to_str()),
+        settings: crate::common::triage_settings(
+            drafter.to_str().unwrap(),
+            max_new,
+            EndRule::Wheel,
+        ),
         command_line: String::new(),
     })
     .unwrap();

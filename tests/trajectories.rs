@@ -17,10 +17,8 @@ use hsparity::commands::triage::{self, TriageOptions};
 use hsparity::drafter::eval::{EndRule, PathTau};
 use hsparity::drafter::plan::Residency;
 use hsparity::drafter::trajectories::GivenFile;
-use hsparity::drafter::Replay;
 use hsparity::loading::LoadingPath;
 use hsparity::report::DrafterReport;
-use hsparity::triage::TriageSettings;
 use serde_json::{json, Value};
 
 const PAIR: &str = "fixtures/toy-pair";
@@ -435,22 +433,7 @@ fn triage_on_the_baselines_own_trajectory_matches_the_generated_run() {
     let lines = every_third_prompt(PAIR);
     std::fs::write(&pf, &lines).unwrap();
     let n_prompts = lines.lines().count();
-    let settings = TriageSettings {
-        drafter: format!("{PAIR}/drafter"),
-        replay: Replay {
-            max_new: 32,
-            budget: 8,
-            rule: EndRule::GithubMain,
-        },
-        observed_tau: None,
-        engine_metrics: None,
-        position_shift: 16,
-        seed: 0,
-        quiet: true,
-        memory_budget: None,
-        harness: Default::default(),
-        trajectories: None,
-    };
+    let settings = common::triage_settings(&format!("{PAIR}/drafter"), 32, EndRule::GithubMain);
     let opts = TriageOptions {
         target: common::target(&format!("{PAIR}/target"), pf.to_str()),
         settings,

@@ -16,7 +16,6 @@ use hsparity::commands::drafter::{self as drafter_verb, DrafterOptions};
 use hsparity::commands::triage::{self, TriageOptions};
 use hsparity::drafter::bootstrap::Bootstrap;
 use hsparity::drafter::eval::EndRule;
-use hsparity::drafter::Replay;
 use hsparity::loading::LoadingPath;
 use hsparity::report::TriageReport;
 use hsparity::session::Target;
@@ -38,20 +37,8 @@ fn run_on(target: Target, drafter: &str, max_new: usize) -> TriageReport {
     triage::run(&TriageOptions {
         target,
         settings: TriageSettings {
-            drafter: drafter.into(),
-            replay: Replay {
-                max_new,
-                budget: 8,
-                rule: EndRule::GithubMain,
-            },
             observed_tau: Some(1.2),
-            engine_metrics: None,
-            position_shift: 16,
-            seed: 0,
-            quiet: true,
-            memory_budget: None,
-            harness: Default::default(),
-            trajectories: None,
+            ..common::triage_settings(drafter, max_new, EndRule::GithubMain)
         },
         command_line: String::new(),
     })

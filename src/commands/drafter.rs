@@ -122,10 +122,8 @@ pub(crate) fn evaluate(
             .iter()
             .map(|q| engine_metrics::prompt_tau(q.acceptance_lengths.clone()))
             .collect();
-        let replayed = match &p.given {
-            Some(g) => g.replayed.clone(),
-            None => vec![p.settings.replay.max_new; rounds.len()],
-        };
+        let replayed =
+            engine_gap::replayed(p.given.as_ref(), p.settings.replay.max_new, rounds.len());
         let ours = engine_gap::Ours {
             name: &path.name,
             rounds: &rounds,

@@ -129,6 +129,20 @@ pub struct Ours<'a> {
     pub block: usize,
 }
 
+/// Output tokens replayed per prompt: the supplied outputs' (`given`, as
+/// [`super::trajectories::Given::with_replay`] set them), else `max_new` on
+/// every one of `prompts`.
+pub fn replayed(
+    given: Option<&super::trajectories::Given>,
+    max_new: usize,
+    prompts: usize,
+) -> Vec<usize> {
+    match given {
+        Some(g) => g.replayed.clone(),
+        None => vec![max_new; prompts],
+    }
+}
+
 /// Accepted drafts the engine may differ by and still agree: near-ties its
 /// numerics resolve the other way, 0.5 % of hsparity's accepted drafts, at
 /// least 1.
@@ -146,7 +160,11 @@ fn totals(p: &[PromptTau]) -> (u64, u64) {
 /// as hsparity's (with per-step lists), else its counters.
 struct Side {
     rounds: Option<Vec<PromptTau>>,
+    /// Pooled τ and per-position rates (its `tau_macro` is not read: a
+    /// scrape has none, see `tau_macro`).
     summary: TauSummary,
+    /// Mean of the per-prompt τ, where the file is per request.
+    tau_macro: Option<f64>,
     count: u64,
     accepted: u64,
 }
@@ -155,6 +173,7 @@ fn engine_side(m: &EngineMetrics, ours: &Ours) -> Side {
     if let Some(r) = m.rounds_within(ours.replayed) {
         let (count, accepted) = totals(&r);
         return Side {
+            tau_macro: m.tau_macro(ours.replayed),
             summary: summarize(&r, ours.block),
             rounds: Some(r),
             count,
@@ -162,13 +181,11 @@ fn engine_side(m: &EngineMetrics, ours: &Ours) -> Side {
         };
     }
     let n = m.num_drafts as f64;
-    let tau_macro = m
-        .request_taus()
-        .map(|t| t.iter().sum::<f64>() / t.len().max(1) as f64);
     Side {
         rounds: None,
+        tau_macro: m.tau_macro(ours.replayed),
         summary: TauSummary {
-            tau_macro: tau_macro.unwrap_or(f64::NAN),
+            tau_macro: 0.0,
             tau_pooled: 1.0 + m.num_accepted_tokens as f64 / n,
             histogram: Vec::new(),
             per_position_acceptance: m
@@ -218,7 +235,7 @@ pub fn compare(
     };
     let mut c = EngineComparison {
         engine_tau_pooled: e.summary.tau_pooled,
-        engine_tau_macro: Some(e.summary.tau_macro).filter(|t| t.is_finite()),
+        engine_tau_macro: e.tau_macro,
         engine_rounds: e.count,
         rounds_left_out: m.num_drafts - e.count,
         engine_accepted: e.accepted,

@@ -137,6 +137,18 @@ impl EngineMetrics {
             .collect()
     }
 
+    /// The engine's macro τ (the mean of its per-prompt τ, as hsparity's)
+    /// over the rounds hsparity replays ([`Self::rounds_within`]); from the
+    /// per-request totals where there are no per-step lists; `None` for
+    /// pooled counters.
+    pub fn tau_macro(&self, replayed: &[usize]) -> Option<f64> {
+        let taus: Vec<f64> = match self.rounds_within(replayed) {
+            Some(r) => r.iter().map(|p| p.tau).collect(),
+            None => self.request_taus()?,
+        };
+        Some(taus.iter().sum::<f64>() / taus.len().max(1) as f64)
+    }
+
     /// Per prompt, the engine's rounds from its totals only (`summary`
     /// level, or when no cut is needed): as many rounds of mean length.
     pub fn request_taus(&self) -> Option<Vec<f64>> {

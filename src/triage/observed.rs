@@ -12,15 +12,6 @@ use crate::error::{Error, Result};
 use crate::models::dflash::Drafter;
 use crate::session::Session;
 
-/// Output tokens replayed per prompt: the supplied outputs' (`given`), else
-/// `--max-new-tokens` on every prompt.
-fn replayed(settings: &TriageSettings, prompts: usize, given: Option<&Given>) -> Vec<usize> {
-    match given {
-        Some(g) => g.replayed.clone(),
-        None => vec![settings.replay.max_new; prompts],
-    }
-}
-
 /// `settings` with the observed τ `--engine-metrics` gives, and the metrics
 /// (for [`beside`]); unchanged without the flag. The note goes to `notes`.
 ///
@@ -51,11 +42,8 @@ pub fn with_observed(
             m.file
         )));
     }
-    let taus: Vec<f64> = match m.rounds_within(&replayed(settings, n, given)) {
-        Some(r) => r.iter().map(|p| p.tau).collect(),
-        None => m.request_taus().unwrap_or_default(),
-    };
-    let tau = taus.iter().sum::<f64>() / taus.len().max(1) as f64;
+    let replayed = engine_gap::replayed(given, settings.replay.max_new, n);
+    let tau = m.tau_macro(&replayed).unwrap_or_default();
     notes.push(format!(
         "observed τ {}: the engine's macro τ (its per-request 1 + accepted/rounds, averaged over the prompts, over the rounds hsparity replays) from {}",
         crate::text::decimals4(tau),
@@ -85,7 +73,7 @@ pub fn beside(
         .iter()
         .map(|p| prompt_tau(p.acceptance_lengths.clone()))
         .collect();
-    let replayed = replayed(settings, rounds.len(), given);
+    let replayed = engine_gap::replayed(given, settings.replay.max_new, rounds.len());
     let ours = Ours {
         name: "the baseline",
         rounds: &rounds,

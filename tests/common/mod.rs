@@ -339,6 +339,31 @@ pub fn target(ckpt: &str, prompts_file: Option<&str>) -> hsparity::session::Targ
     }
 }
 
+/// `triage` settings for `drafter`: `max_new` new tokens under `rule`,
+/// DDTree-8, no observed τ, the command line's defaults otherwise, quiet.
+pub fn triage_settings(
+    drafter: &str,
+    max_new: usize,
+    rule: hsparity::drafter::eval::EndRule,
+) -> hsparity::triage::TriageSettings {
+    hsparity::triage::TriageSettings {
+        drafter: drafter.into(),
+        replay: hsparity::drafter::Replay {
+            max_new,
+            budget: 8,
+            rule,
+        },
+        observed_tau: None,
+        engine_metrics: None,
+        position_shift: 16,
+        seed: 0,
+        quiet: true,
+        memory_budget: None,
+        harness: Default::default(),
+        trajectories: None,
+    }
+}
+
 /// `drafter` options on `target` over `paths`: `max_new` new tokens under
 /// z-lab GitHub main's end rule, DDTree-8, gap limit 0.05, quiet.
 pub fn drafter_options(
