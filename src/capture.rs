@@ -79,6 +79,11 @@ pub struct PathModel<'a> {
     pub has_lm_head: bool,
     /// The dtype the path computes in.
     pub precision: Precision,
+    /// A path measuring another's noise floor (its products in another sum
+    /// order, [`crate::loading::Reordered`]): it runs on its own history
+    /// only, with no local forward and no cached decode. It comes after
+    /// every other path.
+    pub noise_shadow: bool,
 }
 
 /// Capture settings.
@@ -306,7 +311,10 @@ impl Run<'_> {
             // A path alone in its group runs its local forward (its layer on
             // path 0's input) stacked with its own: nothing to reuse either way.
             let n = self.paths.len();
-            let stack_local = local && p > 0 && (0..n).all(|q| q == p || groups[q] != groups[p]);
+            let stack_local = local
+                && p > 0
+                && !self.paths[p].noise_shadow
+                && (0..n).all(|q| q == p || groups[q] != groups[p]);
             let with_local = if stack_local {
                 states[0].as_slice()
             } else {
@@ -369,7 +377,7 @@ impl Run<'_> {
     ) -> Result<(LocalPerPath, Vec<Option<Vec<Routing>>>)> {
         let n = self.paths.len();
         let (mut locals, mut local_routes) = (vec![None; n], vec![None; n]);
-        for p in 1..n {
+        for p in (1..n).filter(|&p| !self.paths[p].noise_shadow) {
             if let Some(Some((o, r))) = stacked_local.get_mut(p).map(Option::take) {
                 locals[p] = Some(o);
                 local_routes[p] = r.into_iter().collect::<Option<Vec<_>>>();
@@ -534,7 +542,9 @@ pub fn run(
     let mut decode: Vec<DecodeRows> = match &run.decode {
         Some(plan) => states
             .iter()
-            .map(|s| plan.split(&s[plan.check.prompt]))
+            .zip(paths)
+            .filter(|(_, p)| !p.noise_shadow)
+            .map(|(s, _)| plan.split(&s[plan.check.prompt]))
             .collect::<Result<_>>()?,
         None => Vec::new(),
     };

@@ -20,6 +20,7 @@ use crate::loading::LoadingPath;
 use crate::models::GdnForm;
 use crate::output::{ReportFolder, ReportSettings};
 use crate::parity::dumps::DiffSettings;
+use crate::parity::noise::FloorPlan;
 use crate::precision::Precision;
 use crate::prompts::DefaultPrompts;
 use crate::report::{self, Document};
@@ -211,6 +212,9 @@ struct CompareArgs {
     /// Skip the prefill-vs-incremental check.
     #[arg(long)]
     no_incremental: bool,
+    /// Skip the noise floor of a bf16/f16 run: the split-k shadow, one more forward of the path whose differences it measures (docs/noise-floor.md).
+    #[arg(long)]
+    no_noise_floor: bool,
     #[command(flatten)]
     eval: DrafterEvalArgs,
     #[command(flatten)]
@@ -321,6 +325,9 @@ struct DumpArgs {
     /// Leave out the logits.
     #[arg(long)]
     no_logits: bool,
+    /// Skip the noise floor of a bf16/f16 run: the split-k shadow, one more forward of the path whose differences it measures (docs/noise-floor.md).
+    #[arg(long)]
+    no_noise_floor: bool,
     /// Compute dtype: auto (what the loading path would pick), f32, bf16 or f16.
     #[arg(long, value_enum, default_value = "auto")]
     dtype: DtypeArg,
@@ -375,12 +382,22 @@ fn finish<D: Document>(doc: &D, json: bool, folder: Option<ReportFolder>) -> Res
     Ok(doc.exit_code())
 }
 
+/// `--no-noise-floor` as the plan.
+fn floor_plan(skip: bool) -> FloorPlan {
+    if skip {
+        FloorPlan::Skip
+    } else {
+        FloorPlan::Measure
+    }
+}
+
 /// `dump`: writes the file, then exits 1 when the path's weights hold a
 /// finding (MISSING or NaN/Inf, as `compare` would fail them).
 fn run_dump(a: DumpArgs) -> Result<u8> {
     let opts = dump::DumpOptions {
         logits: !a.no_logits,
         form: a.gdn_form,
+        noise_floor: floor_plan(a.no_noise_floor),
         quiet: a.run.quiet,
     };
     let target = a.target.target(&a.run, a.dtype.0);
@@ -413,6 +430,7 @@ fn run_compare(a: CompareArgs) -> Result<u8> {
         paths: distinct(a.paths)?,
         taps: a.taps,
         gdn_form: a.gdn_form,
+        noise_floor: floor_plan(a.no_noise_floor),
         incremental: match (a.incremental, a.no_incremental) {
             (true, _) => Some(true),
             (_, true) => Some(false),

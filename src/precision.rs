@@ -200,6 +200,82 @@ impl Precision {
     }
 }
 
+/// How the f32 sums of a linear map's products become the compute dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProductRounding {
+    /// To nearest, ties to even: what every kernel and torch's CPU half
+    /// GEMMs do with their own f32 sums.
+    #[default]
+    Nearest,
+    /// The noise floor's shadow (`docs/noise-floor.md`): to nearest, except
+    /// a sum within [`MIDPOINT_ZONE`]`·√k` f32 units in the last place of a
+    /// rounding midpoint of the dtype goes to the other neighbour, as it
+    /// would had another summation order of its `k` products (torch's
+    /// oneDNN or MKL blocking, an engine's kernel) landed it the other side.
+    NearMidpointsFlipped,
+}
+
+/// The half-width, in f32 units in the last place per `√k`, of the zone
+/// around a rounding midpoint where [`ProductRounding::NearMidpointsFlipped`]
+/// rounds the other way. Two f32 summation orders of `k` products differ by
+/// about `√k` such units; the constant is calibrated on the corpus of
+/// `tools/noise_corpus.py` (`docs/noise-floor.md`).
+pub const MIDPOINT_ZONE: f64 = 1.0;
+
+impl Precision {
+    /// `t` (f32 sums of `k` products each) rounded to this dtype as
+    /// `rounding` says.
+    ///
+    /// Errors: a tensor failure.
+    pub fn round_products(self, t: &Tensor, k: usize, rounding: ProductRounding) -> Result<Tensor> {
+        if rounding == ProductRounding::Nearest || self == Precision::F32 {
+            return self.round(t);
+        }
+        let zone = MIDPOINT_ZONE * (k.max(1) as f64).sqrt();
+        let (shape, device) = (t.shape().clone(), t.device().clone());
+        let mut v = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        v.iter_mut()
+            .for_each(|x| *x = self.round_flipping(*x, zone));
+        Ok(Tensor::from_vec(v, shape, &device)?)
+    }
+
+    /// `x` rounded to nearest, or to the other neighbour when `x` lies within
+    /// `zone` f32 units in the last place of their midpoint.
+    pub fn round_flipping(self, x: f32, zone: f64) -> f32 {
+        let r = self.round_f32(x);
+        if !x.is_finite() || !r.is_finite() || r == 0.0 || r == x {
+            return r;
+        }
+        let toward_x = |r: f32| -> f32 {
+            let up = x > r;
+            match self {
+                Precision::F32 => r,
+                Precision::Bf16 => {
+                    let b = half::bf16::from_f32(r).to_bits();
+                    let b = if up == (r > 0.0) { b + 1 } else { b - 1 };
+                    half::bf16::from_bits(b).to_f32()
+                }
+                Precision::F16 => {
+                    let b = half::f16::from_f32(r).to_bits();
+                    let b = if up == (r > 0.0) { b + 1 } else { b - 1 };
+                    half::f16::from_bits(b).to_f32()
+                }
+            }
+        };
+        let other = toward_x(r);
+        if !other.is_finite() {
+            return r;
+        }
+        let mid = (f64::from(r) + f64::from(other)) / 2.0;
+        let ulp = f64::from(f32::from_bits(x.abs().to_bits() + 1) - x.abs());
+        if (f64::from(x) - mid).abs() <= zone * ulp {
+            other
+        } else {
+            r
+        }
+    }
+}
+
 /// Elements per piece of [`Precision::round_slice`]'s f16 conversion (a stack
 /// buffer that stays in L1) and of the parallel split of [`RoundOp`].
 const ROUND_PIECE: usize = 4096;
@@ -285,6 +361,70 @@ mod tests {
         let t = Tensor::new(&[x, 3.0], &candle_core::Device::Cpu).unwrap();
         let r = Precision::Bf16.round(&t).unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(r, vec![1.0, 3.0]);
+    }
+
+    /// The shadow's rounding: to nearest away from midpoints; the other
+    /// neighbour within `zone` f32 ulps of one, on both sides, for both
+    /// signs and both half dtypes; exact values and non-finite ones kept.
+    #[test]
+    fn flipping_near_midpoints_takes_the_other_neighbour() {
+        for p in [Precision::Bf16, Precision::F16] {
+            let (lo, hi) = (
+                1.0f32,
+                f32::from_bits(1f32.to_bits() + (1 << (23 - p.mantissa_bits()))),
+            );
+            assert_eq!(p.round_f32(hi), hi, "{p}: {hi} is the next {p} value");
+            let mid = (lo + hi) / 2.0;
+            let step = |x: f32, n: i32| f32::from_bits((x.to_bits() as i32 + n) as u32);
+            for sign in [1.0f32, -1.0] {
+                let (below, above) = (sign * step(mid, -3), sign * step(mid, 3));
+                assert_eq!(p.round_f32(below), sign * lo, "{p}");
+                assert_eq!(
+                    p.round_flipping(below, 4.0),
+                    sign * hi,
+                    "{p}: 3 ulps below the midpoint"
+                );
+                assert_eq!(p.round_f32(above), sign * hi, "{p}");
+                assert_eq!(
+                    p.round_flipping(above, 4.0),
+                    sign * lo,
+                    "{p}: 3 ulps above the midpoint"
+                );
+                assert_eq!(
+                    p.round_flipping(below, 2.0),
+                    sign * lo,
+                    "{p}: outside a zone of 2"
+                );
+                let far = sign * step(mid, -5000);
+                assert_eq!(p.round_flipping(far, 4.0), p.round_f32(far), "{p}");
+            }
+            for x in [lo, hi, 0.0, f32::INFINITY, f32::NAN] {
+                let (a, b) = (p.round_flipping(x, 1e9), p.round_f32(x));
+                assert!(a.to_bits() == b.to_bits(), "{p}: {x} kept");
+            }
+            assert_eq!(Precision::F32.round_flipping(mid, 1e9), mid);
+        }
+        let t = Tensor::new(
+            &[1.0f32 + 1.0 / 256.0 - f32::EPSILON],
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let flipped = Precision::Bf16
+            .round_products(&t, 16, ProductRounding::NearMidpointsFlipped)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert_eq!(
+            flipped,
+            [1.0 + 1.0 / 128.0],
+            "within √16 ulps of 1 + 2⁻⁸: the other neighbour"
+        );
+        let nearest = Precision::Bf16
+            .round_products(&t, 16, ProductRounding::Nearest)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert_eq!(nearest, [1.0]);
     }
 
     /// f32 bit patterns covering every rounding case: a stride through all

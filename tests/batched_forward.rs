@@ -82,6 +82,7 @@ fn the_check_in_the_capture_sweep_equals_the_separate_pass() {
             paths: vec![LoadingPath::CausalLm, LoadingPath::Vlm],
             taps: Vec::new(),
             gdn_form: GdnForm::Chunked,
+            noise_floor: Default::default(),
             incremental: Some(true),
             drafter: None,
             quiet: true,

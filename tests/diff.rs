@@ -180,7 +180,7 @@ fn diff_writes_the_same_report_formats_as_compare() {
 }
 
 /// Rewrites dump `src` into `dst` after `edit` on its tensors and metadata.
-fn rewrite_dump(
+pub(crate) fn rewrite_dump(
     src: &str,
     dst: &std::path::Path,
     edit: impl FnOnce(

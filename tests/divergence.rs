@@ -190,6 +190,7 @@ fn cross_path_bitwise_verdicts_match_transformers() {
                 quiet: true,
                 command_line: String::new(),
                 drafter: None,
+                noise_floor: Default::default(),
                 incremental: None,
             };
             let r = compare::run(&opts).unwrap();

@@ -26,6 +26,7 @@ fn opts(form: GdnForm, logits: bool) -> DumpOptions {
         logits,
         form,
         quiet: true,
+        ..Default::default()
     }
 }
 

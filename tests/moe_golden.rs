@@ -81,6 +81,7 @@ fn capture_dir(ckpt: &str, path: LoadingPath, prec: Precision) -> (Captured, Vec
             source: &p.view as &dyn WeightSource,
             has_lm_head: p.view.has_lm_head(),
             precision: prec,
+            noise_shadow: false,
         }],
         &ids,
         CaptureOptions {

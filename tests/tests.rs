@@ -23,6 +23,7 @@ mod moe_conversion;
 mod moe_golden;
 mod moe_inventory;
 mod moe_router;
+mod noise_floor;
 mod qwen3;
 
 // hsparity's own kernels and bitwise refactors of the forward: every fast

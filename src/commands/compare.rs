@@ -8,6 +8,7 @@ use crate::drafter::{self, DrafterSettings};
 use crate::error::{Error, Result};
 use crate::loading::LoadingPath;
 use crate::models::GdnForm;
+use crate::parity::noise::FloorPlan;
 use crate::parity::{live, IncrementalPlan};
 use crate::report::compare::{build, summarize, Compare};
 use crate::report::{CompareReport, Environment, Kind, Report, TAP_CONVENTION};
@@ -29,6 +30,8 @@ pub struct CompareOptions {
     /// Prefill-vs-incremental check: `None` = automatic
     /// ([`IncrementalPlan::resolve`]), `Some(b)` = forced on/off.
     pub incremental: Option<bool>,
+    /// Measure the noise floor of a half-precision reference path (`--noise-floor`).
+    pub noise_floor: FloorPlan,
     /// Also evaluate a DFlash drafter on every path (`--drafter`).
     pub drafter: Option<DrafterSettings>,
     /// Hide progress.
@@ -66,7 +69,7 @@ pub fn run(opts: &CompareOptions) -> Result<CompareReport> {
     let mut notes = Vec::new();
     let mut paths = build::paths_as_run(&session, opts.target.seed, &mut notes);
     let plan = IncrementalPlan::for_session(opts.incremental, &session, opts.gdn_form);
-    let parity = live::run(&session, opts.gdn_form, &plan, opts.quiet)?;
+    let parity = live::run(&session, opts.gdn_form, &plan, opts.noise_floor, opts.quiet)?;
     build::attach_non_finite(&session, &mut paths, &mut notes);
     let (mut verdict, mut summary) = summarize(&parity.pairs, &paths);
     if let IncrementalPlan::Skip(why) = plan {

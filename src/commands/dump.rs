@@ -8,8 +8,11 @@ use candle_core::Tensor;
 use crate::capture::{self, CaptureOptions, HiddenKind, Observer, PathModel};
 use crate::dump::{Dump, DumpPrompt, FORMAT};
 use crate::error::Result;
-use crate::loading::LoadingPath;
+use crate::loading::{LoadingPath, NoiseShadow};
 use crate::models::GdnForm;
+use crate::parity::noise::{FloorPlan, NoiseFloor, NoiseRow};
+use crate::parity::pairs::compare_prompts;
+use crate::precision::Precision;
 use crate::progress::RunProgress;
 use crate::session::{Session, Target};
 
@@ -20,6 +23,8 @@ pub struct DumpOptions {
     pub logits: bool,
     /// Delta-rule form.
     pub form: GdnForm,
+    /// Measure the noise floor of a half-precision run (`--noise-floor`).
+    pub noise_floor: FloorPlan,
     /// Hide progress.
     pub quiet: bool,
 }
@@ -28,6 +33,10 @@ pub struct DumpOptions {
 /// only when they were asked for).
 struct Collect {
     dump: Dump,
+    /// The run against its noise shadow (path 1), per index.
+    noise: Vec<NoiseRow>,
+    /// The same at the last decoder layer's pre-norm output.
+    last: Option<NoiseRow>,
 }
 
 impl Observer for Collect {
@@ -41,11 +50,19 @@ impl Observer for Collect {
         for (p, h) in self.dump.prompts.iter_mut().zip(&states[0]) {
             p.hidden_states.insert(index, h.clone());
         }
+        if let Some(shadow) = states.get(1) {
+            let m = compare_prompts(&states[0], shadow)?;
+            self.noise.extend(NoiseRow::of(index, &m));
+        }
         Ok(())
     }
     fn last_layer_output(&mut self, states: &[Vec<Tensor>]) -> Result<()> {
         for (p, h) in self.dump.prompts.iter_mut().zip(&states[0]) {
             p.last_layer_output = Some(h.clone());
+        }
+        if let Some(shadow) = states.get(1) {
+            let m = compare_prompts(&states[0], shadow)?;
+            self.last = NoiseRow::of(self.noise.last().map_or(0, |r| r.index + 1), &m);
         }
         Ok(())
     }
@@ -82,6 +99,8 @@ pub fn run_checked(
     let (logits, form, quiet) = (opts.logits, opts.form, opts.quiet);
     let mut obs = Collect {
         dump: Dump::default(),
+        noise: Vec::new(),
+        last: None,
     };
     obs.dump.prompts = session
         .prompts
@@ -103,14 +122,26 @@ pub fn run_checked(
         format!("hsparity {}", env!("CARGO_PKG_VERSION")),
     );
     let pb = RunProgress::new(session.spec.num_layers(), session.prompts.len(), quiet);
+    let shadow = NoiseShadow(&p.view);
+    let mut models = vec![PathModel {
+        name: path.name().into(),
+        source: &p.view,
+        has_lm_head: p.view.has_lm_head() && logits,
+        precision,
+        noise_shadow: false,
+    }];
+    if precision != Precision::F32 && opts.noise_floor == FloorPlan::Measure {
+        models.push(PathModel {
+            name: format!("{} (noise shadow)", path.name()),
+            source: &shadow,
+            has_lm_head: false,
+            precision,
+            noise_shadow: true,
+        });
+    }
     capture::run(
         &session.spec,
-        &[PathModel {
-            name: path.name().into(),
-            source: &p.view,
-            has_lm_head: p.view.has_lm_head() && logits,
-            precision,
-        }],
+        &models,
         &session.prompt_ids(),
         CaptureOptions {
             form,
@@ -121,6 +152,13 @@ pub fn run_checked(
         &pb,
     )?;
     pb.finish();
+    if !obs.noise.is_empty() {
+        let mut floor = NoiseFloor::new(std::mem::take(&mut obs.noise));
+        floor.last_layer_output = obs.last.take();
+        obs.dump
+            .metadata
+            .insert("noise_floor".into(), floor.to_metadata());
+    }
     let mut findings = session.findings();
     let weights = !findings.is_empty();
     findings.extend(non_finite(&obs.dump, precision, weights)?);

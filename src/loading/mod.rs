@@ -14,6 +14,7 @@ pub mod inventory;
 pub mod paths;
 pub mod resident;
 pub mod resolve;
+pub mod shadow;
 pub mod source;
 pub mod spec;
 mod tie;
@@ -25,6 +26,7 @@ pub use inventory::{
 };
 pub use paths::{resolve_dtype, LoadingPath, ModelClass};
 pub use resolve::resolve;
+pub use shadow::NoiseShadow;
 pub use source::{select_rows, WeightSource};
 pub use spec::{Component, InitRule};
 pub use view::{NonFinite, TensorView, WeightOrigin};

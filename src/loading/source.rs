@@ -5,7 +5,7 @@
 use candle_core::Tensor;
 
 use crate::error::Result;
-use crate::precision::Precision;
+use crate::precision::{Precision, ProductRounding};
 
 /// Where a model gets its weights. Names are relative to the text model, the
 /// way `Qwen3_5TextModel` and `Qwen3_5ForCausalLM` see them after the loading
@@ -87,6 +87,13 @@ pub trait WeightSource {
     /// `None` when the source cannot be shared (the layer loads eagerly).
     fn share(&self) -> Option<std::sync::Arc<dyn WeightSource + Send + Sync>> {
         None
+    }
+
+    /// How a model loaded from this source rounds its products' f32 sums:
+    /// [`ProductRounding::Nearest`] (the default) for every source but
+    /// [`super::NoiseShadow`], the noise floor's second implementation.
+    fn product_rounding(&self) -> ProductRounding {
+        ProductRounding::Nearest
     }
 
     /// Drops whatever the source made on first use and holds (a generated

@@ -16,6 +16,7 @@ use super::align::{align, Alignment};
 use super::conventions::ConventionFinding;
 use super::localise::PromptInputs;
 use super::metrics::{Accumulator, Metrics};
+use super::noise::{BandRole, NoiseFloor};
 use super::pairs::PairReport;
 use super::verdict::{Tolerance, Verdict};
 use crate::capture::HiddenKind;
@@ -333,6 +334,40 @@ fn compare_extras(a: &Dump, b: &Dump, tap_offset: i64, pair: &mut PairReport) ->
     }
 }
 
+/// The noise floor either dump measured (`__metadata__` `noise_floor`,
+/// written by `hsparity dump` in half precision), by `a`'s indices (`b`'s
+/// shifted by `tap_offset`); the wider per index when both did.
+///
+/// Errors: a `noise_floor` value that is not one ([`Error::Input`]).
+fn floor_of(
+    (a, b): (&Dump, &Dump),
+    (a_name, b_name): (&str, &str),
+    tap_offset: i64,
+) -> Result<Option<NoiseFloor>> {
+    let read = |d: &Dump, name: &str| {
+        d.metadata
+            .get("noise_floor")
+            .map(|s| NoiseFloor::from_metadata(s, name))
+            .transpose()
+    };
+    let fa = read(a, a_name)?;
+    let fb = read(b, b_name)?.map(|mut f| {
+        f.rows = f
+            .rows
+            .into_iter()
+            .filter_map(|mut r| {
+                r.index = usize::try_from(r.index as i64 - tap_offset).ok()?;
+                Some(r)
+            })
+            .collect();
+        if tap_offset != 0 {
+            f.last_layer_output = None;
+        }
+        f
+    });
+    Ok(NoiseFloor::wider(fa.as_ref(), fb.as_ref()))
+}
+
 /// Compares dump `a` (reference) with dump `b`.
 ///
 /// Errors ([`Error::Input`]): the input-equality gate (different prompts, or
@@ -367,6 +402,10 @@ pub fn compare_dumps(
         pair.tolerance = Tolerance::for_precision(l);
         pair.tolerance_rule = format!("{l} tolerance (the lower of the dumps' {da} and {db})");
     }
+    pair.set_noise_floor(
+        floor_of((a, b), (a_name, b_name), tap_offset)?,
+        BandRole::Widens,
+    );
     if let (Some(na), Some(nb), 0, false) =
         (a.num_layers(), b.num_layers(), tap_offset, settings.align)
     {
@@ -411,6 +450,7 @@ pub fn compare_dumps(
     };
     let non_finite = non_finite_at(a, b, pair.first_divergent, tap_offset)?;
     let mut notes = input_differences(a, b, (a_name, b_name));
+    notes.extend(beyond_floor_note(&pair));
     notes.extend(notes_of(&pair, &shown, (a, b), (a_name, b_name), last));
     Ok(DumpComparison {
         non_finite,
@@ -425,6 +465,35 @@ pub fn compare_dumps(
         notes,
         convention,
     })
+}
+
+/// The rows that pass but lie beyond the measured noise floor, as a note
+/// naming what it can be and how to tell (`None`: none).
+fn beyond_floor_note(pair: &PairReport) -> Option<String> {
+    let rows = pair.beyond_floor();
+    if rows.is_empty() {
+        return None;
+    }
+    let listed: Vec<String> = rows
+        .iter()
+        .take(4)
+        .map(|(i, r)| match r {
+            Some(r) => format!("hs {i} ({r:.1}×)"),
+            None => format!("hs {i} (over an empty band)"),
+        })
+        .collect();
+    let more = match rows.len() {
+        n if n > 4 => format!(" and {} more", n - 4),
+        _ => String::new(),
+    };
+    Some(format!(
+        "{}{more} pass the {} tolerance but lie beyond the measured noise floor: more than reordered products \
+         explain — b's implementation rounds elsewhere (an engine's fused norm, activation or attention kernels) or \
+         computes something slightly different; dump both sides in f32 (--dtype f32) to tell: reordering noise \
+         shrinks to round-off there, a real difference stays",
+        listed.join(", "),
+        pair.dtype_a
+    ))
 }
 
 /// The lines a reader needs about what was (not) compared.

@@ -7,10 +7,11 @@
 use candle_core::Tensor;
 
 use super::incremental::{self, IncrementalCheck, IncrementalPlan};
+use super::noise::FloorPlan;
 use super::{PairObserver, PairReport, PromptInputs};
 use crate::capture::{self, CachedDecode, CaptureOptions, HiddenKind, Observer, PathModel};
 use crate::error::Result;
-use crate::loading::{TensorView, WeightOrigin, WeightSource};
+use crate::loading::{NoiseShadow, TensorView, WeightOrigin, WeightSource};
 use crate::models::moe::Routing;
 use crate::models::{GdnForm, TextModelSpec};
 use crate::precision::Precision;
@@ -33,9 +34,10 @@ pub fn run(
     session: &Session,
     form: GdnForm,
     plan: &IncrementalPlan,
+    floor: FloorPlan,
     quiet: bool,
 ) -> Result<LiveParity> {
-    let captured = capture_pairs(session, form, plan.runs(), quiet)?;
+    let captured = capture_pairs(session, form, plan.runs(), floor, quiet)?;
     let mut pairs = captured.pairs;
     mark_random_init(&mut pairs, session);
     let inputs: Vec<PromptInputs> = session
@@ -133,9 +135,10 @@ fn capture_pairs(
     session: &Session,
     form: GdnForm,
     incremental: bool,
+    floor: FloorPlan,
     quiet: bool,
 ) -> Result<Captured> {
-    let models: Vec<PathModel> = session
+    let mut models: Vec<PathModel> = session
         .paths
         .iter()
         .map(|p| PathModel {
@@ -143,6 +146,7 @@ fn capture_pairs(
             source: &p.view as &dyn WeightSource,
             has_lm_head: p.view.has_lm_head(),
             precision: p.compute,
+            noise_shadow: false,
         })
         .collect();
     let names: Vec<(String, Precision)> = models
@@ -150,6 +154,18 @@ fn capture_pairs(
         .map(|m| (m.name.clone(), m.precision))
         .collect();
     let mut obs = PairObserver::new(&names);
+    let reference = &session.paths[0];
+    let shadow = NoiseShadow(&reference.view);
+    if measures_floor(session, floor) {
+        models.push(PathModel {
+            name: format!("{} (noise shadow)", reference.path.name()),
+            source: &shadow,
+            has_lm_head: false,
+            precision: reference.compute,
+            noise_shadow: true,
+        });
+        obs = obs.with_noise_shadow();
+    }
     let pb = RunProgress::new(session.spec.num_layers(), session.prompts.len(), quiet);
     let prompt = incremental::prompt_of(session).filter(|_| form == GdnForm::Chunked);
     let mut keep = KeepFinal {
@@ -179,6 +195,27 @@ fn capture_pairs(
         pairs: obs.pairs,
         full_rows,
         decode,
+    })
+}
+
+/// Whether the capture runs path 0's noise shadow: `floor` asks for it, path
+/// 0 computes in half precision, and some path reads other bytes or
+/// computes in another dtype somewhere (paths that read the same bytes in
+/// the same dtype everywhere run one forward, and every row is bitwise).
+fn measures_floor(session: &Session, floor: FloorPlan) -> bool {
+    let a = &session.paths[0];
+    if floor == FloorPlan::Skip || a.compute == Precision::F32 {
+        return false;
+    }
+    let n = session.spec.num_layers();
+    let names: Vec<String> = (0..=n)
+        .flat_map(|i| tensors_of_index(&session.spec, i))
+        .collect();
+    session.paths[1..].iter().any(|b| {
+        b.compute != a.compute
+            || names
+                .iter()
+                .any(|t| b.view.identity(t) != a.view.identity(t))
     })
 }
 

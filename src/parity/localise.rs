@@ -332,6 +332,9 @@ fn boundary(
     departing: &[&PromptAgreement],
     inputs: &[PromptInputs],
 ) -> Option<Boundary> {
+    if departing.is_empty() {
+        return None;
+    }
     let firsts: Vec<usize> = departing
         .iter()
         .map(|p| p.first_departing.unwrap_or(0))

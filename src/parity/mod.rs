@@ -9,6 +9,7 @@ pub mod incremental;
 pub mod live;
 pub mod localise;
 pub mod metrics;
+pub mod noise;
 pub mod pairs;
 pub mod verdict;
 

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::localise::{Localisation, PositionProfile, PromptAgreement, PromptInputs};
 use super::metrics::{Accumulator, Metrics};
+use super::noise::{BandRole, NoiseCell, NoiseFloor, NoiseRow};
 use super::verdict::{Tolerance, Verdict};
 use crate::capture::{HiddenKind, Observer};
 use crate::error::Result;
@@ -89,6 +90,10 @@ pub struct HiddenStateRow {
     /// Per prompt: its own verdict, the positions that agree and the first
     /// that departs ([`super::localise`]).
     pub prompts: Vec<PromptAgreement>,
+    /// The row against the noise floor's band at this index, when the pair
+    /// has a floor ([`PairReport::noise_floor`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub noise: Option<NoiseCell>,
 }
 
 /// The comparison of two loading paths over all prompts.
@@ -127,6 +132,14 @@ pub struct PairReport {
     /// Which dtype's tolerance judged the rows and why, in words (`bf16
     /// tolerance`, `f32 tolerance (bf16 vs f16 paths are held to f32's: …)`).
     pub tolerance_rule: String,
+    /// The measured noise floor of path `a`'s half-precision run (of both
+    /// dumps' runs, the wider, in `diff`), when one was measured
+    /// ([`super::noise`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub noise_floor: Option<NoiseFloor>,
+    /// What the floor's band does to the verdicts (`null`: shown only, or
+    /// no floor): set when both sides compute in the same half precision.
+    pub noise_role: Option<BandRole>,
 }
 
 impl PairReport {
@@ -163,7 +176,103 @@ impl PairReport {
             logits_random_init: Vec::new(),
             tolerance,
             tolerance_rule,
+            noise_floor: None,
+            noise_role: None,
         }
+    }
+
+    /// Sets the noise floor the rows pushed from now on are read against; it
+    /// takes `role` in their verdicts when both sides compute in the same
+    /// half precision.
+    pub fn set_noise_floor(&mut self, floor: Option<NoiseFloor>, role: BandRole) {
+        let same_half = self.dtype_a == self.dtype_b && self.dtype_a != Precision::F32;
+        self.noise_role = (floor.is_some() && same_half).then_some(role);
+        self.noise_floor = floor;
+    }
+
+    /// Adds one index of path `a`'s noise floor (before the row of that index).
+    pub fn add_noise_row(&mut self, row: NoiseRow) {
+        let mut floor = self
+            .noise_floor
+            .take()
+            .unwrap_or_else(|| NoiseFloor::new(Vec::new()));
+        floor.rows.push(row);
+        self.set_noise_floor(Some(floor), BandRole::Bounds);
+    }
+
+    /// The verdict on the last decoder layer's pre-norm output, when
+    /// compared: by its band where the noise floor judges, as
+    /// [`Self::row_tolerance`] judges a row.
+    pub fn last_layer_verdict(&self) -> Option<Verdict> {
+        let m = self.last_layer_output.as_ref()?;
+        let band = self
+            .noise_floor
+            .as_ref()
+            .and_then(NoiseFloor::last_layer_band);
+        Some(self.tolerance_with(band).judge(m))
+    }
+
+    /// The last layer's pre-norm output against its band, when both exist.
+    pub fn last_layer_noise(&self) -> Option<NoiseCell> {
+        let m = self.last_layer_output.as_ref()?;
+        let band = self.noise_floor.as_ref()?.last_layer_band()?;
+        Some(NoiseCell::of(band, m))
+    }
+
+    /// The tolerance row `index` is judged by: where the noise floor takes a
+    /// role ([`Self::noise_role`]) and measured this index, the dtype's with
+    /// the band as its pass thresholds ([`BandRole::Bounds`]) or the pass
+    /// thresholds widened to the band ([`BandRole::Widens`]); else the dtype's.
+    pub fn row_tolerance(&self, index: usize) -> Tolerance {
+        self.tolerance_with(self.noise_floor.as_ref().and_then(|f| f.band(index)))
+    }
+
+    /// The dtype's tolerance with `band` as its pass thresholds where the
+    /// noise floor judges.
+    fn tolerance_with(&self, band: Option<super::noise::Band>) -> Tolerance {
+        let t = self.tolerance;
+        match (band, self.noise_role) {
+            (Some(b), Some(BandRole::Bounds)) => Tolerance {
+                pass_cos: b.cos_min,
+                pass_rel_l2: b.rel_l2,
+                ..t
+            },
+            (Some(b), Some(BandRole::Widens)) => Tolerance {
+                pass_cos: b.cos_min.min(t.pass_cos),
+                pass_rel_l2: b.rel_l2.max(t.pass_rel_l2),
+                ..t
+            },
+            _ => t,
+        }
+    }
+
+    /// How the pair agrees when every row passes: `within the measured noise
+    /// floor` when the floor takes a role and every differing row lies
+    /// inside its band, else `within tolerance`.
+    pub fn agreement(&self) -> &'static str {
+        let inside = self
+            .hidden_states
+            .iter()
+            .filter(|r| !r.metrics.bitwise)
+            .all(|r| r.noise.is_some_and(|c| c.inside));
+        if self.noise_role.is_some() && inside {
+            "within the measured noise floor"
+        } else {
+            "within tolerance"
+        }
+    }
+
+    /// Rows that pass but lie beyond the noise floor's band, with their
+    /// ratios ([`BandRole::Widens`]: more than reordered products explain).
+    pub fn beyond_floor(&self) -> Vec<(usize, Option<f64>)> {
+        if self.noise_role != Some(BandRole::Widens) {
+            return Vec::new();
+        }
+        self.hidden_states
+            .iter()
+            .filter(|r| r.verdict == Verdict::Pass)
+            .filter_map(|r| r.noise.filter(|c| !c.inside).map(|c| (r.index, c.ratio)))
+            .collect()
     }
 
     /// Which rows did not pass and under which rule, when some did not: `hs
@@ -194,6 +303,31 @@ impl PairReport {
         } else {
             ""
         };
+        if self.noise_role == Some(BandRole::Bounds) {
+            let over: Vec<String> = self
+                .hidden_states
+                .iter()
+                .filter(|r| r.verdict != Verdict::Pass)
+                .filter_map(|r| {
+                    let c = r.noise?;
+                    Some(match c.ratio {
+                        Some(x) => format!("hs {} at {x:.1}×", r.index),
+                        None => format!("hs {} over an empty band", r.index),
+                    })
+                })
+                .take(3)
+                .collect();
+            return Some(format!(
+                "{} outside the measured {} noise floor ({}; a row passes inside the band two valid {} \
+                 implementations of the reference reach, and fails beyond cos_min {} or rel L2 {:.0e}){warn_note}",
+                parts.join(", "),
+                self.dtype_a,
+                over.join(", "),
+                self.dtype_a,
+                self.tolerance.warn_cos,
+                self.tolerance.warn_rel_l2,
+            ));
+        }
         Some(format!(
             "{} under the {}, {}{warn_note}",
             parts.join(", "),
@@ -221,11 +355,17 @@ impl PairReport {
         local: Option<Metrics>,
     ) {
         let mut m = m;
-        let verdict = self.tolerance.judge(&m);
+        let noise = self
+            .noise_floor
+            .as_ref()
+            .and_then(|f| f.band(index))
+            .map(|band| NoiseCell::of(band, &m));
+        let tolerance = self.row_tolerance(index);
+        let verdict = tolerance.judge(&m);
         let prompts = m
             .profile
             .iter()
-            .map(|rows| PromptAgreement::of(rows, &self.tolerance))
+            .map(|rows| PromptAgreement::of(rows, &tolerance))
             .collect();
         let local_verdict = local.as_ref().map(|l| self.tolerance.judge(l));
         if verdict != Verdict::Pass && self.first_divergent.is_none() {
@@ -250,6 +390,7 @@ impl PairReport {
             random_init: Vec::new(),
             router: None,
             prompts,
+            noise,
         });
     }
 
@@ -260,11 +401,12 @@ impl PairReport {
             .first_divergent
             .and_then(|i| self.hidden_states.iter().find(|r| r.index == i))
             .map(|r| {
+                let tolerance = self.row_tolerance(r.index);
                 let profile = r
                     .metrics
                     .profile
                     .iter()
-                    .map(|rows| PositionProfile::of(rows, &self.tolerance))
+                    .map(|rows| PositionProfile::of(rows, &tolerance))
                     .collect();
                 let mut l = super::localise::localise(r.index, &r.prompts, inputs, profile);
                 // NaN/Inf rows depart wherever they are: no boundary is evidence.
@@ -312,6 +454,8 @@ pub fn argmax_agreement(a: &[Tensor], b: &[Tensor]) -> Result<f64> {
 pub struct PairObserver {
     /// Reports for j = 1.., in path order.
     pub pairs: Vec<PairReport>,
+    /// Path 0's noise shadow follows the compared paths in the capture.
+    shadow: bool,
 }
 
 impl PairObserver {
@@ -323,7 +467,16 @@ impl PairObserver {
                 .iter()
                 .map(|(b, db)| PairReport::new(a, *da, b, *db))
                 .collect(),
+            shadow: false,
         }
+    }
+
+    /// The capture's last path is path 0's noise shadow
+    /// ([`crate::loading::Reordered`]): every pair reads its rows against
+    /// the floor it measures.
+    pub fn with_noise_shadow(mut self) -> Self {
+        self.shadow = true;
+        self
     }
 }
 
@@ -335,6 +488,14 @@ impl Observer for PairObserver {
         states: &[Vec<Tensor>],
         local: &[Option<Vec<Tensor>>],
     ) -> Result<()> {
+        if self.shadow {
+            let m = compare_prompts(&states[0], &states[self.pairs.len() + 1])?;
+            if let Some(row) = NoiseRow::of(index, &m) {
+                for pair in &mut self.pairs {
+                    pair.add_noise_row(row);
+                }
+            }
+        }
         for (j, pair) in self.pairs.iter_mut().enumerate() {
             let m = compare_prompts(&states[0], &states[j + 1])?;
             let lm = match &local[j + 1] {
@@ -347,6 +508,15 @@ impl Observer for PairObserver {
     }
 
     fn last_layer_output(&mut self, states: &[Vec<Tensor>]) -> Result<()> {
+        if self.shadow {
+            let m = compare_prompts(&states[0], &states[self.pairs.len() + 1])?;
+            for pair in &mut self.pairs {
+                if let Some(f) = pair.noise_floor.as_mut() {
+                    f.last_layer_output =
+                        NoiseRow::of(f.rows.last().map_or(0, |r| r.index + 1), &m);
+                }
+            }
+        }
         for (j, pair) in self.pairs.iter_mut().enumerate() {
             pair.last_layer_output = Some(compare_prompts(&states[0], &states[j + 1])?);
         }

@@ -28,6 +28,15 @@ impl Verdict {
         }
     }
 
+    /// The more severe of `self` and `other`.
+    pub fn max_by_severity(self, other: Verdict) -> Verdict {
+        if other as u8 > self as u8 {
+            other
+        } else {
+            self
+        }
+    }
+
     /// `"pass"`, `"warn"`, `"fail"`.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::compare::has_departures;
-use super::format::{cos, max_abs_at, sci, yes_no};
+use super::format::{cos, max_abs_at, noise_floor_line, noise_ratio, sci, yes_no};
 use super::tabular::{Cell, Column, Row, Table};
 use super::{Body, Environment, Kind, Report};
 use crate::error::Result;
@@ -58,11 +58,7 @@ pub struct AlignSection {
 /// The run's verdict: the rows and logits, the last layer output when
 /// compared, and an alignment that is not at offset 0.
 fn verdict_of(c: &DumpComparison) -> Verdict {
-    let last = c
-        .pair
-        .last_layer_output
-        .as_ref()
-        .map(|m| c.pair.tolerance.judge(m));
+    let last = c.pair.last_layer_verdict();
     let aligned = c.alignment.as_ref().map(|a| {
         if a.offset == Some(0) {
             Verdict::Pass
@@ -80,8 +76,7 @@ fn verdict_of(c: &DumpComparison) -> Verdict {
 /// What the summary adds for partial and engine dumps.
 fn partial_summary(c: &DumpComparison) -> String {
     let mut s = String::new();
-    if let Some(m) = &c.pair.last_layer_output {
-        let v = c.pair.tolerance.judge(m);
+    if let (Some(m), Some(v)) = (&c.pair.last_layer_output, c.pair.last_layer_verdict()) {
         if v == Verdict::Pass {
             s.push_str(&format!("; last_layer_output {}", v.as_str()));
         } else {
@@ -135,7 +130,10 @@ fn headline(c: &DumpComparison, (na, nb): (&str, &str)) -> String {
             c.pair.hidden_states.len()
         ),
         (Verdict::Pass, Some(i), _) => {
-            format!("{na} and {nb} agree within tolerance (not bitwise from hidden_states[{i}])")
+            format!(
+                "{na} and {nb} agree {} (not bitwise from hidden_states[{i}])",
+                c.pair.agreement()
+            )
         }
         (_, _, Some(i)) => match (&c.convention, &c.pair.localisation) {
             (Some(f), _) => format!("{na} and {nb} differ at hidden_states[{i}]: {}", f.sentence),
@@ -293,15 +291,18 @@ pub fn align_table(a: &AlignSection) -> Table {
 
 /// The last-layer-output line (partial dumps), when compared.
 fn last_line(p: &PairReport) -> Option<String> {
-    p.last_layer_output.as_ref().map(|m| {
-        format!(
-            "last_layer_output (pre-norm): cos min {}, max abs diff {}, rel L2 {}, {}",
-            cos(m.cos_min),
-            max_abs_at(m),
-            sci(m.rel_l2),
-            p.tolerance.judge(m).as_str()
-        )
-    })
+    let (m, v) = (p.last_layer_output.as_ref()?, p.last_layer_verdict()?);
+    let floor = match p.last_layer_noise() {
+        Some(c) => format!(", {} × noise floor", noise_ratio(Some(&c), m.bitwise)),
+        None => String::new(),
+    };
+    Some(format!(
+        "last_layer_output (pre-norm): cos min {}, max abs diff {}, rel L2 {}{floor}, {}",
+        cos(m.cos_min),
+        max_abs_at(m),
+        sci(m.rel_l2),
+        v.as_str()
+    ))
 }
 
 /// The per-index table of `p` (with the dtype-noise column when the dumps'
@@ -318,6 +319,9 @@ pub fn index_table(r: &Diff, p: &PairReport) -> Table {
     let departures = has_departures(p);
     if departures {
         cols.push(Column::new("departs at"));
+    }
+    if p.noise_floor.is_some() {
+        cols.push(Column::new("× floor"));
     }
     cols.push(Column::new("verdict").strong());
     if r.lower_dtype.is_some() {
@@ -336,6 +340,9 @@ pub fn index_table(r: &Diff, p: &PairReport) -> Table {
         ];
         if departures {
             cells.push(departure_cell(&row.prompts).into());
+        }
+        if p.noise_floor.is_some() {
+            cells.push(noise_ratio(row.noise.as_ref(), m.bitwise).into());
         }
         cells.push(Cell::verdict(row.verdict));
         if r.lower_dtype.is_some() {
@@ -369,6 +376,9 @@ pub fn render(r: &DiffReport, width: Width) -> String {
         }
         out.push_str(&index_table(r, p).render(width));
         out.push('\n');
+        if let Some(l) = noise_floor_line(p) {
+            out.push_str(&format!("{}\n", crate::width::fill(&l, width)));
+        }
         if let Some(l) = &p.logits {
             out.push_str(&format!(
                 "logits: cos min {}, max abs diff {}, argmax agreement {:.4}\n",
@@ -433,6 +443,9 @@ pub fn markdown(r: &DiffReport) -> String {
             p.b,
             index_table(r, p).markdown()
         ));
+        if let Some(l) = noise_floor_line(p) {
+            md.push_str(&format!("\n{l}\n"));
+        }
         md.push_str(&super::localisation::markdown(p).unwrap_or_default());
         if let Some(l) = last_line(p) {
             md.push_str(&format!("\n{l}\n"));

@@ -87,6 +87,62 @@ pub fn group_digits(n: u64) -> String {
     out
 }
 
+/// A row's difference over its noise band (`× floor` columns): `0.47`
+/// inside it, `14.1 ▲` outside, `∞ ▲` over an empty band (the noise shadow
+/// bitwise there), `-` for a bitwise row or one without a band.
+pub fn noise_ratio(cell: Option<&crate::parity::noise::NoiseCell>, bitwise: bool) -> String {
+    match cell {
+        None => "-".into(),
+        Some(_) if bitwise => "-".into(),
+        Some(c) => match (c.ratio, c.inside) {
+            (Some(r), true) => format!("{r:.2}"),
+            (Some(r), false) => format!(
+                "{} ▲",
+                if r < 100.0 {
+                    format!("{r:.1}")
+                } else {
+                    format!("{r:.0}")
+                }
+            ),
+            (None, _) => "∞ ▲".into(),
+        },
+    }
+}
+
+/// The line under a table with a `× floor` column: what the floor is,
+/// whether it judged the rows, and how many lie inside it.
+pub fn noise_floor_line(pair: &crate::parity::PairReport) -> Option<String> {
+    let floor = pair.noise_floor.as_ref()?;
+    let differing: Vec<_> = pair
+        .hidden_states
+        .iter()
+        .filter(|r| !r.metrics.bitwise && r.noise.is_some())
+        .collect();
+    let inside = differing
+        .iter()
+        .filter(|r| r.noise.is_some_and(|c| c.inside))
+        .count();
+    use crate::parity::noise::BandRole;
+    let role = match pair.noise_role {
+        Some(BandRole::Bounds) => {
+            "a row inside it (≤ 1) is numerics noise and passes; one beyond it (▲) is the paths computing something else"
+        }
+        Some(BandRole::Widens) => {
+            "a row inside it (≤ 1) is numerics noise and passes; one beyond it (▲) is more than reordered products \
+             explain, a finding when the dtype's tolerance fails it too"
+        }
+        None => "shown only: the paths compute in different dtypes, and that difference is the finding",
+    };
+    Some(format!(
+        "× floor: the difference over the band two valid {dtype} implementations of the reference reach on \
+         these prompts ({scale}× its drift from its noise shadow, whose products round the other way near rounding \
+         midpoints; docs/noise-floor.md); {role}. {inside} of {n} differing hidden states lie inside it.",
+        dtype = pair.dtype_a,
+        scale = floor.scale,
+        n = differing.len(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,6 +44,17 @@ impl Mlp {
         })
     }
 
+    /// The same MLP with its products' f32 sums rounded as `rounding` says
+    /// (the noise floor's shadow).
+    pub fn with_rounding(self, rounding: crate::precision::ProductRounding) -> Self {
+        Self {
+            gate_proj: self.gate_proj.with_rounding(rounding),
+            up_proj: self.up_proj.with_rounding(rounding),
+            down_proj: self.down_proj.with_rounding(rounding),
+            prec: self.prec,
+        }
+    }
+
     /// True when `T` rows pass through this MLP exactly as they would stacked
     /// with other rows (every one of its matrix products, see
     /// [`super::rows_batchable`]; on the CPU, whose kernels that describes).

@@ -21,12 +21,23 @@ use candle_core::{Device, Tensor};
 use crate::error::Result;
 use crate::kernels::{self, Pairs, Plan, Route, Stored, Weight};
 use crate::loading::WeightSource;
-use crate::precision::Precision;
+use crate::precision::{Precision, ProductRounding};
 
 /// `x · Wᵀ` for `x`: `[T, in]`, `w`: `[out, in]` → `[T, out]` (nn.Linear, no
 /// bias), accumulated in f32 and rounded once to `prec` as a CPU half GEMM does.
 pub fn linear(x: &Tensor, w: &Tensor, prec: Precision) -> Result<Tensor> {
     prec.round(&x.matmul(&w.t()?)?)
+}
+
+/// [`linear`] with its f32 sums rounded as `rounding` says.
+pub fn linear_rounded(
+    x: &Tensor,
+    w: &Tensor,
+    prec: Precision,
+    rounding: ProductRounding,
+) -> Result<Tensor> {
+    let k = w.dim(w.rank() - 1)?;
+    prec.round_products(&x.matmul(&w.t()?)?, k, rounding)
 }
 
 /// What the rows of a layer's input are, which decides how its products
@@ -52,6 +63,9 @@ pub struct Matrix {
     dims: [usize; 2],
     wide: OnceLock<Tensor>,
     pairs: Option<std::sync::Arc<Pairs>>,
+    /// How its f32 sums are rounded (the source's,
+    /// [`WeightSource::product_rounding`]).
+    rounding: ProductRounding,
 }
 
 impl Matrix {
@@ -64,6 +78,7 @@ impl Matrix {
             dims: [n, k],
             wide: OnceLock::from(w),
             pairs: None,
+            rounding: ProductRounding::Nearest,
         })
     }
 
@@ -80,6 +95,7 @@ impl Matrix {
             dims: pairs.dims(),
             wide: OnceLock::new(),
             pairs: Some(std::sync::Arc::new(pairs)),
+            rounding: ProductRounding::Nearest,
         }
     }
 
@@ -99,6 +115,18 @@ impl Matrix {
             m.wide = OnceLock::from(w);
         }
         Ok(m)
+    }
+
+    /// The same weight with its f32 sums rounded as `rounding` says.
+    pub fn with_rounding(mut self, rounding: ProductRounding) -> Self {
+        self.rounding = rounding;
+        self
+    }
+
+    /// `x`'s f32 sums of `k` products each, rounded to `prec` as this
+    /// weight's rounding says.
+    fn round(&self, y: &Tensor, prec: Precision) -> Result<Tensor> {
+        prec.round_products(y, self.dims[1], self.rounding)
     }
 
     /// `[out, in]`.
@@ -134,8 +162,8 @@ impl Matrix {
             _ => None,
         };
         match y {
-            Some(y) => prec.round(&y),
-            None => linear(x, self.f32()?, prec),
+            Some(y) => self.round(&y, prec),
+            None => linear_rounded(x, self.f32()?, prec, self.rounding),
         }
     }
 
@@ -189,7 +217,7 @@ impl Matrix {
     pub fn linear_each_row(&self, x: &Tensor, prec: Precision) -> Result<Tensor> {
         let s = x.dim(0)?;
         if let Some(y) = self.single_rows(x)? {
-            return prec.round(&y);
+            return self.round(&y, prec);
         }
         let rows = (0..s)
             .map(|r| self.linear(&x.narrow(0, r, 1)?, prec))
@@ -249,13 +277,14 @@ impl Matrix {
 /// kernel ([`kernels::Capabilities::bf16_gemm`]), so that [`Matrix::linear`]
 /// reads them as stored; f32 otherwise.
 pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Matrix> {
+    let rounding = src.product_rounding();
     if prec == Precision::Bf16 && kernels::capabilities().bf16_gemm() {
         // Stored in bf16: the pairs straight from the checkpoint's bytes.
         if let Some((dims, words)) = src.bf16_pairs(name)? {
-            return Ok(Matrix::of_pairs(Pairs::from_words(dims, words)?));
+            return Ok(Matrix::of_pairs(Pairs::from_words(dims, words)?).with_rounding(rounding));
         }
     }
-    Matrix::of_param(param(src, name, prec)?, prec, false)
+    Ok(Matrix::of_param(param(src, name, prec)?, prec, false)?.with_rounding(rounding))
 }
 
 /// `f` on each of the independent inputs `xs` (`[T_j, ·]` each), bit for

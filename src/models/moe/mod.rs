@@ -43,18 +43,18 @@ use candle_core::{DType, Tensor};
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 use crate::models::layers::mlp::Mlp;
-use crate::precision::Precision;
+use crate::precision::{Precision, ProductRounding};
 
 pub mod router;
 pub mod topk;
 
-pub use router::{route, route_with, RouterSoftmax, Routing};
+pub use router::{route, route_resolving, route_with, NearTies, RouterSoftmax, Routing};
 pub use topk::topk_torch_cpu;
 
 /// `x · Wᵀ` (`nn.Linear`, no bias) for `x` `[T, in]`, `w` `[out, in]`,
-/// accumulated in f32 and rounded once to `prec`.
-fn linear(x: &Tensor, w: &Tensor, prec: Precision) -> Result<Tensor> {
-    prec.round(&x.matmul(&w.t()?)?)
+/// accumulated in f32 and rounded once to `prec` as `rounding` says.
+fn linear(x: &Tensor, w: &Tensor, prec: Precision, rounding: ProductRounding) -> Result<Tensor> {
+    crate::models::layers::linear_rounded(x, w, prec, rounding)
 }
 
 fn shape_err(what: &str, got: &[usize], want: &str) -> Error {
@@ -85,7 +85,7 @@ pub struct ExpertWeights {
 pub fn routed_experts(
     h: &Tensor,
     routing: &Routing,
-    prec: Precision,
+    (prec, rounding): (Precision, ProductRounding),
     expert: &mut dyn FnMut(usize) -> Result<ExpertWeights>,
 ) -> Result<Tensor> {
     let (t, hid) = h.dims2()?;
@@ -127,10 +127,10 @@ pub fn routed_experts(
         let toks: Vec<u32> = pairs.iter().map(|p| p.0).collect();
         let idx = Tensor::from_slice(&toks, toks.len(), dev)?;
         let x = h.index_select(&idx, 0)?;
-        let gu = linear(&x, &w.gate_up, prec)?;
+        let gu = linear(&x, &w.gate_up, prec, rounding)?;
         let g = prec.round(&gu.narrow(1, 0, inter)?.silu()?)?;
         let m = prec.round(&(g * gu.narrow(1, inter, inter)?)?)?;
-        let o = linear(&m, &w.down, prec)?;
+        let o = linear(&m, &w.down, prec, rounding)?;
         let rw: Vec<f32> = pairs
             .iter()
             .map(|&(tok, slot)| routing.weights[tok as usize * k + slot])
@@ -161,19 +161,25 @@ pub struct SharedExpert {
     /// `shared_expert_gate.weight` `[1, H]`.
     gate: Tensor,
     prec: Precision,
+    rounding: ProductRounding,
 }
 
 impl SharedExpert {
     /// From the loaded SwiGLU `Qwen3_5MoeMLP` and `shared_expert_gate.weight`
     /// `[1, H]`, both rounded to `prec`.
     pub fn new(mlp: Mlp, gate: Tensor, prec: Precision) -> Self {
-        Self { mlp, gate, prec }
+        Self {
+            mlp,
+            gate,
+            prec,
+            rounding: ProductRounding::Nearest,
+        }
     }
 
     /// `[T, H]` → `[T, H]`.
     pub fn forward(&self, h: &Tensor) -> Result<Tensor> {
         let p = self.prec;
-        let s = linear(h, &self.gate, p)?;
+        let s = linear(h, &self.gate, p, self.rounding)?;
         let s = p.round(&(s.neg()?.exp()? + 1.0)?.recip()?)?;
         p.round(&self.mlp.forward(h)?.broadcast_mul(&s)?)
     }
@@ -244,6 +250,9 @@ pub struct SparseMoeBlock {
     top_k: usize,
     prec: Precision,
     softmax: RouterSoftmax,
+    /// How its products' f32 sums are rounded (the source's,
+    /// [`WeightSource::product_rounding`]).
+    rounding: ProductRounding,
 }
 
 /// Checks the router, the experts' `[E, 2I, H]` / `[E, H, I]` and the shared
@@ -328,6 +337,7 @@ impl SparseMoeBlock {
             top_k,
             prec,
             softmax: RouterSoftmax::F32,
+            rounding: ProductRounding::Nearest,
         })
     }
 
@@ -342,6 +352,27 @@ impl SparseMoeBlock {
     /// Errors: as [`WeightSource::tensor_in`] and [`Self::new`]; a source
     /// that cannot tell the experts' shapes ([`Error::Checkpoint`]).
     pub fn load(
+        src: &dyn WeightSource,
+        prefix: &str,
+        top_k: usize,
+        prec: Precision,
+    ) -> Result<Self> {
+        Ok(Self::load_parts(src, prefix, top_k, prec)?.with_rounding(src.product_rounding()))
+    }
+
+    /// The same block with its products' f32 sums (router, experts, shared
+    /// expert and its gate) rounded as `rounding` says; the noise floor's
+    /// shadow ([`ProductRounding::NearMidpointsFlipped`]) also resolves the
+    /// router's near-ties the other way ([`NearTies::Flipped`]).
+    pub fn with_rounding(mut self, rounding: ProductRounding) -> Self {
+        self.rounding = rounding;
+        self.shared.rounding = rounding;
+        self.shared.mlp = self.shared.mlp.with_rounding(rounding);
+        self
+    }
+
+    /// [`Self::load`] with products rounded to nearest.
+    fn load_parts(
         src: &dyn WeightSource,
         prefix: &str,
         top_k: usize,
@@ -395,6 +426,7 @@ impl SparseMoeBlock {
             top_k,
             prec,
             softmax: RouterSoftmax::F32,
+            rounding: ProductRounding::Nearest,
         })
     }
 
@@ -425,7 +457,7 @@ impl SparseMoeBlock {
 
     /// Router logits `[T, E]` = `h · gate.weightᵀ`, rounded to the model dtype.
     pub fn router_logits(&self, h: &Tensor) -> Result<Tensor> {
-        linear(h, &self.router, self.prec)
+        linear(h, &self.router, self.prec, self.rounding)
     }
 
     /// Expert `e`'s weights: a slice of the resident tensors, or read from
@@ -460,8 +492,14 @@ impl SparseMoeBlock {
     /// `[T, H]` → the block's output and its parts.
     pub fn forward(&self, h: &Tensor) -> Result<MoeOutput> {
         let router_logits = self.router_logits(h)?;
-        let routing = route_with(&router_logits, self.top_k, self.prec, self.softmax)?;
-        let routed = routed_experts(h, &routing, self.prec, &mut |e| self.expert(e))?;
+        let ties = match self.rounding {
+            ProductRounding::Nearest => NearTies::AsComputed,
+            ProductRounding::NearMidpointsFlipped => NearTies::Flipped,
+        };
+        let routing = route_resolving(&router_logits, self.top_k, self.prec, (self.softmax, ties))?;
+        let routed = routed_experts(h, &routing, (self.prec, self.rounding), &mut |e| {
+            self.expert(e)
+        })?;
         let shared = self.shared.forward(h)?;
         let output = self.prec.round(&(&routed + &shared)?)?;
         Ok(MoeOutput {

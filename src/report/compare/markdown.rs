@@ -240,6 +240,9 @@ fn pair_section(report: &CompareReport, pair: &PairReport) -> String {
     } else {
         md.push_str(&rows);
     }
+    if let Some(l) = crate::report::format::noise_floor_line(pair) {
+        md.push_str(&format!("\n{l}\n"));
+    }
     if let Some(r) = super::router_summary(pair) {
         md.push_str(&format!("\n{}.\n", r.trim_end_matches('.')));
     }

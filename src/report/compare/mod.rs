@@ -17,7 +17,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::format::{cos, max_abs_at, sci, yes_no};
+use super::format::{cos, max_abs_at, noise_ratio, sci, yes_no};
 use super::tabular::{Cell, Column, Row, Table};
 use super::{Body, Report};
 use crate::capture::HiddenKind;
@@ -349,6 +349,9 @@ pub fn pair_table(report: &Compare, pair: &PairReport) -> Table {
     if has_router(pair) {
         cols.push(Column::new("router Δ (slots)"));
     }
+    if pair.noise_floor.is_some() {
+        cols.push(Column::new("× floor"));
+    }
     cols.push(Column::new("verdict").strong());
     let mut t = Table::new(cols);
     for r in &pair.hidden_states {
@@ -445,6 +448,10 @@ pub fn pair_row(report: &Compare, pair: &PairReport, r: &HiddenStateRow) -> Row 
                 .unwrap_or_else(|| "-".into())
                 .into(),
         );
+    }
+    if pair.noise_floor.is_some() {
+        row.cells
+            .push(noise_ratio(r.noise.as_ref(), r.metrics.bitwise).into());
     }
     row.cells.push(Cell::Verdict(
         r.verdict,

@@ -69,8 +69,10 @@ pub fn summarize(pairs: &[PairReport], paths: &[PathRun]) -> (Verdict, String) {
                 format!("{} and {} agree bitwise at all {n} hidden states", p.a, p.b)
             }
             (Verdict::Pass, Some(i), _) => format!(
-                "{} and {} agree within tolerance at all {n} hidden states (not bitwise from hidden_states[{i}])",
-                p.a, p.b
+                "{} and {} agree {} at all {n} hidden states (not bitwise from hidden_states[{i}])",
+                p.a,
+                p.b,
+                p.agreement()
             ),
             (_, _, Some(i)) => {
                 let row = &p.hidden_states.iter().find(|r| r.index == i);

@@ -3,7 +3,7 @@
 //! prefill-vs-incremental checks and the drafter's τ table.
 
 use super::{incremental_table, pair_table, router_summary, CompareReport};
-use crate::report::format::{cos, gib, max_abs_at, sci, yes_no};
+use crate::report::format::{cos, gib, max_abs_at, noise_floor_line, sci, yes_no};
 use crate::width::Width;
 
 /// The whole terminal report.
@@ -57,6 +57,9 @@ pub fn render(report: &CompareReport, width: Width) -> String {
         ));
         out.push_str(&pair_table(report, pair).render(width));
         out.push('\n');
+        if let Some(l) = noise_floor_line(pair) {
+            out.push_str(&format!("{}\n", crate::width::fill(&l, width)));
+        }
         if let Some(r) = router_summary(pair) {
             out.push_str(&format!("{r}\n"));
         }
