@@ -276,6 +276,37 @@ impl Precision {
     }
 }
 
+/// [`Precision::round_flipping`] for bf16 on the bits: a finite `x`'s
+/// distance from the bf16 rounding midpoint is its low 16 bits' from
+/// `0x8000`, in units of its own last place; within `zone` of it the other
+/// neighbour is taken (truncation when nearest rounds away from zero, the
+/// next bf16 value when it truncates).
+#[inline(always)]
+fn flip_bf16(x: f32, zone: f64) -> f32 {
+    let b = x.to_bits();
+    let r = round_bf16(x);
+    let low = b & 0xFFFF;
+    if b & 0x7FFF_FFFF >= 0x7F80_0000
+        || !r.is_finite()
+        || r == x
+        || r == 0.0
+        || f64::from(low.abs_diff(0x8000)) > zone
+    {
+        return r;
+    }
+    let truncated = b & 0xFFFF_0000;
+    let other = if r.to_bits() == truncated {
+        f32::from_bits(truncated + 0x1_0000)
+    } else {
+        f32::from_bits(truncated)
+    };
+    if other.is_finite() {
+        other
+    } else {
+        r
+    }
+}
+
 /// Elements per piece of [`Precision::round_slice`]'s f16 conversion (a stack
 /// buffer that stays in L1) and of the parallel split of [`RoundOp`].
 const ROUND_PIECE: usize = 4096;
@@ -425,6 +456,22 @@ mod tests {
             .to_vec1::<f32>()
             .unwrap();
         assert_eq!(nearest, [1.0]);
+    }
+
+    /// The bits-level bf16 flip is the reference's (`round_flipping`) on
+    /// every pattern of [`patterns`], at zones 0.5, 4 and 100.
+    #[test]
+    fn bf16_flip_on_the_bits_is_the_reference() {
+        for zone in [0.5, 4.0, 100.0] {
+            for b in patterns(99991) {
+                let x = f32::from_bits(b);
+                let (fast, slow) = (flip_bf16(x, zone), Precision::Bf16.round_flipping(x, zone));
+                assert!(
+                    fast.to_bits() == slow.to_bits() || (fast.is_nan() && slow.is_nan()),
+                    "{b:#010x} at zone {zone}: {fast} vs {slow}"
+                );
+            }
+        }
     }
 
     /// f32 bit patterns covering every rounding case: a stride through all

@@ -5,7 +5,8 @@ transformers' own hidden states of each on prompts of 24 to 512 tokens.
     .venv/bin/python tools/noise_corpus.py OUT_DIR [--seeds 3] [--lengths 24,96,256,512]
 
 For each family (``dense``: ``Qwen3_5ForCausalLM``, 6 layers, hidden 256; ``moe``:
-``Qwen3_5MoeForCausalLM``, 4 layers, 16 experts top-4), seed and dtype (``bfloat16``, ``float16``),
+``Qwen3_5MoeForCausalLM``, 4 layers, hidden 128, 16 experts top-4; with ``--deep`` 12 layers hidden 512
+and 8 layers hidden 256), seed and dtype (``bfloat16``, ``float16``),
 OUT_DIR/{family}-s{seed}-{bf16|f16}/ holds:
 
   checkpoint/     ``save_pretrained`` of a randomly initialised model (transformers' init with seed,
@@ -58,12 +59,12 @@ def dense_config(layers: int = 6, hidden: int = 256, head_dim: int = 64, vocab: 
 
 
 def moe_config(layers: int = 4, hidden: int = 128, vocab: int = VOCAB, experts: int = 16,
-               inter: int = 64) -> Qwen3_5MoeTextConfig:
+               inter: int = 64, head_dim: int = 32) -> Qwen3_5MoeTextConfig:
     return Qwen3_5MoeTextConfig(
         vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
         layer_types=fc.hybrid_layer_types(linear_per_full=3, blocks=layers // 4),
-        **fc.attention_fields(heads=4, kv_heads=2, head_dim=32),
-        **fc.gated_deltanet_fields(key_heads=2, value_heads=4, head_dim=32),
+        **fc.attention_fields(heads=4, kv_heads=2, head_dim=head_dim),
+        **fc.gated_deltanet_fields(key_heads=2, value_heads=4, head_dim=head_dim),
         moe_intermediate_size=inter, shared_expert_intermediate_size=2 * inter,
         num_experts=experts, num_experts_per_tok=experts // 4, rms_norm_eps=1e-6,
         max_position_embeddings=1024, eos_token_id=0, tie_word_embeddings=False,
@@ -73,9 +74,14 @@ def moe_config(layers: int = 4, hidden: int = 128, vocab: int = VOCAB, experts: 
 # The fixture CI reads (``--fixture``): the same families, small enough to commit.
 FIXTURE_CONFIGS = {
     "dense": lambda: dense_config(layers=3, hidden=64, head_dim=16, vocab=256),
-    "moe": lambda: moe_config(layers=4, hidden=64, vocab=256, experts=8, inter=32),
+    "moe": lambda: moe_config(layers=4, hidden=64, vocab=256, experts=8, inter=16, head_dim=16),
 }
 CORPUS_CONFIGS = {"dense": dense_config, "moe": moe_config}
+# ``--deep``: the same families twice as deep and wide.
+DEEP_CONFIGS = {
+    "dense": lambda: dense_config(layers=12, hidden=512, head_dim=128),
+    "moe": lambda: moe_config(layers=8, hidden=256),
+}
 
 
 def make_model(family: str, seed: int, configs: dict = CORPUS_CONFIGS) -> torch.nn.Module:
@@ -114,6 +120,8 @@ def main() -> None:
     ap.add_argument("--lengths", default="24,96,256,512")
     ap.add_argument("--families", default="dense,moe")
     ap.add_argument("--dtypes", default="bf16,f16")
+    ap.add_argument("--deep", action="store_true",
+                    help="dense 12 layers hidden 512, moe 8 layers hidden 256 (instead of 6 x 256 and 4 x 128)")
     ap.add_argument("--fixture", action="store_true",
                     help="write the small entries CI reads (fixtures/noise-floor/: dense and moe in bf16, seed 0, "
                          "prompts of 48 and 300 tokens) instead of the corpus")
@@ -130,7 +138,7 @@ def main() -> None:
         for seed in range(a.seeds):
             for dtype in a.dtypes.split(","):
                 entry = a.out / f"{family}-s{seed}-{dtype}"
-                write_entry(entry, family, seed, dtype, lengths)
+                write_entry(entry, family, seed, dtype, lengths, DEEP_CONFIGS if a.deep else CORPUS_CONFIGS)
                 print(f"wrote {entry}", flush=True)
 
 

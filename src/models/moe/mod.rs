@@ -48,7 +48,7 @@ use crate::precision::{Precision, ProductRounding};
 pub mod router;
 pub mod topk;
 
-pub use router::{route, route_resolving, route_with, NearTies, RouterSoftmax, Routing};
+pub use router::{route, route_with, RouterSoftmax, Routing};
 pub use topk::topk_torch_cpu;
 
 /// `x · Wᵀ` (`nn.Linear`, no bias) for `x` `[T, in]`, `w` `[out, in]`,
@@ -361,9 +361,9 @@ impl SparseMoeBlock {
     }
 
     /// The same block with its products' f32 sums (router, experts, shared
-    /// expert and its gate) rounded as `rounding` says; the noise floor's
-    /// shadow ([`ProductRounding::NearMidpointsFlipped`]) also resolves the
-    /// router's near-ties the other way ([`NearTies::Flipped`]).
+    /// expert and its gate) rounded as `rounding` says: the noise floor's
+    /// shadow rounds the router's logits too, so its routing flips where a
+    /// logit near a rounding midpoint decides a near-tie.
     pub fn with_rounding(mut self, rounding: ProductRounding) -> Self {
         self.rounding = rounding;
         self.shared.rounding = rounding;
@@ -492,11 +492,7 @@ impl SparseMoeBlock {
     /// `[T, H]` → the block's output and its parts.
     pub fn forward(&self, h: &Tensor) -> Result<MoeOutput> {
         let router_logits = self.router_logits(h)?;
-        let ties = match self.rounding {
-            ProductRounding::Nearest => NearTies::AsComputed,
-            ProductRounding::NearMidpointsFlipped => NearTies::Flipped,
-        };
-        let routing = route_resolving(&router_logits, self.top_k, self.prec, (self.softmax, ties))?;
+        let routing = route_with(&router_logits, self.top_k, self.prec, self.softmax)?;
         let routed = routed_experts(h, &routing, (self.prec, self.rounding), &mut |e| {
             self.expert(e)
         })?;

@@ -24,29 +24,6 @@ pub enum RouterSoftmax {
     ModelDtype,
 }
 
-/// How the router resolves a near-tie at the top-k boundary: the `k`-th and
-/// `(k+1)`-th largest logits at most one unit in the last place of the
-/// model dtype apart (equal, or neighbours), where a one-ulp change of the
-/// router's input may swap them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum NearTies {
-    /// As torch does on these values (the logits as they are, ties in
-    /// [`topk_torch_cpu`] order).
-    #[default]
-    AsComputed,
-    /// The other way: the `(k+1)`-th expert replaces the `k`-th (the noise
-    /// floor's shadow, a second implementation whose router logits differ by
-    /// one ulp there).
-    Flipped,
-}
-
-/// One unit in the last place of `prec` at `v`'s magnitude (normal numbers;
-/// the smallest normal's unit below them).
-fn ulp(v: f32, prec: Precision) -> f32 {
-    let exp = ((v.abs().to_bits() >> 23) & 0xFF).max(1) as i32;
-    2f32.powi(exp - 127 - prec.mantissa_bits() as i32)
-}
-
 /// The router's choice for `T` tokens: `top_k` experts per token in
 /// `torch.topk` order (descending probability; ties as torch on CPU) and
 /// their routing weights.
@@ -165,19 +142,6 @@ pub fn route_with(
     prec: Precision,
     softmax: RouterSoftmax,
 ) -> Result<Routing> {
-    route_resolving(logits, top_k, prec, (softmax, NearTies::AsComputed))
-}
-
-/// [`route_with`], with the near-ties at the top-k boundary resolved as
-/// `ties` says.
-///
-/// Errors: as [`route`].
-pub fn route_resolving(
-    logits: &Tensor,
-    top_k: usize,
-    prec: Precision,
-    (softmax, ties): (RouterSoftmax, NearTies),
-) -> Result<Routing> {
     let (t, e) = logits.dims2().map_err(|_| {
         Error::Input(format!(
             "router logits have shape {:?}, expected [T, E]",
@@ -203,15 +167,7 @@ pub fn route_resolving(
         if half {
             probs.iter_mut().for_each(|p| *p = prec.round_f32(*p));
         }
-        let mut idx = topk_torch_cpu(&probs, top_k);
-        if ties == NearTies::Flipped && top_k < e {
-            let next = topk_torch_cpu(&probs, top_k + 1)[top_k];
-            let last = idx[top_k - 1];
-            let (a, b) = (row[last], row[next]);
-            if (a - b).abs() <= ulp(a.abs().max(b.abs()), prec) {
-                idx[top_k - 1] = next;
-            }
-        }
+        let idx = topk_torch_cpu(&probs, top_k);
         let mut sum = idx.iter().fold(0.0f32, |a, &i| a + probs[i]);
         if half {
             sum = prec.round_f32(sum);
@@ -245,27 +201,6 @@ mod tests {
         let rb = route(&logits, 2, Precision::Bf16).unwrap();
         assert_eq!(rb.weights[0], Precision::Bf16.round_f32(r.weights[0]));
         assert!(route(&logits, 5, Precision::F32).is_err());
-    }
-
-    /// A tie at the boundary (experts 1 and 3 at 2.0) and a neighbour pair
-    /// one bf16 ulp apart (2.0 and 2.015625): the flipped rule takes the
-    /// (k+1)-th; a gap of two ulps, or f32's finer ulp, flips nothing.
-    #[test]
-    fn near_ties_flip_only_within_one_ulp() {
-        let at = |x: [f32; 4], p: Precision, ties: NearTies| {
-            let logits = Tensor::new(&[x], &Device::Cpu).unwrap();
-            route_resolving(&logits, 2, p, (RouterSoftmax::F32, ties))
-                .unwrap()
-                .indices
-        };
-        let tie = [3.0, 2.0, 0.0, 2.0];
-        assert_eq!(at(tie, Precision::Bf16, NearTies::AsComputed), [0, 1]);
-        assert_eq!(at(tie, Precision::Bf16, NearTies::Flipped), [0, 3]);
-        let one_ulp = [3.0, 2.015625, 0.0, 2.0];
-        assert_eq!(at(one_ulp, Precision::Bf16, NearTies::Flipped), [0, 3]);
-        assert_eq!(at(one_ulp, Precision::F32, NearTies::Flipped), [0, 1]);
-        let two_ulps = [3.0, 2.03125, 0.0, 2.0];
-        assert_eq!(at(two_ulps, Precision::Bf16, NearTies::Flipped), [0, 1]);
     }
 
     #[test]
