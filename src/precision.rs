@@ -231,11 +231,16 @@ impl Precision {
         if rounding == ProductRounding::Nearest || self == Precision::F32 {
             return self.round(t);
         }
+        use rayon::prelude::*;
         let zone = MIDPOINT_ZONE * (k.max(1) as f64).sqrt();
         let (shape, device) = (t.shape().clone(), t.device().clone());
         let mut v = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-        v.iter_mut()
-            .for_each(|x| *x = self.round_flipping(*x, zone));
+        v.par_chunks_mut(ROUND_PIECE).for_each(|c| match self {
+            Precision::Bf16 => c.iter_mut().for_each(|x| *x = flip_bf16(*x, zone)),
+            _ => c
+                .iter_mut()
+                .for_each(|x| *x = self.round_flipping(*x, zone)),
+        });
         Ok(Tensor::from_vec(v, shape, &device)?)
     }
 
