@@ -212,7 +212,7 @@ struct CompareArgs {
     /// Skip the prefill-vs-incremental check.
     #[arg(long)]
     no_incremental: bool,
-    /// Skip the noise floor of a bf16/f16 run: the split-k shadow, one more forward of the path whose differences it measures (docs/noise-floor.md).
+    /// Skip the noise floor of a bf16/f16 run: its noise shadow, one more forward of the reference path, whose drift sets the band a difference is numerics noise within (docs/noise-floor.md).
     #[arg(long)]
     no_noise_floor: bool,
     #[command(flatten)]
@@ -325,7 +325,7 @@ struct DumpArgs {
     /// Leave out the logits.
     #[arg(long)]
     no_logits: bool,
-    /// Skip the noise floor of a bf16/f16 run: the split-k shadow, one more forward of the path whose differences it measures (docs/noise-floor.md).
+    /// Skip the noise floor of a bf16/f16 run: its noise shadow, one more forward of the reference path, whose drift sets the band a difference is numerics noise within (docs/noise-floor.md).
     #[arg(long)]
     no_noise_floor: bool,
     /// Compute dtype: auto (what the loading path would pick), f32, bf16 or f16.

@@ -146,8 +146,7 @@ fn a_real_difference_lies_far_beyond_the_floor() {
     assert!(hs1["noise"]["ratio"].as_f64().unwrap() > 5.0, "{hs1}");
     let notes = d["notes"].to_string();
     assert!(
-        notes.contains("lie beyond the measured noise floor")
-            && notes.contains("dump both sides in f32"),
+        notes.contains("lie beyond the measured noise floor") && notes.contains("run both in f32"),
         "{notes}"
     );
     let ours = dump(tmp.path(), (entry, "as-is"), &src, &[]);
@@ -219,4 +218,102 @@ fn a_malformed_floor_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("noise_floor"), "{err}");
+}
+
+/// A layer's weights scaled by `1 + 2⁻⁵` (one tensor), all else `inner`'s:
+/// a second loading path that computes something slightly else.
+struct Scaled<'a> {
+    inner: &'a dyn hsparity::loading::WeightSource,
+    name: &'static str,
+}
+
+impl hsparity::loading::WeightSource for Scaled<'_> {
+    fn tensor(&self, name: &str) -> hsparity::error::Result<candle_core::Tensor> {
+        let t = self.inner.tensor(name)?;
+        Ok(if name == self.name {
+            (t * (1.0 + 1.0 / 32.0))?
+        } else {
+            t
+        })
+    }
+    fn identity(&self, name: &str) -> String {
+        match name == self.name {
+            true => format!("{} (scaled)", self.inner.identity(name)),
+            false => self.inner.identity(name),
+        }
+    }
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.inner.shape(name)
+    }
+}
+
+/// `compare`'s observer on two bf16 paths that differ in one weight, with
+/// the reference's noise shadow in the capture (what `compare` runs when
+/// such paths differ): the rows from the changed layer on lie beyond the
+/// band and are at least WARN (`bounds`), though bf16's tolerance passes the
+/// first of them; the rows before it are bitwise.
+#[test]
+fn compare_bounds_same_dtype_paths_by_the_band() {
+    use hsparity::capture::{self, CaptureOptions, PathModel};
+    use hsparity::loading::{LoadingPath, NoiseShadow, WeightSource};
+    use hsparity::parity::{PairObserver, Tolerance, Verdict};
+    use hsparity::precision::Precision;
+    let entry = "dense-s0-bf16";
+    let target = common::target(
+        &format!("{F}/{entry}/checkpoint"),
+        Some(&format!("{F}/{entry}/prompts.jsonl")),
+    );
+    let session = hsparity::session::Session::open(&target, &[LoadingPath::CausalLm]).unwrap();
+    let view = &session.paths[0].view as &dyn WeightSource;
+    let scaled = Scaled {
+        inner: view,
+        name: "layers.1.mlp.down_proj.weight",
+    };
+    let shadow = NoiseShadow(view);
+    let bf16 = Precision::Bf16;
+    let model = |name: &str, source, noise_shadow| PathModel {
+        name: name.into(),
+        source,
+        has_lm_head: false,
+        precision: bf16,
+        noise_shadow,
+    };
+    let models = [
+        model("a", view, false),
+        model("scaled", &scaled as &dyn WeightSource, false),
+        model("a (noise shadow)", &shadow as &dyn WeightSource, true),
+    ];
+    let names = [("a".to_string(), bf16), ("scaled".to_string(), bf16)];
+    let mut obs = PairObserver::new(&names).with_noise_shadow();
+    let ids = session.prompt_ids();
+    let progress = hsparity::progress::RunProgress::new(session.spec.num_layers(), ids.len(), true);
+    let opts = CaptureOptions {
+        local: true,
+        ..Default::default()
+    };
+    capture::run(&session.spec, &models, &ids, opts, &mut obs, &progress).unwrap();
+    let pair = &obs.pairs[0];
+    assert_eq!(
+        pair.noise_role,
+        Some(hsparity::parity::noise::BandRole::Bounds)
+    );
+    let rows = &pair.hidden_states;
+    assert!(rows[..2]
+        .iter()
+        .all(|r| r.metrics.bitwise && r.verdict == Verdict::Pass));
+    let tol = Tolerance::for_precision(bf16);
+    assert_eq!(
+        tol.judge(&rows[2].metrics),
+        Verdict::Pass,
+        "bf16's tolerance passes it"
+    );
+    for r in &rows[2..] {
+        let cell = r.noise.unwrap();
+        assert!(!cell.inside, "hs {}: {cell:?}", r.index);
+        assert_ne!(r.verdict, Verdict::Pass, "hs {}", r.index);
+    }
+    assert!(pair
+        .policy()
+        .unwrap()
+        .contains("outside the measured bf16 noise floor"));
 }

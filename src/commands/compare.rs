@@ -30,7 +30,7 @@ pub struct CompareOptions {
     /// Prefill-vs-incremental check: `None` = automatic
     /// ([`IncrementalPlan::resolve`]), `Some(b)` = forced on/off.
     pub incremental: Option<bool>,
-    /// Measure the noise floor of a half-precision reference path (`--noise-floor`).
+    /// Measure the noise floor of a half-precision reference path (`--no-noise-floor` skips it).
     pub noise_floor: FloorPlan,
     /// Also evaluate a DFlash drafter on every path (`--drafter`).
     pub drafter: Option<DrafterSettings>,

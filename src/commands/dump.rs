@@ -23,7 +23,7 @@ pub struct DumpOptions {
     pub logits: bool,
     /// Delta-rule form.
     pub form: GdnForm,
-    /// Measure the noise floor of a half-precision run (`--noise-floor`).
+    /// Measure the noise floor of a half-precision run (`--no-noise-floor` skips it).
     pub noise_floor: FloorPlan,
     /// Hide progress.
     pub quiet: bool,
@@ -153,7 +153,7 @@ pub fn run_checked(
     )?;
     pb.finish();
     if !obs.noise.is_empty() {
-        let mut floor = NoiseFloor::new(std::mem::take(&mut obs.noise));
+        let mut floor = NoiseFloor::new(precision, std::mem::take(&mut obs.noise));
         floor.last_layer_output = obs.last.take();
         obs.dump
             .metadata

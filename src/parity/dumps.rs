@@ -336,19 +336,31 @@ fn compare_extras(a: &Dump, b: &Dump, tap_offset: i64, pair: &mut PairReport) ->
 
 /// The noise floor either dump measured (`__metadata__` `noise_floor`,
 /// written by `hsparity dump` in half precision), by `a`'s indices (`b`'s
-/// shifted by `tap_offset`); the wider per index when both did.
+/// shifted by `tap_offset`; the last layer's only at offset 0); the wider
+/// per index when both did; and a note saying whose it is.
 ///
-/// Errors: a `noise_floor` value that is not one ([`Error::Input`]).
+/// Errors ([`Error::Input`]): a `noise_floor` value that is not one, or
+/// one in a dump hsparity did not write.
 fn floor_of(
     (a, b): (&Dump, &Dump),
     (a_name, b_name): (&str, &str),
     tap_offset: i64,
-) -> Result<Option<NoiseFloor>> {
-    let read = |d: &Dump, name: &str| {
-        d.metadata
-            .get("noise_floor")
-            .map(|s| NoiseFloor::from_metadata(s, name))
-            .transpose()
+) -> Result<(Option<NoiseFloor>, Option<String>)> {
+    let read = |d: &Dump, name: &str| -> Result<Option<NoiseFloor>> {
+        let Some(s) = d.metadata.get("noise_floor") else {
+            return Ok(None);
+        };
+        let tool = d
+            .metadata
+            .get("tool_version")
+            .map(String::as_str)
+            .unwrap_or("");
+        if !tool.starts_with("hsparity ") {
+            return Err(Error::Input(format!(
+                "{name}: __metadata__ noise_floor in a dump written by {tool:?}, not by hsparity (only `hsparity dump` measures one)"
+            )));
+        }
+        NoiseFloor::from_metadata(s, name, d.dtype(name)?, d.num_layers()).map(Some)
     };
     let fa = read(a, a_name)?;
     let fb = read(b, b_name)?.map(|mut f| {
@@ -365,7 +377,15 @@ fn floor_of(
         }
         f
     });
-    Ok(NoiseFloor::wider(fa.as_ref(), fb.as_ref()))
+    let whose = match (&fa, &fb) {
+        (Some(_), Some(_)) => Some(format!("the wider of {a_name}'s and {b_name}'s")),
+        (Some(_), None) => Some(format!("{a_name}'s")),
+        (None, Some(_)) => Some(format!("{b_name}'s")),
+        (None, None) => None,
+    };
+    let note = whose
+        .map(|w| format!("noise floor: {w} run against its noise shadow (docs/noise-floor.md)"));
+    Ok((NoiseFloor::wider(fa.as_ref(), fb.as_ref()), note))
 }
 
 /// Compares dump `a` (reference) with dump `b`.
@@ -402,10 +422,8 @@ pub fn compare_dumps(
         pair.tolerance = Tolerance::for_precision(l);
         pair.tolerance_rule = format!("{l} tolerance (the lower of the dumps' {da} and {db})");
     }
-    pair.set_noise_floor(
-        floor_of((a, b), (a_name, b_name), tap_offset)?,
-        BandRole::Widens,
-    );
+    let (floor, floor_note) = floor_of((a, b), (a_name, b_name), tap_offset)?;
+    pair.set_noise_floor(floor, BandRole::Widens);
     if let (Some(na), Some(nb), 0, false) =
         (a.num_layers(), b.num_layers(), tap_offset, settings.align)
     {
@@ -450,6 +468,7 @@ pub fn compare_dumps(
     };
     let non_finite = non_finite_at(a, b, pair.first_divergent, tap_offset)?;
     let mut notes = input_differences(a, b, (a_name, b_name));
+    notes.extend(floor_note);
     notes.extend(beyond_floor_note(&pair));
     notes.extend(notes_of(&pair, &shown, (a, b), (a_name, b_name), last));
     Ok(DumpComparison {
@@ -477,9 +496,9 @@ fn beyond_floor_note(pair: &PairReport) -> Option<String> {
     let listed: Vec<String> = rows
         .iter()
         .take(4)
-        .map(|(i, r)| match r {
-            Some(r) => format!("hs {i} ({r:.1}×)"),
-            None => format!("hs {i} (over an empty band)"),
+        .map(|(what, r)| match r {
+            Some(r) => format!("{what} ({r:.1}×)"),
+            None => format!("{what} (over an empty band)"),
         })
         .collect();
     let more = match rows.len() {
@@ -488,9 +507,10 @@ fn beyond_floor_note(pair: &PairReport) -> Option<String> {
     };
     Some(format!(
         "{}{more} pass the {} tolerance but lie beyond the measured noise floor: more than reordered products \
-         explain — b's implementation rounds elsewhere (an engine's fused norm, activation or attention kernels) or \
-         computes something slightly different; dump both sides in f32 (--dtype f32) to tell: reordering noise \
-         shrinks to round-off there, a real difference stays",
+         explain — one side's implementation rounds elsewhere (an engine's fused norm, activation or attention \
+         kernels) or one side computes something slightly different (a weight, an eps); to tell, run both in f32 \
+         (hsparity dump --dtype f32; the engine in float32): reordering noise shrinks to round-off there, a real \
+         difference stays",
         listed.join(", "),
         pair.dtype_a
     ))

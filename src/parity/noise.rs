@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use super::metrics::Metrics;
 use crate::error::{Error, Result};
+use crate::precision::Precision;
 
-/// Whether a half-precision run measures its noise floor (`--noise-floor`).
+/// Whether a half-precision run measures its noise floor (`--no-noise-floor` skips it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FloorPlan {
     /// Run the noise shadow beside the path (one more forward of it).
@@ -44,6 +45,7 @@ pub enum BandRole {
 
 /// The run against its noise shadow at one `hidden_states` index.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NoiseRow {
     /// `hidden_states` index.
     pub index: usize,
@@ -90,11 +92,14 @@ pub const METHOD: &str = "midpoint-flips";
 /// noise shadow. Serialised into a dump's `__metadata__` (`noise_floor`)
 /// and into reports.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NoiseFloor {
     /// How the shadow was computed ([`METHOD`]).
     pub method: String,
     /// The factor from the shadow's drift to the band ([`SCALE`]).
     pub scale: f64,
+    /// The dtype the run and its shadow computed in (bf16 or f16).
+    pub dtype: Precision,
     /// Per index, in index order.
     pub rows: Vec<NoiseRow>,
     /// The last decoder layer's pre-norm output (`index`: the number of
@@ -135,11 +140,12 @@ impl Band {
 }
 
 impl NoiseFloor {
-    /// The floor of a run whose shadow rows are `rows`.
-    pub fn new(rows: Vec<NoiseRow>) -> Self {
+    /// The floor of a run in `dtype` whose shadow rows are `rows`.
+    pub fn new(dtype: Precision, rows: Vec<NoiseRow>) -> Self {
         Self {
             method: METHOD.into(),
             scale: SCALE,
+            dtype,
             rows,
             last_layer_output: None,
         }
@@ -166,27 +172,29 @@ impl NoiseFloor {
         }
     }
 
-    /// Per index the wider of two runs' floors (either may be absent).
+    /// Per index the wider of two runs' floors (either may be absent): every
+    /// index either measured, the larger drift where both did.
     pub fn wider(a: Option<&Self>, b: Option<&Self>) -> Option<Self> {
-        match (a, b) {
-            (Some(a), Some(b)) => {
-                let rows = a
-                    .rows
-                    .iter()
-                    .filter_map(|r| Some(r.wider(b.rows.iter().find(|o| o.index == r.index)?)))
-                    .collect();
-                let last = match (&a.last_layer_output, &b.last_layer_output) {
-                    (Some(x), Some(y)) => Some(x.wider(y)),
-                    _ => None,
-                };
-                Some(Self {
-                    rows,
-                    last_layer_output: last,
-                    ..a.clone()
-                })
-            }
-            (a, b) => a.or(b).cloned(),
+        let (a, b) = match (a, b) {
+            (Some(a), Some(b)) => (a, b),
+            (a, b) => return a.or(b).cloned(),
+        };
+        let mut rows: std::collections::BTreeMap<usize, NoiseRow> =
+            a.rows.iter().map(|r| (r.index, *r)).collect();
+        for r in &b.rows {
+            rows.entry(r.index)
+                .and_modify(|x| *x = x.wider(r))
+                .or_insert(*r);
         }
+        let last = match (&a.last_layer_output, &b.last_layer_output) {
+            (Some(x), Some(y)) => Some(x.wider(y)),
+            (x, y) => x.or(*y),
+        };
+        Some(Self {
+            rows: rows.into_values().collect(),
+            last_layer_output: last,
+            ..a.clone()
+        })
     }
 
     /// The `noise_floor` metadata value of a dump.
@@ -194,20 +202,71 @@ impl NoiseFloor {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// Parses a dump's `noise_floor` metadata value (`name`: the dump, for errors).
+    /// Parses the `noise_floor` metadata value of dump `name`, which
+    /// computed in `dtype` and holds a model of `num_layers` layers (when
+    /// known): hsparity's method and scale, the dump's own half dtype, rows
+    /// of ascending indices within the model, drifts within `[0, 1]` and
+    /// cosines within `[−1, 1]`.
     ///
-    /// Errors: not this format, or another method ([`Error::Input`]).
-    pub fn from_metadata(s: &str, name: &str) -> Result<Self> {
-        let f: Self = serde_json::from_str(s).map_err(|e| {
-            Error::Input(format!(
-                "{name}: __metadata__ noise_floor is not a noise floor ({e})"
-            ))
-        })?;
-        if f.method != METHOD || !(f.scale.is_finite() && f.scale >= 1.0) {
-            return Err(Error::Input(format!(
-                "{name}: __metadata__ noise_floor has method {:?} and scale {} (this hsparity reads {METHOD:?} with a scale of at least 1)",
+    /// Errors ([`Error::Input`], naming the dump and what is wrong): any other value.
+    pub fn from_metadata(
+        s: &str,
+        name: &str,
+        dtype: Precision,
+        num_layers: Option<usize>,
+    ) -> Result<Self> {
+        let bad = |why: String| Error::Input(format!("{name}: __metadata__ noise_floor {why}"));
+        let v: serde_json::Value =
+            serde_json::from_str(s).map_err(|e| bad(format!("is not JSON ({e})")))?;
+        let objects = v.is_object()
+            && v["rows"]
+                .as_array()
+                .is_some_and(|r| r.iter().all(|x| x.is_object()))
+            && (v.get("last_layer_output").is_none() || v["last_layer_output"].is_object());
+        if !objects {
+            return Err(bad(
+                "is not a noise floor: expected an object with rows of objects".into(),
+            ));
+        }
+        let f: Self =
+            serde_json::from_value(v).map_err(|e| bad(format!("is not a noise floor ({e})")))?;
+        if f.method != METHOD || f.scale != SCALE {
+            return Err(bad(format!(
+                "has method {:?} and scale {} (this hsparity writes and reads {METHOD:?} with a scale of {SCALE})",
                 f.method, f.scale
             )));
+        }
+        if f.dtype != dtype || dtype == Precision::F32 {
+            return Err(bad(format!(
+                "was measured in {} but the dump holds {dtype} states (a floor belongs to a bf16 or f16 run)",
+                f.dtype
+            )));
+        }
+        let in_range =
+            |r: &NoiseRow| (0.0..=1.0).contains(&r.rel_l2) && (-1.0..=1.0).contains(&r.cos_min);
+        if let Some(r) = f
+            .rows
+            .iter()
+            .chain(&f.last_layer_output)
+            .find(|r| !in_range(r))
+        {
+            return Err(bad(format!(
+                "row {} has rel_l2 {} and cos_min {} (a drift lies in [0, 1], a cosine in [-1, 1])",
+                r.index, r.rel_l2, r.cos_min
+            )));
+        }
+        if f.rows.windows(2).any(|w| w[0].index >= w[1].index) {
+            return Err(bad(
+                "has rows out of order or repeated (indices must ascend)".into(),
+            ));
+        }
+        if let Some(n) = num_layers {
+            let last = f.last_layer_output.map(|r| r.index);
+            if f.rows.last().is_some_and(|r| r.index > n) || last.is_some_and(|i| i != n) {
+                return Err(bad(format!(
+                    "has indices beyond the dump's {n} layers (rows up to {n}, last_layer_output at {n})"
+                )));
+            }
         }
         Ok(f)
     }
@@ -243,7 +302,6 @@ mod tests {
     use crate::capture::HiddenKind;
     use crate::parity::metrics::Accumulator;
     use crate::parity::{PairReport, Verdict};
-    use crate::precision::Precision;
 
     /// Metrics of `b` against `a = [1, 0, …]` rows: `b` rotated by `angle`.
     fn rotated(angle: f64) -> Metrics {
@@ -255,7 +313,7 @@ mod tests {
     }
 
     fn floor_at(index: usize, m: &Metrics) -> NoiseFloor {
-        NoiseFloor::new(vec![NoiseRow::of(index, m).unwrap()])
+        NoiseFloor::new(Precision::Bf16, vec![NoiseRow::of(index, m).unwrap()])
     }
 
     /// The band is the shadow's drift scaled: rel L2 by the scale, the
@@ -289,6 +347,10 @@ mod tests {
         let (a, b) = (floor_at(1, &rotated(1e-3)), floor_at(1, &rotated(4e-3)));
         let w = NoiseFloor::wider(Some(&a), Some(&b)).unwrap();
         assert_eq!(w.rows[0].rel_l2, b.rows[0].rel_l2);
+        // Indices only one floor measured are kept.
+        let c = floor_at(2, &rotated(1e-3));
+        let w = NoiseFloor::wider(Some(&a), Some(&c)).unwrap();
+        assert_eq!(w.rows.iter().map(|r| r.index).collect::<Vec<_>>(), [1, 2]);
         assert_eq!(NoiseFloor::wider(Some(&a), None), Some(a.clone()));
         assert_eq!(NoiseFloor::wider(None, None), None);
     }
@@ -296,17 +358,53 @@ mod tests {
     #[test]
     fn metadata_round_trips_and_refuses_other_floors() {
         let f = floor_at(2, &rotated(1e-3));
-        assert_eq!(NoiseFloor::from_metadata(&f.to_metadata(), "d").unwrap(), f);
-        for bad in [
-            "not json".to_string(),
-            f.to_metadata().replace(METHOD, "split-k"),
-            f.to_metadata().replace("\"scale\":2.0", "\"scale\":0.5"),
+        let read = |s: &str, dtype| NoiseFloor::from_metadata(s, "d.safetensors", dtype, Some(3));
+        assert_eq!(read(&f.to_metadata(), Precision::Bf16).unwrap(), f);
+        let m = f.to_metadata();
+        let r = f.rows[0];
+        let row = format!(
+            "{{\"index\":2,\"rel_l2\":{},\"cos_min\":{}}}",
+            r.rel_l2, r.cos_min
+        );
+        assert!(m.contains(&row), "{m}");
+        let with_row = |new: &str| m.replace(&row, new);
+        for (bad, dtype) in [
+            ("not json".to_string(), Precision::Bf16),
+            (
+                "[\"midpoint-flips\",2.0,\"bf16\",[]]".to_string(),
+                Precision::Bf16,
+            ),
+            (m.replace(METHOD, "split-k"), Precision::Bf16),
+            (
+                m.replace("\"scale\":2.0", "\"scale\":1e10"),
+                Precision::Bf16,
+            ),
+            (m.clone(), Precision::F16),
+            (m.replace("\"bf16\"", "\"f32\""), Precision::F32),
+            (
+                with_row("{\"index\":2,\"rel_l2\":0.5,\"cos_min\":-5.0}"),
+                Precision::Bf16,
+            ),
+            (
+                with_row("{\"index\":2,\"rel_l2\":-1.0,\"cos_min\":1.0}"),
+                Precision::Bf16,
+            ),
+            (
+                with_row("{\"index\":9,\"rel_l2\":0.1,\"cos_min\":0.9}"),
+                Precision::Bf16,
+            ),
+            (with_row(&format!("{row},{row}")), Precision::Bf16),
+            (with_row("[2,0.1,0.9]"), Precision::Bf16),
+            (
+                m.replace("\"rows\"", "\"extra\":1,\"rows\""),
+                Precision::Bf16,
+            ),
         ] {
-            let e = NoiseFloor::from_metadata(&bad, "d.safetensors").unwrap_err();
+            let e = read(&bad, dtype).unwrap_err();
             assert!(
                 e.to_string()
                     .starts_with("d.safetensors: __metadata__ noise_floor"),
-                "{e}"
+                "{bad}: {e}"
             );
         }
     }
@@ -330,7 +428,7 @@ mod tests {
         let (v, beyond_rows, _) = judge(BandRole::Bounds, &floor, &beyond);
         assert_eq!((v, beyond_rows.len()), (Verdict::Warn, 0));
         let (v, beyond_rows, agreement) = judge(BandRole::Widens, &floor, &beyond);
-        assert_eq!((v, beyond_rows[0].0), (Verdict::Pass, 1));
+        assert_eq!((v, beyond_rows[0].0.as_str()), (Verdict::Pass, "hs 1"));
         assert_eq!(agreement, "within tolerance");
         let (v, _, agreement) = judge(BandRole::Widens, &floor, &rotated(1.5e-4));
         assert_eq!(
@@ -344,6 +442,18 @@ mod tests {
         let wide = floor_at(1, &rotated(0.06));
         assert_eq!(judge(BandRole::Widens, &wide, &far).0, Verdict::Pass);
         assert_eq!(judge(BandRole::Bounds, &wide, &far).0, Verdict::Pass);
+        // A band beyond the dtype's warn limits is capped there: a row bf16
+        // would fail (cos 0.98 < 0.99) fails inside a band wider still.
+        let wider_than_warn = floor_at(1, &rotated(0.2));
+        let beyond_warn = rotated(0.2);
+        assert_eq!(by_tolerance(&beyond_warn), Verdict::Fail);
+        for role in [BandRole::Bounds, BandRole::Widens] {
+            assert_eq!(
+                judge(role, &wider_than_warn, &beyond_warn).0,
+                Verdict::Fail,
+                "{role:?}"
+            );
+        }
         // Different dtypes: the band is shown, never judges.
         let mut p = PairReport::new("a", Precision::Bf16, "b", Precision::F16);
         p.set_noise_floor(Some(wide), BandRole::Widens);

@@ -195,7 +195,7 @@ impl PairReport {
         let mut floor = self
             .noise_floor
             .take()
-            .unwrap_or_else(|| NoiseFloor::new(Vec::new()));
+            .unwrap_or_else(|| NoiseFloor::new(self.dtype_a, Vec::new()));
         floor.rows.push(row);
         self.set_noise_floor(Some(floor), BandRole::Bounds);
     }
@@ -232,14 +232,15 @@ impl PairReport {
     fn tolerance_with(&self, band: Option<super::noise::Band>) -> Tolerance {
         let t = self.tolerance;
         match (band, self.noise_role) {
+            // A band never passes what the dtype's warn limits would fail.
             (Some(b), Some(BandRole::Bounds)) => Tolerance {
-                pass_cos: b.cos_min,
-                pass_rel_l2: b.rel_l2,
+                pass_cos: b.cos_min.max(t.warn_cos),
+                pass_rel_l2: b.rel_l2.min(t.warn_rel_l2),
                 ..t
             },
             (Some(b), Some(BandRole::Widens)) => Tolerance {
-                pass_cos: b.cos_min.min(t.pass_cos),
-                pass_rel_l2: b.rel_l2.max(t.pass_rel_l2),
+                pass_cos: b.cos_min.min(t.pass_cos).max(t.warn_cos),
+                pass_rel_l2: b.rel_l2.max(t.pass_rel_l2).min(t.warn_rel_l2),
                 ..t
             },
             _ => t,
@@ -247,14 +248,19 @@ impl PairReport {
     }
 
     /// How the pair agrees when every row passes: `within the measured noise
-    /// floor` when the floor takes a role and every differing row lies
-    /// inside its band, else `within tolerance`.
+    /// floor` when the floor takes a role and every differing row (and the
+    /// last layer's pre-norm output, when compared) lies inside its band,
+    /// else `within tolerance`.
     pub fn agreement(&self) -> &'static str {
         let inside = self
             .hidden_states
             .iter()
             .filter(|r| !r.metrics.bitwise)
-            .all(|r| r.noise.is_some_and(|c| c.inside));
+            .all(|r| r.noise.is_some_and(|c| c.inside))
+            && self
+                .last_layer_output
+                .as_ref()
+                .is_none_or(|m| m.bitwise || self.last_layer_noise().is_some_and(|c| c.inside));
         if self.noise_role.is_some() && inside {
             "within the measured noise floor"
         } else {
@@ -262,17 +268,28 @@ impl PairReport {
         }
     }
 
-    /// Rows that pass but lie beyond the noise floor's band, with their
-    /// ratios ([`BandRole::Widens`]: more than reordered products explain).
-    pub fn beyond_floor(&self) -> Vec<(usize, Option<f64>)> {
+    /// What passes but lies beyond the noise floor's band (`hs 2`, and
+    /// `last_layer_output`), with the ratios ([`BandRole::Widens`]: more
+    /// than reordered products explain).
+    pub fn beyond_floor(&self) -> Vec<(String, Option<f64>)> {
         if self.noise_role != Some(BandRole::Widens) {
             return Vec::new();
         }
-        self.hidden_states
+        let mut out: Vec<(String, Option<f64>)> = self
+            .hidden_states
             .iter()
             .filter(|r| r.verdict == Verdict::Pass)
-            .filter_map(|r| r.noise.filter(|c| !c.inside).map(|c| (r.index, c.ratio)))
-            .collect()
+            .filter_map(|r| {
+                let c = r.noise.filter(|c| !c.inside)?;
+                Some((format!("hs {}", r.index), c.ratio))
+            })
+            .collect();
+        if self.last_layer_verdict() == Some(Verdict::Pass) {
+            if let Some(c) = self.last_layer_noise().filter(|c| !c.inside) {
+                out.push(("last_layer_output".into(), c.ratio));
+            }
+        }
+        out
     }
 
     /// Which rows did not pass and under which rule, when some did not: `hs

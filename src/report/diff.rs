@@ -130,8 +130,16 @@ fn headline(c: &DumpComparison, (na, nb): (&str, &str)) -> String {
             c.pair.hidden_states.len()
         ),
         (Verdict::Pass, Some(i), _) => {
+            let beyond = c.pair.beyond_floor();
+            let beyond = match beyond.len() {
+                0 => String::new(),
+                n => format!(
+                    ", {} beyond the measured noise floor (see the note)",
+                    crate::text::counted(n, "compared state", None)
+                ),
+            };
             format!(
-                "{na} and {nb} agree {} (not bitwise from hidden_states[{i}])",
+                "{na} and {nb} agree {} (not bitwise from hidden_states[{i}]){beyond}",
                 c.pair.agreement()
             )
         }
@@ -293,7 +301,8 @@ pub fn align_table(a: &AlignSection) -> Table {
 fn last_line(p: &PairReport) -> Option<String> {
     let (m, v) = (p.last_layer_output.as_ref()?, p.last_layer_verdict()?);
     let floor = match p.last_layer_noise() {
-        Some(c) => format!(", {} × noise floor", noise_ratio(Some(&c), m.bitwise)),
+        Some(c) if !m.bitwise => format!(", × floor {}", noise_ratio(Some(&c), m.bitwise)),
+        Some(_) => String::new(),
         None => String::new(),
     };
     Some(format!(

@@ -96,50 +96,48 @@ pub fn noise_ratio(cell: Option<&crate::parity::noise::NoiseCell>, bitwise: bool
         Some(_) if bitwise => "-".into(),
         Some(c) => match (c.ratio, c.inside) {
             (Some(r), true) => format!("{r:.2}"),
-            (Some(r), false) => format!(
-                "{} ▲",
-                if r < 100.0 {
-                    format!("{r:.1}")
-                } else {
-                    format!("{r:.0}")
-                }
-            ),
+            (Some(r), false) if r < 10.0 => format!("{r:.2} ▲"),
+            (Some(r), false) if r < 100.0 => format!("{r:.1} ▲"),
+            (Some(r), false) => format!("{r:.0} ▲"),
             (None, _) => "∞ ▲".into(),
         },
     }
 }
 
-/// The line under a table with a `× floor` column: what the floor is,
-/// whether it judged the rows, and how many lie inside it.
+/// The line under a table with a `× floor` column: how many differing
+/// hidden states lie inside the band, what the band is, and whether it
+/// judged the rows (`None`: no floor, or no differing row).
 pub fn noise_floor_line(pair: &crate::parity::PairReport) -> Option<String> {
+    use crate::parity::noise::BandRole;
     let floor = pair.noise_floor.as_ref()?;
     let differing: Vec<_> = pair
         .hidden_states
         .iter()
         .filter(|r| !r.metrics.bitwise && r.noise.is_some())
         .collect();
+    if differing.is_empty() {
+        return None;
+    }
     let inside = differing
         .iter()
         .filter(|r| r.noise.is_some_and(|c| c.inside))
         .count();
-    use crate::parity::noise::BandRole;
     let role = match pair.noise_role {
-        Some(BandRole::Bounds) => {
-            "a row inside it (≤ 1) is numerics noise and passes; one beyond it (▲) is the paths computing something else"
-        }
+        Some(BandRole::Bounds) => "a row inside it passes; one beyond it (▲) is the paths computing something else",
         Some(BandRole::Widens) => {
-            "a row inside it (≤ 1) is numerics noise and passes; one beyond it (▲) is more than reordered products \
-             explain, a finding when the dtype's tolerance fails it too"
+            "a row inside it passes; one beyond it (▲) is more than reordered products explain, and fails when \
+             the dtype's tolerance fails it too"
         }
-        None => "shown only: the paths compute in different dtypes, and that difference is the finding",
+        None => "shown only: the sides compute in different dtypes, and the verdicts follow the dtype rule above",
     };
     Some(format!(
-        "× floor: the difference over the band two valid {dtype} implementations of the reference reach on \
-         these prompts ({scale}× its drift from its noise shadow, whose products round the other way near rounding \
-         midpoints; docs/noise-floor.md); {role}. {inside} of {n} differing hidden states lie inside it.",
-        dtype = pair.dtype_a,
-        scale = floor.scale,
+        "× floor: {inside} of {n} differing hidden states lie inside the noise band (≤ 1; ∞ where the shadow \
+         is bitwise). The band is {scale}× the drift of the {dtype} run from its noise shadow, whose products \
+         round the other way near rounding midpoints: how far two valid {dtype} implementations part on these \
+         prompts (docs/noise-floor.md); {role}.",
         n = differing.len(),
+        scale = floor.scale,
+        dtype = floor.dtype,
     ))
 }
 
