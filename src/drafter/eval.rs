@@ -26,10 +26,10 @@ use crate::precision::Precision;
 
 /// The end-of-generation rule replayed (named in every report).
 pub const END_RULE: &str =
-    "z-lab dflash GitHub main: full blocks every round, record a+1, stop when start >= prompt_len + max_new_tokens";
+    "z-lab dflash GitHub main: full blocks every round, record a+1, stop when start>=prompt_len+max_new_tokens";
 
 /// The end-of-generation rule of the `dflash` 0.1.0 wheel on PyPI.
-pub const END_RULE_WHEEL: &str = "dflash 0.1.0 wheel (PyPI): verify min(B, max_length - start) tokens, record min(a+1, max_length - start - 1), loop while start + 1 < max_length";
+pub const END_RULE_WHEEL: &str = "dflash 0.1.0 wheel (PyPI): verify min(B,max_length-start) tokens, record min(a+1,max_length-start-1), loop while start+1<max_length";
 
 /// Which reference loop's end-of-generation rule to replay (`--end-rule`):
 /// z-lab's GitHub main and the PyPI wheel, both "0.1.0", differ only there.
