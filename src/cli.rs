@@ -293,6 +293,9 @@ struct TriageArgs {
     observed_tau: Option<f64>,
     #[command(flatten)]
     engine: EngineMetricsArgs,
+    /// Skip the noise floor of a bf16/f16 baseline's taps (one more forward over its tokens; docs/noise-floor.md).
+    #[arg(long)]
+    no_noise_floor: bool,
     /// k of the "positions shifted by +k" variant, 1..=65536.
     #[arg(long, default_value_t = 16, value_parser = RangedU64ValueParser::<usize>::new().range(1..=65_536))]
     position_shift: usize,
@@ -382,22 +385,13 @@ fn finish<D: Document>(doc: &D, json: bool, folder: Option<ReportFolder>) -> Res
     Ok(doc.exit_code())
 }
 
-/// `--no-noise-floor` as the plan.
-fn floor_plan(skip: bool) -> FloorPlan {
-    if skip {
-        FloorPlan::Skip
-    } else {
-        FloorPlan::Measure
-    }
-}
-
 /// `dump`: writes the file, then exits 1 when the path's weights hold a
 /// finding (MISSING or NaN/Inf, as `compare` would fail them).
 fn run_dump(a: DumpArgs) -> Result<u8> {
     let opts = dump::DumpOptions {
         logits: !a.no_logits,
         form: a.gdn_form,
-        noise_floor: floor_plan(a.no_noise_floor),
+        noise_floor: FloorPlan::skipping(a.no_noise_floor),
         quiet: a.run.quiet,
     };
     let target = a.target.target(&a.run, a.dtype.0);
@@ -430,7 +424,7 @@ fn run_compare(a: CompareArgs) -> Result<u8> {
         paths: distinct(a.paths)?,
         taps: a.taps,
         gdn_form: a.gdn_form,
-        noise_floor: floor_plan(a.no_noise_floor),
+        noise_floor: FloorPlan::skipping(a.no_noise_floor),
         incremental: match (a.incremental, a.no_incremental) {
             (true, _) => Some(true),
             (_, true) => Some(false),
@@ -510,6 +504,7 @@ fn run_triage(a: TriageArgs) -> Result<u8> {
             memory_budget: a.budget.memory_budget,
             harness: triage_harness::HarnessOptions::new(a.reset_at, a.left_pad),
             trajectories: a.trajectories.given(&a.replay),
+            noise_floor: FloorPlan::skipping(a.no_noise_floor),
         },
         command_line: command_line(),
     })?;

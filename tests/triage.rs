@@ -620,3 +620,33 @@ fn toy_triage(dir: &std::path::Path, prompts: &[&str], code: i32) -> Value {
     cmd.args(["--max-new-tokens", "8", "--quiet", "--json", "--no-report"]);
     crate::common::json_exit(&mut cmd, code)
 }
+
+/// In bf16 the baseline's taps carry their noise floor (its shadow over its
+/// own tokens, one band per tap) and every suspect in the baseline's dtype
+/// is read against it: the recurrent delta-rule form is numerics noise, a
+/// tap offset far beyond it; a suspect in another dtype is judged by the
+/// tolerance alone.
+#[test]
+fn taps_are_read_against_the_baselines_noise_floor() {
+    let r = run();
+    assert_eq!(r.baseline.dtype, hsparity::precision::Precision::Bf16);
+    let floor = r
+        .baseline
+        .tap_noise_floor
+        .as_ref()
+        .expect("a bf16 baseline measures it");
+    let want: Vec<usize> = r.baseline.taps.iter().map(|l| l + 1).collect();
+    assert_eq!(floor.rows.iter().map(|x| x.index).collect::<Vec<_>>(), want);
+    assert!(floor.rows.iter().all(|x| x.rel_l2 > 0.0), "{floor:?}");
+    let v = |name: &str| r.variants.iter().find(|v| v.name == name).unwrap();
+    let recurrent = v("gdn-recurrent");
+    let ratio = recurrent.tap_noise_ratio.flatten().unwrap();
+    assert!(
+        ratio <= 1.0 && recurrent.first_divergent.is_none(),
+        "{ratio}"
+    );
+    assert!(recurrent.cos_min_at_taps < 1.0, "the form changes the bits");
+    let offset = v("tap-offset+1").tap_noise_ratio.unwrap();
+    assert!(offset.is_none_or(|x| x > 10.0), "{offset:?}");
+    assert!(v("dtype-f16").tap_noise_ratio.is_none());
+}

@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::metrics::Metrics;
+use super::verdict::Tolerance;
 use crate::error::{Error, Result};
 use crate::precision::Precision;
 
@@ -41,6 +42,17 @@ pub enum BandRole {
     /// (an implementation that rounds elsewhere, as an engine's fused
     /// kernels do, differs by more than reordered products).
     Widens,
+}
+
+impl FloorPlan {
+    /// The plan of a `--no-noise-floor` flag (`skip`: given).
+    pub fn skipping(skip: bool) -> Self {
+        if skip {
+            FloorPlan::Skip
+        } else {
+            FloorPlan::Measure
+        }
+    }
 }
 
 /// The run against its noise shadow at one `hidden_states` index.
@@ -135,6 +147,23 @@ impl Band {
             0.0
         } else {
             rel.max(angle)
+        }
+    }
+}
+
+impl BandRole {
+    /// The dtype's tolerance `t` with `band` taking this role: its pass
+    /// thresholds ([`BandRole::Bounds`]) or the pass thresholds widened to
+    /// it ([`BandRole::Widens`]); never beyond `t`'s warn limits.
+    pub fn tolerance(self, t: Tolerance, band: Band) -> Tolerance {
+        let (cos, rel) = match self {
+            BandRole::Bounds => (band.cos_min, band.rel_l2),
+            BandRole::Widens => (band.cos_min.min(t.pass_cos), band.rel_l2.max(t.pass_rel_l2)),
+        };
+        Tolerance {
+            pass_cos: cos.max(t.warn_cos),
+            pass_rel_l2: rel.min(t.warn_rel_l2),
+            ..t
         }
     }
 }

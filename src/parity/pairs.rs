@@ -230,20 +230,9 @@ impl PairReport {
     /// The dtype's tolerance with `band` as its pass thresholds where the
     /// noise floor judges.
     fn tolerance_with(&self, band: Option<super::noise::Band>) -> Tolerance {
-        let t = self.tolerance;
         match (band, self.noise_role) {
-            // A band never passes what the dtype's warn limits would fail.
-            (Some(b), Some(BandRole::Bounds)) => Tolerance {
-                pass_cos: b.cos_min.max(t.warn_cos),
-                pass_rel_l2: b.rel_l2.min(t.warn_rel_l2),
-                ..t
-            },
-            (Some(b), Some(BandRole::Widens)) => Tolerance {
-                pass_cos: b.cos_min.min(t.pass_cos).max(t.warn_cos),
-                pass_rel_l2: b.rel_l2.max(t.pass_rel_l2).min(t.warn_rel_l2),
-                ..t
-            },
-            _ => t,
+            (Some(b), Some(role)) => role.tolerance(self.tolerance, b),
+            _ => self.tolerance,
         }
     }
 

@@ -1,7 +1,7 @@
 //! `triage`'s report: the baseline and the ranked suspects (terminal and
 //! Markdown, from one table).
 
-use super::format::{cos6, delta, seconds, tau};
+use super::format::{cos6, delta, sci, seconds, tau};
 use super::tabular::{Column, Row, Sinks, Table};
 use super::{Body, Environment, Kind, Report};
 use crate::drafter::trajectories::PathDepartures;
@@ -48,13 +48,44 @@ fn not_distinguishable(r: &Triage) -> Option<String> {
     ))
 }
 
-/// The first divergent tap of a variant: `1 (hs 2)`, `-` when none.
+/// The first divergent tap of a variant: `1 (hs 2)`, `-` when none; with
+/// the baseline's tap noise floor, `- (0.22× floor)` inside it.
 fn first_tap_cell(v: &VariantResult) -> String {
-    match v.first_divergent {
+    let tap = match v.first_divergent {
         Some(hs) if hs > 0 => format!("{} (hs {hs})", hs - 1),
         Some(hs) => format!("hs {hs}"),
         None => "-".into(),
+    };
+    match v.tap_noise_ratio {
+        Some(Some(r)) if r > 0.0 && r <= 1.0 => format!("{tap} ({r:.2}× floor)"),
+        _ => tap,
     }
+}
+
+/// The baseline's tap noise floor as a line (`None` without one).
+fn tap_floor_line(r: &Triage) -> Option<String> {
+    let f = r.baseline.tap_noise_floor.as_ref()?;
+    let bands: Vec<String> = f
+        .rows
+        .iter()
+        .filter_map(|row| {
+            let b = f.band(row.index)?;
+            Some(format!(
+                "tap {} rel L2 ≤ {}, cos ≥ {}",
+                row.index - 1,
+                sci(b.rel_l2),
+                cos6(b.cos_min)
+            ))
+        })
+        .collect();
+    Some(format!(
+        "tap noise floor ({}): {}: how far two valid {} implementations of the baseline part at its taps on its \
+         tokens; a variant in the baseline's dtype whose taps stay inside it differs by numerics noise, \
+         `(0.22× floor)` (docs/noise-floor.md)",
+        f.dtype,
+        bands.join("; "),
+        f.dtype
+    ))
 }
 
 /// What each variant emulates, one line each keyed by its name (the
@@ -272,11 +303,14 @@ pub fn render(r: &TriageReport, width: Width) -> String {
     ));
     out.push_str(&variants_table(r, Rows::All).render(width));
     out.push('\n');
+    if let Some(l) = tap_floor_line(r) {
+        out.push_str(&crate::width::fill(&format!("{l}\n"), width));
+    }
     if let Some(n) = not_distinguishable(r) {
         out.push_str(&format!("{n}\n"));
     }
     out.push_str(
-        "first divergent tap: the first tap whose features on the baseline's tokens leave the pass tolerance of the baseline's dtype; batch seconds: the variants of one batch share its time (the tap variants reuse the baseline's forward)\n",
+        "first divergent tap: the first tap whose features on the baseline's tokens leave the pass tolerance of the baseline's dtype (in bf16/f16, its tap noise floor); batch seconds: the variants of one batch share its time (the tap variants reuse the baseline's forward)\n",
     );
     out.push_str(&descriptions(r));
     let departs = taps_depart(r);
@@ -324,6 +358,9 @@ pub fn markdown(r: &TriageReport) -> String {
         md.push_str(&format!("Prompts: {line}.\n\n"));
     }
     md.push_str(&format!("τ rule: {}.\n\n", r.end_rule.describe()));
+    if let Some(l) = tap_floor_line(r) {
+        md.push_str(&format!("{l}.\n\n"));
+    }
     if let Some(c) = &r.next_check {
         md.push_str(&format!("**Next check:** {c}.\n\n"));
     }

@@ -18,6 +18,7 @@ use crate::drafter::eval::PromptTau;
 use crate::drafter::trajectories::{Given, PathDepartures};
 use crate::error::Result;
 use crate::models::dflash::Drafter;
+use crate::parity::noise::{BandRole, NoiseCell, NoiseFloor};
 use crate::parity::{Accumulator, Tolerance, Verdict};
 use crate::session::Session;
 
@@ -211,12 +212,17 @@ impl Scoring<'_> {
                 .map(|(f, &k)| Ok(f.narrow(0, k, f.dim(0)? - k)?))
                 .collect::<Result<_>>()?,
         };
-        let (first_divergent, cos_min_at_taps, taps_depart) = tap_divergence(
+        let same_dtype = match recipe {
+            Recipe::Model { prec, .. } => *prec == baseline.dtype,
+            _ => true,
+        };
+        let floor = baseline.tap_noise_floor.as_ref().filter(|_| same_dtype);
+        let (first_divergent, cos_min_at_taps, taps_depart, tap_noise_ratio) = tap_divergence(
             &o.feats_on_base,
             &reference,
             &self.drafter.cfg.target_layer_ids,
             self.session.paths[0].text_config.hidden_size,
-            &Tolerance::for_precision(baseline.dtype),
+            (&Tolerance::for_precision(baseline.dtype), floor),
             &self.inputs(o),
         )?;
         let tau_v = super::tau(&o.dflash, b);
@@ -234,6 +240,7 @@ impl Scoring<'_> {
             first_divergent,
             cos_min_at_taps,
             taps_depart,
+            tap_noise_ratio,
             tau_macro: tau_v,
             delta_tau: tau_v - baseline.tau_macro,
             delta_tau_interval: iv,
@@ -267,19 +274,22 @@ impl Scoring<'_> {
     }
 }
 
-/// Per-tap divergence: the first tap whose features fail `tol`, the
-/// smallest cosine over all taps, and where along the rows that tap departs
+/// Per-tap divergence: the first tap whose features fail `tol` (with the
+/// tap's band of `floor` bounding its pass thresholds, where the baseline's
+/// taps have one: [`BandRole::Bounds`]), the smallest cosine over all taps,
+/// where along the rows that tap departs
 /// ([`crate::parity::localise::where_known`]: per prompt, the first
 /// departing row, and the end of the prompt when it departs there, from
-/// `inputs`). `a`, `b`: per prompt `[T, K·H]`.
+/// `inputs`), and with a floor the taps' largest difference over their
+/// bands (`Some(None)`: over an empty band). `a`, `b`: per prompt `[T, K·H]`.
 fn tap_divergence(
     a: &[Tensor],
     b: &[Tensor],
     taps: &[usize],
     h: usize,
-    tol: &Tolerance,
+    (tol, floor): (&Tolerance, Option<&NoiseFloor>),
     inputs: &[crate::parity::PromptInputs],
-) -> Result<(Option<usize>, f64, Option<String>)> {
+) -> Result<TapDivergence> {
     if a.len() != b.len() {
         return Err(crate::error::Error::Input(format!(
             "tap divergence needs features of the same prompts: {} vs {}",
@@ -290,6 +300,8 @@ fn tap_divergence(
     let mut first = None;
     let mut cos_min = f64::INFINITY;
     let mut where_ = None;
+    // The largest ratio over the taps with a band (`None`: one over an empty band).
+    let (mut banded, mut worst) = (false, Some(0.0f64));
     for (j, &l) in taps.iter().enumerate() {
         let mut acc = Accumulator::default();
         for (k, (x, y)) in a.iter().zip(b).enumerate() {
@@ -297,12 +309,24 @@ fn tap_divergence(
         }
         let m = acc.finish();
         cos_min = cos_min.min(m.cos_min);
+        let band = floor.and_then(|f| f.band(l + 1));
+        let tol = match band {
+            Some(b) => BandRole::Bounds.tolerance(*tol, b),
+            None => *tol,
+        };
+        if let Some(b) = band {
+            banded = true;
+            worst = match (worst, NoiseCell::of(b, &m).ratio) {
+                (Some(x), Some(y)) => Some(x.max(y)),
+                _ => None,
+            };
+        }
         if first.is_none() && tol.judge(&m) != Verdict::Pass {
             first = Some(l + 1);
             let agreement: Vec<crate::parity::PromptAgreement> = m
                 .profile
                 .iter()
-                .map(|rows| crate::parity::PromptAgreement::of(rows, tol))
+                .map(|rows| crate::parity::PromptAgreement::of(rows, &tol))
                 .collect();
             let found = crate::parity::localise::where_known(l + 1, &agreement, inputs);
             where_ = Some(found.replace(
@@ -311,5 +335,10 @@ fn tap_divergence(
             ));
         }
     }
-    Ok((first, cos_min, where_))
+    Ok((first, cos_min, where_, banded.then_some(worst)))
 }
+
+/// What [`tap_divergence`] finds: the first divergent tap (as a
+/// `hidden_states` index), the smallest cosine, where it departs, and the
+/// largest difference over the taps' noise bands.
+type TapDivergence = (Option<usize>, f64, Option<String>, Option<Option<f64>>);

@@ -15,6 +15,7 @@
 pub mod assess;
 mod batches;
 pub mod evidence;
+mod floor;
 mod groups;
 pub mod harness;
 pub mod lanes;
@@ -71,6 +72,8 @@ pub struct TriageSettings {
     pub harness: HarnessOptions,
     /// `--trajectories`: every variant measured on supplied greedy outputs.
     pub trajectories: Option<GivenFile>,
+    /// Measure the noise floor of a bf16/f16 baseline's taps (`--no-noise-floor` skips it).
+    pub noise_floor: crate::parity::noise::FloorPlan,
 }
 
 /// One suspect's outcome (a `variants[]` row of `triage --json`).
@@ -91,6 +94,11 @@ pub struct VariantResult {
     /// Smallest per-token cosine between the variant's and the baseline's tap
     /// features (on the baseline trajectory).
     pub cos_min_at_taps: f64,
+    /// The taps' largest difference over the baseline's tap noise floor
+    /// (`≤ 1`: numerics noise); absent without a floor or when the variant
+    /// computes in another dtype; `null` over an empty band.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tap_noise_ratio: Option<Option<f64>>,
     /// Where along the compared rows the first divergent tap departs, per
     /// prompt (`tap 1 (hidden_states[2]): positions 0–15 agree in all 5
     /// prompts; departure starts at position 16 …`); rows count from the
@@ -169,6 +177,10 @@ pub struct Baseline {
     pub sweeps: usize,
     /// Per prompt: τ, acceptance lengths, its greedy continuation.
     pub per_prompt: Vec<PromptRun>,
+    /// The noise floor of its taps in bf16/f16 (rows by the tap's
+    /// `hidden_states` index; `docs/noise-floor.md`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tap_noise_floor: Option<crate::parity::noise::NoiseFloor>,
 }
 
 /// The members `triage`'s report adds to the envelope.
@@ -373,11 +385,7 @@ pub fn run(
         given.as_ref(),
         settings.quiet,
     )?;
-    let mut baseline = baseline_of(&ran, &drafter, base_prec);
-    baseline.linear_attention = session
-        .spec
-        .layer_types
-        .contains(&crate::checkpoint::config::LayerType::LinearAttention);
+    let baseline = baseline_of(&ran, &drafter, (session, &base_target), settings)?;
     let mut outcomes = std::mem::take(&mut ran.outcomes);
     groups::tap_outcomes(
         session,
@@ -444,25 +452,35 @@ pub fn run(
 }
 
 /// The baseline's row: the training-side path in its own dtype with the
-/// chunked delta rule, its τ and DDTree τ over the prompts, its cost.
+/// chunked delta rule, its τ and DDTree τ over the prompts, its cost, and
+/// in half precision its taps' noise floor (unless `--no-noise-floor`).
+///
+/// Errors: the floor's sweep's tensor failures.
 fn baseline_of(
     ran: &batches::Ran,
     drafter: &crate::models::dflash::Drafter,
-    prec: Precision,
-) -> Baseline {
+    (session, target): (&Session, &TargetModel),
+    settings: &TriageSettings,
+) -> Result<Baseline> {
     let b = drafter.cfg.block_size;
-    Baseline {
+    let lens = session.prompt_lens();
+    let taps = (drafter.cfg.target_layer_ids.as_slice(), lens.as_slice());
+    Ok(Baseline {
         path: LoadingPath::CausalLm,
-        dtype: prec,
+        dtype: target.prec,
         gdn_form: GdnForm::Chunked,
-        linear_attention: true,
+        linear_attention: session
+            .spec
+            .layer_types
+            .contains(&crate::checkpoint::config::LayerType::LinearAttention),
         taps: drafter.cfg.target_layer_ids.clone(),
         tau_macro: tau(&ran.baseline.dflash, b),
         ddtree_tau_macro: tau(&ran.baseline.ddtree, b),
         wall_s: ran.baseline.wall_s,
         sweeps: ran.baseline.sweeps,
         per_prompt: assess::per_prompt(&ran.baseline, &ran.base.max_new),
-    }
+        tap_noise_floor: floor::of_taps(target, &ran.base, taps, settings.noise_floor)?,
+    })
 }
 
 /// The supplied trajectories with the baseline's departures from them; a

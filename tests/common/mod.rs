@@ -361,6 +361,7 @@ pub fn triage_settings(
         memory_budget: None,
         harness: Default::default(),
         trajectories: None,
+        noise_floor: Default::default(),
     }
 }
 
