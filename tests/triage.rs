@@ -624,8 +624,8 @@ fn toy_triage(dir: &std::path::Path, prompts: &[&str], code: i32) -> Value {
 /// In bf16 the baseline's taps carry their noise floor (its shadow over its
 /// own tokens, one band per tap) and every suspect in the baseline's dtype
 /// is read against it: the recurrent delta-rule form is numerics noise, a
-/// tap offset far beyond it; a suspect in another dtype is judged by the
-/// tolerance alone.
+/// tap offset far beyond it; a suspect in another dtype, or compared on its
+/// own trajectory, is judged by the tolerance alone.
 #[test]
 fn taps_are_read_against_the_baselines_noise_floor() {
     let r = run();
@@ -649,4 +649,7 @@ fn taps_are_read_against_the_baselines_noise_floor() {
     let offset = v("tap-offset+1").tap_noise_ratio.unwrap();
     assert!(offset.is_none_or(|x| x > 10.0), "{offset:?}");
     assert!(v("dtype-f16").tap_noise_ratio.is_none());
+    // Compared on its own trajectory: the band (measured on the baseline's
+    // tokens) does not apply.
+    assert!(v("harness-gdn-crop").tap_noise_ratio.is_none());
 }

@@ -56,8 +56,8 @@ fn first_tap_cell(v: &VariantResult) -> String {
         Some(hs) => format!("hs {hs}"),
         None => "-".into(),
     };
-    match v.tap_noise_ratio {
-        Some(Some(r)) if r > 0.0 && r <= 1.0 => format!("{tap} ({r:.2}× floor)"),
+    match (v.tap_noise_ratio, v.first_divergent) {
+        (Some(Some(r)), None) if r > 0.0 => format!("{tap} ({r:.2}× floor)"),
         _ => tap,
     }
 }
@@ -80,8 +80,8 @@ fn tap_floor_line(r: &Triage) -> Option<String> {
         .collect();
     Some(format!(
         "tap noise floor ({}): {}: how far two valid {} implementations of the baseline part at its taps on its \
-         tokens; a variant in the baseline's dtype whose taps stay inside it differs by numerics noise, \
-         `(0.22× floor)` (docs/noise-floor.md)",
+         tokens; a variant in the baseline's dtype, compared on those tokens, whose taps stay inside it differs by \
+         numerics noise, shown as `- (r× floor)` (docs/noise-floor.md)",
         f.dtype,
         bands.join("; "),
         f.dtype

@@ -216,7 +216,14 @@ impl Scoring<'_> {
             Recipe::Model { prec, .. } => *prec == baseline.dtype,
             _ => true,
         };
-        let floor = baseline.tap_noise_floor.as_ref().filter(|_| same_dtype);
+        // The band is measured on the baseline's teacher-forced tokens: it
+        // bounds the comparisons made there, not a loop's own trajectory
+        // against a forward over it (decode against prefill arithmetic).
+        let on_base = o.reference.is_none();
+        let floor = baseline
+            .tap_noise_floor
+            .as_ref()
+            .filter(|_| same_dtype && on_base);
         let (first_divergent, cos_min_at_taps, taps_depart, tap_noise_ratio) = tap_divergence(
             &o.feats_on_base,
             &reference,
@@ -316,7 +323,8 @@ fn tap_divergence(
         };
         if let Some(b) = band {
             banded = true;
-            worst = match (worst, NoiseCell::of(b, &m).ratio) {
+            let finite = m.nan_count + m.inf_count == 0;
+            worst = match (worst, NoiseCell::of(b, &m).ratio.filter(|_| finite)) {
                 (Some(x), Some(y)) => Some(x.max(y)),
                 _ => None,
             };
