@@ -317,3 +317,38 @@ fn compare_bounds_same_dtype_paths_by_the_band() {
         .unwrap()
         .contains("outside the measured bf16 noise floor"));
 }
+
+/// At 100 columns `diff`'s table with the floor's column (and the
+/// departures' one) stays one table: the terminal leaves out the mean
+/// cosine there, which the Markdown and the JSON keep.
+#[test]
+fn the_floor_column_fits_a_100_column_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let entry = "dense-s0-bf16";
+    let ours = dump(
+        tmp.path(),
+        (entry, entry),
+        &format!("{F}/{entry}/checkpoint"),
+        &[],
+    );
+    let theirs = format!("{F}/{entry}/transformers.safetensors");
+    let out = hsparity()
+        .env("COLUMNS", "100")
+        .args(["diff", &ours, &theirs, "--no-report", "--tap-offset", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let header = text
+        .lines()
+        .find(|l| l.contains("× floor"))
+        .expect("the column");
+    assert!(
+        header.contains("verdict") && header.contains("departs at"),
+        "{text}"
+    );
+    let table = |l: &&str| l.starts_with(['┌', '│', '╞', '└']);
+    assert!(
+        text.lines().filter(table).all(|l| l.chars().count() <= 100),
+        "{text}"
+    );
+}

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::compare::has_departures;
 use super::format::{cos, max_abs_at, noise_floor_line, noise_ratio, sci, yes_no};
-use super::tabular::{Cell, Column, Row, Table};
+use super::tabular::{Cell, Column, Row, Sinks, Table};
 use super::{Body, Environment, Kind, Report};
 use crate::error::Result;
 use crate::parity::align::Alignment;
@@ -317,10 +317,16 @@ fn last_line(p: &PairReport) -> Option<String> {
 /// The per-index table of `p` (with the dtype-noise column when the dumps'
 /// dtypes differ); the first divergent row highlighted.
 pub fn index_table(r: &Diff, p: &PairReport) -> Table {
+    // With the floor's column the terminal leaves out the mean cosine (the
+    // Markdown and the JSON keep it), so the table fits 100 columns.
+    let cos_mean = match p.noise_floor {
+        Some(_) => Column::new("cos mean").only(Sinks::Markdown),
+        None => Column::new("cos mean"),
+    };
     let mut cols = vec![
         Column::new("hs").strong(),
         Column::new("cos min"),
-        Column::new("cos mean"),
+        cos_mean,
         Column::new("max abs diff"),
         Column::new("rel L2"),
         Column::new("bitwise"),

@@ -18,7 +18,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::format::{cos, max_abs_at, noise_ratio, sci, yes_no};
-use super::tabular::{Cell, Column, Row, Table};
+use super::tabular::{Cell, Column, Row, Sinks, Table};
 use super::{Body, Report};
 use crate::capture::HiddenKind;
 use crate::error::Result;
@@ -337,7 +337,12 @@ pub fn pair_table(report: &Compare, pair: &PairReport) -> Table {
         Column::new("type"),
         Column::new("tap"),
         Column::new("cos min"),
-        Column::new("cos mean"),
+        // With the floor's column the terminal leaves out the mean cosine
+        // (the Markdown and the JSON keep it).
+        match pair.noise_floor {
+            Some(_) => Column::new("cos mean").only(Sinks::Markdown),
+            None => Column::new("cos mean"),
+        },
         Column::new("max abs diff"),
         Column::new("rel L2"),
         Column::new("bitwise"),
