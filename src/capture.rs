@@ -79,8 +79,8 @@ pub struct PathModel<'a> {
     pub has_lm_head: bool,
     /// The dtype the path computes in.
     pub precision: Precision,
-    /// A path measuring another's noise floor (its products in another sum
-    /// order, [`crate::loading::Reordered`]): it runs on its own history
+    /// A path measuring another's noise floor (its products rounded the
+    /// other way near rounding midpoints, [`crate::loading::NoiseShadow`]): it runs on its own history
     /// only, with no local forward and no cached decode. It comes after
     /// every other path.
     pub noise_shadow: bool,

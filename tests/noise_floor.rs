@@ -28,6 +28,12 @@ fn dump(dir: &Path, (entry, name): (&str, &str), ckpt: &str, args: &[&str]) -> S
     out.to_str().unwrap().to_string()
 }
 
+/// `hsparity dump` of entry `entry` as it is (its own checkpoint, the floor
+/// measured) into `dir/entry.safetensors`.
+fn dump_entry(dir: &Path, entry: &str) -> String {
+    dump(dir, (entry, entry), &format!("{F}/{entry}/checkpoint"), &[])
+}
+
 /// `hsparity diff A B --json` (extra `args`), which must exit `code`.
 fn diff(a: &str, b: &str, args: &[&str], code: i32) -> Value {
     json_exit(
@@ -52,12 +58,7 @@ fn metadata(path: &str) -> std::collections::HashMap<String, String> {
 fn transformers_own_bf16_run_lies_inside_the_measured_floor() {
     let tmp = tempfile::tempdir().unwrap();
     for entry in ["dense-s0-bf16", "moe-s0-bf16"] {
-        let ours = dump(
-            tmp.path(),
-            (entry, entry),
-            &format!("{F}/{entry}/checkpoint"),
-            &[],
-        );
+        let ours = dump_entry(tmp.path(), entry);
         let floor = &metadata(&ours)["noise_floor"];
         assert!(floor.contains("\"method\":\"midpoint-flips\""), "{floor}");
         let theirs = format!("{F}/{entry}/transformers.safetensors");
@@ -195,29 +196,46 @@ fn compare_shows_the_floor_of_a_half_reference() {
     assert!(same["pairs"][0].get("noise_floor").is_none());
 }
 
-/// A floor that is not one is refused with one line, exit 2.
+/// A floor that is not hsparity's own is refused with one line, exit 2:
+/// another method, a band of another scale (which would pass anything), a
+/// floor in a dump hsparity did not write (a dump cannot vouch for itself).
 #[test]
-fn a_malformed_floor_is_refused() {
+fn a_floor_that_is_not_hsparitys_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let entry = "dense-s0-bf16";
-    let ours = dump(
-        tmp.path(),
-        (entry, entry),
-        &format!("{F}/{entry}/checkpoint"),
-        &[],
-    );
-    let bad = tmp.path().join("bad.safetensors");
-    crate::diff::rewrite_dump(&ours, &bad, |_, m| {
-        m.insert("noise_floor".into(), "{\"method\": \"split-k\"}".into());
-    });
-    let out = hsparity()
-        .args(["diff", bad.to_str().unwrap(), &ours, "--no-report"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("noise_floor"), "{err}");
+    let ours = dump_entry(tmp.path(), entry);
+    let floor = metadata(&ours)["noise_floor"].clone();
+    let wider = floor.replace("\"scale\":2.0", "\"scale\":10000.0");
+    assert_ne!(wider, floor);
+    let theirs = format!("{F}/{entry}/transformers.safetensors");
+    let cases = [
+        (
+            "method",
+            ours.as_str(),
+            "{\"method\": \"split-k\"}".to_string(),
+        ),
+        ("scale", ours.as_str(), wider),
+        ("written by", theirs.as_str(), floor),
+    ];
+    for (what, src, value) in cases {
+        let bad = tmp
+            .path()
+            .join(format!("bad-{}.safetensors", what.replace(' ', "-")));
+        crate::diff::rewrite_dump(src, &bad, |_, m| {
+            m.insert("noise_floor".into(), value);
+        });
+        let out = hsparity()
+            .args(["diff", bad.to_str().unwrap(), &ours, "--no-report"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{what}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{what}: {err}");
+        assert!(
+            err.contains("noise_floor") && err.contains(what),
+            "{what}: {err}"
+        );
+    }
 }
 
 /// A layer's weights scaled by `1 + 2⁻⁵` (one tensor), all else `inner`'s:
@@ -325,12 +343,7 @@ fn compare_bounds_same_dtype_paths_by_the_band() {
 fn the_floor_column_fits_a_100_column_table() {
     let tmp = tempfile::tempdir().unwrap();
     let entry = "dense-s0-bf16";
-    let ours = dump(
-        tmp.path(),
-        (entry, entry),
-        &format!("{F}/{entry}/checkpoint"),
-        &[],
-    );
+    let ours = dump_entry(tmp.path(), entry);
     let theirs = format!("{F}/{entry}/transformers.safetensors");
     let out = hsparity()
         .env("COLUMNS", "100")

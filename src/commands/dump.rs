@@ -10,8 +10,7 @@ use crate::dump::{Dump, DumpPrompt, FORMAT};
 use crate::error::Result;
 use crate::loading::{LoadingPath, NoiseShadow};
 use crate::models::GdnForm;
-use crate::parity::noise::{FloorPlan, NoiseFloor, NoiseRow};
-use crate::parity::pairs::compare_prompts;
+use crate::parity::noise::{FloorPlan, NoiseFloor};
 use crate::precision::Precision;
 use crate::progress::RunProgress;
 use crate::session::{Session, Target};
@@ -33,10 +32,8 @@ pub struct DumpOptions {
 /// only when they were asked for).
 struct Collect {
     dump: Dump,
-    /// The run against its noise shadow (path 1), per index.
-    noise: Vec<NoiseRow>,
-    /// The same at the last decoder layer's pre-norm output.
-    last: Option<NoiseRow>,
+    /// The run against its noise shadow (path 1), when it runs one.
+    floor: Option<NoiseFloor>,
 }
 
 impl Observer for Collect {
@@ -50,9 +47,8 @@ impl Observer for Collect {
         for (p, h) in self.dump.prompts.iter_mut().zip(&states[0]) {
             p.hidden_states.insert(index, h.clone());
         }
-        if let Some(shadow) = states.get(1) {
-            let m = compare_prompts(&states[0], shadow)?;
-            self.noise.extend(NoiseRow::of(index, &m));
+        if let (Some(f), Some(shadow)) = (&mut self.floor, states.get(1)) {
+            f.measure(index, &states[0], shadow)?;
         }
         Ok(())
     }
@@ -60,9 +56,8 @@ impl Observer for Collect {
         for (p, h) in self.dump.prompts.iter_mut().zip(&states[0]) {
             p.last_layer_output = Some(h.clone());
         }
-        if let Some(shadow) = states.get(1) {
-            let m = compare_prompts(&states[0], shadow)?;
-            self.last = NoiseRow::of(self.noise.last().map_or(0, |r| r.index + 1), &m);
+        if let (Some(f), Some(shadow)) = (&mut self.floor, states.get(1)) {
+            f.measure_last(&states[0], shadow)?;
         }
         Ok(())
     }
@@ -99,8 +94,7 @@ pub fn run_checked(
     let (logits, form, quiet) = (opts.logits, opts.form, opts.quiet);
     let mut obs = Collect {
         dump: Dump::default(),
-        noise: Vec::new(),
-        last: None,
+        floor: None,
     };
     obs.dump.prompts = session
         .prompts
@@ -138,6 +132,7 @@ pub fn run_checked(
             precision,
             noise_shadow: true,
         });
+        obs.floor = Some(NoiseFloor::new(precision, Vec::new()));
     }
     capture::run(
         &session.spec,
@@ -152,9 +147,7 @@ pub fn run_checked(
         &pb,
     )?;
     pb.finish();
-    if !obs.noise.is_empty() {
-        let mut floor = NoiseFloor::new(precision, std::mem::take(&mut obs.noise));
-        floor.last_layer_output = obs.last.take();
+    if let Some(floor) = obs.floor.take().filter(|f| !f.rows.is_empty()) {
         obs.dump
             .metadata
             .insert("noise_floor".into(), floor.to_metadata());

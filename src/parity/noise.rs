@@ -9,7 +9,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use candle_core::Tensor;
+
 use super::metrics::Metrics;
+use super::pairs::compare_prompts;
 use super::verdict::Tolerance;
 use crate::error::{Error, Result};
 use crate::precision::Precision;
@@ -178,6 +181,26 @@ impl NoiseFloor {
             rows,
             last_layer_output: None,
         }
+    }
+
+    /// Measures `index`: the run's tensors against its shadow's (per
+    /// prompt); nothing where either holds NaN or ±Inf.
+    ///
+    /// Errors: tensors of different shapes.
+    pub fn measure(&mut self, index: usize, run: &[Tensor], shadow: &[Tensor]) -> Result<()> {
+        self.rows
+            .extend(NoiseRow::of(index, &compare_prompts(run, shadow)?));
+        Ok(())
+    }
+
+    /// Measures the last decoder layer's pre-norm output (indexed after the
+    /// rows measured so far), as [`Self::measure`].
+    ///
+    /// Errors: as [`Self::measure`].
+    pub fn measure_last(&mut self, run: &[Tensor], shadow: &[Tensor]) -> Result<()> {
+        let index = self.rows.last().map_or(0, |r| r.index + 1);
+        self.last_layer_output = NoiseRow::of(index, &compare_prompts(run, shadow)?);
+        Ok(())
     }
 
     /// The band at `index`, when the floor measured it.

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::localise::{Localisation, PositionProfile, PromptAgreement, PromptInputs};
 use super::metrics::{Accumulator, Metrics};
-use super::noise::{BandRole, NoiseCell, NoiseFloor, NoiseRow};
+use super::noise::{BandRole, NoiseCell, NoiseFloor};
 use super::verdict::{Tolerance, Verdict};
 use crate::capture::{HiddenKind, Observer};
 use crate::error::Result;
@@ -190,16 +190,6 @@ impl PairReport {
         self.noise_floor = floor;
     }
 
-    /// Adds one index of path `a`'s noise floor (before the row of that index).
-    pub fn add_noise_row(&mut self, row: NoiseRow) {
-        let mut floor = self
-            .noise_floor
-            .take()
-            .unwrap_or_else(|| NoiseFloor::new(self.dtype_a, Vec::new()));
-        floor.rows.push(row);
-        self.set_noise_floor(Some(floor), BandRole::Bounds);
-    }
-
     /// The verdict on the last decoder layer's pre-norm output, when
     /// compared: by its band where the noise floor judges, as
     /// [`Self::row_tolerance`] judges a row.
@@ -255,6 +245,17 @@ impl PairReport {
         } else {
             "within tolerance"
         }
+    }
+
+    /// `(inside, differing)`: the hidden states that are not bitwise and
+    /// carry a band, and how many of them lie inside it.
+    pub fn floor_counts(&self) -> (usize, usize) {
+        let differing = self
+            .hidden_states
+            .iter()
+            .filter(|r| !r.metrics.bitwise)
+            .filter_map(|r| r.noise);
+        differing.fold((0, 0), |(i, n), c| (i + usize::from(c.inside), n + 1))
     }
 
     /// What passes but lies beyond the noise floor's band (`hs 2`, and
@@ -460,8 +461,9 @@ pub fn argmax_agreement(a: &[Tensor], b: &[Tensor]) -> Result<f64> {
 pub struct PairObserver {
     /// Reports for j = 1.., in path order.
     pub pairs: Vec<PairReport>,
-    /// Path 0's noise shadow follows the compared paths in the capture.
-    shadow: bool,
+    /// Path 0's noise floor, measured as the capture goes, when its noise
+    /// shadow follows the compared paths in the capture.
+    floor: Option<NoiseFloor>,
 }
 
 impl PairObserver {
@@ -473,16 +475,34 @@ impl PairObserver {
                 .iter()
                 .map(|(b, db)| PairReport::new(a, *da, b, *db))
                 .collect(),
-            shadow: false,
+            floor: None,
         }
     }
 
     /// The capture's last path is path 0's noise shadow
-    /// ([`crate::loading::Reordered`]): every pair reads its rows against
+    /// ([`crate::loading::NoiseShadow`]): every pair reads its rows against
     /// the floor it measures.
     pub fn with_noise_shadow(mut self) -> Self {
-        self.shadow = true;
+        let dtype = self.pairs.first().map_or(Precision::F32, |p| p.dtype_a);
+        self.floor = Some(NoiseFloor::new(dtype, Vec::new()));
         self
+    }
+
+    /// `measure` on path 0's floor with path 0's tensors and its shadow's
+    /// (the capture's last), then the floor so far to every pair.
+    fn measure(
+        &mut self,
+        states: &[Vec<Tensor>],
+        measure: impl FnOnce(&mut NoiseFloor, &[Tensor], &[Tensor]) -> Result<()>,
+    ) -> Result<()> {
+        let (Some(floor), Some(shadow)) = (self.floor.as_mut(), states.last()) else {
+            return Ok(());
+        };
+        measure(floor, &states[0], shadow)?;
+        for pair in &mut self.pairs {
+            pair.set_noise_floor(Some(floor.clone()), BandRole::Bounds);
+        }
+        Ok(())
     }
 }
 
@@ -494,14 +514,7 @@ impl Observer for PairObserver {
         states: &[Vec<Tensor>],
         local: &[Option<Vec<Tensor>>],
     ) -> Result<()> {
-        if self.shadow {
-            let m = compare_prompts(&states[0], &states[self.pairs.len() + 1])?;
-            if let Some(row) = NoiseRow::of(index, &m) {
-                for pair in &mut self.pairs {
-                    pair.add_noise_row(row);
-                }
-            }
-        }
+        self.measure(states, |f, run, shadow| f.measure(index, run, shadow))?;
         for (j, pair) in self.pairs.iter_mut().enumerate() {
             let m = compare_prompts(&states[0], &states[j + 1])?;
             let lm = match &local[j + 1] {
@@ -514,15 +527,7 @@ impl Observer for PairObserver {
     }
 
     fn last_layer_output(&mut self, states: &[Vec<Tensor>]) -> Result<()> {
-        if self.shadow {
-            let m = compare_prompts(&states[0], &states[self.pairs.len() + 1])?;
-            for pair in &mut self.pairs {
-                if let Some(f) = pair.noise_floor.as_mut() {
-                    f.last_layer_output =
-                        NoiseRow::of(f.rows.last().map_or(0, |r| r.index + 1), &m);
-                }
-            }
-        }
+        self.measure(states, NoiseFloor::measure_last)?;
         for (j, pair) in self.pairs.iter_mut().enumerate() {
             pair.last_layer_output = Some(compare_prompts(&states[0], &states[j + 1])?);
         }

@@ -110,18 +110,10 @@ pub fn noise_ratio(cell: Option<&crate::parity::noise::NoiseCell>, bitwise: bool
 pub fn noise_floor_line(pair: &crate::parity::PairReport) -> Option<String> {
     use crate::parity::noise::BandRole;
     let floor = pair.noise_floor.as_ref()?;
-    let differing: Vec<_> = pair
-        .hidden_states
-        .iter()
-        .filter(|r| !r.metrics.bitwise && r.noise.is_some())
-        .collect();
-    if differing.is_empty() {
+    let (inside, n) = pair.floor_counts();
+    if n == 0 {
         return None;
     }
-    let inside = differing
-        .iter()
-        .filter(|r| r.noise.is_some_and(|c| c.inside))
-        .count();
     let role = match pair.noise_role {
         Some(BandRole::Bounds) => "a row inside it passes; one beyond it (▲) is the paths computing something else",
         Some(BandRole::Widens) => {
@@ -135,7 +127,6 @@ pub fn noise_floor_line(pair: &crate::parity::PairReport) -> Option<String> {
          is bitwise). The band is {scale}× the drift of the {dtype} run from its noise shadow, whose products \
          round the other way near rounding midpoints: how far two valid {dtype} implementations part on these \
          prompts (docs/noise-floor.md); {role}.",
-        n = differing.len(),
         scale = floor.scale,
         dtype = floor.dtype,
     ))

@@ -42,6 +42,7 @@ use candle_core::{DType, Tensor};
 
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
+use crate::models::layers::linear_rounded;
 use crate::models::layers::mlp::Mlp;
 use crate::precision::{Precision, ProductRounding};
 
@@ -50,12 +51,6 @@ pub mod topk;
 
 pub use router::{route, route_with, RouterSoftmax, Routing};
 pub use topk::topk_torch_cpu;
-
-/// `x · Wᵀ` (`nn.Linear`, no bias) for `x` `[T, in]`, `w` `[out, in]`,
-/// accumulated in f32 and rounded once to `prec` as `rounding` says.
-fn linear(x: &Tensor, w: &Tensor, prec: Precision, rounding: ProductRounding) -> Result<Tensor> {
-    crate::models::layers::linear_rounded(x, w, prec, rounding)
-}
 
 fn shape_err(what: &str, got: &[usize], want: &str) -> Error {
     Error::Checkpoint(format!(
@@ -127,10 +122,10 @@ pub fn routed_experts(
         let toks: Vec<u32> = pairs.iter().map(|p| p.0).collect();
         let idx = Tensor::from_slice(&toks, toks.len(), dev)?;
         let x = h.index_select(&idx, 0)?;
-        let gu = linear(&x, &w.gate_up, prec, rounding)?;
+        let gu = linear_rounded(&x, &w.gate_up, prec, rounding)?;
         let g = prec.round(&gu.narrow(1, 0, inter)?.silu()?)?;
         let m = prec.round(&(g * gu.narrow(1, inter, inter)?)?)?;
-        let o = linear(&m, &w.down, prec, rounding)?;
+        let o = linear_rounded(&m, &w.down, prec, rounding)?;
         let rw: Vec<f32> = pairs
             .iter()
             .map(|&(tok, slot)| routing.weights[tok as usize * k + slot])
@@ -179,7 +174,7 @@ impl SharedExpert {
     /// `[T, H]` → `[T, H]`.
     pub fn forward(&self, h: &Tensor) -> Result<Tensor> {
         let p = self.prec;
-        let s = linear(h, &self.gate, p, self.rounding)?;
+        let s = linear_rounded(h, &self.gate, p, self.rounding)?;
         let s = p.round(&(s.neg()?.exp()? + 1.0)?.recip()?)?;
         p.round(&self.mlp.forward(h)?.broadcast_mul(&s)?)
     }
@@ -457,7 +452,7 @@ impl SparseMoeBlock {
 
     /// Router logits `[T, E]` = `h · gate.weightᵀ`, rounded to the model dtype.
     pub fn router_logits(&self, h: &Tensor) -> Result<Tensor> {
-        linear(h, &self.router, self.prec, self.rounding)
+        linear_rounded(h, &self.router, self.prec, self.rounding)
     }
 
     /// Expert `e`'s weights: a slice of the resident tensors, or read from
