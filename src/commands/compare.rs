@@ -75,6 +75,7 @@ pub fn run(opts: &CompareOptions) -> Result<CompareReport> {
     if let IncrementalPlan::Skip(why) = plan {
         notes.push(why);
     }
+    notes.extend(parity.pairs.iter().filter_map(|p| p.wide_band_note()));
     build::append_incremental(&parity.incremental, &mut verdict, &mut summary);
     let drafter = match drafter {
         Some(p) => {

@@ -469,6 +469,7 @@ pub fn compare_dumps(
     let non_finite = non_finite_at(a, b, pair.first_divergent, tap_offset)?;
     let mut notes = input_differences(a, b, (a_name, b_name));
     notes.extend(floor_note);
+    notes.extend(pair.wide_band_note());
     notes.extend(beyond_floor_note(&pair));
     notes.extend(notes_of(&pair, &shown, (a, b), (a_name, b_name), last));
     Ok(DumpComparison {

@@ -247,6 +247,38 @@ impl PairReport {
         }
     }
 
+    /// A note when the floor judges and its band at some hidden state is
+    /// wider than the dtype's warn limits: two valid implementations part
+    /// that far there, and hidden states cannot tell a difference of that
+    /// size from noise (`None`: no such band).
+    pub fn wide_band_note(&self) -> Option<String> {
+        let floor = self
+            .noise_floor
+            .as_ref()
+            .filter(|_| self.noise_role.is_some())?;
+        let t = self.tolerance;
+        let wide: Vec<(usize, f64)> = floor
+            .rows
+            .iter()
+            .filter_map(|r| Some((r.index, floor.band(r.index)?)))
+            .filter(|(_, b)| b.cos_min < t.warn_cos || b.rel_l2 > t.warn_rel_l2)
+            .map(|(i, b)| (i, b.cos_min))
+            .collect();
+        let lowest = wide.iter().map(|w| w.1).fold(f64::INFINITY, f64::min);
+        let indices: Vec<usize> = wide.into_iter().map(|w| w.0).collect();
+        (!indices.is_empty()).then(|| {
+            format!(
+                "the measured noise floor at {} is wider than {}'s warn limits (band cos_min down to {lowest:.4}): \
+                 two valid {} implementations of this model part that far on these prompts (in an MoE, routing \
+                 flips at near-ties), so these hidden states cannot tell a difference that small from noise; \
+                 compare in f32 (--dtype f32) to resolve it",
+                super::verdict::index_runs(&indices),
+                self.dtype_a,
+                self.dtype_a
+            )
+        })
+    }
+
     /// `(inside, differing)`: the hidden states that are not bitwise and
     /// carry a band, and how many of them lie inside it.
     pub fn floor_counts(&self) -> (usize, usize) {
