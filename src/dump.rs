@@ -21,6 +21,9 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
+use crate::models::moe::Routing;
+
+mod routing;
 
 /// The `format` metadata value of a dump.
 pub const FORMAT: &str = "hsparity.dump.v1";
@@ -48,6 +51,9 @@ pub struct DumpPrompt {
     pub last_layer_output: Option<Tensor>,
     /// `[T, V]` f32, when recorded.
     pub logits: Option<Tensor>,
+    /// The MoE router's choices by decoder layer (`p{k}.router.{l}.indices`
+    /// and `.weights`), when recorded; weights NaN where a dump holds indices only.
+    pub routing: BTreeMap<usize, Routing>,
 }
 
 impl DumpPrompt {
@@ -180,6 +186,7 @@ impl Dump {
             if let Some(t) = &p.logits {
                 tensors.push((format!("p{k}.logits"), host_f32(t)?));
             }
+            tensors.extend(routing::to_tensors(k, &p.routing)?);
         }
         let meta: HashMap<String, String> = self.metadata.clone().into_iter().collect();
         let views = tensors.iter().map(|(n, t)| (n.as_str(), t));
@@ -250,7 +257,8 @@ fn prompt_field(name: &str) -> Option<(usize, &str)> {
         "logits",
     ]
     .contains(&field)
-        || field.starts_with("hidden_states.");
+        || field.starts_with("hidden_states.")
+        || routing::router_field(field).is_some();
     known.then_some((k, field))
 }
 
@@ -355,6 +363,7 @@ fn read_prompt(
             *slot = Some(as_rows(t, &mut rows, &name, path)?);
         }
     }
+    p.routing = routing::read(all, k, rows, path)?;
     if p.hidden_states.is_empty() && p.last_layer_output.is_none() {
         return Err(Error::Format(format!(
             "{}: p{k} holds no hidden state (p{k}.hidden_states.{{i}} or p{k}.last_layer_output)",
@@ -421,6 +430,16 @@ fn check_prompts_agree(prompts: &[DumpPrompt]) -> std::result::Result<(), String
                     if a { k } else { 0 }
                 ));
             }
+        }
+        let layers = |p: &DumpPrompt| -> Vec<(usize, usize)> {
+            p.routing.iter().map(|(l, r)| (*l, r.top_k)).collect()
+        };
+        if layers(p) != layers(p0) {
+            return Err(format!(
+                "p{k} holds router choices (layer, top-k) {:?} but p0 {:?}: every prompt of a dump holds the same tensors",
+                layers(p),
+                layers(p0)
+            ));
         }
     }
     Ok(())

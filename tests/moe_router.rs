@@ -31,6 +31,8 @@ fn agreement_counts_slots_tokens_and_local_flips() {
             slots_differing: 3,
             tokens_with_other_experts: 1,
             local_slots_differing: Some(0),
+            noise_slots_differing: None,
+            within_noise_floor: None,
         }
     );
     assert_eq!(r.cell(), "3/6");

@@ -365,3 +365,72 @@ fn the_floor_column_fits_a_100_column_table() {
         "{text}"
     );
 }
+
+/// The MoE entry's routers: hsparity's dump records its noise shadow's
+/// router flips per layer, and `diff` reads a router's flips against them.
+/// transformers' own run lies within; a 3 % change to layer 1's router
+/// weight flips choices far beyond what the shadow flips there.
+#[test]
+fn router_flips_are_read_against_the_noise_shadows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let entry = "moe-s0-bf16";
+    let theirs = format!("{F}/{entry}/transformers.safetensors");
+    let ours = dump_entry(tmp.path(), entry);
+    let floor: Value = serde_json::from_str(&metadata(&ours)["noise_floor"]).unwrap();
+    assert_eq!(floor["routers"].as_array().unwrap().len(), 4, "{floor}");
+    let routers = |d: &Value| -> Vec<Value> {
+        d["pairs"][0]["hidden_states"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r.get("router").cloned())
+            .collect()
+    };
+    let d = diff(&ours, &theirs, &[], 0);
+    let r = routers(&d);
+    assert_eq!(r.len(), 4);
+    assert!(r.iter().all(|a| a["within_noise_floor"] == true), "{r:?}");
+    let src = format!("{F}/{entry}/checkpoint");
+    let changed = tmp.path().join("changed");
+    std::fs::create_dir(&changed).unwrap();
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(format!("{src}/{f}"), changed.join(f)).unwrap();
+    }
+    let dev = candle_core::Device::Cpu;
+    let mut all = candle_core::safetensors::load(format!("{src}/model.safetensors"), &dev).unwrap();
+    let key = "model.layers.1.mlp.gate.weight";
+    let w = all[key].to_dtype(candle_core::DType::F32).unwrap();
+    let signs: Vec<f32> = (0..w.elem_count())
+        .map(|i| if (i * 7) % 3 == 0 { 1.03 } else { 0.97 })
+        .collect();
+    let signs = candle_core::Tensor::from_vec(signs, w.dims(), &dev).unwrap();
+    let w = (w * signs)
+        .unwrap()
+        .to_dtype(candle_core::DType::BF16)
+        .unwrap();
+    all.insert(key.into(), w);
+    candle_core::safetensors::save(&all, changed.join("model.safetensors")).unwrap();
+    let ours = dump(
+        tmp.path(),
+        (entry, "changed"),
+        changed.to_str().unwrap(),
+        &[],
+    );
+    let d = diff(&ours, &theirs, &[], 0);
+    let r = routers(&d);
+    assert_eq!(
+        r[0]["slots_differing"], 0,
+        "layer 0 is untouched: {:?}",
+        r[0]
+    );
+    let (flips, noise) = (&r[1]["slots_differing"], &r[1]["noise_slots_differing"]);
+    assert_eq!(
+        r[1]["within_noise_floor"], false,
+        "{flips} flips, the shadow {noise}"
+    );
+    let notes = d["notes"].to_string();
+    assert!(
+        notes.contains("beyond the measured noise floor at layer 1"),
+        "{notes}"
+    );
+}

@@ -25,6 +25,7 @@ mod moe_inventory;
 mod moe_router;
 mod noise_floor;
 mod qwen3;
+mod router_dumps;
 
 // hsparity's own kernels and bitwise refactors of the forward: every fast
 // path against candle's product (or the slow path it replaces), bit for bit.

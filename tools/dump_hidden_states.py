@@ -23,6 +23,9 @@ The file holds, for prompt k (docs/dump-format.md, hsparity.dump.v1):
                                          (0 = embeddings, N = final-normed)
   p{k}.last_layer_output    F32 [T, H]   raw output of the last decoder layer (forward hook)
   p{k}.logits               F32 [T, V]   when the model has an LM head (unless --no-logits)
+  p{k}.router.{l}.indices   I64 [T, k]   MoE models: decoder layer l's experts in torch.topk order
+  p{k}.router.{l}.weights   F32 [T, k]   and their routing weights, as the router returns them
+                                         (``Qwen3_5MoeTopKRouter.forward``: router_indices, router_scores)
 and ``__metadata__`` {format, checkpoint, loading_path, class, dtype, num_layers, tool_version}.
 
 Needs only torch, transformers and safetensors.
@@ -81,6 +84,17 @@ def decoder_layers(model) -> list:
     raise SystemExit("cannot find the decoder layers of this model")
 
 
+def routers(layers: list) -> list[tuple[int, torch.nn.Module]]:
+    """(layer index, router) of every MoE decoder layer: the ``mlp.gate`` that returns (router_logits,
+    router_scores, router_indices), as transformers' ``*TopKRouter`` classes do."""
+    out = []
+    for i, layer in enumerate(layers):
+        gate = getattr(getattr(layer, "mlp", None), "gate", None)
+        if gate is not None and type(gate).__name__.endswith("TopKRouter"):
+            out.append((i, gate))
+    return out
+
+
 @torch.no_grad()
 def dump(model, prompts: list[tuple[list[int], list[int] | None]], with_logits: bool = True) -> dict[str, torch.Tensor]:
     """Runs each prompt (batch 1, no cache) and returns the dump's tensors."""
@@ -90,11 +104,21 @@ def dump(model, prompts: list[tuple[list[int], list[int] | None]], with_logits: 
     def hook(_mod, _args, out):
         captured["last"] = out[0] if isinstance(out, (tuple, list)) else out
 
-    handle = layers[-1].register_forward_hook(hook)
+    handles = [layers[-1].register_forward_hook(hook)]
+    choices: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def router_hook(i):
+        def record(_mod, _args, out):
+            _logits, scores, indices = out
+            choices[i] = (indices.to(torch.int64).cpu().contiguous(), scores.float().cpu().contiguous())
+        return record
+
+    handles += [r.register_forward_hook(router_hook(i)) for i, r in routers(layers)]
     device = next(model.parameters()).device
     tensors: dict[str, torch.Tensor] = {}
     try:
         for k, (ids, mask) in enumerate(prompts):
+            choices.clear()
             input_ids = torch.tensor(ids, dtype=torch.int64)
             attention_mask = None if mask is None else torch.tensor([mask], dtype=torch.int64).to(device)
             out = model(
@@ -112,8 +136,12 @@ def dump(model, prompts: list[tuple[list[int], list[int] | None]], with_logits: 
             logits = getattr(out, "logits", None)
             if with_logits and logits is not None:
                 tensors[f"p{k}.logits"] = logits[0].float().cpu().contiguous()
+            for i, (indices, weights) in sorted(choices.items()):
+                tensors[f"p{k}.router.{i}.indices"] = indices
+                tensors[f"p{k}.router.{i}.weights"] = weights
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
     return tensors
 
 

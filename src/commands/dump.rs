@@ -9,6 +9,7 @@ use crate::capture::{self, CaptureOptions, HiddenKind, Observer, PathModel};
 use crate::dump::{Dump, DumpPrompt, FORMAT};
 use crate::error::Result;
 use crate::loading::{LoadingPath, NoiseShadow};
+use crate::models::moe::Routing;
 use crate::models::GdnForm;
 use crate::parity::noise::{FloorPlan, NoiseFloor};
 use crate::precision::Precision;
@@ -66,6 +67,20 @@ impl Observer for Collect {
             for (p, x) in self.dump.prompts.iter_mut().zip(l) {
                 p.logits = Some(x.clone());
             }
+        }
+        Ok(())
+    }
+    fn routing(
+        &mut self,
+        layer: usize,
+        routing: &[Vec<Routing>],
+        _: &[Option<Vec<Routing>>],
+    ) -> Result<()> {
+        for (p, r) in self.dump.prompts.iter_mut().zip(&routing[0]) {
+            p.routing.insert(layer, r.clone());
+        }
+        if let (Some(f), Some(shadow)) = (&mut self.floor, routing.get(1)) {
+            f.measure_router(layer, &routing[0], shadow)?;
         }
         Ok(())
     }

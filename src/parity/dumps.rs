@@ -440,6 +440,7 @@ pub fn compare_dumps(
     pair.localise(&inputs_of(a, b));
     let convention = super::conventions::detect(a, b, &pair)?;
     let last = compare_extras(a, b, tap_offset, &mut pair)?;
+    super::routers::compare(a, b, tap_offset, &mut pair)?;
     if pair.hidden_states.is_empty() && !last && !settings.align {
         return Err(Error::Input(if tap_offset != 0 {
             format!(

@@ -11,6 +11,7 @@ pub mod localise;
 pub mod metrics;
 pub mod noise;
 pub mod pairs;
+pub mod routers;
 pub mod verdict;
 
 pub use incremental::{IncrementalCheck, IncrementalPlan};

@@ -12,9 +12,10 @@ use serde::{Deserialize, Serialize};
 use candle_core::Tensor;
 
 use super::metrics::Metrics;
-use super::pairs::compare_prompts;
+use super::pairs::{compare_prompts, RouterAgreement};
 use super::verdict::Tolerance;
 use crate::error::{Error, Result};
+use crate::models::moe::Routing;
 use crate::precision::Precision;
 
 /// Whether a half-precision run measures its noise floor (`--no-noise-floor` skips it).
@@ -121,6 +122,23 @@ pub struct NoiseFloor {
     /// layers), when the run recorded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_layer_output: Option<NoiseRow>,
+    /// MoE targets: per MoE layer, the run's router choices against its
+    /// shadow's (layer order).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routers: Vec<RouterNoise>,
+}
+
+/// The run's router against its noise shadow's at one MoE layer: how many
+/// token × slot choices rounding alone flips there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouterNoise {
+    /// Decoder layer.
+    pub layer: usize,
+    /// token × slot choices compared.
+    pub slots: usize,
+    /// Choices where the shadow's expert differs (slot by slot).
+    pub slots_differing: usize,
 }
 
 /// The band around one `hidden_states` index: a difference with relative
@@ -183,7 +201,32 @@ impl NoiseFloor {
             dtype,
             rows,
             last_layer_output: None,
+            routers: Vec::new(),
         }
+    }
+
+    /// Measures MoE layer `layer`'s router: the run's choices against its
+    /// shadow's (per prompt).
+    ///
+    /// Errors: choices of different token counts or top-k.
+    pub fn measure_router(
+        &mut self,
+        layer: usize,
+        run: &[Routing],
+        shadow: &[Routing],
+    ) -> Result<()> {
+        let a = RouterAgreement::of(run, shadow, None)?;
+        self.routers.push(RouterNoise {
+            layer,
+            slots: a.slots,
+            slots_differing: a.slots_differing,
+        });
+        Ok(())
+    }
+
+    /// The shadow's router flips at decoder layer `layer`, when measured.
+    pub fn router(&self, layer: usize) -> Option<RouterNoise> {
+        self.routers.iter().find(|r| r.layer == layer).copied()
     }
 
     /// Measures `index`: the run's tensors against its shadow's (per
@@ -245,9 +288,22 @@ impl NoiseFloor {
             (Some(x), Some(y)) => Some(x.wider(y)),
             (x, y) => x.or(*y),
         };
+        let mut routers: std::collections::BTreeMap<usize, RouterNoise> =
+            a.routers.iter().map(|r| (r.layer, *r)).collect();
+        for r in &b.routers {
+            routers
+                .entry(r.layer)
+                .and_modify(|x| {
+                    if r.slots_differing * x.slots > x.slots_differing * r.slots {
+                        *x = *r;
+                    }
+                })
+                .or_insert(*r);
+        }
         Some(Self {
             rows: rows.into_values().collect(),
             last_layer_output: last,
+            routers: routers.into_values().collect(),
             ..a.clone()
         })
     }
@@ -315,6 +371,25 @@ impl NoiseFloor {
                 "has rows out of order or repeated (indices must ascend)".into(),
             ));
         }
+        if let Some(r) = f.routers.iter().find(|r| r.slots_differing > r.slots) {
+            return Err(bad(format!(
+                "router of layer {} has {} of {} choices differing (at most all of them)",
+                r.layer, r.slots_differing, r.slots
+            )));
+        }
+        if f.routers.windows(2).any(|w| w[0].layer >= w[1].layer) {
+            return Err(bad(
+                "has routers out of order or repeated (layers must ascend)".into(),
+            ));
+        }
+        if let (Some(n), Some(r)) = (num_layers, f.routers.last()) {
+            if r.layer >= n {
+                return Err(bad(format!(
+                    "has a router at layer {} of the dump's {n} layers",
+                    r.layer
+                )));
+            }
+        }
         if let Some(n) = num_layers {
             let last = f.last_layer_output.map(|r| r.index);
             if f.rows.last().is_some_and(|r| r.index > n) || last.is_some_and(|i| i != n) {
@@ -352,183 +427,4 @@ impl NoiseCell {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::capture::HiddenKind;
-    use crate::parity::metrics::Accumulator;
-    use crate::parity::{PairReport, Verdict};
-
-    /// Metrics of `b` against `a = [1, 0, …]` rows: `b` rotated by `angle`.
-    fn rotated(angle: f64) -> Metrics {
-        let mut acc = Accumulator::default();
-        let a = [1.0f32, 0.0];
-        let b = [angle.cos() as f32, angle.sin() as f32];
-        acc.add_rows(0, &a, &b, 2);
-        acc.finish()
-    }
-
-    fn floor_at(index: usize, m: &Metrics) -> NoiseFloor {
-        NoiseFloor::new(Precision::Bf16, vec![NoiseRow::of(index, m).unwrap()])
-    }
-
-    /// The band is the shadow's drift scaled: rel L2 by the scale, the
-    /// angle by the scale too (1 − cos by its square).
-    #[test]
-    fn band_scales_the_shadows_drift() {
-        let shadow = rotated(1e-3);
-        let band = floor_at(3, &shadow).band(3).unwrap();
-        assert!((band.rel_l2 - SCALE * shadow.rel_l2).abs() < 1e-12);
-        let angle = |c: f64| (1.0 - c).max(0.0).sqrt();
-        let want = SCALE * angle(shadow.cos_min);
-        assert!((angle(band.cos_min) - want).abs() < 1e-9 * want.max(1e-12) + 1e-12);
-        assert!(floor_at(3, &shadow).band(4).is_none());
-        // Twice the shadow's angle is on the edge; three times is outside.
-        let cell = |a: f64| NoiseCell::of(band, &rotated(a));
-        assert!(cell(1.5e-3).inside && cell(1.5e-3).ratio.unwrap() < 1.0);
-        assert!(!cell(3e-3).inside && cell(3e-3).ratio.unwrap() > 1.4);
-        // An empty band (the shadow bitwise there): any difference is outside,
-        // with no finite ratio; a bitwise row is inside.
-        let empty = Band {
-            rel_l2: 0.0,
-            cos_min: 1.0,
-        };
-        let c = NoiseCell::of(empty, &rotated(1e-6));
-        assert!(!c.inside && c.ratio.is_none());
-        assert!(NoiseCell::of(empty, &rotated(0.0)).inside);
-    }
-
-    #[test]
-    fn wider_takes_the_larger_drift_per_index() {
-        let (a, b) = (floor_at(1, &rotated(1e-3)), floor_at(1, &rotated(4e-3)));
-        let w = NoiseFloor::wider(Some(&a), Some(&b)).unwrap();
-        assert_eq!(w.rows[0].rel_l2, b.rows[0].rel_l2);
-        // Indices only one floor measured are kept.
-        let c = floor_at(2, &rotated(1e-3));
-        let w = NoiseFloor::wider(Some(&a), Some(&c)).unwrap();
-        assert_eq!(w.rows.iter().map(|r| r.index).collect::<Vec<_>>(), [1, 2]);
-        assert_eq!(NoiseFloor::wider(Some(&a), None), Some(a.clone()));
-        assert_eq!(NoiseFloor::wider(None, None), None);
-    }
-
-    #[test]
-    fn metadata_round_trips_and_refuses_other_floors() {
-        let f = floor_at(2, &rotated(1e-3));
-        let read = |s: &str, dtype| NoiseFloor::from_metadata(s, "d.safetensors", dtype, Some(3));
-        assert_eq!(read(&f.to_metadata(), Precision::Bf16).unwrap(), f);
-        let m = f.to_metadata();
-        let r = f.rows[0];
-        let row = format!(
-            "{{\"index\":2,\"rel_l2\":{},\"cos_min\":{}}}",
-            r.rel_l2, r.cos_min
-        );
-        assert!(m.contains(&row), "{m}");
-        let with_row = |new: &str| m.replace(&row, new);
-        for (bad, dtype) in [
-            ("not json".to_string(), Precision::Bf16),
-            (
-                "[\"midpoint-flips\",2.0,\"bf16\",[]]".to_string(),
-                Precision::Bf16,
-            ),
-            (m.replace(METHOD, "split-k"), Precision::Bf16),
-            (
-                m.replace("\"scale\":2.0", "\"scale\":1e10"),
-                Precision::Bf16,
-            ),
-            (m.clone(), Precision::F16),
-            (m.replace("\"bf16\"", "\"f32\""), Precision::F32),
-            (
-                with_row("{\"index\":2,\"rel_l2\":0.5,\"cos_min\":-5.0}"),
-                Precision::Bf16,
-            ),
-            (
-                with_row("{\"index\":2,\"rel_l2\":-1.0,\"cos_min\":1.0}"),
-                Precision::Bf16,
-            ),
-            (
-                with_row("{\"index\":9,\"rel_l2\":0.1,\"cos_min\":0.9}"),
-                Precision::Bf16,
-            ),
-            (with_row(&format!("{row},{row}")), Precision::Bf16),
-            (with_row("[2,0.1,0.9]"), Precision::Bf16),
-            (
-                m.replace("\"rows\"", "\"extra\":1,\"rows\""),
-                Precision::Bf16,
-            ),
-        ] {
-            let e = read(&bad, dtype).unwrap_err();
-            assert!(
-                e.to_string()
-                    .starts_with("d.safetensors: __metadata__ noise_floor"),
-                "{bad}: {e}"
-            );
-        }
-    }
-
-    /// Bounds (compare's paths): beyond the band is at least a warning even
-    /// where the dtype's tolerance passes. Widens (diff): the tolerance's pass
-    /// stands, and the row is listed as beyond the floor; a difference the
-    /// tolerance fails passes inside a wide band.
-    #[test]
-    fn roles_judge_as_documented() {
-        let shadow = rotated(1e-4);
-        let beyond = rotated(1e-3); // 5× the band, within bf16's tolerance
-        let judge = |role: BandRole, floor: &NoiseFloor, m: &Metrics| {
-            let mut p = PairReport::new("a", Precision::Bf16, "b", Precision::Bf16);
-            p.set_noise_floor(Some(floor.clone()), role);
-            p.push_row(1, HiddenKind::DecoderLayer, m.clone(), None);
-            (p.hidden_states[0].verdict, p.beyond_floor(), p.agreement())
-        };
-        let floor = floor_at(1, &shadow);
-        assert_eq!(by_tolerance(&beyond), Verdict::Pass);
-        let (v, beyond_rows, _) = judge(BandRole::Bounds, &floor, &beyond);
-        assert_eq!((v, beyond_rows.len()), (Verdict::Warn, 0));
-        let (v, beyond_rows, agreement) = judge(BandRole::Widens, &floor, &beyond);
-        assert_eq!((v, beyond_rows[0].0.as_str()), (Verdict::Pass, "hs 1"));
-        assert_eq!(agreement, "within tolerance");
-        let (v, _, agreement) = judge(BandRole::Widens, &floor, &rotated(1.5e-4));
-        assert_eq!(
-            (v, agreement),
-            (Verdict::Pass, "within the measured noise floor")
-        );
-        // bf16's tolerance warns at cos 0.995 (which fails the run); a band
-        // that wide passes it.
-        let far = rotated(0.1);
-        assert_eq!(by_tolerance(&far), Verdict::Warn);
-        let wide = floor_at(1, &rotated(0.06));
-        assert_eq!(judge(BandRole::Widens, &wide, &far).0, Verdict::Pass);
-        assert_eq!(judge(BandRole::Bounds, &wide, &far).0, Verdict::Pass);
-        // A band wider than the dtype's warn limits passes a row inside it
-        // (routing flips of a deep MoE) and the pair says so.
-        let too_wide = floor_at(1, &rotated(0.2));
-        let flipped = rotated(0.15);
-        assert_eq!(by_tolerance(&flipped), Verdict::Fail);
-        let mut p = PairReport::new("a", Precision::Bf16, "b", Precision::Bf16);
-        p.set_noise_floor(Some(too_wide), BandRole::Widens);
-        p.push_row(1, HiddenKind::DecoderLayer, flipped, None);
-        assert_eq!(p.hidden_states[0].verdict, Verdict::Pass);
-        let note = p.wide_band_note().unwrap();
-        assert!(
-            note.starts_with("the measured noise floor at hs 1 is wider than bf16's warn limits"),
-            "{note}"
-        );
-        // In f16 likewise: a routing flip at cos 0.997 inside a measured
-        // band passes, though f16's warn cosine is 0.999.
-        let flip = rotated(0.077);
-        let f16 = crate::parity::Tolerance::for_precision(Precision::F16);
-        assert_eq!(f16.judge(&flip), Verdict::Fail);
-        let mut p = PairReport::new("a", Precision::F16, "b", Precision::F16);
-        let mut band = floor_at(1, &rotated(0.06));
-        band.dtype = Precision::F16;
-        p.set_noise_floor(Some(band), BandRole::Widens);
-        p.push_row(1, HiddenKind::DecoderLayer, flip, None);
-        assert_eq!(p.hidden_states[0].verdict, Verdict::Pass);
-        // Different dtypes: the band is shown, never judges.
-        let mut p = PairReport::new("a", Precision::Bf16, "b", Precision::F16);
-        p.set_noise_floor(Some(wide), BandRole::Widens);
-        assert_eq!(p.noise_role, None);
-    }
-
-    fn by_tolerance(m: &Metrics) -> Verdict {
-        crate::parity::Tolerance::for_precision(Precision::Bf16).judge(m)
-    }
-}
+mod tests;

@@ -8,57 +8,12 @@ use serde::Serialize;
 use super::localise::{Localisation, PositionProfile, PromptAgreement, PromptInputs};
 use super::metrics::{Accumulator, Metrics};
 use super::noise::{BandRole, NoiseCell, NoiseFloor};
+pub use super::routers::RouterAgreement;
 use super::verdict::{Tolerance, Verdict};
 use crate::capture::{HiddenKind, Observer};
 use crate::error::Result;
 use crate::models::moe::Routing;
 use crate::precision::Precision;
-
-/// The MoE router's top-k agreement between two paths at one decoder layer
-/// (`pairs[].hidden_states[].router`, on the row of the layer's output).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-pub struct RouterAgreement {
-    /// token × slot choices compared (tokens of every prompt × top-k).
-    pub slots: usize,
-    /// Choices where path b's expert differs from path a's (slot by slot,
-    /// `torch.topk` order: a reordering of the same experts counts).
-    pub slots_differing: usize,
-    /// Tokens whose set of k experts differs (slot order aside).
-    pub tokens_with_other_experts: usize,
-    /// The same count with b's layer fed a's input (the *local*
-    /// comparison): the flips this layer makes by itself. `None` without it.
-    pub local_slots_differing: Option<usize>,
-}
-
-impl RouterAgreement {
-    /// a's and b's choices over the same prompts (`local`: b's layer on a's input).
-    ///
-    /// Errors: routings of different prompts or shapes ([`crate::error::Error::Input`]).
-    pub fn of(a: &[Routing], b: &[Routing], local: Option<&[Routing]>) -> Result<Self> {
-        let mut r = RouterAgreement::default();
-        for (x, y) in a.iter().zip(b) {
-            r.slots += x.indices.len();
-            r.slots_differing += x.slots_differing(y)?;
-            r.tokens_with_other_experts += x.tokens_with_other_experts(y)?;
-        }
-        if let Some(l) = local {
-            let mut n = 0;
-            for (x, y) in a.iter().zip(l) {
-                n += x.slots_differing(y)?;
-            }
-            r.local_slots_differing = Some(n);
-        }
-        Ok(r)
-    }
-
-    /// `0/456`, or `3/456 (local 1)` when the local comparison flips some.
-    pub fn cell(&self) -> String {
-        match self.local_slots_differing {
-            Some(l) if l > 0 => format!("{}/{} (local {l})", self.slots_differing, self.slots),
-            _ => format!("{}/{}", self.slots_differing, self.slots),
-        }
-    }
-}
 
 /// One `hidden_states` index of a pair (a JSON row of `pairs[].hidden_states`).
 #[derive(Debug, Clone, Serialize)]
@@ -536,6 +491,19 @@ impl PairObserver {
         }
         Ok(())
     }
+
+    /// [`NoiseFloor::measure_router`] of path 0 against its shadow (the
+    /// capture's last path) at `layer`, then the floor to every pair.
+    fn measure_routers(&mut self, layer: usize, routing: &[Vec<Routing>]) -> Result<()> {
+        let (Some(floor), Some(shadow)) = (self.floor.as_mut(), routing.last()) else {
+            return Ok(());
+        };
+        floor.measure_router(layer, &routing[0], shadow)?;
+        for pair in &mut self.pairs {
+            pair.set_noise_floor(Some(floor.clone()), BandRole::Bounds);
+        }
+        Ok(())
+    }
 }
 
 impl Observer for PairObserver {
@@ -582,12 +550,11 @@ impl Observer for PairObserver {
         routing: &[Vec<Routing>],
         local: &[Option<Vec<Routing>>],
     ) -> Result<()> {
+        self.measure_routers(layer, routing)?;
         for (j, pair) in self.pairs.iter_mut().enumerate() {
             let agreement =
                 RouterAgreement::of(&routing[0], &routing[j + 1], local[j + 1].as_deref())?;
-            if let Some(row) = pair.hidden_states.iter_mut().find(|r| r.index == layer + 1) {
-                row.router = Some(agreement);
-            }
+            pair.set_router(layer, agreement);
         }
         Ok(())
     }

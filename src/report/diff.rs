@@ -218,6 +218,7 @@ pub fn build(
     } else if let Some(cause) = c.pair.localisation.as_ref().and_then(|l| l.cause.clone()) {
         notes.insert(0, format!("cause: {cause}"));
     }
+    notes.extend(super::compare::router_summary(&c.pair));
     let offset = c
         .alignment
         .as_ref()
@@ -335,6 +336,10 @@ pub fn index_table(r: &Diff, p: &PairReport) -> Table {
     if departures {
         cols.push(Column::new("departs at"));
     }
+    let router = super::compare::has_router(p);
+    if router {
+        cols.push(Column::new("router Δ (slots)"));
+    }
     if p.noise_floor.is_some() {
         cols.push(Column::new("× floor"));
     }
@@ -355,6 +360,9 @@ pub fn index_table(r: &Diff, p: &PairReport) -> Table {
         ];
         if departures {
             cells.push(departure_cell(&row.prompts).into());
+        }
+        if router {
+            cells.push(row.router.map_or_else(|| "-".into(), |a| a.cell()).into());
         }
         if p.noise_floor.is_some() {
             cells.push(noise_ratio(row.noise.as_ref(), m.bitwise).into());

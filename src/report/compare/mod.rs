@@ -389,14 +389,29 @@ pub fn router_cause(pair: &PairReport) -> Option<String> {
         ),
         None => String::new(),
     };
+    let floor = match pair.routers_against_floor() {
+        Some(Ok((n, slots))) => format!(
+            "; within the measured noise floor at every MoE layer ({}'s noise shadow flips {n} of {slots}): \
+             near-tie choices that rounding flips",
+            pair.a
+        ),
+        Some(Err((l, b))) => format!(
+            "; beyond the measured noise floor at layer {l} ({} flips where {}'s noise shadow flips {}): \
+             more than rounding flips",
+            b.slots_differing,
+            pair.a,
+            b.noise_slots_differing.unwrap_or(0)
+        ),
+        None => String::new(),
+    };
     Some(format!(
-        "router: from layer {} on, {} routes differently from {} ({} of {} token×slot choices, {} tokens with another expert set{local})",
+        "router: from layer {} on, {} routes differently from {} ({} of {} token×slot choices, {} with another expert set{local}{floor})",
         row.index - 1,
         pair.b,
         pair.a,
         a.slots_differing,
         a.slots,
-        a.tokens_with_other_experts
+        crate::text::counted(a.tokens_with_other_experts, "token", None)
     ))
 }
 

@@ -1,0 +1,157 @@
+//! MoE routers compared: the top-k agreement of two paths at a layer
+//! ([`RouterAgreement`], `pairs[].hidden_states[].router`), read against the
+//! noise shadow's flips, and the router choices two dumps recorded
+//! (`p{k}.router.{l}.indices`, `docs/dump-format.md`), compared layer by
+//! layer as `compare` compares two paths' routers.
+
+use serde::Serialize;
+
+use super::pairs::PairReport;
+use crate::dump::Dump;
+use crate::error::{Error, Result};
+use crate::models::moe::Routing;
+
+/// The MoE router's top-k agreement between two paths at one decoder layer
+/// (`pairs[].hidden_states[].router`, on the row of the layer's output).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct RouterAgreement {
+    /// token × slot choices compared (tokens of every prompt × top-k).
+    pub slots: usize,
+    /// Choices where path b's expert differs from path a's (slot by slot,
+    /// `torch.topk` order: a reordering of the same experts counts).
+    pub slots_differing: usize,
+    /// Tokens whose set of k experts differs (slot order aside).
+    pub tokens_with_other_experts: usize,
+    /// The same count with b's layer fed a's input (the *local*
+    /// comparison): the flips this layer makes by itself. `None` without it.
+    pub local_slots_differing: Option<usize>,
+    /// The choices the measured noise floor's shadow flips at this layer
+    /// (rounding alone), when the pair has a floor with the layer's router.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub noise_slots_differing: Option<usize>,
+    /// Whether `slots_differing` is at most [`super::noise::SCALE`] times
+    /// (`noise_slots_differing` plus one): no more flips than another
+    /// summation order makes (numerics noise; plus one because a shadow that
+    /// flips none at a layer does not show that rounding cannot flip there).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub within_noise_floor: Option<bool>,
+}
+
+impl RouterAgreement {
+    /// a's and b's choices over the same prompts (`local`: b's layer on a's input).
+    ///
+    /// Errors: routings of different prompts or shapes ([`crate::error::Error::Input`]).
+    pub fn of(a: &[Routing], b: &[Routing], local: Option<&[Routing]>) -> Result<Self> {
+        let mut r = RouterAgreement::default();
+        for (x, y) in a.iter().zip(b) {
+            r.slots += x.indices.len();
+            r.slots_differing += x.slots_differing(y)?;
+            r.tokens_with_other_experts += x.tokens_with_other_experts(y)?;
+        }
+        if let Some(l) = local {
+            let mut n = 0;
+            for (x, y) in a.iter().zip(l) {
+                n += x.slots_differing(y)?;
+            }
+            r.local_slots_differing = Some(n);
+        }
+        Ok(r)
+    }
+
+    /// `0/456`, or `3/456 (local 1)` when the local comparison flips some.
+    pub fn cell(&self) -> String {
+        match self.local_slots_differing {
+            Some(l) if l > 0 => format!("{}/{} (local {l})", self.slots_differing, self.slots),
+            _ => format!("{}/{}", self.slots_differing, self.slots),
+        }
+    }
+}
+
+impl PairReport {
+    /// Records the router agreement of decoder layer `layer` on the row of
+    /// `hidden_states[layer + 1]` (none when the pair has no such row).
+    pub fn set_router(&mut self, layer: usize, mut agreement: RouterAgreement) {
+        if let Some(n) = self.noise_floor.as_ref().and_then(|f| f.router(layer)) {
+            agreement.noise_slots_differing = Some(n.slots_differing);
+            agreement.within_noise_floor = Some(
+                agreement.slots_differing as f64
+                    <= super::noise::SCALE * (n.slots_differing + 1) as f64,
+            );
+        }
+        if let Some(row) = self.hidden_states.iter_mut().find(|r| r.index == layer + 1) {
+            row.router = Some(agreement);
+        }
+    }
+
+    /// The routers against the noise floor's: `None` when no layer's router
+    /// was read against it; else the first decoder layer whose flips are
+    /// beyond it (with its agreement), or `Ok(shadow's flips, choices)` summed
+    /// over the layers when every one lies within it.
+    pub fn routers_against_floor(
+        &self,
+    ) -> Option<Result<(usize, usize), (usize, RouterAgreement)>> {
+        let read: Vec<(usize, RouterAgreement)> = self
+            .hidden_states
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r.index - 1,
+                    r.router.filter(|a| a.within_noise_floor.is_some())?,
+                ))
+            })
+            .collect();
+        if read.is_empty() {
+            return None;
+        }
+        if let Some(&beyond) = read
+            .iter()
+            .find(|(_, a)| a.within_noise_floor == Some(false))
+        {
+            return Some(Err(beyond));
+        }
+        let noise = read
+            .iter()
+            .map(|(_, a)| a.noise_slots_differing.unwrap_or(0))
+            .sum();
+        Some(Ok((noise, read.iter().map(|(_, a)| a.slots).sum())))
+    }
+}
+
+/// Sets the router agreement of every decoder layer both dumps hold choices
+/// for (rows aligned index by index: `tap_offset` 0); returns how many.
+///
+/// Errors ([`Error::Input`]): a layer whose choices have another top-k or
+/// token count in one dump than in the other.
+pub fn compare(a: &Dump, b: &Dump, tap_offset: i64, pair: &mut PairReport) -> Result<usize> {
+    let (Some(pa), Some(pb)) = (a.prompts.first(), b.prompts.first()) else {
+        return Ok(0);
+    };
+    if tap_offset != 0 || a.prompts.len() != b.prompts.len() {
+        return Ok(0);
+    }
+    let mut layers = 0;
+    for &l in pa.routing.keys().filter(|l| pb.routing.contains_key(l)) {
+        let of = |d: &Dump| {
+            d.prompts
+                .iter()
+                .map(|p| p.routing[&l].clone())
+                .collect::<Vec<_>>()
+        };
+        let (ra, rb) = (of(a), of(b));
+        if let Some(k) = (0..ra.len())
+            .find(|&k| ra[k].top_k != rb[k].top_k || ra[k].indices.len() != rb[k].indices.len())
+        {
+            return Err(Error::Input(format!(
+                "p{k}.router.{l}: {} tokens × top-{} in one dump, {} tokens × top-{} in the other: the dumps' \
+                 routers choose among other settings (num_experts_per_tok) or saw other tokens",
+                ra[k].tokens(),
+                ra[k].top_k,
+                rb[k].tokens(),
+                rb[k].top_k
+            )));
+        }
+        pair.set_router(l, RouterAgreement::of(&ra, &rb, None)?);
+        layers += 1;
+    }
+    Ok(layers)
+}

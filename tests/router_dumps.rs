@@ -1,0 +1,264 @@
+//! Router choices in dumps (`p{k}.router.{l}.indices` / `.weights`,
+//! docs/dump-format.md): `hsparity dump` records them on MoE targets as
+//! transformers' `Qwen3_5MoeTopKRouter.forward` returns them, and `diff`
+//! counts the choices two dumps disagree on, layer by layer. The expected
+//! choices and counts are transformers 5.23.0's, written by
+//! `tools/make_moe_fixtures.py` (`golden/*.safetensors`, `load_report.json`).
+
+use crate::common;
+use crate::diff::rewrite_dump;
+
+use candle_core::{DType, Tensor};
+use common::hsparity;
+use hsparity::dump::Dump;
+use serde_json::Value;
+
+const LAYOUT: &str = "fixtures/moe/per-expert";
+
+/// `hsparity dump` of the per-expert layout in bf16 (the dtype transformers
+/// loads it in) into `dir/name`.
+fn dump_moe(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let out = dir.join(name);
+    let prompts = format!("{LAYOUT}/prompts.jsonl");
+    let o = hsparity()
+        .args(["dump", LAYOUT, "--path", "causal-lm", "--prompts", &prompts])
+        .args(["--quiet", "--force", "--no-noise-floor", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+fn diff_json(a: &std::path::Path, b: &std::path::Path) -> (i32, Value, String) {
+    let o = hsparity()
+        .arg("diff")
+        .args([a, b])
+        .args(["--json", "--no-report"])
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    (o.status.code().unwrap(), v, err)
+}
+
+/// The router cells of a diff's rows, by `hidden_states` index.
+fn router_cells(v: &Value) -> Vec<(u64, Value)> {
+    v["pairs"][0]["hidden_states"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["router"].is_null())
+        .map(|r| (r["index"].as_u64().unwrap(), r["router"].clone()))
+        .collect()
+}
+
+#[test]
+fn dump_records_the_routers_choices_as_transformers_makes_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ours = dump_moe(tmp.path(), "ours.safetensors");
+    let golden = common::repo_root().join(format!("{LAYOUT}/golden/causal-lm.bf16.safetensors"));
+    let (a, b) = (Dump::read(&ours).unwrap(), Dump::read(&golden).unwrap());
+    let layers = 4;
+    for (k, (p, q)) in a.prompts.iter().zip(&b.prompts).enumerate() {
+        assert_eq!(p.routing.len(), layers, "p{k}: one choice per MoE layer");
+        for (l, r) in &p.routing {
+            let g = &q.routing[l];
+            assert_eq!(r.top_k, 3, "num_experts_per_tok");
+            assert_eq!(
+                r.indices, g.indices,
+                "p{k} layer {l}: experts and slot order"
+            );
+            assert_eq!(r.weights, g.weights, "p{k} layer {l}: bf16 routing weights");
+        }
+    }
+    let (code, v, err) = diff_json(&ours, &golden);
+    assert_eq!(code, 0, "{err}");
+    let cells = router_cells(&v);
+    assert_eq!(
+        cells.iter().map(|c| c.0).collect::<Vec<_>>(),
+        [1, 2, 3, 4],
+        "layer l's choice sits on hidden_states[l + 1]"
+    );
+    let tokens: usize = a.prompts.iter().map(|p| p.rows()).sum();
+    for (i, c) in &cells {
+        assert_eq!(c["slots"], tokens * 3, "hs[{i}]: every token × slot");
+        assert_eq!(c["slots_differing"], 0, "hs[{i}]");
+    }
+    assert!(
+        v["notes"].as_array().unwrap().iter().any(|n| n
+            .as_str()
+            .unwrap()
+            .starts_with("router: every top-k choice agrees")),
+        "{}",
+        v["notes"]
+    );
+}
+
+/// transformers' own two paths of `fp16-disk` (bf16 and f16) choose other
+/// experts; `diff` of their goldens counts what the generator counted.
+#[test]
+fn diff_counts_the_router_flips_transformers_counted() {
+    let dir = common::repo_root().join("fixtures/moe/divergence/fp16-disk/golden");
+    let report = common::moe::json(&dir.join("load_report.json"));
+    for other in ["vlm", "image-text-to-text"] {
+        let (code, v, err) = diff_json(
+            &dir.join("causal-lm.safetensors"),
+            &dir.join(format!("{other}.safetensors")),
+        );
+        assert!(code == 0 || code == 1, "{err}");
+        let want = report["router_agreement_vs_causal_lm"][other]["per_layer"]
+            .as_array()
+            .unwrap();
+        let cells = router_cells(&v);
+        assert_eq!(cells.len(), want.len(), "{other}");
+        for ((i, got), w) in cells.iter().zip(want) {
+            assert_eq!(got["slots"], w["slots"], "{other} hs[{i}]");
+            assert_eq!(
+                got["slots_differing"], w["slots_differing"],
+                "{other} hs[{i}]"
+            );
+            assert_eq!(
+                got["tokens_with_other_experts"], w["tokens_with_other_expert_set"],
+                "{other} hs[{i}]"
+            );
+        }
+        let flips: u64 = want
+            .iter()
+            .map(|w| w["slots_differing"].as_u64().unwrap())
+            .sum();
+        assert!(flips > 0, "the fixture's paths flip");
+        let first = want.iter().position(|w| w["slots_differing"] != 0).unwrap();
+        let note = format!("router: from layer {first} on,");
+        assert!(
+            v["notes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n.as_str().unwrap().starts_with(&note)),
+            "{other}: {}",
+            v["notes"]
+        );
+    }
+}
+
+/// One expert swapped in one slot of hsparity's dump: `diff` counts it at
+/// that layer's row and names the layer.
+#[test]
+fn a_changed_choice_is_counted_where_it_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ours = dump_moe(tmp.path(), "ours.safetensors");
+    let edited = tmp.path().join("edited.safetensors");
+    rewrite_dump(ours.to_str().unwrap(), &edited, |t, _| {
+        let ids = &t["p1.router.2.indices"];
+        let mut v: Vec<i64> = ids.flatten_all().unwrap().to_vec1().unwrap();
+        v[4] = (v[4] + 1) % 8;
+        let (r, c) = ids.dims2().unwrap();
+        t.insert(
+            "p1.router.2.indices".into(),
+            Tensor::from_vec(v, (r, c), &candle_core::Device::Cpu).unwrap(),
+        );
+    });
+    let (code, v, err) = diff_json(&ours, &edited);
+    assert_eq!(code, 0, "the hidden states agree bitwise: {err}");
+    let cells = router_cells(&v);
+    for (i, c) in &cells {
+        let want = u64::from(*i == 3);
+        assert_eq!(c["slots_differing"], want, "hs[{i}]");
+    }
+    assert!(v["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n.as_str().unwrap().starts_with("router: from layer 2 on,")));
+}
+
+/// Router tensors that are not a router's choice are refused with one line
+/// and exit 2, naming the tensor.
+#[test]
+fn malformed_router_tensors_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ours = dump_moe(tmp.path(), "ours.safetensors");
+    type Edit = Box<dyn Fn(&mut std::collections::HashMap<String, Tensor>)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "float ids",
+            Box::new(|t| {
+                let x = t["p0.router.0.indices"].to_dtype(DType::F32).unwrap();
+                t.insert("p0.router.0.indices".into(), x);
+            }),
+            "p0.router.0.indices is F32",
+        ),
+        (
+            "weights without ids",
+            Box::new(|t| {
+                t.remove("p0.router.1.indices");
+            }),
+            "p0.router.1.weights without p0.router.1.indices",
+        ),
+        (
+            "weights of another shape",
+            Box::new(move |t| {
+                let w = t["p0.router.0.weights"].narrow(1, 0, 2).unwrap();
+                t.insert("p0.router.0.weights".into(), w);
+            }),
+            "p0.router.0.weights is [",
+        ),
+        (
+            "rows of another prompt",
+            Box::new(move |t| {
+                let x = t["p0.router.0.indices"].narrow(0, 0, 3).unwrap();
+                let w = t["p0.router.0.weights"].narrow(0, 0, 3).unwrap();
+                t.insert("p0.router.0.indices".into(), x);
+                t.insert("p0.router.0.weights".into(), w);
+            }),
+            "p0.router.0.indices has 3 rows",
+        ),
+        (
+            "a negative expert id",
+            Box::new(|t| {
+                let x = (t["p0.router.0.indices"].clone() - 100.0).unwrap();
+                t.insert("p0.router.0.indices".into(), x);
+            }),
+            "expert id outside",
+        ),
+        (
+            "layers in one prompt only",
+            Box::new(|t| {
+                t.remove("p1.router.3.indices");
+                t.remove("p1.router.3.weights");
+            }),
+            "p1 holds router choices",
+        ),
+    ];
+    for (what, edit, says) in cases {
+        let bad = tmp.path().join("bad.safetensors");
+        rewrite_dump(ours.to_str().unwrap(), &bad, |t, _| edit(t));
+        let (code, _, err) = diff_json(&ours, &bad);
+        assert_eq!(code, 2, "{what}: {err}");
+        assert!(err.contains(says), "{what}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{what}: one line: {err}");
+    }
+    // A valid dump whose router chose two experts per token: not comparable.
+    let top2 = tmp.path().join("top2.safetensors");
+    rewrite_dump(ours.to_str().unwrap(), &top2, |t, _| {
+        for k in 0..2 {
+            for f in ["indices", "weights"] {
+                let name = format!("p{k}.router.0.{f}");
+                let x = t[&name].narrow(1, 0, 2).unwrap();
+                t.insert(name, x);
+            }
+        }
+    });
+    let (code, _, err) = diff_json(&ours, &top2);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("top-3 in one dump") && err.contains("top-2 in the other"),
+        "{err}"
+    );
+}
