@@ -370,9 +370,9 @@ def randomise_moe(model: torch.nn.Module, gen: torch.Generator):
             p.copy_(torch.randn(p.shape, generator=gen) * (0.5 / p.shape[-1] ** 0.5))
 
 
-def mtp_tensors(gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """The MTP layer as published (17 + 3E keys per expert), random, f32; experts per expert."""
-    tc = MOE_TEXT_CONFIG
+def mtp_tensors(gen: torch.Generator, tc: dict = MOE_TEXT_CONFIG) -> dict[str, torch.Tensor]:
+    """The MTP layer as published (17 + 3E keys per expert) for text config ``tc``, random, f32; experts per
+    expert."""
     H, nh, nkv, hd = tc["hidden_size"], tc["num_attention_heads"], tc["num_key_value_heads"], tc["head_dim"]
     E, I, S = tc["num_experts"], tc["moe_intermediate_size"], tc["shared_expert_intermediate_size"]
 
