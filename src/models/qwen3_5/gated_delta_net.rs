@@ -329,6 +329,18 @@ impl GatedDeltaNet {
         ))
     }
 
+    /// The delta-rule kernel's inputs for `x` (`[T, H]`, already
+    /// `input_layernorm`-ed) from a fresh state: the projections, the causal
+    /// conv with its SiLU, the decay and the write strength, as transformers
+    /// passes them to `torch_chunk_gated_delta_rule` after its GVA expansion
+    /// (the operation census, `examples/op_census.rs`).
+    ///
+    /// Errors: a tensor failure.
+    pub fn delta_rule_inputs(&self, x: &Tensor) -> Result<DeltaRuleInputs> {
+        let mut st = GdnState::zeros(&self.geo);
+        Ok(self.prepare(x, &mut st.conv, None, Rows::Tokens)?.0)
+    }
+
     /// `x`: `[T, H]` (already `input_layernorm`-ed) → `[T, H]`. With `state`
     /// the layer continues from it and leaves it at the end of `x`; without,
     /// it starts from zeros (a fresh prefill).
