@@ -238,7 +238,11 @@ impl Dump {
             ));
         }
         check_prompts_agree(&prompts).map_err(bad)?;
-        Ok(Dump { metadata, prompts })
+        let dump = Dump { metadata, prompts };
+        let meta = |key: &str| dump.metadata.get(key).and_then(|s| s.parse().ok());
+        let moe = (meta("num_experts"), meta("top_k"));
+        routing::check_bounds(&dump.prompts, dump.num_layers(), moe).map_err(bad)?;
+        Ok(dump)
     }
 }
 
@@ -258,7 +262,7 @@ fn prompt_field(name: &str) -> Option<(usize, &str)> {
     ]
     .contains(&field)
         || field.starts_with("hidden_states.")
-        || routing::router_field(field).is_some();
+        || field.starts_with("router.");
     known.then_some((k, field))
 }
 

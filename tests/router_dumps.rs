@@ -157,7 +157,8 @@ fn a_changed_choice_is_counted_where_it_is() {
     rewrite_dump(ours.to_str().unwrap(), &edited, |t, _| {
         let ids = &t["p1.router.2.indices"];
         let mut v: Vec<i64> = ids.flatten_all().unwrap().to_vec1().unwrap();
-        v[4] = (v[4] + 1) % 8;
+        // Token 1's second slot gets an expert the token does not use.
+        v[4] = (0..8).find(|e| !v[3..6].contains(e)).unwrap();
         let (r, c) = ids.dims2().unwrap();
         t.insert(
             "p1.router.2.indices".into(),
@@ -207,7 +208,7 @@ fn malformed_router_tensors_are_refused() {
                 let w = t["p0.router.0.weights"].narrow(1, 0, 2).unwrap();
                 t.insert("p0.router.0.weights".into(), w);
             }),
-            "p0.router.0.weights is [",
+            "p0.router.0.weights is F32 [11, 2] but",
         ),
         (
             "rows of another prompt",
@@ -228,6 +229,66 @@ fn malformed_router_tensors_are_refused() {
             "expert id outside",
         ),
         (
+            "integer weights",
+            Box::new(|t| {
+                let w = t["p0.router.0.indices"].clone();
+                t.insert("p0.router.0.weights".into(), w);
+            }),
+            "routing weights are floats",
+        ),
+        (
+            "one expert twice for a token",
+            Box::new(|t| {
+                let ids = &t["p0.router.0.indices"];
+                let mut v: Vec<i64> = ids.flatten_all().unwrap().to_vec1().unwrap();
+                v[1] = v[0];
+                let dims = ids.dims2().unwrap();
+                let x = Tensor::from_vec(v, dims, &candle_core::Device::Cpu).unwrap();
+                t.insert("p0.router.0.indices".into(), x);
+            }),
+            "names one expert twice for token 0",
+        ),
+        (
+            "an expert beyond num_experts",
+            Box::new(|t| {
+                let x = (t["p0.router.0.indices"].clone() + 8.0).unwrap();
+                t.insert("p0.router.0.indices".into(), x);
+            }),
+            "but __metadata__ num_experts is 8",
+        ),
+        (
+            "a layer beyond the model",
+            Box::new(|t| {
+                for k in 0..2 {
+                    for f in ["indices", "weights"] {
+                        let x = t[&format!("p{k}.router.0.{f}")].clone();
+                        t.insert(format!("p{k}.router.4.{f}"), x);
+                    }
+                }
+            }),
+            "p0.router.4: the dump holds a 4-layer model's states",
+        ),
+        (
+            "a layer written 01",
+            Box::new(|t| {
+                for k in 0..2 {
+                    for f in ["indices", "weights"] {
+                        let x = t.remove(&format!("p{k}.router.1.{f}")).unwrap();
+                        t.insert(format!("p{k}.router.01.{f}"), x);
+                    }
+                }
+            }),
+            "router.01.",
+        ),
+        (
+            "a field that is not one",
+            Box::new(|t| {
+                let x = t.remove("p0.router.1.indices").unwrap();
+                t.insert("p0.router.1.index".into(), x);
+            }),
+            "p0.router.1.index: router choices are",
+        ),
+        (
             "layers in one prompt only",
             Box::new(|t| {
                 t.remove("p1.router.3.indices");
@@ -246,7 +307,9 @@ fn malformed_router_tensors_are_refused() {
     }
     // A valid dump whose router chose two experts per token: not comparable.
     let top2 = tmp.path().join("top2.safetensors");
-    rewrite_dump(ours.to_str().unwrap(), &top2, |t, _| {
+    rewrite_dump(ours.to_str().unwrap(), &top2, |t, m| {
+        // Refused by its own metadata first; without it, by the comparison.
+        m.remove("top_k");
         for k in 0..2 {
             for f in ["indices", "weights"] {
                 let name = format!("p{k}.router.0.{f}");
@@ -258,7 +321,126 @@ fn malformed_router_tensors_are_refused() {
     let (code, _, err) = diff_json(&ours, &top2);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("top-3 in one dump") && err.contains("top-2 in the other"),
+        err.contains("top-3 in /")
+            && err.contains("top-2 in /")
+            && err.contains("top2.safetensors"),
+        "{err}"
+    );
+}
+
+/// Router choices that cannot sit on a compared row are still counted, and
+/// what is not compared is said: a layer whose output one dump lacks, choices
+/// in one dump only, a tap offset.
+#[test]
+fn router_choices_not_on_a_row_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ours = dump_moe(tmp.path(), "ours.safetensors");
+    let partial = tmp.path().join("partial.safetensors");
+    rewrite_dump(ours.to_str().unwrap(), &partial, |t, m| {
+        m.remove("noise_floor");
+        for k in 0..2 {
+            t.remove(&format!("p{k}.hidden_states.1"));
+            let ids = &t[&format!("p{k}.router.0.indices")];
+            // Every choice rotated by one slot: the same experts, other slots.
+            let x = Tensor::cat(
+                &[ids.narrow(1, 1, 2).unwrap(), ids.narrow(1, 0, 1).unwrap()],
+                1,
+            )
+            .unwrap();
+            t.insert(format!("p{k}.router.0.indices"), x);
+        }
+    });
+    let (code, v, err) = diff_json(&ours, &partial);
+    assert_eq!(code, 0, "{err}");
+    let notes = v["notes"].to_string();
+    let slots = 3 * Dump::read(&ours)
+        .unwrap()
+        .prompts
+        .iter()
+        .map(|p| p.rows())
+        .sum::<usize>();
+    assert!(
+        notes.contains(&format!(
+            "layers whose output is not compared (layer 0: {slots} of {slots})"
+        )),
+        "{notes}"
+    );
+    let bare = tmp.path().join("bare.safetensors");
+    rewrite_dump(ours.to_str().unwrap(), &bare, |t, m| {
+        m.remove("noise_floor");
+        t.retain(|k, _| !k.contains(".router."));
+    });
+    let (_, v, _) = diff_json(&ours, &bare);
+    assert!(
+        v["notes"]
+            .to_string()
+            .contains("holds router choices, so they are not compared"),
+        "{}",
+        v["notes"]
+    );
+    let (_, v, _) = {
+        let o = hsparity()
+            .arg("diff")
+            .args([&ours, &ours])
+            .args(["--tap-offset", "1", "--json", "--no-report"])
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            serde_json::from_slice::<Value>(&o.stdout).unwrap(),
+            (),
+        )
+    };
+    assert!(
+        v["notes"]
+            .to_string()
+            .contains("choices not compared under --tap-offset 1"),
+        "{}",
+        v["notes"]
+    );
+}
+
+/// A floor whose router counts are not the dump's own is refused: the
+/// shadow's flips are read against the choices the dump records.
+#[test]
+fn a_floor_with_other_router_counts_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("floor.safetensors");
+    let entry = "fixtures/noise-floor/moe-s0-bf16";
+    let prompts = format!("{entry}/prompts.jsonl");
+    hsparity()
+        .args([
+            "dump",
+            &format!("{entry}/checkpoint"),
+            "--path",
+            "causal-lm",
+            "--prompts",
+            &prompts,
+        ])
+        .args(["--quiet", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let meta = |p: &std::path::Path| {
+        let bytes = std::fs::read(p).unwrap();
+        let (_, m) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        m.metadata().clone().unwrap_or_default()
+    };
+    let floor: Value = serde_json::from_str(&meta(&out)["noise_floor"]).unwrap();
+    let slots = floor["routers"][0]["slots"].as_u64().unwrap();
+    let bad = tmp.path().join("bad.safetensors");
+    rewrite_dump(out.to_str().unwrap(), &bad, |_, m| {
+        let f = m["noise_floor"].replace(
+            &format!("\"slots\":{slots},"),
+            &format!("\"slots\":{},", slots * 1000),
+        );
+        m.insert("noise_floor".into(), f);
+    });
+    let theirs = std::path::PathBuf::from(format!("{entry}/transformers.safetensors"));
+    let (code, _, err) = diff_json(&bad, &theirs);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("router choices at layer 0, but the dump records"),
         "{err}"
     );
 }

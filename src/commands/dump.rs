@@ -126,6 +126,11 @@ pub fn run_checked(
     meta.insert("class".into(), p.inventory.class.clone());
     meta.insert("dtype".into(), precision.to_string());
     meta.insert("num_layers".into(), session.spec.num_layers().to_string());
+    if let Some(moe) = &session.spec.moe {
+        // What a reader checks the router choices against.
+        meta.insert("num_experts".into(), moe.config.num_experts.to_string());
+        meta.insert("top_k".into(), moe.config.num_experts_per_tok.to_string());
+    }
     meta.insert(
         "tool_version".into(),
         format!("hsparity {}", env!("CARGO_PKG_VERSION")),

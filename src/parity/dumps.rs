@@ -360,7 +360,9 @@ fn floor_of(
                 "{name}: __metadata__ noise_floor in a dump written by {tool:?}, not by hsparity (only `hsparity dump` measures one)"
             )));
         }
-        NoiseFloor::from_metadata(s, name, d.dtype(name)?, d.num_layers()).map(Some)
+        let f = NoiseFloor::from_metadata(s, name, d.dtype(name)?, d.num_layers())?;
+        super::routers::check_floor(&f, d, name)?;
+        Ok(Some(f))
     };
     let fa = read(a, a_name)?;
     let fb = read(b, b_name)?.map(|mut f| {
@@ -440,7 +442,7 @@ pub fn compare_dumps(
     pair.localise(&inputs_of(a, b));
     let convention = super::conventions::detect(a, b, &pair)?;
     let last = compare_extras(a, b, tap_offset, &mut pair)?;
-    super::routers::compare(a, b, tap_offset, &mut pair)?;
+    let router_notes = super::routers::compare((a, b), (a_name, b_name), tap_offset, &mut pair)?;
     if pair.hidden_states.is_empty() && !last && !settings.align {
         return Err(Error::Input(if tap_offset != 0 {
             format!(
@@ -472,6 +474,7 @@ pub fn compare_dumps(
     notes.extend(floor_note);
     notes.extend(pair.wide_band_note());
     notes.extend(beyond_floor_note(&pair));
+    notes.extend(router_notes);
     notes.extend(notes_of(&pair, &shown, (a, b), (a_name, b_name), last));
     Ok(DumpComparison {
         non_finite,

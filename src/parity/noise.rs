@@ -294,7 +294,8 @@ impl NoiseFloor {
             routers
                 .entry(r.layer)
                 .and_modify(|x| {
-                    if r.slots_differing * x.slots > x.slots_differing * r.slots {
+                    let rate = |n: &RouterNoise| n.slots_differing as f64 / n.slots.max(1) as f64;
+                    if rate(r) > rate(x) {
                         *x = *r;
                     }
                 })
@@ -329,10 +330,14 @@ impl NoiseFloor {
         let bad = |why: String| Error::Input(format!("{name}: __metadata__ noise_floor {why}"));
         let v: serde_json::Value =
             serde_json::from_str(s).map_err(|e| bad(format!("is not JSON ({e})")))?;
-        let objects = v.is_object()
-            && v["rows"]
+        let all_objects = |key: &str| {
+            v[key]
                 .as_array()
                 .is_some_and(|r| r.iter().all(|x| x.is_object()))
+        };
+        let objects = v.is_object()
+            && all_objects("rows")
+            && (v.get("routers").is_none() || all_objects("routers"))
             && (v.get("last_layer_output").is_none() || v["last_layer_output"].is_object());
         if !objects {
             return Err(bad(

@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 
+use super::noise::NoiseFloor;
 use super::pairs::PairReport;
 use crate::dump::Dump;
 use crate::error::{Error, Result};
@@ -75,7 +76,7 @@ impl PairReport {
             agreement.noise_slots_differing = Some(n.slots_differing);
             agreement.within_noise_floor = Some(
                 agreement.slots_differing as f64
-                    <= super::noise::SCALE * (n.slots_differing + 1) as f64,
+                    <= super::noise::SCALE * (n.slots_differing as f64 + 1.0),
             );
         }
         if let Some(row) = self.hidden_states.iter_mut().find(|r| r.index == layer + 1) {
@@ -118,19 +119,48 @@ impl PairReport {
 }
 
 /// Sets the router agreement of every decoder layer both dumps hold choices
-/// for (rows aligned index by index: `tap_offset` 0); returns how many.
+/// for on the row of its output, and returns notes: choices of layers whose
+/// row is not compared (with their counts), choices only one dump holds, or
+/// a tap offset (the rows shifted, the router layers not).
 ///
 /// Errors ([`Error::Input`]): a layer whose choices have another top-k or
 /// token count in one dump than in the other.
-pub fn compare(a: &Dump, b: &Dump, tap_offset: i64, pair: &mut PairReport) -> Result<usize> {
-    let (Some(pa), Some(pb)) = (a.prompts.first(), b.prompts.first()) else {
-        return Ok(0);
+pub fn compare(
+    (a, b): (&Dump, &Dump),
+    (a_name, b_name): (&str, &str),
+    tap_offset: i64,
+    pair: &mut PairReport,
+) -> Result<Vec<String>> {
+    let layers = |d: &Dump| -> Vec<usize> {
+        d.prompts
+            .first()
+            .map(|p| p.routing.keys().copied().collect())
+            .unwrap_or_default()
     };
-    if tap_offset != 0 || a.prompts.len() != b.prompts.len() {
-        return Ok(0);
+    let (la, lb) = (layers(a), layers(b));
+    match (la.is_empty(), lb.is_empty()) {
+        (true, true) => return Ok(Vec::new()),
+        (false, true) | (true, false) => {
+            let (has, lacks) = if lb.is_empty() {
+                (a_name, b_name)
+            } else {
+                (b_name, a_name)
+            };
+            return Ok(vec![format!(
+                "router: only {has} holds router choices, so they are not compared (dump {lacks} with \
+                 `hsparity dump` or tools/dump_hidden_states.py to record them)"
+            )]);
+        }
+        _ => {}
     }
-    let mut layers = 0;
-    for &l in pa.routing.keys().filter(|l| pb.routing.contains_key(l)) {
+    if tap_offset != 0 || a.prompts.len() != b.prompts.len() {
+        return Ok(vec![format!(
+            "router: choices not compared under --tap-offset {tap_offset} (the rows are shifted, the \
+             router layers are the model's)"
+        )]);
+    }
+    let mut unplaced = Vec::new();
+    for &l in la.iter().filter(|l| lb.contains(l)) {
         let of = |d: &Dump| {
             d.prompts
                 .iter()
@@ -142,16 +172,66 @@ pub fn compare(a: &Dump, b: &Dump, tap_offset: i64, pair: &mut PairReport) -> Re
             .find(|&k| ra[k].top_k != rb[k].top_k || ra[k].indices.len() != rb[k].indices.len())
         {
             return Err(Error::Input(format!(
-                "p{k}.router.{l}: {} tokens × top-{} in one dump, {} tokens × top-{} in the other: the dumps' \
-                 routers choose among other settings (num_experts_per_tok) or saw other tokens",
+                "p{k}.router.{l}: {} tokens × top-{} in {a_name}, {} tokens × top-{} in {b_name}: the \
+                 dumps' routers choose among other settings (num_experts_per_tok) or saw other tokens",
                 ra[k].tokens(),
                 ra[k].top_k,
                 rb[k].tokens(),
                 rb[k].top_k
             )));
         }
-        pair.set_router(l, RouterAgreement::of(&ra, &rb, None)?);
-        layers += 1;
+        let agreement = RouterAgreement::of(&ra, &rb, None)?;
+        if pair.hidden_states.iter().any(|r| r.index == l + 1) {
+            pair.set_router(l, agreement);
+        } else {
+            unplaced.push(format!(
+                "layer {l}: {} of {}",
+                agreement.slots_differing, agreement.slots
+            ));
+        }
     }
-    Ok(layers)
+    let mut notes = Vec::new();
+    if !unplaced.is_empty() {
+        notes.push(format!(
+            "router: choices differing at layers whose output is not compared ({})",
+            unplaced.join(", ")
+        ));
+    }
+    let only: Vec<String> = la
+        .iter()
+        .chain(&lb)
+        .filter(|l| !(la.contains(l) && lb.contains(l)))
+        .map(|l| l.to_string())
+        .collect();
+    if !only.is_empty() {
+        notes.push(format!(
+            "router: layer(s) {} hold choices in one dump only, not compared",
+            only.join(", ")
+        ));
+    }
+    Ok(notes)
+}
+
+/// Refuses a noise floor whose router counts are not the dump's own: a
+/// router layer the dump records no choices for, or another number of
+/// choices than it records there.
+///
+/// Errors ([`Error::Input`], naming the dump `name`): the first such layer.
+pub fn check_floor(floor: &NoiseFloor, dump: &Dump, name: &str) -> Result<()> {
+    for r in &floor.routers {
+        let slots: Option<usize> = dump
+            .prompts
+            .iter()
+            .map(|p| p.routing.get(&r.layer).map(|x| x.indices.len()))
+            .sum();
+        if slots != Some(r.slots) {
+            return Err(Error::Input(format!(
+                "{name}: __metadata__ noise_floor has {} router choices at layer {}, but the dump records {}",
+                r.slots,
+                r.layer,
+                slots.map_or("none".to_string(), |s| s.to_string())
+            )));
+        }
+    }
+    Ok(())
 }

@@ -136,7 +136,9 @@ fn router_flips_are_read_against_the_shadows() {
         m.replace("\"layer\":1", "\"layer\":0"),
         m.replace("\"layer\":1", "\"layer\":3"),
         m.replace("\"slots\":40,\"slots_differing\":0", "\"slots\":40"),
+        m.replace("{\"layer\":0,\"slots\":40,\"slots_differing\":0}", "[0,40,0]"),
     ] {
+        assert_ne!(bad, m, "the case edits the metadata");
         let e = read(&bad).unwrap_err().to_string();
         assert!(
             e.starts_with("d.safetensors: __metadata__ noise_floor"),
