@@ -435,12 +435,21 @@ fn check_prompts_agree(prompts: &[DumpPrompt]) -> std::result::Result<(), String
                 ));
             }
         }
-        let layers = |p: &DumpPrompt| -> Vec<(usize, usize)> {
-            p.routing.iter().map(|(l, r)| (*l, r.top_k)).collect()
+        let layers = |p: &DumpPrompt| -> String {
+            let v: Vec<String> = p
+                .routing
+                .iter()
+                .map(|(l, r)| format!("layer {l} top-{}", r.top_k))
+                .collect();
+            if v.is_empty() {
+                "none".into()
+            } else {
+                v.join(", ")
+            }
         };
         if layers(p) != layers(p0) {
             return Err(format!(
-                "p{k} holds router choices (layer, top-k) {:?} but p0 {:?}: every prompt of a dump holds the same tensors",
+                "p{k} holds router choices at {} but p0 at {}: every prompt of a dump holds the same tensors",
                 layers(p),
                 layers(p0)
             ));

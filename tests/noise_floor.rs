@@ -364,6 +364,28 @@ fn the_floor_column_fits_a_100_column_table() {
         text.lines().filter(table).all(|l| l.chars().count() <= 100),
         "{text}"
     );
+    // The MoE entry adds the router column: still one table.
+    let entry = "moe-s0-bf16";
+    let ours = dump_entry(tmp.path(), entry);
+    let theirs = format!("{F}/{entry}/transformers.safetensors");
+    let out = hsparity()
+        .env("COLUMNS", "100")
+        .args(["diff", &ours, &theirs, "--no-report"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let header = text
+        .lines()
+        .find(|l| l.contains("router Δ"))
+        .expect("the column");
+    assert!(
+        header.contains("× floor") && header.contains("verdict"),
+        "{text}"
+    );
+    assert!(
+        text.lines().filter(table).all(|l| l.chars().count() <= 100),
+        "{text}"
+    );
 }
 
 /// The MoE entry's routers: hsparity's dump records its noise shadow's
@@ -389,7 +411,17 @@ fn router_flips_are_read_against_the_noise_shadows() {
     let d = diff(&ours, &theirs, &[], 0);
     let r = routers(&d);
     assert_eq!(r.len(), 4);
+    let flips: u64 = r
+        .iter()
+        .map(|a| a["slots_differing"].as_u64().unwrap())
+        .sum();
+    assert!(flips > 0, "transformers' own run flips some choices: {r:?}");
     assert!(r.iter().all(|a| a["within_noise_floor"] == true), "{r:?}");
+    let notes = d["notes"].to_string();
+    assert!(
+        notes.contains("router floor: no MoE layer flips more"),
+        "{notes}"
+    );
     let src = format!("{F}/{entry}/checkpoint");
     let changed = tmp.path().join("changed");
     std::fs::create_dir(&changed).unwrap();
@@ -416,7 +448,9 @@ fn router_flips_are_read_against_the_noise_shadows() {
         changed.to_str().unwrap(),
         &[],
     );
-    let d = diff(&ours, &theirs, &[], 0);
+    // The change moves the states past bf16's tolerance too (exit 1); the
+    // router floor names the layer.
+    let d = diff(&ours, &theirs, &[], 1);
     let r = routers(&d);
     assert_eq!(
         r[0]["slots_differing"], 0,
@@ -430,7 +464,42 @@ fn router_flips_are_read_against_the_noise_shadows() {
     );
     let notes = d["notes"].to_string();
     assert!(
-        notes.contains("beyond the measured noise floor at layer 1"),
+        notes.contains("router floor: layer 1 (hs 2) flips") && notes.contains("mlp.gate.weight"),
         "{notes}"
     );
+}
+
+/// Paths in different dtypes (`fp16-disk`: bf16 against f16): the floor is
+/// shown, never a judge, so their routers are not read against it either.
+#[test]
+fn routers_of_paths_in_other_dtypes_are_not_judged_by_the_floor() {
+    let ckpt = "fixtures/moe/divergence/fp16-disk";
+    let prompts = format!("{ckpt}/prompts.jsonl");
+    let v = json_exit(
+        hsparity().args([
+            "compare",
+            ckpt,
+            "--prompts",
+            &prompts,
+            "--json",
+            "--no-report",
+            "--quiet",
+        ]),
+        1,
+    );
+    let pair = &v["pairs"][0];
+    assert!(
+        pair["noise_floor"].is_object(),
+        "the floor is measured and shown"
+    );
+    let rows = pair["hidden_states"].as_array().unwrap();
+    let routers: Vec<&Value> = rows.iter().filter_map(|r| r.get("router")).collect();
+    assert!(!routers.is_empty());
+    assert!(
+        routers
+            .iter()
+            .all(|a| a.get("within_noise_floor").is_none()),
+        "{routers:?}"
+    );
+    assert!(!v.to_string().contains("router floor:"), "{v}");
 }

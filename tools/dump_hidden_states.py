@@ -23,8 +23,8 @@ The file holds, for prompt k (docs/dump-format.md, hsparity.dump.v1):
                                          (0 = embeddings, N = final-normed)
   p{k}.last_layer_output    F32 [T, H]   raw output of the last decoder layer (forward hook)
   p{k}.logits               F32 [T, V]   when the model has an LM head (unless --no-logits)
-  p{k}.router.{l}.indices   I64 [T, k]   MoE models: decoder layer l's experts in torch.topk order
-  p{k}.router.{l}.weights   F32 [T, k]   and their routing weights, as the router returns them
+  p{k}.router.{l}.indices   I64 [T, top_k]  MoE models: decoder layer l's experts in torch.topk order
+  p{k}.router.{l}.weights   F32 [T, top_k]  and their routing weights, as the router returns them
                                          (``Qwen3_5MoeTopKRouter.forward``: router_indices, router_scores)
 and ``__metadata__`` {format, checkpoint, loading_path, class, dtype, num_layers, tool_version}.
 

@@ -18,7 +18,8 @@ OUT_DIR/{family}-s{seed}-{bf16|f16}/ holds:
                   ``tools/dump_hidden_states.py`` (the same writer)
 
 With ``--fixture``, OUT_DIR (``fixtures/noise-floor``) gets two small entries instead (dense: 3 layers,
-hidden 64; moe: 4 layers, hidden 64, 8 experts top-2; vocab 256; bf16; prompts of 48 and 300 tokens): the
+hidden 64; moe: 4 layers, hidden 128, 16 experts top-4, so that transformers' run flips some router choices; vocab
+256; bf16; prompts of 48 and 300 tokens): the
 ones ``tests/noise_floor.rs`` reads.
 
 ``tools/noise_corpus_check.py`` then runs ``hsparity dump`` and ``hsparity diff`` on every entry and
@@ -74,7 +75,7 @@ def moe_config(layers: int = 4, hidden: int = 128, vocab: int = VOCAB, experts: 
 # The fixture CI reads (``--fixture``): the same families, small enough to commit.
 FIXTURE_CONFIGS = {
     "dense": lambda: dense_config(layers=3, hidden=64, head_dim=16, vocab=256),
-    "moe": lambda: moe_config(layers=4, hidden=64, vocab=256, experts=8, inter=16, head_dim=16),
+    "moe": lambda: moe_config(layers=4, hidden=128, vocab=256, experts=16, inter=16, head_dim=32),
 }
 CORPUS_CONFIGS = {"dense": dense_config, "moe": moe_config}
 # ``--deep``: the same families twice as deep and wide.

@@ -475,30 +475,18 @@ impl PairObserver {
         self
     }
 
-    /// `measure` on path 0's floor with path 0's tensors and its shadow's
-    /// (the capture's last), then the floor so far to every pair.
-    fn measure(
+    /// `measure` on path 0's floor with path 0's values (states, router
+    /// choices) and its shadow's (the capture's last), then the floor so far
+    /// to every pair.
+    fn measure<T>(
         &mut self,
-        states: &[Vec<Tensor>],
-        measure: impl FnOnce(&mut NoiseFloor, &[Tensor], &[Tensor]) -> Result<()>,
+        per_path: &[Vec<T>],
+        measure: impl FnOnce(&mut NoiseFloor, &[T], &[T]) -> Result<()>,
     ) -> Result<()> {
-        let (Some(floor), Some(shadow)) = (self.floor.as_mut(), states.last()) else {
+        let (Some(floor), Some(shadow)) = (self.floor.as_mut(), per_path.last()) else {
             return Ok(());
         };
-        measure(floor, &states[0], shadow)?;
-        for pair in &mut self.pairs {
-            pair.set_noise_floor(Some(floor.clone()), BandRole::Bounds);
-        }
-        Ok(())
-    }
-
-    /// [`NoiseFloor::measure_router`] of path 0 against its shadow (the
-    /// capture's last path) at `layer`, then the floor to every pair.
-    fn measure_routers(&mut self, layer: usize, routing: &[Vec<Routing>]) -> Result<()> {
-        let (Some(floor), Some(shadow)) = (self.floor.as_mut(), routing.last()) else {
-            return Ok(());
-        };
-        floor.measure_router(layer, &routing[0], shadow)?;
+        measure(floor, &per_path[0], shadow)?;
         for pair in &mut self.pairs {
             pair.set_noise_floor(Some(floor.clone()), BandRole::Bounds);
         }
@@ -550,7 +538,9 @@ impl Observer for PairObserver {
         routing: &[Vec<Routing>],
         local: &[Option<Vec<Routing>>],
     ) -> Result<()> {
-        self.measure_routers(layer, routing)?;
+        self.measure(routing, |f, run, shadow| {
+            f.measure_router(layer, run, shadow)
+        })?;
         for (j, pair) in self.pairs.iter_mut().enumerate() {
             let agreement =
                 RouterAgreement::of(&routing[0], &routing[j + 1], local[j + 1].as_deref())?;

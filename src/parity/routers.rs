@@ -59,62 +59,138 @@ impl RouterAgreement {
         Ok(r)
     }
 
-    /// `0/456`, or `3/456 (local 1)` when the local comparison flips some.
+    /// `0/456`, or `3/456 (local 1)` when the local comparison flips some;
+    /// `▲` after it when the flips lie beyond the noise floor's.
     pub fn cell(&self) -> String {
+        let beyond = if self.within_noise_floor == Some(false) {
+            " ▲"
+        } else {
+            ""
+        };
         match self.local_slots_differing {
-            Some(l) if l > 0 => format!("{}/{} (local {l})", self.slots_differing, self.slots),
-            _ => format!("{}/{}", self.slots_differing, self.slots),
+            Some(l) if l > 0 => format!(
+                "{}/{} (local {l}){beyond}",
+                self.slots_differing, self.slots
+            ),
+            _ => format!("{}/{}{beyond}", self.slots_differing, self.slots),
         }
     }
+
+    /// How many flips the floor allows at this layer: [`super::noise::SCALE`]
+    /// × (the shadow's + 1), when read against one.
+    pub fn floor_allows(&self) -> Option<f64> {
+        self.noise_slots_differing
+            .map(|n| super::noise::SCALE * (n as f64 + 1.0))
+    }
+}
+
+/// An MoE pair's routers read against the noise floor's
+/// ([`PairReport::routers_against_floor`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RouterFloor {
+    /// Every layer read against it flips no more than it allows.
+    Within {
+        /// The shadow's flips, summed over the layers.
+        noise: usize,
+        /// The choices compared there.
+        slots: usize,
+    },
+    /// The first layer whose flips go beyond it.
+    Beyond {
+        /// Decoder layer.
+        layer: usize,
+        /// Its agreement (with the shadow's count).
+        agreement: RouterAgreement,
+    },
+}
+
+/// An MoE pair's routers over every layer compared
+/// ([`PairReport::router_totals`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouterTotals {
+    /// MoE layers compared.
+    pub layers: usize,
+    /// token × slot choices compared over them.
+    pub slots: usize,
+    /// Choices that differ.
+    pub slots_differing: usize,
+    /// token-layers with another expert set.
+    pub tokens_with_other_experts: usize,
+    /// The first layer whose choices differ, with its agreement.
+    pub first: Option<(usize, RouterAgreement)>,
 }
 
 impl PairReport {
     /// Records the router agreement of decoder layer `layer` on the row of
     /// `hidden_states[layer + 1]` (none when the pair has no such row).
     pub fn set_router(&mut self, layer: usize, mut agreement: RouterAgreement) {
-        if let Some(n) = self.noise_floor.as_ref().and_then(|f| f.router(layer)) {
+        // Judged only where the floor bounds or widens (same dtype): across
+        // dtypes the floor is shown, never a judge.
+        let floor = self.noise_role.and(self.noise_floor.as_ref());
+        if let Some(n) = floor.and_then(|f| f.router(layer)) {
             agreement.noise_slots_differing = Some(n.slots_differing);
-            agreement.within_noise_floor = Some(
-                agreement.slots_differing as f64
-                    <= super::noise::SCALE * (n.slots_differing as f64 + 1.0),
-            );
+            agreement.within_noise_floor = agreement
+                .floor_allows()
+                .map(|allows| agreement.slots_differing as f64 <= allows);
         }
         if let Some(row) = self.hidden_states.iter_mut().find(|r| r.index == layer + 1) {
             row.router = Some(agreement);
         }
     }
 
-    /// The routers against the noise floor's: `None` when no layer's router
-    /// was read against it; else the first decoder layer whose flips are
-    /// beyond it (with its agreement), or `Ok(shadow's flips, choices)` summed
-    /// over the layers when every one lies within it.
-    pub fn routers_against_floor(
-        &self,
-    ) -> Option<Result<(usize, usize), (usize, RouterAgreement)>> {
-        let read: Vec<(usize, RouterAgreement)> = self
-            .hidden_states
+    /// `(decoder layer, agreement)` of every row carrying a router.
+    fn routers(&self) -> impl Iterator<Item = (usize, RouterAgreement)> + '_ {
+        self.hidden_states
             .iter()
-            .filter_map(|r| {
-                Some((
-                    r.index - 1,
-                    r.router.filter(|a| a.within_noise_floor.is_some())?,
-                ))
-            })
+            .filter_map(|r| Some((r.index.checked_sub(1)?, r.router?)))
+    }
+
+    /// The routers over every layer compared; `None` for a dense pair.
+    pub fn router_totals(&self) -> Option<RouterTotals> {
+        let mut t = RouterTotals {
+            layers: 0,
+            slots: 0,
+            slots_differing: 0,
+            tokens_with_other_experts: 0,
+            first: None,
+        };
+        for (l, a) in self.routers() {
+            t.layers += 1;
+            t.slots += a.slots;
+            t.slots_differing += a.slots_differing;
+            t.tokens_with_other_experts += a.tokens_with_other_experts;
+            if t.first.is_none() && a.slots_differing > 0 {
+                t.first = Some((l, a));
+            }
+        }
+        (t.layers > 0).then_some(t)
+    }
+
+    /// The routers against the noise floor's: `None` when no layer's router
+    /// was read against it; else the first layer whose flips are beyond it,
+    /// or the shadow's flips and the choices summed over the layers when
+    /// every one lies within it.
+    pub fn routers_against_floor(&self) -> Option<RouterFloor> {
+        let read: Vec<(usize, RouterAgreement)> = self
+            .routers()
+            .filter(|(_, a)| a.within_noise_floor.is_some())
             .collect();
         if read.is_empty() {
             return None;
         }
-        if let Some(&beyond) = read
+        if let Some(&(layer, agreement)) = read
             .iter()
             .find(|(_, a)| a.within_noise_floor == Some(false))
         {
-            return Some(Err(beyond));
+            return Some(RouterFloor::Beyond { layer, agreement });
         }
-        let noise = read
-            .iter()
-            .map(|(_, a)| a.noise_slots_differing.unwrap_or(0))
-            .sum();
-        Some(Ok((noise, read.iter().map(|(_, a)| a.slots).sum())))
+        Some(RouterFloor::Within {
+            noise: read
+                .iter()
+                .map(|(_, a)| a.noise_slots_differing.unwrap_or(0))
+                .sum(),
+            slots: read.iter().map(|(_, a)| a.slots).sum(),
+        })
     }
 }
 

@@ -338,7 +338,7 @@ pub fn index_table(r: &Diff, p: &PairReport) -> Table {
     }
     let router = super::compare::has_router(p);
     if router {
-        cols.push(Column::new("router Δ (slots)"));
+        cols.push(Column::new(super::compare::ROUTER_COLUMN));
     }
     if p.noise_floor.is_some() {
         cols.push(Column::new("× floor"));
@@ -362,7 +362,7 @@ pub fn index_table(r: &Diff, p: &PairReport) -> Table {
             cells.push(departure_cell(&row.prompts).into());
         }
         if router {
-            cells.push(row.router.map_or_else(|| "-".into(), |a| a.cell()).into());
+            cells.push(super::compare::router_cell(row).into());
         }
         if p.noise_floor.is_some() {
             cells.push(noise_ratio(row.noise.as_ref(), m.bitwise).into());

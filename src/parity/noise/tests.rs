@@ -3,6 +3,7 @@
 use super::*;
 use crate::capture::HiddenKind;
 use crate::parity::metrics::Accumulator;
+use crate::parity::routers::RouterFloor;
 use crate::parity::{PairReport, Verdict};
 
 /// Metrics of `b` against `a = [1, 0, …]` rows: `b` rotated by `angle`.
@@ -136,7 +137,10 @@ fn router_flips_are_read_against_the_shadows() {
         m.replace("\"layer\":1", "\"layer\":0"),
         m.replace("\"layer\":1", "\"layer\":3"),
         m.replace("\"slots\":40,\"slots_differing\":0", "\"slots\":40"),
-        m.replace("{\"layer\":0,\"slots\":40,\"slots_differing\":0}", "[0,40,0]"),
+        m.replace(
+            "{\"layer\":0,\"slots\":40,\"slots_differing\":0}",
+            "[0,40,0]",
+        ),
     ] {
         assert_ne!(bad, m, "the case edits the metadata");
         let e = read(&bad).unwrap_err().to_string();
@@ -161,9 +165,18 @@ fn router_flips_are_read_against_the_shadows() {
     };
     assert_eq!(within(&mut p, 0, 2), Some(true), "2 × (0 + 1)");
     assert_eq!(within(&mut p, 1, 8), Some(true), "2 × (3 + 1)");
-    assert_eq!(p.routers_against_floor(), Some(Ok((3, 80))));
+    assert_eq!(
+        p.routers_against_floor(),
+        Some(RouterFloor::Within {
+            noise: 3,
+            slots: 80
+        })
+    );
     assert_eq!(within(&mut p, 1, 9), Some(false));
-    assert!(matches!(p.routers_against_floor(), Some(Err((1, _)))));
+    assert!(matches!(
+        p.routers_against_floor(),
+        Some(RouterFloor::Beyond { layer: 1, .. })
+    ));
     assert_eq!(within(&mut p, 2, 9), None, "no shadow router at layer 2");
     let wider = NoiseFloor::wider(
         Some(&f),

@@ -243,7 +243,7 @@ fn pair_section(report: &CompareReport, pair: &PairReport) -> String {
     if let Some(l) = crate::report::format::noise_floor_line(pair) {
         md.push_str(&format!("\n{l}\n"));
     }
-    if let Some(r) = super::router_summary(pair) {
+    for r in super::router_summary(pair) {
         md.push_str(&format!("\n{}.\n", r.trim_end_matches('.')));
     }
     md.push_str(&crate::report::localisation::markdown(pair).unwrap_or_default());

@@ -23,6 +23,7 @@ use super::{Body, Report};
 use crate::capture::HiddenKind;
 use crate::error::Result;
 use crate::loading::{Inventory, LoadingPath, NonFinite};
+use crate::parity::routers::RouterFloor;
 use crate::parity::{HiddenStateRow, PairReport, Verdict};
 use crate::precision::Precision;
 use crate::report::localisation::departure_cell;
@@ -218,6 +219,7 @@ impl Compare {
         }
         let loading_differences = out.len();
         out.extend(router_cause(pair));
+        out.extend(router_floor_note(pair));
         if let Some(row) = pair
             .first_divergent
             .and_then(|i| pair.hidden_states.iter().find(|r| r.index == i))
@@ -352,7 +354,7 @@ pub fn pair_table(report: &Compare, pair: &PairReport) -> Table {
         cols.push(Column::new("departs at"));
     }
     if has_router(pair) {
-        cols.push(Column::new("router Δ (slots)"));
+        cols.push(Column::new(ROUTER_COLUMN));
     }
     if pair.noise_floor.is_some() {
         cols.push(Column::new("× floor"));
@@ -370,64 +372,80 @@ pub fn has_router(pair: &PairReport) -> bool {
     pair.hidden_states.iter().any(|r| r.router.is_some())
 }
 
-/// The first layer whose router choices differ between the pair's paths, as
-/// a sentence (`None` when every choice agrees or the pair is dense).
+/// The header of the router column of pair tables (`compare`, `diff`).
+pub const ROUTER_COLUMN: &str = "router Δ";
+
+/// A row's router cell: `-` on rows without a router.
+pub fn router_cell(r: &HiddenStateRow) -> String {
+    r.router.map_or_else(|| "-".into(), |a| a.cell())
+}
+
+/// The pair's routers over every MoE layer when some choice differs, as a
+/// sentence naming the first layer (`None` when every choice agrees or the
+/// pair is dense).
 pub fn router_cause(pair: &PairReport) -> Option<String> {
-    let row = pair
-        .hidden_states
-        .iter()
-        .find(|r| r.router.is_some_and(|a| a.slots_differing > 0))?;
-    let a = row.router?;
-    let local = match a.local_slots_differing {
+    let t = pair.router_totals()?;
+    let (l, first) = t.first?;
+    let local = match first.local_slots_differing {
         Some(0) => format!(
-            "; fed {}'s input, {}'s router agrees: the flip is inherited",
+            "; fed {}'s input, {}'s router agrees there: the flips are inherited",
             pair.a, pair.b
         ),
         Some(n) => format!(
-            "; {n} of them also on {}'s input: this layer flips by itself",
+            "; {n} of them also on {}'s input: that layer flips by itself",
             pair.a
-        ),
-        None => String::new(),
-    };
-    let floor = match pair.routers_against_floor() {
-        Some(Ok((n, slots))) => format!(
-            "; within the measured noise floor at every MoE layer ({}'s noise shadow flips {n} of {slots}): \
-             near-tie choices that rounding flips",
-            pair.a
-        ),
-        Some(Err((l, b))) => format!(
-            "; beyond the measured noise floor at layer {l} ({} flips where {}'s noise shadow flips {}): \
-             more than rounding flips",
-            b.slots_differing,
-            pair.a,
-            b.noise_slots_differing.unwrap_or(0)
         ),
         None => String::new(),
     };
     Some(format!(
-        "router: from layer {} on, {} routes differently from {} ({} of {} token×slot choices, {} with another expert set{local}{floor})",
-        row.index - 1,
+        "router: {} routes differently from {} in {} of {} token×slot choices over {} MoE layers ({} with another \
+         expert set), first at layer {l} (hs {}){local}",
         pair.b,
         pair.a,
-        a.slots_differing,
-        a.slots,
-        crate::text::counted(a.tokens_with_other_experts, "token", None)
+        t.slots_differing,
+        t.slots,
+        t.layers,
+        crate::text::counted(t.tokens_with_other_experts, "token", None),
+        l + 1
     ))
 }
 
-/// One line on the routers of an MoE pair (`None` for a dense pair).
-pub fn router_summary(pair: &PairReport) -> Option<String> {
-    if !has_router(pair) {
-        return None;
-    }
-    Some(router_cause(pair).unwrap_or_else(|| {
-        let (layers, slots) = pair
-            .hidden_states
-            .iter()
-            .filter_map(|r| r.router)
-            .fold((0, 0), |(l, s), a| (l + 1, s + a.slots));
-        format!("router: every top-k choice agrees ({slots} token×slot choices over {layers} MoE layers)")
-    }))
+/// The pair's router flips read against the noise floor's (`None` without
+/// a floor that measured the routers, or when no choice differs).
+pub fn router_floor_note(pair: &PairReport) -> Option<String> {
+    pair.router_totals().filter(|t| t.slots_differing > 0)?;
+    Some(match pair.routers_against_floor()? {
+        RouterFloor::Within { noise, slots } => format!(
+            "router floor: no MoE layer flips more choices than the noise floor allows (2 × (the noise shadow's \
+             flips + 1); the shadow flips {noise} of {slots}): near-tie choices that rounding flips, not a finding"
+        ),
+        RouterFloor::Beyond { layer, agreement } => format!(
+            "router floor: layer {layer} (hs {}) flips {} choices where the noise floor allows {:.0} (2 × ({} + 1)): \
+             more than rounding flips; check that layer's router weight (mlp.gate.weight) and its input, or \
+             compare in f32 (--dtype f32)",
+            layer + 1,
+            agreement.slots_differing,
+            agreement.floor_allows().unwrap_or(0.0),
+            agreement.noise_slots_differing.unwrap_or(0)
+        ),
+    })
+}
+
+/// The lines on the routers of an MoE pair (none for a dense pair): what
+/// differs, or that every choice agrees; then the floor's reading.
+pub fn router_summary(pair: &PairReport) -> Vec<String> {
+    let Some(t) = pair.router_totals() else {
+        return Vec::new();
+    };
+    let first = router_cause(pair).unwrap_or_else(|| {
+        format!(
+            "router: every top-k choice agrees ({} token×slot choices over {} MoE layers)",
+            t.slots, t.layers
+        )
+    });
+    std::iter::once(first)
+        .chain(router_floor_note(pair))
+        .collect()
 }
 
 /// One row of [`pair_table`].
@@ -462,12 +480,7 @@ pub fn pair_row(report: &Compare, pair: &PairReport, r: &HiddenStateRow) -> Row 
         row.cells.push(departure_cell(&r.prompts).into());
     }
     if has_router(pair) {
-        row.cells.push(
-            r.router
-                .map(|a| a.cell())
-                .unwrap_or_else(|| "-".into())
-                .into(),
-        );
+        row.cells.push(router_cell(r).into());
     }
     if pair.noise_floor.is_some() {
         row.cells

@@ -60,8 +60,8 @@ pub fn render(report: &CompareReport, width: Width) -> String {
         if let Some(l) = noise_floor_line(pair) {
             out.push_str(&format!("{}\n", crate::width::fill(&l, width)));
         }
-        if let Some(r) = router_summary(pair) {
-            out.push_str(&format!("{r}\n"));
+        for r in router_summary(pair) {
+            out.push_str(&format!("{}\n", crate::width::fill(&r, width)));
         }
         if let Some(l) = &pair.logits {
             out.push_str(&format!(
