@@ -368,8 +368,8 @@ pub fn read(path: &Path, opts: &ImportOptions) -> Result<Imported> {
         // output is pre-norm and has no hidden_states index.
         notes.push(format!(
             "tap {last} is mapped to hidden_states[{}] because N is not known; if the target has {} layers it is the last layer's raw output (last_layer_output, pre-norm), not hidden_states[N]: pass --num-layers N",
-            last + 1,
-            last + 1
+            last.saturating_add(1),
+            last.saturating_add(1)
         ));
     }
     let mut without_mask = 0usize;
