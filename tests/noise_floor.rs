@@ -339,52 +339,46 @@ fn compare_bounds_same_dtype_paths_by_the_band() {
 /// At 100 columns `diff`'s table with the floor's column (and the
 /// departures' one) stays one table: the terminal leaves out the mean
 /// cosine there, which the Markdown and the JSON keep.
-#[test]
-fn the_floor_column_fits_a_100_column_table() {
-    let tmp = tempfile::tempdir().unwrap();
-    let entry = "dense-s0-bf16";
-    let ours = dump_entry(tmp.path(), entry);
+/// `diff` of `entry`'s hsparity dump against transformers' on a 100-column
+/// terminal (extra `args`): the header line holding every one of `columns`,
+/// after checking that every table line fits.
+fn table_header(dir: &Path, entry: &str, args: &[&str], columns: &[&str]) -> String {
+    let ours = dump_entry(dir, entry);
     let theirs = format!("{F}/{entry}/transformers.safetensors");
     let out = hsparity()
         .env("COLUMNS", "100")
-        .args(["diff", &ours, &theirs, "--no-report", "--tap-offset", "1"])
+        .args(["diff", &ours, &theirs, "--no-report"])
+        .args(args)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let header = text
-        .lines()
-        .find(|l| l.contains("× floor"))
-        .expect("the column");
-    assert!(
-        header.contains("verdict") && header.contains("departs at"),
-        "{text}"
-    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let table = |l: &&str| l.starts_with(['┌', '│', '╞', '└']);
     assert!(
         text.lines().filter(table).all(|l| l.chars().count() <= 100),
         "{text}"
     );
-    // The MoE entry adds the router column: still one table.
-    let entry = "moe-s0-bf16";
-    let ours = dump_entry(tmp.path(), entry);
-    let theirs = format!("{F}/{entry}/transformers.safetensors");
-    let out = hsparity()
-        .env("COLUMNS", "100")
-        .args(["diff", &ours, &theirs, "--no-report"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let header = text
-        .lines()
-        .find(|l| l.contains("router Δ"))
-        .expect("the column");
-    assert!(
-        header.contains("× floor") && header.contains("verdict"),
-        "{text}"
+    let header = text.lines().find(|l| columns.iter().all(|c| l.contains(c)));
+    header
+        .unwrap_or_else(|| panic!("one header with {columns:?}: {text}"))
+        .to_string()
+}
+
+#[test]
+fn the_floor_column_fits_a_100_column_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let columns = ["× floor", "verdict", "departs at"];
+    table_header(
+        tmp.path(),
+        "dense-s0-bf16",
+        &["--tap-offset", "1"],
+        &columns,
     );
-    assert!(
-        text.lines().filter(table).all(|l| l.chars().count() <= 100),
-        "{text}"
+    // The MoE entry adds the router column: still one table.
+    table_header(
+        tmp.path(),
+        "moe-s0-bf16",
+        &[],
+        &["router Δ", "× floor", "verdict"],
     );
 }
 
