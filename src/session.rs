@@ -52,7 +52,7 @@ impl Session {
     /// Opens `target`'s checkpoint, resolves `paths` (seeding missing-tensor
     /// init with its seed) and the prompt set, computing on its device.
     ///
-    /// Errors: anything [`Checkpoint::open`], [`loading::resolve`],
+    /// Errors: anything [`Checkpoint::open`], [`fn@loading::resolve`],
     /// [`prompts::resolve_in`] or [`DeviceSpec::open`] return; no path given.
     pub fn open(target: &Target, paths: &[LoadingPath]) -> Result<Self> {
         let dev = target.device.open()?;
@@ -176,7 +176,7 @@ impl Session {
     /// Resolves one more loading path on this session's checkpoint, seeded
     /// and placed like the others (triage's variants).
     ///
-    /// Errors: as [`loading::resolve`].
+    /// Errors: as [`fn@loading::resolve`].
     pub fn resolve_extra(&self, path: LoadingPath, seed: u64) -> Result<ResolvedPath> {
         Ok(loading::resolve(&self.ckpt, path)?.seeded(seed, &self.spec.device))
     }

@@ -10,7 +10,7 @@ use crate::report::Environment;
 /// of `paths` (empty = every path that applies to its `model_type`), as a
 /// report (`command`: the command line).
 ///
-/// Errors: as [`Checkpoint::open`] and [`loading::inventory`].
+/// Errors: as [`Checkpoint::open`] and [`fn@loading::inventory`].
 pub fn run(checkpoint: &str, paths: &[LoadingPath], command: String) -> Result<InventoryReport> {
     let ckpt = Checkpoint::open(checkpoint)?;
     let inv = loading::inventory(&ckpt, paths)?;

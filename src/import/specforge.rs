@@ -3,8 +3,8 @@
 //! written by `scripts/prepare_hidden_states.py` (`HiddenStatesGenerator._save_tensor_sync`,
 //! sgl-project/SpecForge).
 //!
-//! - DFlash (and Domino / DSpark) records: `input_ids` [T] int64, `loss_mask`
-//!   [T] int64, `hidden_states` [1, T, k·H] = the `target_layer_ids` taps
+//! - DFlash (and Domino / DSpark) records: `input_ids` `[T]` int64, `loss_mask`
+//!   `[T]` int64, `hidden_states` `[1, T, k·H]` = the `target_layer_ids` taps
 //!   concatenated in order (`specforge/algorithms/dflash/providers.py`).
 //! - EAGLE-3 records: `input_ids`, `loss_mask`, `aux_hidden_state` [1, T, 3H]
 //!   (the aux layers concatenated) and `hidden_state` [1, T, H], the tensor fed

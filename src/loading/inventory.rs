@@ -1,5 +1,5 @@
 //! The inventory: what each loading path loads from a checkpoint
-//! ([`PathInventory`], built by [`super::resolve`]), and the checkpoint-level
+//! ([`PathInventory`], built by [`fn@super::resolve`]), and the checkpoint-level
 //! [`Inventory`] of `inventory --json`.
 
 use std::collections::BTreeMap;

@@ -50,8 +50,8 @@ fn pairs<'a>(
 }
 
 /// Tries the known alternative readings of a failing state: the pre-norm
-/// last state ([`pre_norm_last`]), then the RMS-normed residual stream
-/// ([`normed_stream`]).
+/// last state (`pre_norm_last`), then the RMS-normed residual stream
+/// (`normed_stream`).
 ///
 /// Errors: tensors of different shapes ([`Error::Input`]).
 pub fn detect(a: &Dump, b: &Dump, pair: &PairReport) -> Result<Option<ConventionFinding>> {

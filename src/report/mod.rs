@@ -7,7 +7,7 @@
 //!   Markdown rendering;
 //! - [`inventory`]: the inventory table;
 //! - [`tabular`]: the one row model every table is built in, sunk into
-//!   comfy-table or Markdown; [`format`]: number formatting;
+//!   comfy-table or Markdown; [`mod@format`]: number formatting;
 //! - `compare::{terminal, markdown, svg}`: `compare`'s terminal text,
 //!   `report.md` and `parity.svg`; [`json`]: the one JSON printer.
 //!
@@ -543,7 +543,7 @@ pub trait Document: Serialize {
     /// default (a verb without a report folder of its own).
     const FILES: &'static [&'static str] = &[];
     /// The terminal rendering, laid out for `width` (tables fitted, prose
-    /// wrapped: [`width::fill`]).
+    /// wrapped: [`crate::width::fill`]).
     fn terminal(&self, width: crate::width::Width) -> String;
     /// `(file name, contents)` of the report folder besides `report.json`;
     /// none by default.

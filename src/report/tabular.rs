@@ -1,6 +1,6 @@
 //! One row model for every table a report shows: a [`Table`] is built once
 //! as data (columns + rows of [`Cell`]s) and sunk into comfy-table for the
-//! terminal ([`Table::terminal`]) or into Markdown ([`Table::markdown`]).
+//! terminal ([`Table::render`]) or into Markdown ([`Table::markdown`]).
 //! The sinks only style: bold / colour, backticks around code spans, a
 //! verdict upper- or lower-cased; they never compute.
 //!

@@ -197,7 +197,7 @@ pub struct Triage {
     pub not_applicable: Vec<NotApplicable>,
     /// How the Δτ intervals were drawn.
     pub uncertainty: Bootstrap,
-    /// The cheapest next check for the top suspect ([`ranking::top_suspect`]: the
+    /// The cheapest next check for the top suspect (`ranking::top_suspect`: the
     /// top present finding that lowers τ, else the costliest suspect).
     pub next_check: Option<String>,
     /// `--observed-tau`.

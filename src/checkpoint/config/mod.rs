@@ -100,8 +100,10 @@ impl ModelConfig {
     /// invalid JSON or not a JSON object; a `model_type` that is not a string
     /// or not one of [`SUPPORTED_MODEL_TYPES`]; a `qwen3_5` config without a
     /// `text_config` object; a badly typed field (the message gives its path,
-    /// e.g. `text_config.hidden_size`); a text config that fails
-    /// [`TextConfig::validate`].
+    /// e.g. `text_config.hidden_size`); a text config that breaks an
+    /// invariant the forward relies on (`TextConfig`'s checks: every size at
+    /// least 1, heads that divide, an even rotary dim, silu, default rope,
+    /// valid `layer_types`).
     pub fn from_file(path: &Path) -> Result<Self> {
         let bytes = crate::input::read(path)?;
         let label = path.display().to_string();

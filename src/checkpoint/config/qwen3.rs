@@ -56,7 +56,7 @@ pub struct Qwen3Config {
 impl Qwen3Config {
     /// The shared text config of this Qwen3 model (family [`Family::Qwen3`]):
     /// these sizes (or their Qwen3 defaults) over `rest`, the other fields
-    /// read without [`SIZE_FIELDS`].
+    /// read without `SIZE_FIELDS`.
     pub fn into_text(self, rest: TextConfig) -> TextConfig {
         let heads = self.num_attention_heads.unwrap_or(32);
         TextConfig {

@@ -5,7 +5,7 @@
 //! single-token decode). The kernels are plain Rust loops over f32 buffers:
 //! 20-30x faster on CPU than the same recurrence as per-token candle tensor
 //! ops (each op allocates and dispatches; the state is a few KB). The kernels
-//! live in [`super::delta_rule`].
+//! live in `super::delta_rule` ([`chunked`], [`recurrent`]).
 
 use candle_core::Tensor;
 use rayon::prelude::*;
