@@ -77,7 +77,12 @@ fn pair_rows_carry_the_router_and_the_first_flip_is_named() {
         ),
         "{cause}"
     );
-    assert!(cause.contains("the flips are inherited"), "{cause}");
+    assert!(
+        cause.contains(
+            "at layer 1, fed causal-lm's input, vlm's router agrees: its flips are inherited"
+        ),
+        "{cause}"
+    );
     // No floor: the summary is the cause alone.
     assert_eq!(router_summary(pair), [cause]);
 }

@@ -388,13 +388,20 @@ pub fn router_cause(pair: &PairReport) -> Option<String> {
     let (l, first) = t.first?;
     let local = match first.local_slots_differing {
         Some(0) => format!(
-            "; fed {}'s input, {}'s router agrees there: the flips are inherited",
+            "; at layer {l}, fed {}'s input, {}'s router agrees: its flips are inherited",
             pair.a, pair.b
         ),
-        Some(n) => format!(
-            "; {n} of them also on {}'s input: that layer flips by itself",
-            pair.a
-        ),
+        Some(n) => {
+            let remain = match (n, first.slots_differing) {
+                (1, 1) => "its one flip remains".to_string(),
+                (n, m) if n == m => format!("all {n} of its flips remain"),
+                (n, m) => format!("{n} of its {m} flips remain"),
+            };
+            format!(
+                "; at layer {l}, {remain} on {}'s input: that layer flips by itself",
+                pair.a
+            )
+        }
         None => String::new(),
     };
     Some(format!(
