@@ -319,10 +319,15 @@ fn run() -> Result<()> {
     let mut tally: BTreeMap<String, Tally> = BTreeMap::new();
     for l in 0..spec.num_layers() {
         let norm = format!("layers.{l}.linear_attn.norm");
+        let layer = DecoderLayer::load(spec, src, l, prec)?;
+        // Only a Gated DeltaNet layer has the gated norm; its load errors stand.
+        let gated = matches!(layer.mixer, Mixer::Linear(_))
+            .then(|| RmsNormGated::load(src, &norm, spec.geo.eps, prec))
+            .transpose()?;
         let layer = Layer {
             l,
-            layer: DecoderLayer::load(spec, src, l, prec)?,
-            gated: RmsNormGated::load(src, &norm, spec.geo.eps, prec).ok(),
+            layer,
+            gated,
             spec,
             src,
             prec,

@@ -26,7 +26,9 @@ fn dump(dir: &std::path::Path, name: &str, args: &[&str]) -> String {
     out.to_str().unwrap().to_string()
 }
 
-fn diff(args: &[&str]) -> (i32, Value, String) {
+/// `hsparity diff ARGS --json --no-report`: exit code, JSON (null when none)
+/// and stderr.
+pub(crate) fn diff(args: &[&str]) -> (i32, Value, String) {
     let o = hsparity()
         .arg("diff")
         .args(args)

@@ -30,8 +30,30 @@ fn dump(dir: &Path, (entry, name): (&str, &str), ckpt: &str, args: &[&str]) -> S
 
 /// `hsparity dump` of entry `entry` as it is (its own checkpoint, the floor
 /// measured) into `dir/entry.safetensors`.
-fn dump_entry(dir: &Path, entry: &str) -> String {
+pub(crate) fn dump_entry(dir: &Path, entry: &str) -> String {
     dump(dir, (entry, entry), &format!("{F}/{entry}/checkpoint"), &[])
+}
+
+/// `hsparity dump` of entry `entry`'s checkpoint with weight `key` replaced
+/// by `edit` of it (in f32, stored back as bf16), as `dir/changed.safetensors`.
+fn dump_changed(
+    dir: &Path,
+    entry: &str,
+    key: &str,
+    edit: impl FnOnce(candle_core::Tensor) -> candle_core::Tensor,
+) -> String {
+    let src = format!("{F}/{entry}/checkpoint");
+    let changed = dir.join("changed");
+    std::fs::create_dir(&changed).unwrap();
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(format!("{src}/{f}"), changed.join(f)).unwrap();
+    }
+    let dev = candle_core::Device::Cpu;
+    let mut all = candle_core::safetensors::load(format!("{src}/model.safetensors"), &dev).unwrap();
+    let w = edit(all[key].to_dtype(candle_core::DType::F32).unwrap());
+    all.insert(key.into(), w.to_dtype(candle_core::DType::BF16).unwrap());
+    candle_core::safetensors::save(&all, changed.join("model.safetensors")).unwrap();
+    dump(dir, (entry, "changed"), changed.to_str().unwrap(), &[])
 }
 
 /// `hsparity diff A B --json` (extra `args`), which must exit `code`.
@@ -121,25 +143,13 @@ fn without_the_floor_rows_carry_no_band() {
 fn a_real_difference_lies_far_beyond_the_floor() {
     let tmp = tempfile::tempdir().unwrap();
     let entry = "dense-s0-bf16";
-    let changed = tmp.path().join("changed");
-    std::fs::create_dir(&changed).unwrap();
-    let src = format!("{F}/{entry}/checkpoint");
-    for f in ["config.json", "generation_config.json"] {
-        std::fs::copy(format!("{src}/{f}"), changed.join(f)).unwrap();
-    }
-    let dev = candle_core::Device::Cpu;
-    let mut all = candle_core::safetensors::load(format!("{src}/model.safetensors"), &dev).unwrap();
-    let key = "model.layers.0.mlp.down_proj.weight";
-    let w = all[key].to_dtype(candle_core::DType::F32).unwrap();
-    let w = (w * (1.0 + 1.0 / 32.0)).unwrap();
-    all.insert(key.into(), w.to_dtype(candle_core::DType::BF16).unwrap());
-    candle_core::safetensors::save(&all, changed.join("model.safetensors")).unwrap();
-    let ours = dump(
+    let ours = dump_changed(
         tmp.path(),
-        (entry, "changed"),
-        changed.to_str().unwrap(),
-        &[],
+        entry,
+        "model.layers.0.mlp.down_proj.weight",
+        |w| (w * (1.0 + 1.0 / 32.0)).unwrap(),
     );
+    let src = format!("{F}/{entry}/checkpoint");
     let theirs = format!("{F}/{entry}/transformers.safetensors");
     let d = diff(&ours, &theirs, &[], 0);
     let hs1 = &d["pairs"][0]["hidden_states"][1];
@@ -416,32 +426,14 @@ fn router_flips_are_read_against_the_noise_shadows() {
         notes.contains("router floor: no MoE layer flips more"),
         "{notes}"
     );
-    let src = format!("{F}/{entry}/checkpoint");
-    let changed = tmp.path().join("changed");
-    std::fs::create_dir(&changed).unwrap();
-    for f in ["config.json", "generation_config.json"] {
-        std::fs::copy(format!("{src}/{f}"), changed.join(f)).unwrap();
-    }
-    let dev = candle_core::Device::Cpu;
-    let mut all = candle_core::safetensors::load(format!("{src}/model.safetensors"), &dev).unwrap();
-    let key = "model.layers.1.mlp.gate.weight";
-    let w = all[key].to_dtype(candle_core::DType::F32).unwrap();
-    let signs: Vec<f32> = (0..w.elem_count())
-        .map(|i| if (i * 7) % 3 == 0 { 1.03 } else { 0.97 })
-        .collect();
-    let signs = candle_core::Tensor::from_vec(signs, w.dims(), &dev).unwrap();
-    let w = (w * signs)
-        .unwrap()
-        .to_dtype(candle_core::DType::BF16)
-        .unwrap();
-    all.insert(key.into(), w);
-    candle_core::safetensors::save(&all, changed.join("model.safetensors")).unwrap();
-    let ours = dump(
-        tmp.path(),
-        (entry, "changed"),
-        changed.to_str().unwrap(),
-        &[],
-    );
+    // Layer 1's router weight, each entry 3 % up or down.
+    let ours = dump_changed(tmp.path(), entry, "model.layers.1.mlp.gate.weight", |w| {
+        let signs: Vec<f32> = (0..w.elem_count())
+            .map(|i| if (i * 7) % 3 == 0 { 1.03 } else { 0.97 })
+            .collect();
+        let signs = candle_core::Tensor::from_vec(signs, w.dims(), w.device()).unwrap();
+        (w * signs).unwrap()
+    });
     // The change moves the states past bf16's tolerance too (exit 1); the
     // router floor names the layer.
     let d = diff(&ours, &theirs, &[], 1);

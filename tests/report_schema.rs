@@ -534,29 +534,10 @@ fn moe_reports_validate() {
     // A diff of an hsparity MoE dump (its floor with the shadow's router
     // flips) against transformers' dump (router choices recorded).
     let tmp = tempfile::tempdir().unwrap();
-    let ours = tmp.path().join("ours.safetensors");
+    let ours = crate::noise_floor::dump_entry(tmp.path(), "moe-s0-bf16");
     let entry = "fixtures/noise-floor/moe-s0-bf16";
-    let prompts = format!("{entry}/prompts.jsonl");
-    let (code, _, err) = hsparity(&[
-        "dump",
-        &format!("{entry}/checkpoint"),
-        "--path",
-        "causal-lm",
-        "--prompts",
-        &prompts,
-        "--quiet",
-        "--out",
-        ours.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
     let theirs = format!("{entry}/transformers.safetensors");
-    let (code, out, err) = hsparity(&[
-        "diff",
-        ours.to_str().unwrap(),
-        &theirs,
-        "--json",
-        "--no-report",
-    ]);
+    let (code, out, err) = hsparity(&["diff", &ours, &theirs, "--json", "--no-report"]);
     assert_eq!(code, 0, "{err}");
     let r = json(&out, "diff (moe)");
     v.check("diff --json (moe, routers against the floor)", &r);

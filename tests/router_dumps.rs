@@ -36,15 +36,7 @@ fn dump_moe(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
 }
 
 fn diff_json(a: &std::path::Path, b: &std::path::Path) -> (i32, Value, String) {
-    let o = hsparity()
-        .arg("diff")
-        .args([a, b])
-        .args(["--json", "--no-report"])
-        .output()
-        .unwrap();
-    let v = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    (o.status.code().unwrap(), v, err)
+    crate::diff::diff(&[a.to_str().unwrap(), b.to_str().unwrap()])
 }
 
 /// The router cells of a diff's rows, by `hidden_states` index.
@@ -414,22 +406,8 @@ fn router_choices_not_on_a_row_are_named() {
 #[test]
 fn a_floor_with_other_router_counts_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("floor.safetensors");
+    let out = std::path::PathBuf::from(crate::noise_floor::dump_entry(tmp.path(), "moe-s0-bf16"));
     let entry = "fixtures/noise-floor/moe-s0-bf16";
-    let prompts = format!("{entry}/prompts.jsonl");
-    hsparity()
-        .args([
-            "dump",
-            &format!("{entry}/checkpoint"),
-            "--path",
-            "causal-lm",
-            "--prompts",
-            &prompts,
-        ])
-        .args(["--quiet", "--out"])
-        .arg(&out)
-        .assert()
-        .success();
     let meta = |p: &std::path::Path| {
         let bytes = std::fs::read(p).unwrap();
         let (_, m) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();

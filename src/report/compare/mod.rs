@@ -369,7 +369,7 @@ pub fn pair_table(report: &Compare, pair: &PairReport) -> Table {
 
 /// True when the pair's layers are MoE layers (rows carry router agreements).
 pub fn has_router(pair: &PairReport) -> bool {
-    pair.hidden_states.iter().any(|r| r.router.is_some())
+    pair.router_totals().is_some()
 }
 
 /// The header of the router column of pair tables (`compare`, `diff`).
