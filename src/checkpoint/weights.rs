@@ -134,29 +134,35 @@ impl Weights {
         let src = self.span(t, 0, n * k * 2)?;
         let pairs = k.div_ceil(2);
         let mut words = vec![0u32; n * pairs];
-        // bf16 NaN: exponent all ones, mantissa non-zero; Inf: mantissa zero.
-        let class = |v: u16| match (v & 0x7f80 == 0x7f80, v & 0x007f != 0) {
-            (true, true) => (1, 0),
-            (true, false) => (0, 1),
-            _ => (0, 0),
+        // bf16 NaN: exponent all ones, mantissa non-zero; Inf: mantissa zero
+        // (branch-free, so the loop below vectorises).
+        let class = |v: u32| {
+            let ones = usize::from(v & 0x7f80 == 0x7f80);
+            let mant = usize::from(v & 0x007f != 0);
+            (ones & mant, ones & (1 - mant))
         };
         let (nan, inf) = words
             .par_chunks_mut(pairs.max(1))
             .zip(src.par_chunks(2 * k.max(1)))
             .map(|(out, row)| {
                 let (mut nan, mut inf) = (0usize, 0usize);
-                for (o, two) in out.iter_mut().zip(row.chunks(4)) {
-                    let hi = u16::from_le_bytes([two[0], two[1]]);
-                    let lo = match two {
-                        [_, _, a, b] => u16::from_le_bytes([*a, *b]),
-                        _ => 0,
-                    };
-                    for v in [hi, lo] {
-                        let (a, b) = class(v);
-                        nan += a;
-                        inf += b;
-                    }
-                    *o = u32::from(hi) << 16 | u32::from(lo);
+                let body = row.chunks_exact(4);
+                let odd = body.remainder();
+                for (o, four) in out.iter_mut().zip(body) {
+                    // Little-endian: the pair's first value in the low half.
+                    let w = u32::from_le_bytes([four[0], four[1], four[2], four[3]]);
+                    let (a, b) = class(w & 0xffff);
+                    let (c, d) = class(w >> 16);
+                    nan += a + c;
+                    inf += b + d;
+                    *o = w.rotate_left(16);
+                }
+                if let [lo, hi] = *odd {
+                    let v = u16::from_le_bytes([lo, hi]);
+                    let (a, b) = class(u32::from(v));
+                    nan += a;
+                    inf += b;
+                    out[pairs - 1] = u32::from(v) << 16;
                 }
                 (nan, inf)
             })

@@ -200,6 +200,35 @@ fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
+/// `y += c·rows[j]` for each term `(j, c)` in order (`rows` row-major,
+/// `y.len()` wide): bitwise `for (j, c) in terms { axpy(y, c, row j) }`
+/// (each element adds its terms in that order, one rounding per product
+/// and per addition), with a block of `y` held in registers across the
+/// terms instead of stored and loaded once per term.
+#[inline(always)]
+fn axpy_terms(y: &mut [f32], terms: &[(usize, f32)], rows: &[f32]) {
+    const L: usize = 64;
+    let w = y.len();
+    let mut x0 = 0;
+    while x0 + L <= w {
+        let mut acc = [0f32; L];
+        acc.copy_from_slice(&y[x0..x0 + L]);
+        for &(j, c) in terms {
+            let r = &rows[j * w + x0..j * w + x0 + L];
+            for (yl, &rl) in acc.iter_mut().zip(r) {
+                *yl += c * rl;
+            }
+        }
+        y[x0..x0 + L].copy_from_slice(&acc);
+        x0 += L;
+    }
+    if x0 < w {
+        for &(j, c) in terms {
+            axpy(&mut y[x0..], c, &rows[j * w + x0..(j + 1) * w]);
+        }
+    }
+}
+
 /// Per-head outputs `[heads][T·dv]` → `[T, heads, dv]`.
 fn interleave_heads(per: &[Vec<f32>], t: usize, dv: usize) -> Vec<f32> {
     let nh = per.len();
@@ -274,6 +303,7 @@ fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec
         // Forward substitution: U = (I+L)^{-1} βV, W = (I+L)^{-1} βK e^γ.
         let mut u = vec![0f32; n * dv];
         let mut w = vec![0f32; n * dk];
+        let mut terms: Vec<(usize, f32)> = Vec::with_capacity(n.max(dk));
         for i in 0..n {
             let eg = gam[i].exp();
             for c in 0..dv {
@@ -282,49 +312,54 @@ fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec
             for c in 0..dk {
                 w[i * dk + c] = bc[i] * kc[i * dk + c] * eg;
             }
-            for j in 0..i {
-                let lij = l[i * n + j];
-                if lij == 0.0 {
-                    continue;
-                }
-                let (ub, ui) = u.split_at_mut(i * dv);
-                axpy(&mut ui[..dv], -lij, &ub[j * dv..(j + 1) * dv]);
-                let (wb, wi) = w.split_at_mut(i * dk);
-                axpy(&mut wi[..dk], -lij, &wb[j * dk..(j + 1) * dk]);
-            }
+            // The earlier rows with a non-zero L[i][j] (a zero one is skipped:
+            // adding its product could turn a −0 into +0).
+            terms.clear();
+            terms.extend(
+                (0..i)
+                    .filter(|&j| l[i * n + j] != 0.0)
+                    .map(|j| (j, -l[i * n + j])),
+            );
+            let (ub, ui) = u.split_at_mut(i * dv);
+            axpy_terms(&mut ui[..dv], &terms, ub);
+            let (wb, wi) = w.split_at_mut(i * dk);
+            axpy_terms(&mut wi[..dk], &terms, wb);
         }
         // v_new = U − W S.
         let mut v_new = u;
         for i in 0..n {
             let vi = &mut v_new[i * dv..(i + 1) * dv];
-            for a in 0..dk {
-                axpy(vi, -w[i * dk + a], &s[a * dv..(a + 1) * dv]);
-            }
+            terms.clear();
+            terms.extend(
+                w[i * dk..(i + 1) * dk]
+                    .iter()
+                    .enumerate()
+                    .map(|(a, &wa)| (a, -wa)),
+            );
+            axpy_terms(vi, &terms, s);
         }
         // o = (Q e^γ) S + ((Q Kᵀ) ⊙ Γ) v_new.
         for i in 0..n {
             let o = &mut oh[(start + i) * dv..(start + i + 1) * dv];
             let eg = gam[i].exp();
             let qi = &qc[i * dk..(i + 1) * dk];
-            for a in 0..dk {
-                axpy(o, qi[a] * eg, &s[a * dv..(a + 1) * dv]);
-            }
+            terms.clear();
+            terms.extend(qi.iter().enumerate().map(|(a, &qa)| (a, qa * eg)));
+            axpy_terms(o, &terms, s);
             dots_with_keys(&mut dots[..=i], qi, &kt, n);
-            for j in 0..=i {
-                let aij = dots[j] * decay[i * n + j];
-                axpy(o, aij, &v_new[j * dv..(j + 1) * dv]);
-            }
+            terms.clear();
+            terms.extend((0..=i).map(|j| (j, dots[j] * decay[i * n + j])));
+            axpy_terms(o, &terms, &v_new);
         }
         // S ← e^{γ_last} S + Σ_i (k_i e^{γ_last−γ_i}) ⊗ v_new_i.
         let glast = gam[n - 1];
         let el = glast.exp();
         s.iter_mut().for_each(|x| *x *= el);
-        for i in 0..n {
-            let f = (glast - gam[i]).exp();
-            let vi = &v_new[i * dv..(i + 1) * dv];
-            for a in 0..dk {
-                axpy(&mut s[a * dv..(a + 1) * dv], kc[i * dk + a] * f, vi);
-            }
+        let f: Vec<f32> = gam.iter().map(|&gi| (glast - gi).exp()).collect();
+        for a in 0..dk {
+            terms.clear();
+            terms.extend((0..n).map(|i| (i, kc[i * dk + a] * f[i])));
+            axpy_terms(&mut s[a * dv..(a + 1) * dv], &terms, &v_new);
         }
         start += n;
     }
