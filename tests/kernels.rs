@@ -19,13 +19,13 @@ use crate::common::{self, bits, matrix, BLOCKED_SHAPES};
 use candle_core::Tensor;
 use hsparity::kernels::{self, Capabilities, Kernel, Pairs, Route, Stored, Weight};
 use hsparity::models::layers::{linear, pairs_of, Matrix};
-use hsparity::precision::Precision;
+use hsparity::precision::{Precision, ProductRounding};
 use proptest::prelude::*;
 
 /// True when `kernel` may run here. Otherwise writes `SKIPPED test: why` to
 /// the process's stderr and returns false, or fails the test when
 /// `HSPARITY_REQUIRE_KERNELS` (comma-separated names) lists the kernel.
-fn runs_here(kernel: Kernel, test: &str) -> bool {
+pub(crate) fn runs_here(kernel: Kernel, test: &str) -> bool {
     let caps = kernels::capabilities();
     if caps.available().contains(&kernel.name()) {
         return true;
@@ -41,6 +41,7 @@ fn runs_here(kernel: Kernel, test: &str) -> bool {
     let switches = [
         (caps.no_avx512_gemm, "HSPARITY_NO_AVX512_GEMM"),
         (caps.no_bf16_dot, "HSPARITY_NO_BF16_DOT"),
+        (caps.no_amx, "HSPARITY_NO_AMX"),
         (caps.no_avx512_delta, "HSPARITY_NO_AVX512_DELTA"),
     ];
     let off: Vec<&str> = switches.iter().filter(|s| s.0).map(|s| s.1).collect();
@@ -74,11 +75,21 @@ fn values(t: &Tensor) -> Vec<f32> {
     t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
 }
 
-/// `plan` then `run` on tensors: `[m, n]`, or `None` when no kernel is
-/// planned or the bf16 kernel declines the input.
+/// This process's capabilities with the AMX kernel off: the kernels that
+/// give candle's bits (the AMX kernel's sums are its own, tested in
+/// `amx_kernel.rs`).
+fn candle_order() -> Capabilities {
+    Capabilities {
+        no_amx: true,
+        ..*kernels::capabilities()
+    }
+}
+
+/// `plan` (under [`candle_order`]) then `run` on tensors: `[m, n]`, or
+/// `None` when no kernel is planned or the bf16 kernel declines the input.
 fn by_kernel(x: &Tensor, w: &Tensor, stored: Stored) -> Option<Tensor> {
     let ((m, k), (n, _)) = (x.dims2().unwrap(), w.dims2().unwrap());
-    let plan = kernels::plan(m, n, k, stored, kernels::capabilities())?;
+    let plan = kernels::plan(m, n, k, stored, &candle_order())?;
     let (xv, wv) = (values(x), values(w));
     let pairs = pairs_of(w).ok();
     let weight = match stored {
@@ -202,7 +213,7 @@ fn the_bf16_kernel_gives_the_bits_of_the_f32_gemm() {
             matrix(m, k, 1 + m as u64, true),
             matrix(n, k, 7 + k as u64, true),
         );
-        let plan = kernels::plan(m, n, k, Stored::Bf16, kernels::capabilities()).unwrap();
+        let plan = kernels::plan(m, n, k, Stored::Bf16, &candle_order()).unwrap();
         assert_eq!(plan.kernel(), Kernel::Bf16Gemm, "[{m}, {n}, {k}] is taken");
         let got = by_kernel(&x, &w, Stored::Bf16).expect("bf16 inputs");
         let want = x.matmul(&w.t().unwrap()).unwrap();
@@ -239,7 +250,8 @@ proptest! {
             prop_assert_eq!(&got, &want, "[{}, {}, {}] {:?} f32 weight", m, n, k, prec);
             let packed = Matrix::bf16(&w).unwrap();
             let got = packed.linear(&x, prec).map(|t| bits(&t)).map_err(|e| e.to_string());
-            prop_assert_eq!(&got, &want, "[{}, {}, {}] {:?} bf16 pairs", m, n, k, prec);
+            let want_packed = packed_want(&x, &w, prec).map(|t| bits(&t)).map_err(|e| e.to_string());
+            prop_assert_eq!(&got, &want_packed, "[{}, {}, {}] {:?} bf16 pairs", m, n, k, prec);
             if m > 0 {
                 let rows = plain.linear_each_row(&x, prec).map(|t| bits(&t)).map_err(|e| e.to_string());
                 let one: std::result::Result<Vec<u32>, String> = (0..m)
@@ -252,9 +264,28 @@ proptest! {
     }
 }
 
+/// What `Matrix::linear` on bf16 pairs gives: `linear` on the f32 weight,
+/// except where this process plans the AMX kernel for the shape (its sums
+/// are the tile unit's, tested against the instruction tile by tile in
+/// `amx_kernel.rs`): there that kernel's sums, rounded to `prec`.
+fn packed_want(x: &Tensor, w: &Tensor, prec: Precision) -> hsparity::error::Result<Tensor> {
+    if let (Ok((m, k)), Ok((n, _))) = (x.dims2(), w.dims2()) {
+        let amx = kernels::plan(m, n, k, Stored::Bf16, kernels::capabilities())
+            .filter(|p| p.kernel() == Kernel::Bf16Amx);
+        if let (Some(plan), Ok(pairs)) = (amx, pairs_of(w)) {
+            if let Some(y) = plan.run(&values(x), Weight::Bf16(&pairs))? {
+                let y = Tensor::from_vec(y, (m, n), x.device())?;
+                return prec.round_products(&y, k, ProductRounding::Nearest);
+            }
+        }
+    }
+    linear(x, w, prec)
+}
+
 /// `Matrix::linear` equals `linear` on the f32 weight for the kernels'
 /// shapes and for those they leave to candle (one row, one column,
-/// `m·n <= 256`, `k <= 2`), in bf16 and f32.
+/// `m·n <= 256`, `k <= 2`), in bf16 and f32 (bf16 pairs: the AMX kernel's
+/// sums where it runs, [`packed_want`]).
 #[test]
 fn a_bf16_matrix_gives_the_bits_of_linear_on_every_shape() {
     let others = [
@@ -275,7 +306,8 @@ fn a_bf16_matrix_gives_the_bits_of_linear_on_every_shape() {
             assert!(bits(&plain.linear(&x, prec).unwrap()) == bits(&want));
             let packed = Matrix::bf16(&w).unwrap();
             assert!(
-                bits(&packed.linear(&x, prec).unwrap()) == bits(&want),
+                bits(&packed.linear(&x, prec).unwrap())
+                    == bits(&packed_want(&x, &w, prec).unwrap()),
                 "[{m}, {k}] x [{n}, {k}] {prec:?}: bits differ from linear"
             );
         }
@@ -506,6 +538,9 @@ fn report(args: &[&str], candle_only: bool) -> (serde_json::Value, Vec<String>) 
     let mut cmd = common::hsparity();
     cmd.args(["compare", "--json", "--no-report", "--quiet"])
         .args(args);
+    // Both runs in candle's sums (the AMX kernel's are its own:
+    // `amx_kernel.rs` compares its runs to the noise floor).
+    cmd.env("HSPARITY_NO_AMX", "1");
     if candle_only {
         cmd.env("HSPARITY_NO_AVX512_GEMM", "1")
             .env("HSPARITY_NO_BF16_DOT", "1")

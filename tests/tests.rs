@@ -30,6 +30,7 @@ mod router_dumps;
 // hsparity's own kernels and bitwise refactors of the forward: every fast
 // path against candle's product (or the slow path it replaces), bit for bit.
 // A new kernel or a new way to batch the forward is tested here.
+mod amx_kernel;
 mod batched_forward;
 mod decode_steps;
 mod kernels;

@@ -167,6 +167,11 @@ pub fn run_checked(
         &pb,
     )?;
     pb.finish();
+    // Which kernels summed the products: a bf16 dump made with the AMX
+    // kernel agrees with another machine's to the noise floor, not bitwise.
+    obs.dump
+        .metadata
+        .insert("kernels".into(), crate::kernels::ran().join(","));
     if let Some(floor) = obs.floor.take().filter(|f| !f.rows.is_empty()) {
         obs.dump
             .metadata

@@ -9,7 +9,8 @@
 //! The policy, in one place:
 //! - [`Capabilities`] is read once per process ([`capabilities`]): the CPU's
 //!   features (CPUID) and the environment switches (`HSPARITY_NO_AVX512_GEMM`,
-//!   `HSPARITY_NO_BF16_DOT`, `HSPARITY_NO_AVX512_DELTA`, set to any value).
+//!   `HSPARITY_NO_BF16_DOT`, `HSPARITY_NO_AMX`, `HSPARITY_NO_AVX512_DELTA`,
+//!   set to any value).
 //! - [`plan`] answers "which kernel computes `x [m, k] · w [n, k]ᵀ` exactly
 //!   here?" for every kernel, from candle's route for that shape
 //!   ([`routes::route`]) and the capabilities; `None` means candle's GEMM.
@@ -25,9 +26,14 @@
 //!   the capabilities are all off, no plan is made, and candle's GEMM
 //!   computes everything, with the same results.
 //!
-//! The switches change speed only: which kernel computes a product, never
-//! the bits, and never which checks a command runs (`compare` decides its
-//! incremental check from the CPU, [`Capabilities::cpu_reads_weights_once`]).
+//! Every kernel but one gives candle's bits, so those switches change speed
+//! only. The exception is [`Kernel::Bf16Amx`]: on a CPU with AMX-BF16 a
+//! model computing in bf16 takes its products on AMX tiles, whose sums are
+//! the tile unit's, not candle's (its module docs, `x86_64/amx.rs`); so a
+//! bf16 run's numbers there agree with other CPUs' to the noise floor, not
+//! bitwise, and `HSPARITY_NO_AMX` brings candle's sums back. No switch
+//! changes which checks a command runs (`compare` decides its incremental
+//! check from the CPU, [`Capabilities::cpu_reads_weights_once`]).
 
 pub mod routes;
 
@@ -54,10 +60,15 @@ pub struct Capabilities {
     /// AVX512-BF16 whose `vdpbf16ps` adds as the bf16 kernel assumes
     /// (probed once: odd element first, each addition rounded).
     pub avx512bf16: bool,
+    /// AMX-BF16 and AMX-TILE, the tile state granted by the OS and a tile
+    /// product checked on known values.
+    pub amx_bf16: bool,
     /// `HSPARITY_NO_AVX512_GEMM` is set: the f32 and single-row kernels off.
     pub no_avx512_gemm: bool,
     /// `HSPARITY_NO_BF16_DOT` is set: the bf16 kernel off.
     pub no_bf16_dot: bool,
+    /// `HSPARITY_NO_AMX` is set: the AMX kernel off (candle's sums).
+    pub no_amx: bool,
     /// `HSPARITY_NO_AVX512_DELTA` is set: the delta rule's AVX-512F build off
     /// (its AVX2 build runs).
     pub no_avx512_delta: bool,
@@ -73,6 +84,7 @@ impl Capabilities {
         Self {
             no_avx512_gemm: std::env::var_os("HSPARITY_NO_AVX512_GEMM").is_some(),
             no_bf16_dot: std::env::var_os("HSPARITY_NO_BF16_DOT").is_some(),
+            no_amx: std::env::var_os("HSPARITY_NO_AMX").is_some(),
             no_avx512_delta: std::env::var_os("HSPARITY_NO_AVX512_DELTA").is_some(),
             ..cpu
         }
@@ -94,6 +106,17 @@ impl Capabilities {
         self.avx512f && self.avx512bf16 && !self.no_bf16_dot
     }
 
+    /// The AMX kernel may run.
+    pub fn bf16_amx(&self) -> bool {
+        self.amx_bf16 && !self.no_amx
+    }
+
+    /// A bf16 weight may be kept as its [`Pairs`] (a bf16 kernel may read
+    /// them).
+    pub fn keeps_bf16_pairs(&self) -> bool {
+        self.bf16_gemm() || self.bf16_amx()
+    }
+
     /// A cached decode's single-token steps can read each weight once for
     /// all steps on this CPU (the single-row kernel exists here), whatever
     /// the switches say: what `compare` decides its default incremental
@@ -108,6 +131,7 @@ impl Capabilities {
             (self.avx2, "avx2"),
             (self.avx512f, "avx512f"),
             (self.avx512bf16, "avx512bf16"),
+            (self.amx_bf16, "amx-bf16"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -121,6 +145,7 @@ impl Capabilities {
             .filter(|k| match k {
                 Kernel::F32Gemm | Kernel::Gemv => self.avx512_gemm(),
                 Kernel::Bf16Gemm => self.bf16_gemm(),
+                Kernel::Bf16Amx => self.bf16_amx(),
                 Kernel::DeltaRuleAvx2 => self.avx2,
                 Kernel::DeltaRuleAvx512 => self.avx512f && !self.no_avx512_delta,
             })
@@ -142,6 +167,9 @@ pub enum Kernel {
     F32Gemm,
     /// candle's blocked f32 route on bf16 pairs (`vdpbf16ps`).
     Bf16Gemm,
+    /// bf16 pairs on AMX tiles (`TDPBF16PS`), in the tile unit's sums, not
+    /// candle's.
+    Bf16Amx,
     /// candle's single-row route, many rows in one pass over the weight.
     Gemv,
     /// The Gated DeltaNet's head loops compiled for AVX2
@@ -153,9 +181,10 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel, in the order reports list them.
-    pub const ALL: [Kernel; 5] = [
+    pub const ALL: [Kernel; 6] = [
         Kernel::F32Gemm,
         Kernel::Bf16Gemm,
+        Kernel::Bf16Amx,
         Kernel::Gemv,
         Kernel::DeltaRuleAvx2,
         Kernel::DeltaRuleAvx512,
@@ -166,6 +195,7 @@ impl Kernel {
         match self {
             Kernel::F32Gemm => "f32-gemm-avx512",
             Kernel::Bf16Gemm => "bf16-gemm-avx512bf16",
+            Kernel::Bf16Amx => "bf16-gemm-amx",
             Kernel::Gemv => "gemv-avx512",
             Kernel::DeltaRuleAvx2 => "delta-rule-avx2",
             Kernel::DeltaRuleAvx512 => "delta-rule-avx512",
@@ -232,15 +262,18 @@ pub struct Plan {
 }
 
 /// The kernel that computes `x [m, k] · w [n, k]ᵀ` (`w` held as `stored`)
-/// bit for bit as candle's CPU matmul does, under `caps`; `None`: candle's
+/// bit for bit as candle's CPU matmul does, under `caps` — or, for bf16
+/// pairs on a CPU with AMX-BF16, in the tile unit's sums; `None`: candle's
 /// GEMM (the route no kernel here reproduces, or a CPU or switch without
 /// it). For a bf16 weight on the blocked route where the bf16 kernel cannot
 /// sum as candle does (an odd k-block) the plan is the f32 kernel, which
 /// needs the weight widened.
 ///
 /// - a single row on candle's gemv route: [`Kernel::Gemv`];
-/// - the blocked route: [`Kernel::Bf16Gemm`] for bf16 pairs with an even
-///   k-block (or one block), else [`Kernel::F32Gemm`];
+/// - the blocked route: [`Kernel::Bf16Amx`] for bf16 pairs where AMX may
+///   run (any k-block: its sums are its own), else [`Kernel::Bf16Gemm`] for
+///   bf16 pairs with an even k-block (or one block), else
+///   [`Kernel::F32Gemm`];
 /// - anything else (`m·n <= 256`, `k <= 2`, a single column): none.
 pub fn plan(m: usize, n: usize, k: usize, stored: Stored, caps: &Capabilities) -> Option<Plan> {
     let make = |kernel, kc| Plan {
@@ -254,7 +287,9 @@ pub fn plan(m: usize, n: usize, k: usize, stored: Stored, caps: &Capabilities) -
         Route::Gemv if m == 1 && caps.avx512_gemm() => Some(make(Kernel::Gemv, k)),
         Route::Blocked { kc, .. } => {
             let pairs_fit = kc.is_multiple_of(2) || kc >= k;
-            if stored == Stored::Bf16 && pairs_fit && caps.bf16_gemm() {
+            if stored == Stored::Bf16 && caps.bf16_amx() {
+                Some(make(Kernel::Bf16Amx, kc))
+            } else if stored == Stored::Bf16 && pairs_fit && caps.bf16_gemm() {
                 Some(make(Kernel::Bf16Gemm, kc))
             } else if caps.avx512_gemm() {
                 Some(make(Kernel::F32Gemm, kc))
@@ -272,7 +307,8 @@ impl Plan {
         self.kernel
     }
 
-    /// The k-block the sums are made in (`k` for [`Kernel::Gemv`]).
+    /// The k-block the sums are made in (`k` for [`Kernel::Gemv`]; candle's
+    /// for [`Kernel::Bf16Amx`], which sums 16 pairs per tile step instead).
     pub fn kc(&self) -> usize {
         self.kc
     }
@@ -314,7 +350,7 @@ impl Plan {
             return Err(refuse("the input does not hold [m, k]"));
         }
         let wants = match self.kernel {
-            Kernel::Bf16Gemm => Some(Stored::Bf16),
+            Kernel::Bf16Gemm | Kernel::Bf16Amx => Some(Stored::Bf16),
             Kernel::F32Gemm => Some(Stored::F32),
             _ => None,
         };
@@ -327,6 +363,7 @@ impl Plan {
         let here = match self.kernel {
             Kernel::F32Gemm | Kernel::Gemv => cpu.avx512f,
             Kernel::Bf16Gemm => cpu.avx512f && cpu.avx512bf16,
+            Kernel::Bf16Amx => cpu.amx_bf16,
             Kernel::DeltaRuleAvx2 | Kernel::DeltaRuleAvx512 => false,
         };
         if !here {

@@ -310,10 +310,10 @@ pub struct Environment {
 /// candle's GEMM computed everything, with the same results).
 #[derive(Debug, Clone, Serialize)]
 pub struct KernelFacts {
-    /// CPU features (`avx2`, `avx512f`, `avx512bf16`).
+    /// CPU features (`avx2`, `avx512f`, `avx512bf16`, `amx-bf16`).
     pub cpu_features: Vec<&'static str>,
     /// Switches set in the environment (`HSPARITY_NO_AVX512_GEMM`, `HSPARITY_NO_BF16_DOT`,
-    /// `HSPARITY_NO_AVX512_DELTA`).
+    /// `HSPARITY_NO_AMX`, `HSPARITY_NO_AVX512_DELTA`).
     pub disabled_by: Vec<&'static str>,
     /// Kernels that may run.
     pub available: Vec<&'static str>,
@@ -328,6 +328,7 @@ impl KernelFacts {
         let disabled_by = [
             (caps.no_avx512_gemm, "HSPARITY_NO_AVX512_GEMM"),
             (caps.no_bf16_dot, "HSPARITY_NO_BF16_DOT"),
+            (caps.no_amx, "HSPARITY_NO_AMX"),
             (caps.no_avx512_delta, "HSPARITY_NO_AVX512_DELTA"),
         ]
         .into_iter()

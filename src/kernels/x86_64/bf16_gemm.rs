@@ -31,7 +31,6 @@
 //! same results. `HSPARITY_NO_BF16_DOT=1` forces that path.
 
 use super::tiles::{self, Tile};
-use crate::kernels::pairs::pair_of;
 use crate::kernels::Pairs;
 
 /// Probes the instruction on values where the order and the rounding of its
@@ -74,7 +73,7 @@ pub(super) unsafe fn matmul_nt(
     (m, n, k): (usize, usize, usize),
     kc: usize,
 ) -> Option<Vec<f32>> {
-    let a = pack_rows(x, m, k)?;
+    let a = tiles::pack_pairs(x, (m, k), m.div_ceil(16), k.div_ceil(2))?;
     // SAFETY: every tile lies inside a, the pairs and the output, and
     // `kernel` stores each element of its tile in the first k-block before
     // reading it.
@@ -83,27 +82,6 @@ pub(super) unsafe fn matmul_nt(
             tiles::by_shape!(kernel, &a, w.words(), c, t)
         })
     })
-}
-
-/// `x [m, k]` (f32) as swapped bf16 pairs, 16 rows per group:
-/// `[group][pair][lane]` = `x[2p] << 16 | x[2p + 1]` of row `16·group +
-/// lane` (0 past the last row or column). `None` when a value is not bf16.
-fn pack_rows(x: &[f32], m: usize, k: usize) -> Option<Vec<u32>> {
-    use rayon::prelude::*;
-    let (groups, pairs) = (m.div_ceil(16), k.div_ceil(2));
-    let mut out = vec![0u32; groups * pairs * 16];
-    let ok = out
-        .par_chunks_mut((pairs * 16).max(1))
-        .enumerate()
-        .all(|(g, group)| {
-            (g * 16..(g * 16 + 16).min(m)).all(|r| {
-                let (row, lane) = (&x[r * k..(r + 1) * k], r % 16);
-                row.chunks(2)
-                    .enumerate()
-                    .all(|(p, two)| pair_of(two).map(|w| group[p * 16 + lane] = w).is_some())
-            })
-        });
-    ok.then_some(out)
 }
 
 /// `V·16` rows × `C` columns: for each k-block, accumulators from +0 over

@@ -1,8 +1,10 @@
 //! The x86-64 kernels: AVX-512 FMA for f32 products and single rows,
-//! AVX512-BF16 for bf16 pairs, sharing one tile scheduler ([`tiles`]).
+//! AVX512-BF16 for bf16 pairs, sharing one tile scheduler ([`tiles`]), and
+//! AMX tiles for bf16 pairs ([`amx`]).
 //! Entered only through [`super::Plan::run`], so every kernel here runs on
 //! a CPU [`detect`] found its features on.
 
+mod amx;
 mod bf16_gemm;
 mod f32_gemm;
 mod gemv;
@@ -22,6 +24,7 @@ pub(super) fn detect() -> Capabilities {
         avx2,
         avx512f,
         avx512bf16,
+        amx_bf16: amx::detect(),
         ..Capabilities::default()
     }
 }
@@ -38,6 +41,7 @@ pub(super) fn run(plan: &Plan, x: &[f32], w: Weight<'_>) -> Option<Vec<f32>> {
                 Some(f32_gemm::matmul_nt(x, b, (m, n, k), plan.kc()))
             }
             (Kernel::Bf16Gemm, Weight::Bf16(p)) => bf16_gemm::matmul_nt(x, p, (m, n, k), plan.kc()),
+            (Kernel::Bf16Amx, Weight::Bf16(p)) => amx::matmul_nt(x, p, (m, n, k)),
             (Kernel::Gemv, w) => Some(gemv::rows_times(x, w, n, k)),
             // Refused by `Plan::run` before this point.
             _ => None,

@@ -57,14 +57,14 @@ pub(super) struct Tile {
 
 /// The output, shared by the threads, each writing its own columns.
 #[derive(Clone, Copy)]
-struct Out(*mut f32);
+pub(super) struct Out(pub(super) *mut f32);
 // SAFETY: threads write disjoint elements (their own column tiles).
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
 impl Out {
     /// The pointer (a method, so closures capture the `Send` wrapper whole).
-    fn ptr(self) -> *mut f32 {
+    pub(super) fn ptr(self) -> *mut f32 {
         self.0
     }
 }
@@ -154,4 +154,34 @@ pub(super) unsafe fn store<const V: usize, const C: usize>(
             }
         }
     }
+}
+
+/// `x [m, k]` (f32 holding bf16 values) as swapped bf16 pairs, 16 rows per
+/// group: `[group][pair][lane]` = `x[2p] << 16 | x[2p + 1]` of row
+/// `16·group + lane` (as [`crate::kernels::Pairs`] holds a weight's), zero
+/// past the last row or pair; `groups × pairs` of them (at least
+/// `m.div_ceil(16)` and `k.div_ceil(2)`), groups in parallel. `None` when
+/// a value is not bf16.
+#[inline(never)]
+pub(super) fn pack_pairs(
+    x: &[f32],
+    (m, k): (usize, usize),
+    groups: usize,
+    pairs: usize,
+) -> Option<Vec<u32>> {
+    use crate::kernels::pairs::pair_of;
+    use rayon::prelude::*;
+    let mut out = vec![0u32; groups * pairs * 16];
+    let ok = out
+        .par_chunks_mut((pairs * 16).max(1))
+        .enumerate()
+        .all(|(g, group)| {
+            (g * 16..(g * 16 + 16).min(m)).all(|r| {
+                let (row, lane) = (&x[r * k..(r + 1) * k], r % 16);
+                row.chunks(2)
+                    .enumerate()
+                    .all(|(p, two)| pair_of(two).map(|w| group[p * 16 + lane] = w).is_some())
+            })
+        });
+    ok.then_some(out)
 }

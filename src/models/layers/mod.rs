@@ -106,7 +106,9 @@ impl Matrix {
     ///
     /// Errors: not 2-D.
     pub fn of_param(w: Tensor, prec: Precision, keep_f32: bool) -> Result<Self> {
-        if !(prec == Precision::Bf16 && w.device().is_cpu() && kernels::capabilities().bf16_gemm())
+        if !(prec == Precision::Bf16
+            && w.device().is_cpu()
+            && kernels::capabilities().keeps_bf16_pairs())
         {
             return Self::new(w);
         }
@@ -152,6 +154,9 @@ impl Matrix {
     /// bit for bit: by the kernel [`kernels::plan`] names for the shape (a
     /// single row on the gemv route, the weight read as stored; the blocked
     /// route on the bf16 pairs, else on the f32 weight), else candle's GEMM.
+    /// The one exception: bf16 pairs on the blocked route on a CPU with
+    /// AMX-BF16 ([`kernels::Kernel::Bf16Amx`]) give the tile unit's sums,
+    /// which agree with `linear`'s to rounding, not bitwise.
     pub fn linear(&self, x: &Tensor, prec: Precision) -> Result<Tensor> {
         let y = match *x.dims() {
             [m, k] => match kernels::route(m, self.dims[0], k) {
@@ -168,9 +173,9 @@ impl Matrix {
     }
 
     /// `x · Wᵀ` on candle's blocked route by a kernel of hsparity's own, not
-    /// rounded: the bf16 pairs by the bf16 kernel (bf16 inputs, an even
-    /// k-block), else the f32 weight by the f32 kernel; `None` where neither
-    /// computes it.
+    /// rounded: the bf16 pairs by the AMX kernel or the bf16 kernel (bf16
+    /// inputs; an even k-block for the latter), else the f32 weight by the
+    /// f32 kernel; `None` where none computes it.
     fn blocked(&self, x: &Tensor) -> Result<Option<Tensor>> {
         let ((m, k), n) = (x.dims2()?, self.dims[0]);
         if !x.device().is_cpu() {
@@ -179,7 +184,10 @@ impl Matrix {
         let caps = kernels::capabilities();
         if let Some(p) = &self.pairs {
             if let Some(plan) = kernels::plan(m, n, k, Stored::Bf16, caps) {
-                if plan.kernel() == kernels::Kernel::Bf16Gemm {
+                if matches!(
+                    plan.kernel(),
+                    kernels::Kernel::Bf16Gemm | kernels::Kernel::Bf16Amx
+                ) {
                     if let Some(y) = with_f32(x, |v| plan.run(v, Weight::Bf16(p)))?? {
                         return Ok(Some(Tensor::from_vec(y, (m, n), x.device())?));
                     }
@@ -278,7 +286,7 @@ impl Matrix {
 /// reads them as stored; f32 otherwise.
 pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Matrix> {
     let rounding = src.product_rounding();
-    if prec == Precision::Bf16 && kernels::capabilities().bf16_gemm() {
+    if prec == Precision::Bf16 && kernels::capabilities().keeps_bf16_pairs() {
         // Stored in bf16: the pairs straight from the checkpoint's bytes.
         if let Some((dims, words)) = src.bf16_pairs(name)? {
             return Ok(Matrix::of_pairs(Pairs::from_words(dims, words)?).with_rounding(rounding));
