@@ -265,6 +265,13 @@ fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec
     let mut oh = vec![0f32; t * dv];
     let mut kt = vec![0f32; dk * CHUNK_SIZE];
     let mut dots = vec![0f32; CHUNK_SIZE];
+    // Per-chunk scratch, made once per head: every element a chunk reads it
+    // writes first (decay and L at j ≤ i and j < i, U and W row by row).
+    let c = CHUNK_SIZE;
+    let (mut gam_buf, mut f_buf) = (vec![0f32; c], vec![0f32; c]);
+    let (mut decay_buf, mut l_buf) = (vec![0f32; c * c], vec![0f32; c * c]);
+    let (mut u_buf, mut w_buf) = (vec![0f32; c * dv], vec![0f32; c * dk]);
+    let mut terms: Vec<(usize, f32)> = Vec::with_capacity(c.max(dk));
     let mut start = 0;
     while start < t {
         let n = CHUNK_SIZE.min(t - start);
@@ -272,7 +279,7 @@ fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec
         let kc = &k[start * dk..(start + n) * dk];
         let vc = &v[start * dv..(start + n) * dv];
         let bc = &b[start..start + n];
-        let mut gam = vec![0f32; n];
+        let gam = &mut gam_buf[..n];
         let mut acc = 0f32;
         for i in 0..n {
             acc += g[start + i];
@@ -286,14 +293,14 @@ fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec
             }
         }
         // decay[i][j] = exp(γ_i − γ_j), j ≤ i.
-        let mut decay = vec![0f32; n * n];
+        let decay = &mut decay_buf[..n * n];
         for i in 0..n {
             for j in 0..=i {
                 decay[i * n + j] = (gam[i] - gam[j]).exp();
             }
         }
         // L[i][j] = β_i (k_i·k_j) Γ_ij, j < i.
-        let mut l = vec![0f32; n * n];
+        let l = &mut l_buf[..n * n];
         for i in 0..n {
             dots_with_keys(&mut dots[..i], &kc[i * dk..(i + 1) * dk], &kt, n);
             for j in 0..i {
@@ -301,9 +308,8 @@ fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec
             }
         }
         // Forward substitution: U = (I+L)^{-1} βV, W = (I+L)^{-1} βK e^γ.
-        let mut u = vec![0f32; n * dv];
-        let mut w = vec![0f32; n * dk];
-        let mut terms: Vec<(usize, f32)> = Vec::with_capacity(n.max(dk));
+        let u = &mut u_buf[..n * dv];
+        let w = &mut w_buf[..n * dk];
         for i in 0..n {
             let eg = gam[i].exp();
             for c in 0..dv {
@@ -326,7 +332,7 @@ fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec
             axpy_terms(&mut wi[..dk], &terms, wb);
         }
         // v_new = U − W S.
-        let mut v_new = u;
+        let v_new = u;
         for i in 0..n {
             let vi = &mut v_new[i * dv..(i + 1) * dv];
             terms.clear();
@@ -349,17 +355,20 @@ fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec
             dots_with_keys(&mut dots[..=i], qi, &kt, n);
             terms.clear();
             terms.extend((0..=i).map(|j| (j, dots[j] * decay[i * n + j])));
-            axpy_terms(o, &terms, &v_new);
+            axpy_terms(o, &terms, v_new);
         }
         // S ← e^{γ_last} S + Σ_i (k_i e^{γ_last−γ_i}) ⊗ v_new_i.
         let glast = gam[n - 1];
         let el = glast.exp();
         s.iter_mut().for_each(|x| *x *= el);
-        let f: Vec<f32> = gam.iter().map(|&gi| (glast - gi).exp()).collect();
+        let f = &mut f_buf[..n];
+        for (fi, &gi) in f.iter_mut().zip(gam.iter()) {
+            *fi = (glast - gi).exp();
+        }
         for a in 0..dk {
             terms.clear();
             terms.extend((0..n).map(|i| (i, kc[i * dk + a] * f[i])));
-            axpy_terms(&mut s[a * dv..(a + 1) * dv], &terms, &v_new);
+            axpy_terms(&mut s[a * dv..(a + 1) * dv], &terms, v_new);
         }
         start += n;
     }
