@@ -3,7 +3,7 @@
 (bench/py_parity.py), same machine, same prompts (token ids), eager attention,
 same thread count; both measured end to end under /usr/bin/time -v, in one run.
 
-    python3 bench/parity_bench.py [tiny|mid|mid-bf16|mid-divergent|all]
+    python3 bench/parity_bench.py [tiny|mid|mid-bf16|mid-2k|mid-long|mid-bf16-long|mid-divergent|all]
                                   [--python .venv/bin/python] [--repeat 3]
 
 tiny: fixtures/tiny-qwen3_5, f32 on both sides. The mid cases are random ~264 M-parameter
@@ -14,6 +14,7 @@ Qwen3.5 checkpoints written by tools/make_mid_checkpoint.py under target/bench/ 
                  (`compare` default `--dtype auto`, transformers `dtype="auto"`);
   mid-2k, mid-long  the mid checkpoint, f32, one prompt of 2048 / 4096 tokens (long eval
                  contexts; its max_position_embeddings is 4096);
+  mid-bf16-long  the mid-bf16 checkpoint, one prompt of 4096 tokens in bf16;
   mid-divergent  fp16 on disk, `text_config.dtype = bfloat16` and no top-level dtype:
                  AutoModelForCausalLM resolves bf16, AutoModel f16 (both sides `auto`).
 
@@ -43,6 +44,7 @@ CASES = {
     "mid-bf16": (WORK / "mid-bf16-qwen3_5", ["--dtype", "bfloat16"], "auto", 4, 128, True),
     "mid-2k": (WORK / "mid-qwen3_5", [], "f32", 1, 2048, True),
     "mid-long": (WORK / "mid-qwen3_5", [], "f32", 1, 4096, True),
+    "mid-bf16-long": (WORK / "mid-bf16-qwen3_5", ["--dtype", "bfloat16"], "auto", 1, 4096, True),
     "mid-divergent": (
         WORK / "mid-divergent-qwen3_5",
         ["--dtype", "float16", "--text-dtype", "bfloat16"],

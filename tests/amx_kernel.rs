@@ -162,6 +162,19 @@ fn the_amx_kernel_gives_its_references_bits() {
         let want = tile::reference(&x, &w, (m, n, k));
         assert!(bits(&got) == bits(&want), "[{m}, {n}, {k}]: bits differ");
     }
+    // An infinity at the start of a weight row: a kernel reading past the
+    // end of the row before it (a partial last step, 66 = 2 × 16 + 1 pairs)
+    // would turn that row's outputs into NaN.
+    let (m, n, k) = (40, 64, 66);
+    let x = values(&matrix(m, k, 21, true));
+    let mut w = values(&matrix(n, k, 22, true));
+    w[10 * k] = f32::INFINITY;
+    let got = by_amx(&x, &w, (m, n, k));
+    assert!(
+        got.iter().skip(9).step_by(n).all(|v| v.is_finite()),
+        "row 9 reads row 10"
+    );
+    assert!(bits(&got) == bits(&tile::reference(&x, &w, (m, n, k))));
 }
 
 /// Within 2⁻²¹ · Σ|products| of the exact sum (f64; measured worst here:
@@ -248,7 +261,8 @@ fn dump(out: &std::path::Path, no_amx: bool) -> String {
 /// End to end: a bf16 dump computed with the AMX kernel and one computed
 /// in candle's sums (`HSPARITY_NO_AMX=1`) differ (the sums are not the
 /// same) and agree to the noise floor (`diff` PASS, every differing row
-/// inside the band); each dump's metadata names the kernels that ran.
+/// inside the band, a note saying which dump's sums are AMX's); each dump's
+/// metadata names the kernels that ran.
 #[test]
 fn an_amx_run_agrees_with_candles_sums_to_the_noise_floor() {
     if !runs_here(
@@ -279,6 +293,12 @@ fn an_amx_run_agrees_with_candles_sums_to_the_noise_floor() {
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["verdict"], "pass");
+    // The note says why the two are not bitwise, naming the AMX dump.
+    let notes = v["notes"].to_string();
+    assert!(
+        notes.contains("amx.safetensors (causal-lm)'s bf16 products were summed on AMX tiles"),
+        "{notes}"
+    );
     let rows = v["pairs"][0]["hidden_states"].as_array().expect("rows");
     let differing: Vec<&serde_json::Value> =
         rows.iter().filter(|r| r["bitwise"] == false).collect();

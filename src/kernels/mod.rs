@@ -1,5 +1,6 @@
 //! hsparity's hand-written CPU kernels: products that give candle's own
-//! bits faster than candle, on slices, with one dispatch policy.
+//! bits faster than candle (and, on AMX CPUs, bf16 products in the tile
+//! unit's sums), on slices, with one dispatch policy.
 //!
 //! A foundation room: it imports no model, loading or tensor code. Its
 //! callers ([`crate::models::layers::Matrix`]) adapt candle tensors to the

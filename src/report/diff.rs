@@ -189,6 +189,26 @@ fn headline(c: &DumpComparison, (na, nb): (&str, &str)) -> String {
     }
 }
 
+/// A note when one dump's bf16 products were summed on AMX tiles and the
+/// other's in candle's order (their `kernels` metadata, written by
+/// `hsparity dump`): such dumps agree to the noise floor, not bitwise.
+fn kernels_note(dumps: &[BTreeMap<String, String>], (na, nb): (&str, &str)) -> Option<String> {
+    let amx = |i: usize| {
+        let kernels = dumps.get(i)?.get("kernels")?;
+        Some(kernels.split(',').any(|k| k == "bf16-gemm-amx"))
+    };
+    let (with, without) = match (amx(0)?, amx(1)?) {
+        (true, false) => (na, nb),
+        (false, true) => (nb, na),
+        _ => return None,
+    };
+    Some(format!(
+        "kernels: {with}'s bf16 products were summed on AMX tiles (bf16-gemm-amx), {without}'s \
+         in candle's order, so the two agree to the noise floor, not bitwise \
+         (docs/performance.md, \"Kernels\"; HSPARITY_NO_AMX=1 when dumping gives candle's sums)"
+    ))
+}
+
 /// The report of comparison `c` between dumps named `na` and `nb` with the
 /// given metadata.
 pub fn build(
@@ -219,6 +239,7 @@ pub fn build(
         notes.insert(0, format!("cause: {cause}"));
     }
     notes.extend(super::compare::router_summary(&c.pair));
+    notes.extend(kernels_note(&dumps, (na, nb)));
     let offset = c
         .alignment
         .as_ref()

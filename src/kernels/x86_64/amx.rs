@@ -14,6 +14,11 @@
 //! (`environment.kernels.ran`: `bf16-gemm-amx`). `HSPARITY_NO_AMX=1` turns
 //! it off, giving candle's sums on every CPU.
 //!
+//! Like `vdpbf16ps` (the AVX512-BF16 kernel), the instruction treats
+//! subnormal inputs and results as zero where candle's FMA keeps them: a
+//! bf16 subnormal (below 1.2e-38 in magnitude, which no checkpoint weight or
+//! normalised activation is in practice) gives 0.
+//!
 //! Its own order, the one its reference test computes one tile at a time
 //! (`tests/amx_kernel.rs`): each output starts at +0 and takes the
 //! weight's k-pairs 16 at a time in increasing k (the last step padded with
@@ -142,6 +147,7 @@ unsafe fn exact_on_known_values() -> bool {
         s = in(reg) 64usize,
         options(nostack),
     );
+    asm!("tilerelease", options(nostack, nomem));
     (0..256).all(|e| c[e] == (32 * (e / 16 + 1)) as f32 * ((e % 16) as f32 - 8.0))
 }
 
@@ -157,6 +163,10 @@ pub(super) unsafe fn matmul_nt(
     w: &Pairs,
     (m, n, k): (usize, usize, usize),
 ) -> Option<Vec<f32>> {
+    debug_assert!(
+        m > 0 && n > 0 && k > 0,
+        "planned only on candle's blocked route"
+    );
     let pairs = k.div_ceil(2);
     let steps = pairs.div_ceil(16);
     // Tokens in groups of 16 (a B tile's columns), an even number of groups.
@@ -326,4 +336,7 @@ unsafe fn task_tiles(
             }
         }
     }
+    // Hand the tile state back (Intel's advice: a thread holding it has it
+    // saved on every context switch).
+    asm!("tilerelease", options(nostack, nomem));
 }

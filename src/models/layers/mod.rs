@@ -281,9 +281,9 @@ impl Matrix {
 }
 
 /// Loads the weight matrix `name` of a linear map ([`param`]): as bf16
-/// pairs when the model computes in bf16 on a CPU with the bf16 dot-product
-/// kernel ([`kernels::Capabilities::bf16_gemm`]), so that [`Matrix::linear`]
-/// reads them as stored; f32 otherwise.
+/// pairs when the model computes in bf16 on a CPU with a bf16 kernel
+/// ([`kernels::Capabilities::keeps_bf16_pairs`]: the AVX512-BF16 or the AMX
+/// one), so that [`Matrix::linear`] reads them as stored; f32 otherwise.
 pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Matrix> {
     let rounding = src.product_rounding();
     if prec == Precision::Bf16 && kernels::capabilities().keeps_bf16_pairs() {
