@@ -11,6 +11,7 @@ use super::{matrix, Matrix, Rows};
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::{LayerGeometry, Positions};
+use crate::precision::Precision;
 
 /// The scale vLLM quantises K and V with for `--kv-cache-dtype fp8` when the
 /// checkpoint carries no KV scales: 1.0 (`vllm/attention/layer.py`,
@@ -238,12 +239,7 @@ impl Attention {
         let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
         // eager_attention_forward: (q·kᵀ)·scale and the mask in the model
         // dtype, softmax in f32 cast back, probs·v in the model dtype.
-        let scale = (hd as f64).powf(-0.5);
-        let scores = prec.round(&q.matmul(&k.t()?.contiguous()?)?)?;
-        let scores = prec.round(&(scores * scale)?)?;
-        let scores = scores.broadcast_add(&causal_mask(t, past, q.device())?)?;
-        let probs = prec.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
-        let out = prec.round(&probs.matmul(&v)?)?; // [1, nh, T, hd]
+        let out = eager_attention(&q, &k, &v, past, prec)?;
         Ok(out.squeeze(0)?.transpose(0, 1)?.reshape((t, nh * hd))?)
     }
 
@@ -290,14 +286,128 @@ pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
         .reshape((one, nkv * n_rep, s, hd))?)
 }
 
-/// Additive causal mask `[T, past+T]`: 0 where key position ≤ query position, −∞ elsewhere.
-fn causal_mask(t: usize, past: usize, device: &Device) -> Result<Tensor> {
-    let s = past + t;
-    let mut m = vec![0f32; t * s];
-    for i in 0..t {
-        for j in (past + i + 1)..s {
-            m[i * s + j] = f32::NEG_INFINITY;
+/// `eager_attention_forward` (transformers): `q [1, nh, T, hd]` against
+/// `k`, `v [1, nh, past+T, hd]` (kv heads repeated) → `[1, nh, T, hd]`:
+/// (q·kᵀ)·scale and the causal mask in the model dtype, softmax in f32 cast
+/// back, probs·v in the model dtype. A long prompt's queries go in blocks
+/// of rows ([`query_blocks`]), each its own products and softmax, so the
+/// scores never exist for all rows at once; the rows are the same bits.
+fn eager_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    past: usize,
+    prec: Precision,
+) -> Result<Tensor> {
+    let (t, hd) = (q.dim(2)?, q.dim(3)?);
+    let scale = (hd as f64).powf(-0.5);
+    let kt = k.t()?.contiguous()?;
+    let out = query_blocks(t)
+        .map(|(i0, len)| {
+            let q = q.narrow(2, i0, len)?.contiguous()?;
+            let scores = prec.round(&q.matmul(&kt)?)?;
+            let scores = prec.round(&(scores * scale)?)?;
+            let mask = causal_mask(i0, len, past + t, past, q.device())?;
+            let scores = scores.broadcast_add(&mask)?;
+            let probs = prec.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
+            prec.round(&probs.matmul(v)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&out, 2)?)
+}
+
+/// Query rows per attention block: a prompt of more than twice this many
+/// tokens has its scores computed block by block.
+const QUERY_BLOCK: usize = 256;
+
+/// `(first row, rows)` of each query block of a `t`-token forward: one
+/// block up to `2 · QUERY_BLOCK` rows, else blocks of `QUERY_BLOCK` with the
+/// last taking the remainder. Every block of a split has more than 64 rows,
+/// so candle's GEMM sums each row's products in the k-blocks it uses for
+/// all `t` rows (its blocked route outside the small-size rule,
+/// `kernels::routes`): the rows are bit for bit those of one product.
+fn query_blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
+    let n = if t > 2 * QUERY_BLOCK {
+        t / QUERY_BLOCK
+    } else {
+        1
+    };
+    (0..n).map(move |b| {
+        let i0 = b * QUERY_BLOCK;
+        let len = if b + 1 == n { t - i0 } else { QUERY_BLOCK };
+        (i0, len)
+    })
+}
+
+/// Rows `i0..i0+len` of the additive causal mask `[T, s]` (`s = past + T`):
+/// 0 where key position ≤ query position (`past + i`), −∞ elsewhere.
+fn causal_mask(i0: usize, len: usize, s: usize, past: usize, device: &Device) -> Result<Tensor> {
+    let mut m = vec![0f32; len * s];
+    for (r, row) in m.chunks_mut(s.max(1)).enumerate() {
+        for x in row.iter_mut().skip(past + i0 + r + 1) {
+            *x = f32::NEG_INFINITY;
         }
     }
-    Ok(Tensor::from_vec(m, (t, s), device)?)
+    Ok(Tensor::from_vec(m, (len, s), device)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in about [-2, 2], rounded to `prec`.
+    fn values(dims: (usize, usize, usize, usize), seed: u64, prec: Precision) -> Tensor {
+        let n = dims.0 * dims.1 * dims.2 * dims.3;
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect();
+        let t = Tensor::from_vec(v, dims, &Device::Cpu).unwrap();
+        prec.round(&t).unwrap()
+    }
+
+    /// The scores of every row at once, as before the blocks: the reference.
+    fn one_block(q: &Tensor, k: &Tensor, v: &Tensor, past: usize, prec: Precision) -> Tensor {
+        let (t, hd) = (q.dim(2).unwrap(), q.dim(3).unwrap());
+        let scores = prec.round(&q.matmul(&k.t().unwrap().contiguous().unwrap()).unwrap());
+        let scores = prec.round(&(scores.unwrap() * (hd as f64).powf(-0.5)).unwrap());
+        let mask = causal_mask(0, t, past + t, past, &Device::Cpu).unwrap();
+        let scores = scores.unwrap().broadcast_add(&mask).unwrap();
+        let probs = prec.round(&candle_nn::ops::softmax_last_dim(&scores).unwrap());
+        prec.round(&probs.unwrap().matmul(v).unwrap()).unwrap()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Blocks of query rows give the bits of one product over all rows:
+    /// two blocks and a remainder, several, a past (a cache), head sizes
+    /// under and over 64 (candle's small-size rule), f32 and bf16.
+    #[test]
+    fn query_blocks_give_the_bits_of_one_block() {
+        assert_eq!(query_blocks(512).collect::<Vec<_>>(), vec![(0, 512)]);
+        assert_eq!(
+            query_blocks(700).collect::<Vec<_>>(),
+            vec![(0, 256), (256, 444)]
+        );
+        for (t, past, hd) in [(700, 0, 16), (1100, 0, 128), (600, 37, 64), (513, 0, 8)] {
+            for prec in [Precision::F32, Precision::Bf16] {
+                let q = values((1, 2, t, hd), 1, prec);
+                let k = values((1, 2, past + t, hd), 2, prec);
+                let v = values((1, 2, past + t, hd), 3, prec);
+                let got = eager_attention(&q, &k, &v, past, prec).unwrap();
+                assert!(
+                    bits(&got) == bits(&one_block(&q, &k, &v, past, prec)),
+                    "t {t}, past {past}, hd {hd}, {prec:?}"
+                );
+            }
+        }
+    }
 }
