@@ -38,13 +38,7 @@ pub(crate) fn runs_here(kernel: Kernel, test: &str) -> bool {
             "HSPARITY_REQUIRE_KERNELS names {r:?}, not a kernel ({names:?})"
         );
     }
-    let switches = [
-        (caps.no_avx512_gemm, "HSPARITY_NO_AVX512_GEMM"),
-        (caps.no_bf16_dot, "HSPARITY_NO_BF16_DOT"),
-        (caps.no_amx, "HSPARITY_NO_AMX"),
-        (caps.no_avx512_delta, "HSPARITY_NO_AVX512_DELTA"),
-    ];
-    let off: Vec<&str> = switches.iter().filter(|s| s.0).map(|s| s.1).collect();
+    let off = caps.disabled_by();
     let why = format!(
         "{} cannot run here (CPU features {:?}, switched off by {:?}; avx512bf16 counts only \
          where the start-up probe of vdpbf16ps's addition order passed)",
@@ -614,6 +608,36 @@ fn compare_gives_the_same_report_with_candles_gemm_everywhere() {
             );
         }
     }
+}
+
+/// What turned kernels off, as reports list it: the switches set, and the
+/// OS's refusal of AMX's tile state; where the OS refused it no product is
+/// planned on AMX, and the AVX512-BF16 kernel takes bf16 pairs.
+#[test]
+fn disabled_by_names_the_switches_and_a_refused_tile_state() {
+    let refused = Capabilities {
+        amx_refused: true,
+        no_amx: true,
+        ..every_kernel()
+    };
+    assert_eq!(
+        refused.disabled_by(),
+        ["HSPARITY_NO_AMX", "ARCH_REQ_XCOMP_PERM refused"]
+    );
+    let unswitched = Capabilities {
+        no_amx: false,
+        ..refused
+    };
+    assert!(!unswitched.available().contains(&Kernel::Bf16Amx.name()));
+    let plan = kernels::plan(300, 300, 64, Stored::Bf16, &unswitched).map(|p| p.kernel());
+    assert_eq!(plan, Some(Kernel::Bf16Gemm));
+    let granted = Capabilities {
+        amx_bf16: true,
+        ..every_kernel()
+    };
+    let plan = kernels::plan(300, 300, 64, Stored::Bf16, &granted).map(|p| p.kernel());
+    assert_eq!(plan, Some(Kernel::Bf16Amx));
+    assert!(granted.disabled_by().is_empty());
 }
 
 /// A plan made for capabilities this CPU lacks is refused when run, never

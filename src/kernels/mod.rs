@@ -64,6 +64,9 @@ pub struct Capabilities {
     /// AMX-BF16 and AMX-TILE, the tile state granted by the OS and a tile
     /// product checked on known values.
     pub amx_bf16: bool,
+    /// The CPU has AMX-BF16 but the OS refused the tile state
+    /// (`arch_prctl(ARCH_REQ_XCOMP_PERM)`): the AMX kernel cannot run.
+    pub amx_refused: bool,
     /// `HSPARITY_NO_AVX512_GEMM` is set: the f32 and single-row kernels off.
     pub no_avx512_gemm: bool,
     /// `HSPARITY_NO_BF16_DOT` is set: the bf16 kernel off.
@@ -133,6 +136,22 @@ impl Capabilities {
             (self.avx512f, "avx512f"),
             (self.avx512bf16, "avx512bf16"),
             (self.amx_bf16, "amx-bf16"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+
+    /// What turned kernels off, by name: the environment's switches that are
+    /// set, and `ARCH_REQ_XCOMP_PERM refused` where the OS refused AMX's tile
+    /// state (the report's `environment.kernels.disabled_by`).
+    pub fn disabled_by(&self) -> Vec<&'static str> {
+        [
+            (self.no_avx512_gemm, "HSPARITY_NO_AVX512_GEMM"),
+            (self.no_bf16_dot, "HSPARITY_NO_BF16_DOT"),
+            (self.no_amx, "HSPARITY_NO_AMX"),
+            (self.no_avx512_delta, "HSPARITY_NO_AVX512_DELTA"),
+            (self.amx_refused, "ARCH_REQ_XCOMP_PERM refused"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))

@@ -312,8 +312,9 @@ pub struct Environment {
 pub struct KernelFacts {
     /// CPU features (`avx2`, `avx512f`, `avx512bf16`, `amx-bf16`).
     pub cpu_features: Vec<&'static str>,
-    /// Switches set in the environment (`HSPARITY_NO_AVX512_GEMM`, `HSPARITY_NO_BF16_DOT`,
-    /// `HSPARITY_NO_AMX`, `HSPARITY_NO_AVX512_DELTA`).
+    /// What turned kernels off: switches set in the environment
+    /// (`HSPARITY_NO_AVX512_GEMM`, `HSPARITY_NO_BF16_DOT`, `HSPARITY_NO_AMX`,
+    /// `HSPARITY_NO_AVX512_DELTA`) and the OS's refusal of AMX's tile state.
     pub disabled_by: Vec<&'static str>,
     /// Kernels that may run.
     pub available: Vec<&'static str>,
@@ -325,15 +326,7 @@ impl KernelFacts {
     /// Read now, from [`crate::kernels::capabilities`] and [`crate::kernels::ran`].
     pub fn now() -> Self {
         let caps = crate::kernels::capabilities();
-        let disabled_by = [
-            (caps.no_avx512_gemm, "HSPARITY_NO_AVX512_GEMM"),
-            (caps.no_bf16_dot, "HSPARITY_NO_BF16_DOT"),
-            (caps.no_amx, "HSPARITY_NO_AMX"),
-            (caps.no_avx512_delta, "HSPARITY_NO_AVX512_DELTA"),
-        ]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect();
+        let disabled_by = caps.disabled_by();
         KernelFacts {
             cpu_features: caps.cpu_features(),
             disabled_by,

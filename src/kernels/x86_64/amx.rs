@@ -87,18 +87,26 @@ unsafe fn configure() {
     asm!("ldtilecfg [{}]", in(reg) &cfg as *const TileConfig, options(nostack, readonly));
 }
 
-/// True when the CPU has AMX-BF16 and AMX-TILE (CPUID leaf 7, EDX bits 22
-/// and 24), Linux granted the tile state, and a tile product of known
-/// values gives the exact sum (the tiles work here).
-pub(super) fn detect() -> bool {
+/// `(ready, refused)`: ready when the CPU has AMX-BF16 and AMX-TILE (CPUID
+/// leaf 7, EDX bits 22 and 24), Linux granted the tile state, and a tile
+/// product of known values gives the exact sum (the tiles work here);
+/// refused when the CPU has them but the OS did not grant the state (a
+/// kernel before Linux 5.16, a sandbox, another OS).
+pub(super) fn detect() -> (bool, bool) {
     use std::arch::x86_64::__cpuid_count;
     // Leaf 7 is read only when the maximum leaf reaches it.
     let has = __cpuid_count(0, 0).eax >= 7 && {
         let edx = __cpuid_count(7, 0).edx;
         edx & (1 << 22) != 0 && edx & (1 << 24) != 0
     };
+    if !has {
+        return (false, false);
+    }
+    if !request_tiles() {
+        return (false, true);
+    }
     // SAFETY: the tile state is granted before the probe's tile instructions.
-    has && request_tiles() && unsafe { exact_on_known_values() }
+    (unsafe { exact_on_known_values() }, false)
 }
 
 /// Asks Linux for the tile data state, which a process must hold before its

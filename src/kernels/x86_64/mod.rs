@@ -20,11 +20,13 @@ pub(super) fn detect() -> Capabilities {
         && is_x86_feature_detected!("avx512bf16")
         // SAFETY: the features it needs were just detected.
         && unsafe { bf16_gemm::adds_as_assumed() };
+    let (amx_bf16, amx_refused) = amx::detect();
     Capabilities {
         avx2,
         avx512f,
         avx512bf16,
-        amx_bf16: amx::detect(),
+        amx_bf16,
+        amx_refused,
         ..Capabilities::default()
     }
 }
