@@ -280,18 +280,8 @@ fn an_amx_run_agrees_with_candles_sums_to_the_noise_floor() {
     assert!(with.split(',').any(|k| k == "bf16-gemm-amx"), "{with}");
     let without = dump(&candle, true);
     assert!(!without.contains("bf16-gemm-amx"), "{without}");
-    let o = common::hsparity()
-        .args(["diff", "--json", "--no-report"])
-        .args([&candle, &amx])
-        .output()
-        .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stdout)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let (code, v, stderr) = crate::diff::diff(&[candle.to_str().unwrap(), amx.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
     assert_eq!(v["verdict"], "pass");
     // The note says why the two are not bitwise, naming the AMX dump.
     let notes = v["notes"].to_string();
