@@ -10,10 +10,18 @@
 //! where the target feature has one, and no sum is reassociated), so every
 //! build gives bitwise the same values (tested in `delta_rule/tests.rs`; a
 //! disassembly of the AVX-512F build shows zmm arithmetic and no `vfmadd`).
+//! The chunked head's dense updates (`U − W S`, `(Q e^γ) S`, the state's)
+//! run in the AVX-512F build on register blocks of four output rows
+//! ([`rows::Zmm`]): each term added to each element as one row at a time
+//! adds it, with each source row loaded once per four output rows.
 
 use rayon::prelude::*;
 
+use self::rows::{Lanes, RowOps};
 use super::gated_delta_net::{DeltaRuleInputs, CHUNK_SIZE};
+
+// kt holds a chunk's keys as the first CHUNK_SIZE of KEY_STRIDE columns.
+const _: () = assert!(CHUNK_SIZE <= rows::KEY_STRIDE);
 
 /// One head's q, k, v, g, β (see [`per_head`]).
 type Head = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
@@ -76,7 +84,8 @@ unsafe fn recurrent_head_avx2(h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
 /// [`chunked_head`] compiled for AVX2 (call only where the CPU has it).
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2"))]
 unsafe fn chunked_head_avx2(h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
-    chunked_head(h, s, d)
+    // SAFETY: `Lanes` is plain Rust.
+    unsafe { chunked_head::<Lanes>(h, s, d) }
 }
 
 /// [`recurrent_head`] compiled for AVX-512F (call only where the CPU has it).
@@ -88,7 +97,8 @@ unsafe fn recurrent_head_avx512(h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
 /// [`chunked_head`] compiled for AVX-512F (call only where the CPU has it).
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
 unsafe fn chunked_head_avx512(h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
-    chunked_head(h, s, d)
+    // SAFETY: the CPU has AVX-512F (this function's contract).
+    unsafe { chunked_head::<rows::Zmm>(h, s, d) }
 }
 
 /// The recurrent head's builds.
@@ -98,9 +108,15 @@ const RECURRENT: Builds = Builds {
     avx512: recurrent_head_avx512,
 };
 
+/// [`chunked_head`] in plain Rust.
+fn chunked_head_portable(h: &Head, s: &mut [f32], d: Dims) -> Vec<f32> {
+    // SAFETY: `Lanes` is plain Rust.
+    unsafe { chunked_head::<Lanes>(h, s, d) }
+}
+
 /// The chunked head's builds.
 const CHUNKED: Builds = Builds {
-    portable: chunked_head,
+    portable: chunked_head_portable,
     avx2: chunked_head_avx2,
     avx512: chunked_head_avx512,
 };
@@ -190,45 +206,6 @@ fn recurrent_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> V
     oh
 }
 
-/// `y += a·x` elementwise (`y -= l·x` is `axpy(y, -l, x)`: `y + (−l)·x`
-/// rounds exactly as `y − l·x`). Independent lanes, so it vectorises without
-/// changing any result.
-#[inline(always)]
-fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (yi, &xi) in y.iter_mut().zip(x) {
-        *yi += a * xi;
-    }
-}
-
-/// `y += c·rows[j]` for each term `(j, c)` in order (`rows` row-major,
-/// `y.len()` wide): bitwise `for (j, c) in terms { axpy(y, c, row j) }`
-/// (each element adds its terms in that order, one rounding per product
-/// and per addition), with a block of `y` held in registers across the
-/// terms instead of stored and loaded once per term.
-#[inline(always)]
-fn axpy_terms(y: &mut [f32], terms: &[(usize, f32)], rows: &[f32]) {
-    const L: usize = 64;
-    let w = y.len();
-    let mut x0 = 0;
-    while x0 + L <= w {
-        let mut acc = [0f32; L];
-        acc.copy_from_slice(&y[x0..x0 + L]);
-        for &(j, c) in terms {
-            let r = &rows[j * w + x0..j * w + x0 + L];
-            for (yl, &rl) in acc.iter_mut().zip(r) {
-                *yl += c * rl;
-            }
-        }
-        y[x0..x0 + L].copy_from_slice(&acc);
-        x0 += L;
-    }
-    if x0 < w {
-        for &(j, c) in terms {
-            axpy(&mut y[x0..], c, &rows[j * w + x0..(j + 1) * w]);
-        }
-    }
-}
-
 /// Per-head outputs `[heads][T·dv]` → `[T, heads, dv]`.
 fn interleave_heads(per: &[Vec<f32>], t: usize, dv: usize) -> Vec<f32> {
     let nh = per.len();
@@ -260,17 +237,27 @@ pub fn chunked(inp: &DeltaRuleInputs, state: &mut [f32]) -> Vec<f32> {
 }
 
 /// One head of [`chunked`]: `s` is its `[dk, dv]` state.
+///
+/// # Safety
+/// The CPU runs `O`'s instruction set.
 #[inline(always)]
-fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec<f32> {
+unsafe fn chunked_head<O: RowOps>(
+    (q, k, v, g, b): &Head,
+    s: &mut [f32],
+    (t, dk, dv): Dims,
+) -> Vec<f32> {
     let mut oh = vec![0f32; t * dv];
-    let mut kt = vec![0f32; dk * CHUNK_SIZE];
-    let mut dots = vec![0f32; CHUNK_SIZE];
-    // Per-chunk scratch, made once per head: every element a chunk reads it
-    // writes first (decay and L at j ≤ i and j < i, U and W row by row).
     let c = CHUNK_SIZE;
+    // Per-chunk scratch, made once per head: every element a chunk reads it
+    // writes first (dots, decay and L at j ≤ i and j < i, U and W row by
+    // row, the coefficient rows whole); kt's columns past a short chunk's
+    // length are read by the dot blocks and never used.
+    let mut kt = vec![0f32; dk * rows::KEY_STRIDE];
     let (mut gam_buf, mut f_buf) = (vec![0f32; c], vec![0f32; c]);
     let (mut decay_buf, mut l_buf) = (vec![0f32; c * c], vec![0f32; c * c]);
+    let mut dots_buf = vec![0f32; c * rows::KEY_STRIDE];
     let (mut u_buf, mut w_buf) = (vec![0f32; c * dv], vec![0f32; c * dk]);
+    let mut coef = vec![0f32; c * dk];
     let mut terms: Vec<(usize, f32)> = Vec::with_capacity(c.max(dk));
     let mut start = 0;
     while start < t {
@@ -285,11 +272,11 @@ fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec
             acc += g[start + i];
             gam[i] = acc;
         }
-        // kt = kcᵀ ([dk, n]): the dot products of one row with every
+        // kt = kcᵀ ([dk, KEY_STRIDE]): the dot products of a row with every
         // key of the chunk run in parallel lanes.
         for j in 0..n {
             for a in 0..dk {
-                kt[a * n + j] = kc[j * dk + a];
+                kt[a * rows::KEY_STRIDE + j] = kc[j * dk + a];
             }
         }
         // decay[i][j] = exp(γ_i − γ_j), j ≤ i.
@@ -300,11 +287,13 @@ fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec
             }
         }
         // L[i][j] = β_i (k_i·k_j) Γ_ij, j < i.
+        let dots = &mut dots_buf[..n * rows::KEY_STRIDE];
+        // SAFETY: the CPU runs O's instruction set (this function's contract).
+        unsafe { O::dots_lower(dots, kc, dk, &kt, n) };
         let l = &mut l_buf[..n * n];
         for i in 0..n {
-            dots_with_keys(&mut dots[..i], &kc[i * dk..(i + 1) * dk], &kt, n);
             for j in 0..i {
-                l[i * n + j] = bc[i] * dots[j] * decay[i * n + j];
+                l[i * n + j] = bc[i] * dots[i * rows::KEY_STRIDE + j] * decay[i * n + j];
             }
         }
         // Forward substitution: U = (I+L)^{-1} βV, W = (I+L)^{-1} βK e^γ.
@@ -327,37 +316,38 @@ fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec
                     .map(|j| (j, -l[i * n + j])),
             );
             let (ub, ui) = u.split_at_mut(i * dv);
-            axpy_terms(&mut ui[..dv], &terms, ub);
+            rows::axpy_terms(&mut ui[..dv], terms.iter().copied(), ub);
             let (wb, wi) = w.split_at_mut(i * dk);
-            axpy_terms(&mut wi[..dk], &terms, wb);
+            rows::axpy_terms(&mut wi[..dk], terms.iter().copied(), wb);
         }
-        // v_new = U − W S.
+        // v_new = U − W S: row i's terms are (a, −W[i][a]).
         let v_new = u;
+        let cw = &mut coef[..n * dk];
+        cw.iter_mut().zip(w.iter()).for_each(|(c, &wa)| *c = -wa);
+        // SAFETY: as above.
+        unsafe { O::dense_rows(v_new, dv, cw, dk, s) };
+        // o = (Q e^γ) S + ((Q Kᵀ) ⊙ Γ) v_new: row i's terms are first
+        // (a, Q[i][a] e^{γ_i}) on S, then (j, (q_i·k_j) Γ_ij) on v_new.
+        let o = &mut oh[start * dv..(start + n) * dv];
+        let cq = &mut coef[..n * dk];
         for i in 0..n {
-            let vi = &mut v_new[i * dv..(i + 1) * dv];
-            terms.clear();
-            terms.extend(
-                w[i * dk..(i + 1) * dk]
-                    .iter()
-                    .enumerate()
-                    .map(|(a, &wa)| (a, -wa)),
-            );
-            axpy_terms(vi, &terms, s);
-        }
-        // o = (Q e^γ) S + ((Q Kᵀ) ⊙ Γ) v_new.
-        for i in 0..n {
-            let o = &mut oh[(start + i) * dv..(start + i + 1) * dv];
             let eg = gam[i].exp();
-            let qi = &qc[i * dk..(i + 1) * dk];
-            terms.clear();
-            terms.extend(qi.iter().enumerate().map(|(a, &qa)| (a, qa * eg)));
-            axpy_terms(o, &terms, s);
-            dots_with_keys(&mut dots[..=i], qi, &kt, n);
-            terms.clear();
-            terms.extend((0..=i).map(|j| (j, dots[j] * decay[i * n + j])));
-            axpy_terms(o, &terms, v_new);
+            for a in 0..dk {
+                cq[i * dk + a] = qc[i * dk + a] * eg;
+            }
         }
-        // S ← e^{γ_last} S + Σ_i (k_i e^{γ_last−γ_i}) ⊗ v_new_i.
+        // SAFETY: as above.
+        unsafe {
+            O::dense_rows(o, dv, cq, dk, s);
+            O::dots_lower(dots, qc, dk, &kt, n);
+        }
+        for i in 0..n {
+            let d = &dots[i * rows::KEY_STRIDE..];
+            let terms = (0..=i).map(|j| (j, d[j] * decay[i * n + j]));
+            rows::axpy_terms(&mut o[i * dv..(i + 1) * dv], terms, v_new);
+        }
+        // S ← e^{γ_last} S + Σ_i (k_i e^{γ_last−γ_i}) ⊗ v_new_i: row a's
+        // terms are (i, K[i][a] e^{γ_last−γ_i}).
         let glast = gam[n - 1];
         let el = glast.exp();
         s.iter_mut().for_each(|x| *x *= el);
@@ -365,30 +355,20 @@ fn chunked_head((q, k, v, g, b): &Head, s: &mut [f32], (t, dk, dv): Dims) -> Vec
         for (fi, &gi) in f.iter_mut().zip(gam.iter()) {
             *fi = (glast - gi).exp();
         }
+        let cs = &mut coef[..dk * n];
         for a in 0..dk {
-            terms.clear();
-            terms.extend((0..n).map(|i| (i, kc[i * dk + a] * f[i])));
-            axpy_terms(&mut s[a * dv..(a + 1) * dv], &terms, v_new);
+            for i in 0..n {
+                cs[a * n + i] = kc[i * dk + a] * f[i];
+            }
         }
+        // SAFETY: as above.
+        unsafe { O::dense_rows(s, dv, cs, n, v_new) };
         start += n;
     }
     oh
 }
 
-/// `dots[j] = x · key_j` for the first `dots.len()` keys of a chunk whose
-/// keys are the columns of `kt` (`[dk, n]`): each lane sums its products in
-/// index order from −0.0, exactly as `x.iter().zip(key).map(|(a, b)| a * b).sum()`
-/// (f32 `Sum` starts at −0.0), so every dot product is bitwise that one.
-#[inline(always)]
-fn dots_with_keys(dots: &mut [f32], x: &[f32], kt: &[f32], n: usize) {
-    let m = dots.len();
-    dots.iter_mut().for_each(|d| *d = -0.0);
-    for (a, &xa) in x.iter().enumerate() {
-        for (d, &kv) in dots.iter_mut().zip(&kt[a * n..a * n + m]) {
-            *d += xa * kv;
-        }
-    }
-}
+mod rows;
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,258 @@
+//! The row updates of the chunked head, in two builds that give the same
+//! bits: [`Lanes`], loops the compiler vectorises one output row at a time,
+//! and [`Zmm`], AVX-512F registers holding blocks of four output rows so
+//! that each load of a source row serves four of them (a head's state is
+//! 64 KiB, past L1, and the row-at-a-time form waits on L2 for it). Every
+//! element adds its terms in the same order, with one rounding per product
+//! and per addition, in both.
+
+/// Lanes of an output row one block holds in registers.
+const L: usize = 64;
+
+/// The row stride of the transposed keys and of the dot products
+/// ([`RowOps::dots_lower`]).
+pub(super) const KEY_STRIDE: usize = L;
+
+/// `y += c·x` elementwise (`y -= l·x` is `axpy(y, -l, x)`: `y + (−l)·x`
+/// rounds exactly as `y − l·x`). Independent lanes, so it vectorises without
+/// changing any result.
+#[inline(always)]
+fn axpy(y: &mut [f32], c: f32, x: &[f32]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += c * xi;
+    }
+}
+
+/// `y += c·rows[j]` for each term `(j, c)` in order (`rows` row-major,
+/// `y.len()` wide): bitwise `for (j, c) in terms { axpy(y, c, row j) }`
+/// (each element adds its terms in that order, one rounding per product
+/// and per addition), with a block of `y` held in registers across the
+/// terms instead of stored and loaded once per term.
+#[inline(always)]
+pub(super) fn axpy_terms(
+    y: &mut [f32],
+    terms: impl Iterator<Item = (usize, f32)> + Clone,
+    rows: &[f32],
+) {
+    let w = y.len();
+    let mut x0 = 0;
+    while x0 + L <= w {
+        let mut acc = [0f32; L];
+        acc.copy_from_slice(&y[x0..x0 + L]);
+        for (j, c) in terms.clone() {
+            let r = &rows[j * w + x0..j * w + x0 + L];
+            for (yl, &rl) in acc.iter_mut().zip(r) {
+                *yl += c * rl;
+            }
+        }
+        y[x0..x0 + L].copy_from_slice(&acc);
+        x0 += L;
+    }
+    if x0 < w {
+        for (j, c) in terms {
+            axpy(&mut y[x0..], c, &rows[j * w + x0..(j + 1) * w]);
+        }
+    }
+}
+
+/// The chunked head's two dense updates, in one build.
+pub(super) trait RowOps {
+    /// `y[r] += Σ_t c[r·k + t] · src[t]` for every row `r` of `y` (rows `w`
+    /// wide, `src` `k` rows of `w`), the terms `t = 0..k` in order: bitwise
+    /// [`axpy_terms`] on each row with the terms `(t, c[r·k + t])`.
+    ///
+    /// # Safety
+    /// The CPU runs the build's instruction set.
+    unsafe fn dense_rows(y: &mut [f32], w: usize, c: &[f32], k: usize, src: &[f32]);
+
+    /// `dots[i·KEY_STRIDE + j] = xs[i] · key_j` for every row `i` of `xs`
+    /// (`dk` wide) and every key `j ≤ min(i, n − 1)` (more of a row may be
+    /// written), the keys being the first `n` ≤ [`KEY_STRIDE`] columns of
+    /// `kt` (`[dk, KEY_STRIDE]`; a column past `n` may hold anything). Each
+    /// dot sums its products in index order from −0.0, exactly as
+    /// `x.iter().zip(key).map(|(a, b)| a * b).sum()` (f32 `Sum` starts at
+    /// −0.0), so every dot product is bitwise that one.
+    ///
+    /// # Safety
+    /// The CPU runs the build's instruction set.
+    unsafe fn dots_lower(dots: &mut [f32], xs: &[f32], dk: usize, kt: &[f32], n: usize);
+}
+
+/// One output row at a time, in loops the compiler vectorises.
+pub(super) struct Lanes;
+
+impl RowOps for Lanes {
+    #[inline(always)]
+    unsafe fn dense_rows(y: &mut [f32], w: usize, c: &[f32], k: usize, src: &[f32]) {
+        for (r, yr) in y.chunks_exact_mut(w).enumerate() {
+            axpy_terms(yr, c[r * k..(r + 1) * k].iter().copied().enumerate(), src);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dots_lower(dots: &mut [f32], xs: &[f32], dk: usize, kt: &[f32], n: usize) {
+        for (i, x) in xs.chunks_exact(dk).enumerate() {
+            let m = (i + 1).min(n);
+            let d = &mut dots[i * KEY_STRIDE..i * KEY_STRIDE + m];
+            d.iter_mut().for_each(|v| *v = -0.0);
+            for (a, &xa) in x.iter().enumerate() {
+                for (dj, &kv) in d.iter_mut().zip(&kt[a * KEY_STRIDE..a * KEY_STRIDE + m]) {
+                    *dj += xa * kv;
+                }
+            }
+        }
+    }
+}
+
+/// Blocks of four output rows in AVX-512F registers.
+#[cfg(target_arch = "x86_64")]
+pub(super) struct Zmm;
+
+#[cfg(target_arch = "x86_64")]
+impl RowOps for Zmm {
+    #[inline(always)]
+    unsafe fn dense_rows(y: &mut [f32], w: usize, c: &[f32], k: usize, src: &[f32]) {
+        let rows = y.len() / w;
+        assert!(
+            c.len() >= rows * k && src.len() >= k * w,
+            "dense_rows operands"
+        );
+        let full = w / L * L;
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = if rows - r0 >= 4 { 4 } else { 1 };
+            let (yb, cb) = (&mut y[r0 * w..(r0 + n) * w], &c[r0 * k..(r0 + n) * k]);
+            for x0 in (0..full).step_by(L) {
+                // SAFETY: AVX-512F (the caller's contract); the block's rows,
+                // lanes x0..x0+L < w, and terms lie inside y, c and src.
+                unsafe {
+                    match n {
+                        4 => zmm::dense_block::<4>(yb, (w, x0), cb, k, src),
+                        _ => zmm::dense_block::<1>(yb, (w, x0), cb, k, src),
+                    }
+                }
+            }
+            r0 += n;
+        }
+        if full < w {
+            for (r, yr) in y.chunks_exact_mut(w).enumerate() {
+                let terms = c[r * k..(r + 1) * k].iter().copied().enumerate();
+                for (t, ct) in terms {
+                    axpy(&mut yr[full..], ct, &src[t * w + full..(t + 1) * w]);
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dots_lower(dots: &mut [f32], xs: &[f32], dk: usize, kt: &[f32], n: usize) {
+        let rows = xs.len() / dk;
+        assert!(
+            n <= KEY_STRIDE && kt.len() >= dk * KEY_STRIDE && dots.len() >= rows * KEY_STRIDE,
+            "dots_lower operands"
+        );
+        let mut i0 = 0;
+        while i0 < rows {
+            let nr = if rows - i0 >= 4 { 4 } else { 1 };
+            // Keys 0..=i for the block's last row i, in whole vectors of 16.
+            let groups = (i0 + nr).min(n).div_ceil(16);
+            let (d, x) = (&mut dots[i0 * KEY_STRIDE..], &xs[i0 * dk..(i0 + nr) * dk]);
+            // SAFETY: AVX-512F (the caller's contract); the rows' KEY_STRIDE
+            // lanes lie inside dots, the keys' inside kt.
+            unsafe {
+                match (nr, groups) {
+                    (4, 1) => zmm::dots_block::<4, 1>(d, x, dk, kt),
+                    (4, 2) => zmm::dots_block::<4, 2>(d, x, dk, kt),
+                    (4, 3) => zmm::dots_block::<4, 3>(d, x, dk, kt),
+                    (4, _) => zmm::dots_block::<4, 4>(d, x, dk, kt),
+                    _ => zmm::dots_block::<1, 4>(d, x, dk, kt),
+                }
+            }
+            i0 += nr;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod zmm {
+    use std::arch::x86_64::{
+        __m512, _mm512_add_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_storeu_ps,
+    };
+
+    use super::{KEY_STRIDE, L};
+
+    /// Vectors of 16 lanes in a block of [`L`].
+    const V: usize = L / 16;
+
+    /// Lanes `x0..x0+L` of `N` rows of `y` (`w` wide) gain
+    /// `Σ_t c[r·k + t] · src[t]`, `t` in order.
+    ///
+    /// # Safety
+    /// AVX-512F; `y` holds `N·w`, `c` `N·k` and `src` `k·w` values, `x0 + L ≤ w`.
+    #[inline(always)]
+    pub(super) unsafe fn dense_block<const N: usize>(
+        y: &mut [f32],
+        (w, x0): (usize, usize),
+        c: &[f32],
+        k: usize,
+        src: &[f32],
+    ) {
+        let (yp, cp, sp) = (y.as_mut_ptr(), c.as_ptr(), src.as_ptr());
+        // SAFETY: the caller's contract bounds every offset below.
+        unsafe {
+            let mut acc: [[__m512; V]; N] = std::array::from_fn(|r| {
+                std::array::from_fn(|v| _mm512_loadu_ps(yp.add(r * w + x0 + 16 * v)))
+            });
+            for t in 0..k {
+                let s: [__m512; V] =
+                    std::array::from_fn(|v| _mm512_loadu_ps(sp.add(t * w + x0 + 16 * v)));
+                for (r, ar) in acc.iter_mut().enumerate() {
+                    let cr = _mm512_set1_ps(*cp.add(r * k + t));
+                    for (a, &sv) in ar.iter_mut().zip(&s) {
+                        *a = _mm512_add_ps(*a, _mm512_mul_ps(cr, sv));
+                    }
+                }
+            }
+            for (r, ar) in acc.iter().enumerate() {
+                for (v, &a) in ar.iter().enumerate() {
+                    _mm512_storeu_ps(yp.add(r * w + x0 + 16 * v), a);
+                }
+            }
+        }
+    }
+
+    /// The dot products of `N` rows of `xs` with the first `16·G` keys of
+    /// `kt`, into rows of `dots` (stride [`KEY_STRIDE`]).
+    ///
+    /// # Safety
+    /// AVX-512F; `xs` holds `N·dk` values, `kt` `dk·KEY_STRIDE`, `dots`
+    /// `N·KEY_STRIDE` (the last row's lanes past 16·G excepted), `16·G ≤ KEY_STRIDE`.
+    #[inline(always)]
+    pub(super) unsafe fn dots_block<const N: usize, const G: usize>(
+        dots: &mut [f32],
+        xs: &[f32],
+        dk: usize,
+        kt: &[f32],
+    ) {
+        let (dp, xp, kp) = (dots.as_mut_ptr(), xs.as_ptr(), kt.as_ptr());
+        // SAFETY: the caller's contract bounds every offset below.
+        unsafe {
+            let mut acc: [[__m512; G]; N] = [[_mm512_set1_ps(-0.0); G]; N];
+            for a in 0..dk {
+                let key: [__m512; G] =
+                    std::array::from_fn(|g| _mm512_loadu_ps(kp.add(a * KEY_STRIDE + 16 * g)));
+                for (r, ar) in acc.iter_mut().enumerate() {
+                    let x = _mm512_set1_ps(*xp.add(r * dk + a));
+                    for (d, &kv) in ar.iter_mut().zip(&key) {
+                        *d = _mm512_add_ps(*d, _mm512_mul_ps(x, kv));
+                    }
+                }
+            }
+            for (r, ar) in acc.iter().enumerate() {
+                for (g, &d) in ar.iter().enumerate() {
+                    _mm512_storeu_ps(dp.add(r * KEY_STRIDE + 16 * g), d);
+                }
+            }
+        }
+    }
+}
