@@ -279,23 +279,11 @@ unsafe fn chunked_head<O: RowOps>(
                 kt[a * rows::KEY_STRIDE + j] = kc[j * dk + a];
             }
         }
-        // decay[i][j] = exp(γ_i − γ_j), j ≤ i.
-        let decay = &mut decay_buf[..n * n];
-        for i in 0..n {
-            for j in 0..=i {
-                decay[i * n + j] = (gam[i] - gam[j]).exp();
-            }
-        }
-        // L[i][j] = β_i (k_i·k_j) Γ_ij, j < i.
         let dots = &mut dots_buf[..n * rows::KEY_STRIDE];
         // SAFETY: the CPU runs O's instruction set (this function's contract).
         unsafe { O::dots_lower(dots, kc, dk, &kt, n) };
-        let l = &mut l_buf[..n * n];
-        for i in 0..n {
-            for j in 0..i {
-                l[i * n + j] = bc[i] * dots[i * rows::KEY_STRIDE + j] * decay[i * n + j];
-            }
-        }
+        let (decay, l) = (&mut decay_buf[..n * n], &mut l_buf[..n * n]);
+        decay_and_l(gam, dots, bc, decay, l);
         // Forward substitution: U = (I+L)^{-1} βV, W = (I+L)^{-1} βK e^γ.
         let u = &mut u_buf[..n * dv];
         let w = &mut w_buf[..n * dk];
@@ -366,6 +354,24 @@ unsafe fn chunked_head<O: RowOps>(
         start += n;
     }
     oh
+}
+
+/// `decay[i][j] = exp(γ_i − γ_j)` for j ≤ i, and
+/// `L[i][j] = β_i (k_i·k_j) Γ_ij` for j < i from the keys' dot products
+/// (rows of [`rows::KEY_STRIDE`]); both `[n, n]` for a chunk of `n = γ.len()`.
+#[inline(always)]
+fn decay_and_l(gam: &[f32], dots: &[f32], bc: &[f32], decay: &mut [f32], l: &mut [f32]) {
+    let n = gam.len();
+    for i in 0..n {
+        for j in 0..=i {
+            decay[i * n + j] = (gam[i] - gam[j]).exp();
+        }
+    }
+    for i in 0..n {
+        for j in 0..i {
+            l[i * n + j] = bc[i] * dots[i * rows::KEY_STRIDE + j] * decay[i * n + j];
+        }
+    }
 }
 
 mod rows;
