@@ -4,16 +4,17 @@
 //! head. Each head's loop is compiled three times, portable, for AVX2 and for
 //! AVX-512F, and the widest build the CPU has runs
 //! ([`crate::kernels::capabilities`], recorded as `delta-rule-avx512` or
-//! `delta-rule-avx2`; `HSPARITY_NO_AVX512_DELTA` keeps it to AVX2): the same
-//! operations in the same order on wider lanes (independent elements only;
-//! rustc never lets LLVM contract a multiply and an add into an FMA, even
-//! where the target feature has one, and no sum is reassociated), so every
-//! build gives bitwise the same values (tested in `delta_rule/tests.rs`; a
-//! disassembly of the AVX-512F build shows zmm arithmetic and no `vfmadd`).
-//! The chunked head's dense updates (`U − W S`, `(Q e^γ) S`, the state's)
-//! run in the AVX-512F build on register blocks of four output rows
-//! ([`rows::Zmm`]): each term added to each element as one row at a time
-//! adds it, with each source row loaded once per four output rows.
+//! `delta-rule-avx2`; `HSPARITY_NO_AVX512_DELTA` keeps it to AVX2). Every
+//! build makes the same operations in the same order on each element (rustc
+//! never lets LLVM contract a multiply and an add into an FMA, even where the
+//! target feature has one, and no sum is reassociated), so every build gives
+//! bitwise the same values, NaNs' payloads aside (tested in
+//! `delta_rule/tests.rs`; a disassembly of the AVX-512F build shows zmm
+//! arithmetic and no `vfmadd`). In the AVX-512F build the chunked head's
+//! dense updates (`U − W S`, `(Q e^γ) S`, the state's) and its dot products
+//! with the chunk's keys run on blocks of four output rows ([`rows::Zmm`]):
+//! each element gets the same terms in the same order as one row at a time,
+//! and each source row is loaded once per four output rows.
 
 use rayon::prelude::*;
 
@@ -258,7 +259,7 @@ unsafe fn chunked_head<O: RowOps>(
     let mut dots_buf = vec![0f32; c * rows::KEY_STRIDE];
     let (mut u_buf, mut w_buf) = (vec![0f32; c * dv], vec![0f32; c * dk]);
     let mut coef = vec![0f32; c * dk];
-    let mut terms: Vec<(usize, f32)> = Vec::with_capacity(c.max(dk));
+    let mut terms: Vec<(usize, f32)> = Vec::with_capacity(c);
     let mut start = 0;
     while start < t {
         let n = CHUNK_SIZE.min(t - start);
@@ -324,7 +325,8 @@ unsafe fn chunked_head<O: RowOps>(
                 cq[i * dk + a] = qc[i * dk + a] * eg;
             }
         }
-        // SAFETY: as above.
+        // SAFETY: as above. The query·key dot products take the place of
+        // the key·key ones, which L has used.
         unsafe {
             O::dense_rows(o, dv, cq, dk, s);
             O::dots_lower(dots, qc, dk, &kt, n);

@@ -1,17 +1,25 @@
 //! The row updates of the chunked head, in two builds that give the same
-//! bits: [`Lanes`], loops the compiler vectorises one output row at a time,
-//! and [`Zmm`], AVX-512F registers holding blocks of four output rows so
-//! that each load of a source row serves four of them (a head's state is
-//! 64 KiB, past L1, and the row-at-a-time form waits on L2 for it). Every
-//! element adds its terms in the same order, with one rounding per product
-//! and per addition, in both.
+//! bits for every result that is not a NaN.
+//!
+//! - [`Lanes`]: loops the compiler vectorises, one output row at a time. It
+//!   is inlined into the portable, AVX2 and AVX-512F head builds alike.
+//! - [`Zmm`]: AVX-512F registers holding blocks of four output rows, so that
+//!   each load of a source row serves four of them. A head's state is
+//!   64 KiB, past L1, and the row-at-a-time form waits on L2 for it. Only the
+//!   AVX-512F head build uses it (off x86-64 it is [`Lanes`]).
+//!
+//! In both, every element adds its terms in the same order, with one
+//! rounding per product and per addition (no fused multiply-add).
 
-/// Lanes of an output row one block holds in registers.
+/// f32 columns of each output row that one register block holds (4 zmm × 16).
 const L: usize = 64;
 
 /// The row stride of the transposed keys and of the dot products
-/// ([`RowOps::dots_lower`]).
-pub(super) const KEY_STRIDE: usize = L;
+/// ([`RowOps::dots_lower`]): a chunk's keys, at most four vectors of 16.
+pub(super) const KEY_STRIDE: usize = 64;
+
+// `Zmm::dots_lower` computes at most four vectors of 16 keys.
+const _: () = assert!(KEY_STRIDE == 4 * 16);
 
 /// `y += c·x` elementwise (`y -= l·x` is `axpy(y, -l, x)`: `y + (−l)·x`
 /// rounds exactly as `y − l·x`). Independent lanes, so it vectorises without
@@ -63,6 +71,9 @@ pub(super) trait RowOps {
     ///
     /// # Safety
     /// The CPU runs the build's instruction set.
+    ///
+    /// # Panics
+    /// When `w` is 0 or `c` or `src` is shorter than that.
     unsafe fn dense_rows(y: &mut [f32], w: usize, c: &[f32], k: usize, src: &[f32]);
 
     /// `dots[i·KEY_STRIDE + j] = xs[i] · key_j` for every row `i` of `xs`
@@ -75,6 +86,10 @@ pub(super) trait RowOps {
     ///
     /// # Safety
     /// The CPU runs the build's instruction set.
+    ///
+    /// # Panics
+    /// When `dk` is 0, `n` > [`KEY_STRIDE`], or `kt` or `dots` is shorter
+    /// than that.
     unsafe fn dots_lower(dots: &mut [f32], xs: &[f32], dk: usize, kt: &[f32], n: usize);
 }
 
@@ -108,31 +123,36 @@ impl RowOps for Lanes {
 #[cfg(target_arch = "x86_64")]
 pub(super) struct Zmm;
 
+/// Off x86-64 the AVX-512F head build is the portable one.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) type Zmm = Lanes;
+
 #[cfg(target_arch = "x86_64")]
 impl RowOps for Zmm {
     #[inline(always)]
     unsafe fn dense_rows(y: &mut [f32], w: usize, c: &[f32], k: usize, src: &[f32]) {
         let rows = y.len() / w;
+        let fits = |m: usize, n: usize, len: usize| m.checked_mul(n).is_some_and(|p| p <= len);
         assert!(
-            c.len() >= rows * k && src.len() >= k * w,
+            fits(rows, k, c.len()) && fits(k, w, src.len()),
             "dense_rows operands"
         );
         let full = w / L * L;
         let mut r0 = 0;
         while r0 < rows {
-            let n = if rows - r0 >= 4 { 4 } else { 1 };
-            let (yb, cb) = (&mut y[r0 * w..(r0 + n) * w], &c[r0 * k..(r0 + n) * k]);
+            let nr = if rows - r0 >= 4 { 4 } else { 1 };
+            let (yb, cb) = (&mut y[r0 * w..(r0 + nr) * w], &c[r0 * k..(r0 + nr) * k]);
             for x0 in (0..full).step_by(L) {
                 // SAFETY: AVX-512F (the caller's contract); the block's rows,
-                // lanes x0..x0+L < w, and terms lie inside y, c and src.
+                // lanes x0..x0 + L ≤ w, and terms lie inside y, c and src.
                 unsafe {
-                    match n {
+                    match nr {
                         4 => zmm::dense_block::<4>(yb, (w, x0), cb, k, src),
                         _ => zmm::dense_block::<1>(yb, (w, x0), cb, k, src),
                     }
                 }
             }
-            r0 += n;
+            r0 += nr;
         }
         if full < w {
             for (r, yr) in y.chunks_exact_mut(w).enumerate() {
@@ -147,14 +167,17 @@ impl RowOps for Zmm {
     #[inline(always)]
     unsafe fn dots_lower(dots: &mut [f32], xs: &[f32], dk: usize, kt: &[f32], n: usize) {
         let rows = xs.len() / dk;
+        let fits = |m: usize, len: usize| m.checked_mul(KEY_STRIDE).is_some_and(|p| p <= len);
         assert!(
-            n <= KEY_STRIDE && kt.len() >= dk * KEY_STRIDE && dots.len() >= rows * KEY_STRIDE,
+            n <= KEY_STRIDE && fits(dk, kt.len()) && fits(rows, dots.len()),
             "dots_lower operands"
         );
         let mut i0 = 0;
         while i0 < rows {
             let nr = if rows - i0 >= 4 { 4 } else { 1 };
-            // Keys 0..=i for the block's last row i, in whole vectors of 16.
+            // Keys 0..=i for the block's last row i, in whole vectors of 16
+            // (none when n is 0: the `(4, _)` arm, in bounds all the same).
+            // A row alone always takes all four vectors.
             let groups = (i0 + nr).min(n).div_ceil(16);
             let (d, x) = (&mut dots[i0 * KEY_STRIDE..], &xs[i0 * dk..(i0 + nr) * dk]);
             // SAFETY: AVX-512F (the caller's contract); the rows' KEY_STRIDE

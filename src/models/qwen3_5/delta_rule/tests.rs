@@ -1,5 +1,6 @@
-//! Every build of the head loops gives the portable build's bits: the same
-//! operations on wider lanes, no contraction into fused multiply-adds.
+//! Every build of the head loops gives the portable build's bits: each
+//! element's operations in the same order, no contraction into fused
+//! multiply-adds; and both row builds give one term at a time's bits.
 
 use rand::{Rng, SeedableRng};
 
@@ -33,22 +34,18 @@ fn builds_agree(k: Builds, name: &str) {
         (150, 64, 128),
         (70, 24, 40),
         (131, 128, 200),
+        // A last chunk of 50 rows: past 32 keys, and not a multiple of four.
+        (114, 32, 64),
     ] {
         let (h, s0) = inputs(t, dk, dv, (t * dk + dv) as u64);
         let (mut s, mut s2, mut s5) = (s0.clone(), s0.clone(), s0.clone());
         let want = (k.portable)(&h, &mut s, (t, dk, dv));
         let caps = crate::kernels::capabilities();
-        let required = std::env::var("HSPARITY_REQUIRE_KERNELS").unwrap_or_default();
-        for (has, kernel) in [
-            (caps.avx2, "delta-rule-avx2"),
-            (caps.avx512f, "delta-rule-avx512"),
-        ] {
-            assert!(
-                has || !required.split(',').any(|r| r.trim() == kernel),
-                "HSPARITY_REQUIRE_KERNELS names {kernel}, which this CPU cannot run"
-            );
-        }
-        if caps.avx2 {
+        let (avx2, avx512) = (
+            runs("delta-rule-avx2", caps.avx2),
+            runs("delta-rule-avx512", caps.avx512f),
+        );
+        if avx2 {
             // SAFETY: the CPU has AVX2.
             let got = unsafe { (k.avx2)(&h, &mut s2, (t, dk, dv)) };
             assert!(
@@ -56,7 +53,7 @@ fn builds_agree(k: Builds, name: &str) {
                 "{name} avx2 t={t} dk={dk} dv={dv}"
             );
         }
-        if caps.avx512f {
+        if avx512 {
             // SAFETY: the CPU has AVX-512F.
             let got = unsafe { (k.avx512)(&h, &mut s5, (t, dk, dv)) };
             assert!(
@@ -92,6 +89,40 @@ fn dense_reference(y: &mut [f32], w: usize, c: &[f32], k: usize, src: &[f32]) {
     }
 }
 
+/// Whether this CPU runs `kernel` (`has`): a kernel that
+/// `HSPARITY_REQUIRE_KERNELS` names must run, and one skipped says so.
+fn runs(kernel: &str, has: bool) -> bool {
+    let required = std::env::var("HSPARITY_REQUIRE_KERNELS").unwrap_or_default();
+    assert!(
+        has || !required.split(',').any(|r| r.trim() == kernel),
+        "HSPARITY_REQUIRE_KERNELS names {kernel}, which this CPU cannot run"
+    );
+    if !has {
+        eprintln!("SKIPPED {kernel}: this CPU lacks its instructions");
+    }
+    has
+}
+
+/// [`rows::Zmm::dense_rows`] compiled as the AVX-512F head build inlines it.
+///
+/// # Safety
+/// AVX-512F.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
+unsafe fn zmm_dense(y: &mut [f32], w: usize, c: &[f32], k: usize, src: &[f32]) {
+    // SAFETY: AVX-512F (this function's contract).
+    unsafe { rows::Zmm::dense_rows(y, w, c, k, src) }
+}
+
+/// [`rows::Zmm::dots_lower`] compiled as the AVX-512F head build inlines it.
+///
+/// # Safety
+/// AVX-512F.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
+unsafe fn zmm_dots(dots: &mut [f32], xs: &[f32], dk: usize, kt: &[f32], n: usize) {
+    // SAFETY: AVX-512F (this function's contract).
+    unsafe { rows::Zmm::dots_lower(dots, xs, dk, kt, n) }
+}
+
 #[test]
 fn row_builds_are_bitwise_one_term_at_a_time() {
     let mut r = rand::rngs::StdRng::seed_from_u64(11);
@@ -100,9 +131,10 @@ fn row_builds_are_bitwise_one_term_at_a_time() {
             .map(|_| r.gen_range(-1.0f32..1.0))
             .collect::<Vec<_>>()
     };
-    let caps = crate::kernels::capabilities();
+    let avx512 = runs("delta-rule-avx512", crate::kernels::capabilities().avx512f);
     for (rows, w, k) in [
         (1, 16, 3),
+        (4, 64, 0),
         (4, 64, 64),
         (7, 128, 128),
         (9, 200, 37),
@@ -115,22 +147,29 @@ fn row_builds_are_bitwise_one_term_at_a_time() {
         // SAFETY: `Lanes` is plain Rust.
         unsafe { rows::Lanes::dense_rows(&mut got, w, &c, k, &src) };
         assert_eq!(bits(&got), bits(&want), "lanes rows={rows} w={w} k={k}");
-        if caps.avx512f {
+        if avx512 {
             let mut got = y0.clone();
             // SAFETY: the CPU has AVX-512F.
-            unsafe { rows::Zmm::dense_rows(&mut got, w, &c, k, &src) };
+            unsafe { zmm_dense(&mut got, w, &c, k, &src) };
             assert_eq!(bits(&got), bits(&want), "zmm rows={rows} w={w} k={k}");
         }
     }
     let ks = rows::KEY_STRIDE;
+    // Row counts that are and are not multiples of four, up to 64 keys.
     for (rows, n, dk) in [
         (1, 1, 8),
         (5, 5, 16),
         (22, 22, 128),
+        (50, 50, 16),
+        (64, 17, 8),
         (64, 64, 128),
         (64, 37, 24),
     ] {
-        let (xs, kt) = (vals(rows * dk), vals(dk * ks));
+        let (mut xs, mut kt) = (vals(rows * dk), vals(dk * ks));
+        // A zero row against non-positive keys: every product is −0.0, so a
+        // dot starting from −0.0 stays −0.0 and one starting from +0.0 does not.
+        xs[..dk].iter_mut().for_each(|v| *v = 0.0);
+        kt.iter_mut().step_by(ks).for_each(|v| *v = -v.abs());
         let dot =
             |i: usize, j: usize| -> f32 { (0..dk).map(|a| xs[i * dk + a] * kt[a * ks + j]).sum() };
         let mut builds: Vec<(&str, Vec<f32>)> = Vec::new();
@@ -138,12 +177,13 @@ fn row_builds_are_bitwise_one_term_at_a_time() {
         // SAFETY: `Lanes` is plain Rust.
         unsafe { rows::Lanes::dots_lower(&mut d, &xs, dk, &kt, n) };
         builds.push(("lanes", d));
-        if caps.avx512f {
+        if avx512 {
             let mut d = vec![f32::NAN; rows * ks];
             // SAFETY: the CPU has AVX-512F.
-            unsafe { rows::Zmm::dots_lower(&mut d, &xs, dk, &kt, n) };
+            unsafe { zmm_dots(&mut d, &xs, dk, &kt, n) };
             builds.push(("zmm", d));
         }
+        assert_eq!(dot(0, 0).to_bits(), (-0.0f32).to_bits(), "the −0.0 case");
         for (name, d) in builds {
             for i in 0..rows {
                 for j in 0..=i.min(n - 1) {
