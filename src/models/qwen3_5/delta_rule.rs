@@ -36,8 +36,10 @@ type HeadKernel = fn(&Head, &mut [f32], Dims) -> Vec<f32>;
 /// A head kernel compiled for an instruction set (call only where the CPU has it).
 type WideKernel = unsafe fn(&Head, &mut [f32], Dims) -> Vec<f32>;
 
-/// One head kernel in its three builds: portable, AVX2, AVX-512F.
+/// One head kernel in its three builds: portable, AVX2, AVX-512F (off
+/// x86-64 only the portable one runs).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Builds {
     portable: HeadKernel,
     avx2: WideKernel,
