@@ -131,31 +131,25 @@ impl Capabilities {
 
     /// The CPU features the kernels look at, by name.
     pub fn cpu_features(&self) -> Vec<&'static str> {
-        [
+        names_on([
             (self.avx2, "avx2"),
             (self.avx512f, "avx512f"),
             (self.avx512bf16, "avx512bf16"),
             (self.amx_bf16, "amx-bf16"),
-        ]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect()
+        ])
     }
 
     /// What turned kernels off, by name: the environment's switches that are
     /// set, and `ARCH_REQ_XCOMP_PERM refused` where the OS refused AMX's tile
     /// state (the report's `environment.kernels.disabled_by`).
     pub fn disabled_by(&self) -> Vec<&'static str> {
-        [
+        names_on([
             (self.no_avx512_gemm, "HSPARITY_NO_AVX512_GEMM"),
             (self.no_bf16_dot, "HSPARITY_NO_BF16_DOT"),
             (self.no_amx, "HSPARITY_NO_AMX"),
             (self.no_avx512_delta, "HSPARITY_NO_AVX512_DELTA"),
             (self.amx_refused, "ARCH_REQ_XCOMP_PERM refused"),
-        ]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect()
+        ])
     }
 
     /// The kernels that may run, by name.
@@ -400,4 +394,12 @@ impl Plan {
             Err(refuse("no kernel on this architecture"))
         }
     }
+}
+
+/// The names whose flag is on, in order.
+fn names_on<const N: usize>(flags: [(bool, &'static str); N]) -> Vec<&'static str> {
+    flags
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
 }

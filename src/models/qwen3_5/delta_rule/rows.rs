@@ -93,6 +93,12 @@ pub(super) trait RowOps {
     unsafe fn dots_lower(dots: &mut [f32], xs: &[f32], dk: usize, kt: &[f32], n: usize);
 }
 
+/// Whether `m · n` values fit in `len` (false when the product overflows).
+#[cfg(target_arch = "x86_64")]
+fn fits(m: usize, n: usize, len: usize) -> bool {
+    m.checked_mul(n).is_some_and(|p| p <= len)
+}
+
 /// One output row at a time, in loops the compiler vectorises.
 pub(super) struct Lanes;
 
@@ -132,7 +138,6 @@ impl RowOps for Zmm {
     #[inline(always)]
     unsafe fn dense_rows(y: &mut [f32], w: usize, c: &[f32], k: usize, src: &[f32]) {
         let rows = y.len() / w;
-        let fits = |m: usize, n: usize, len: usize| m.checked_mul(n).is_some_and(|p| p <= len);
         assert!(
             fits(rows, k, c.len()) && fits(k, w, src.len()),
             "dense_rows operands"
@@ -167,9 +172,8 @@ impl RowOps for Zmm {
     #[inline(always)]
     unsafe fn dots_lower(dots: &mut [f32], xs: &[f32], dk: usize, kt: &[f32], n: usize) {
         let rows = xs.len() / dk;
-        let fits = |m: usize, len: usize| m.checked_mul(KEY_STRIDE).is_some_and(|p| p <= len);
         assert!(
-            n <= KEY_STRIDE && fits(dk, kt.len()) && fits(rows, dots.len()),
+            n <= KEY_STRIDE && fits(dk, KEY_STRIDE, kt.len()) && fits(rows, KEY_STRIDE, dots.len()),
             "dots_lower operands"
         );
         let mut i0 = 0;

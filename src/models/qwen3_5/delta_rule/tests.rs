@@ -25,6 +25,11 @@ fn inputs(t: usize, dk: usize, dv: usize, seed: u64) -> (Head, Vec<f32>) {
 
 /// Runs `k`'s builds this CPU has on the same head and state.
 fn builds_agree(k: Builds, name: &str) {
+    let caps = crate::kernels::capabilities();
+    let (avx2, avx512) = (
+        runs("delta-rule-avx2", caps.avx2),
+        runs("delta-rule-avx512", caps.avx512f),
+    );
     // A partial chunk, exactly one chunk, several chunks and a partial;
     // widths that fill AVX-512 lanes and widths that leave a remainder.
     // Rows of 128 and 200 lanes: whole register blocks, and blocks with a tail.
@@ -40,11 +45,6 @@ fn builds_agree(k: Builds, name: &str) {
         let (h, s0) = inputs(t, dk, dv, (t * dk + dv) as u64);
         let (mut s, mut s2, mut s5) = (s0.clone(), s0.clone(), s0.clone());
         let want = (k.portable)(&h, &mut s, (t, dk, dv));
-        let caps = crate::kernels::capabilities();
-        let (avx2, avx512) = (
-            runs("delta-rule-avx2", caps.avx2),
-            runs("delta-rule-avx512", caps.avx512f),
-        );
         if avx2 {
             // SAFETY: the CPU has AVX2.
             let got = unsafe { (k.avx2)(&h, &mut s2, (t, dk, dv)) };
