@@ -17,12 +17,12 @@ use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::moe::Routing;
 use crate::models::{
-    DecoderLayer, Embedding, FinalNorm, GdnForm, Positions, Sequence, TextModelSpec,
+    DecoderLayer, Embedding, FinalNorm, GdnForm, LayerState, Positions, Sequence, TextModelSpec,
 };
 use crate::precision::Precision;
 use crate::progress::RunProgress;
 pub use decode::CachedDecode;
-use decode::{DecodePlan, DecodeRows};
+use decode::{DecodePlan, DecodeRows, Own};
 use share::{group_bytes, load_shared, same_input, share_groups};
 
 /// What a `hidden_states` entry is (the `layer_type` of the report;
@@ -173,21 +173,20 @@ struct LayerRun {
     local_routing: Vec<Option<Vec<Routing>>>,
 }
 
-/// A path's own forward of a layer with the cached decode: its inputs, the
-/// earlier runs it may reuse, path 0's inputs to run its local forward on in
-/// the same batch (empty: none), and the check's inputs.
-#[derive(Clone, Copy)]
-struct Own<'a> {
-    inputs: &'a [Tensor],
-    done: &'a [Done<'a>],
-    locals: &'a [Tensor],
-    /// Its cached decode's inputs at this layer.
-    rows: &'a DecodeRows,
+/// What a path's layer run is for ([`Run::forward`]).
+enum Mode<'s> {
+    /// Its own history.
+    Own,
+    /// Path 0's input (the local comparison).
+    Local,
+    /// Its own history, prompt `prompt` also leaving in `into` the state
+    /// after its first `at` tokens (the cached decode's prefill).
+    Snapshot {
+        prompt: usize,
+        at: usize,
+        into: &'s mut LayerState,
+    },
 }
-
-/// What [`Run::with_decode`] gives: the own outputs, the cached decode's
-/// rows, and the stacked local forward's outputs (per prompt; empty: none).
-type OwnRun = (Outputs, Option<DecodeRows>, Ran);
 
 /// The outputs (and routings) of a batch's extra sequences, in order.
 type Ran = Vec<(Tensor, Option<Routing>)>;
@@ -232,18 +231,28 @@ impl Run<'_> {
 
     /// Path p's layer over `inputs` (one per prompt), reusing the outputs
     /// (and routings) of an earlier run of the same layer (`done`) on
-    /// bitwise-equal inputs.
+    /// bitwise-equal inputs, except the prompt a [`Mode::Snapshot`] names,
+    /// which runs and leaves its state.
     fn forward(
         &self,
         layer: &DecoderLayer,
         p: usize,
         inputs: &[Tensor],
         done: &[Done],
-        local: bool,
+        mode: Mode,
         extra: Vec<Sequence>,
     ) -> Result<(Outputs, Ran)> {
+        let (local, mut snapshot) = match mode {
+            Mode::Local => (true, None),
+            Mode::Own => (false, None),
+            Mode::Snapshot { prompt, at, into } => (false, Some((prompt, at, into))),
+        };
         let mut reused: Vec<Option<(Tensor, Option<Routing>)>> = Vec::with_capacity(inputs.len());
         for (k, h) in inputs.iter().enumerate() {
+            if snapshot.as_ref().is_some_and(|s| s.0 == k) {
+                reused.push(None);
+                continue;
+            }
             let earlier = done
                 .iter()
                 .enumerate()
@@ -264,6 +273,13 @@ impl Run<'_> {
                 pos: &self.pos[k],
                 form: self.form,
                 state: None,
+                snapshot: match snapshot.take() {
+                    Some((prompt, at, into)) if prompt == k => Some((at, into)),
+                    other => {
+                        snapshot = other;
+                        None
+                    }
+                },
             })
             .collect();
         seqs.extend(extra);
@@ -323,8 +339,10 @@ impl Run<'_> {
             let ((out, r), rows, lo) = match (&self.decode, decode_in.get(p)) {
                 (Some(plan), Some(rows)) => {
                     let same: Vec<usize> = (0..p).filter(|&q| groups[q] == groups[p]).collect();
-                    let same: Vec<(usize, &DecodeRows)> =
-                        same.into_iter().map(|q| (q, &decode_in[q])).collect();
+                    let same: Vec<(usize, &[Tensor], &DecodeRows)> = same
+                        .into_iter()
+                        .map(|q| (q, states[q].as_slice(), &decode_in[q]))
+                        .collect();
                     let own = Own {
                         inputs: &states[p],
                         done: &done,
@@ -335,7 +353,8 @@ impl Run<'_> {
                 }
                 _ => {
                     let extra = self.local_sequences(with_local);
-                    let (out, lo) = self.forward(&layers[p], p, &states[p], &done, false, extra)?;
+                    let (out, lo) =
+                        self.forward(&layers[p], p, &states[p], &done, Mode::Own, extra)?;
                     (out, None, lo)
                 }
             };
@@ -399,51 +418,13 @@ impl Run<'_> {
                         )
                     })
                     .collect();
-                self.forward(&layers[p], p, &states[0], &done, true, Vec::new())?
+                self.forward(&layers[p], p, &states[0], &done, Mode::Local, Vec::new())?
                     .0
             };
             locals[p] = Some(o);
             local_routes[p] = r.into_iter().collect::<Option<Vec<_>>>();
         }
         Ok((locals, local_routes))
-    }
-
-    /// Path p's own forward of `layer` with the cached decode: its prefill
-    /// stacked with the prompts, then its single-token steps. `same`: the
-    /// earlier paths with the same layer and their check inputs; the outputs
-    /// (`done_rows[q]`) of one whose inputs are bitwise equal to p's
-    /// (`own.rows`) are reused.
-    fn with_decode(
-        &self,
-        layer: &DecoderLayer,
-        p: usize,
-        own: Own,
-        plan: &DecodePlan,
-        done_rows: &[DecodeRows],
-        same: &[(usize, &DecodeRows)],
-    ) -> Result<OwnRun> {
-        let rows = own.rows;
-        let mine = rows.tensors();
-        let earlier: Vec<(usize, [Tensor; 2])> =
-            same.iter().map(|(q, r)| (*q, r.tensors())).collect();
-        let seen = earlier.iter().map(|(q, t)| (*q, t.as_slice()));
-        let locals = self.local_sequences(own.locals);
-        if let Some(q) = same_input(seen, &mine)? {
-            let (out, lo) = self.forward(layer, p, own.inputs, own.done, false, locals)?;
-            return Ok((out, Some(done_rows[q].clone()), lo));
-        }
-        let mut state = layer.new_state(self.spec);
-        let mut extra = vec![plan.prefill_sequence(rows, &mut state)];
-        extra.extend(locals);
-        let (out, mut ran) = self.forward(layer, p, own.inputs, own.done, false, extra)?;
-        if ran.is_empty() {
-            return Err(crate::error::Error::Tensor(candle_core::Error::Msg(
-                "the cached decode's prefill returned no rows".into(),
-            )));
-        }
-        let prefill = ran.remove(0).0;
-        let steps = plan.steps(layer, self.spec, rows, &mut state)?;
-        Ok((out, Some(DecodeRows { prefill, steps }), ran))
     }
 
     /// Path 0's inputs `inputs` as fresh sequences of a batch (a local forward).
@@ -456,6 +437,7 @@ impl Run<'_> {
                 pos,
                 form: self.form,
                 state: None,
+                snapshot: None,
             })
             .collect()
     }
@@ -544,7 +526,7 @@ pub fn run(
             .iter()
             .zip(paths)
             .filter(|(_, p)| !p.noise_shadow)
-            .map(|(s, _)| plan.split(&s[plan.check.prompt]))
+            .map(|(s, _)| plan.steps_input(&s[plan.check.prompt]))
             .collect::<Result<_>>()?,
         None => Vec::new(),
     };

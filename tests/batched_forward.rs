@@ -51,6 +51,7 @@ fn stacked_sequences_give_the_bits_of_each_alone() {
                         pos,
                         form,
                         state: None,
+                        snapshot: None,
                     })
                     .collect();
                 let stacked = layer.forward_batch(&mut seqs, spec).unwrap();
@@ -94,11 +95,7 @@ fn the_check_in_the_capture_sweep_equals_the_separate_pass() {
         let separate: Vec<_> = session
             .paths
             .iter()
-            .map(|p| {
-                incremental::check(&session, p, dtype, None)
-                    .unwrap()
-                    .unwrap()
-            })
+            .map(|p| incremental::check(&session, p, dtype).unwrap().unwrap())
             .collect();
         let separate = serde_json::to_value(&separate).unwrap();
         assert_eq!(
@@ -107,5 +104,65 @@ fn the_check_in_the_capture_sweep_equals_the_separate_pass() {
             "{dtype:?}: both paths"
         );
         assert_eq!(folded, separate, "{dtype:?}");
+    }
+}
+
+/// A layer's forward of a fresh sequence leaves, beside its own outputs
+/// (the bits of the plain forward), the state a separate prefill of its
+/// first `at` tokens hands on, bit for bit: the prefill's rows are the
+/// forward's first rows, and steps continuing either state give the same
+/// bits. Every layer of the tiny fixture (delta rule and attention), f32
+/// and bf16, both delta-rule forms, cut mid-chunk, at a chunk boundary and
+/// at the end; prefills long enough that their products take candle's
+/// blocked route (as the capture's rows do).
+#[test]
+fn a_snapshot_is_the_state_a_separate_prefill_hands_on() {
+    let session = Session::open(&common::target(TINY, None), &[LoadingPath::CausalLm]).unwrap();
+    let (spec, src) = (&session.spec, &session.paths[0].view);
+    let (h, t) = (spec.geo.hidden, 130);
+    let pos = spec.positions(0, t).unwrap();
+    for prec in [Precision::F32, Precision::Bf16] {
+        for form in [GdnForm::Chunked, GdnForm::Recurrent] {
+            for l in 0..spec.num_layers() {
+                let layer = DecoderLayer::load(spec, src, l, prec).unwrap();
+                let x = input(t, h, 100 + l as u64, prec);
+                let (full, _) = layer.forward_routed(&x, spec, &pos, form, None).unwrap();
+                for at in [65, 100, 128, 130] {
+                    let what = format!("layer {l} {prec:?} {form:?} at {at}");
+                    let mut snap = layer.new_state(spec);
+                    let (out, _) = layer
+                        .forward_snapshot(&x, spec, &pos, form, (at, &mut snap))
+                        .unwrap();
+                    assert!(common::bits(&out) == common::bits(&full), "{what}: outputs");
+                    let mut state = layer.new_state(spec);
+                    let pre = spec.positions(0, at).unwrap();
+                    let head = x.narrow(0, 0, at).unwrap();
+                    let prefill = layer
+                        .forward(&head, spec, &pre, form, Some(&mut state))
+                        .unwrap();
+                    let first = full.narrow(0, 0, at).unwrap();
+                    assert!(
+                        common::bits(&prefill) == common::bits(&first),
+                        "{what}: rows"
+                    );
+                    let steps = input(3, h, 200 + l as u64, prec);
+                    let pos_steps: Vec<_> = (at..at + 3)
+                        .map(|i| spec.positions(i, 1).unwrap())
+                        .collect();
+                    let a = layer
+                        .forward_steps(&steps, spec, &pos_steps, &mut snap)
+                        .unwrap();
+                    let b = layer
+                        .forward_steps(&steps, spec, &pos_steps, &mut state)
+                        .unwrap();
+                    assert!(common::bits(&a) == common::bits(&b), "{what}: steps");
+                }
+                for at in [0, t + 1] {
+                    let mut snap = layer.new_state(spec);
+                    let r = layer.forward_snapshot(&x, spec, &pos, form, (at, &mut snap));
+                    assert!(r.is_err(), "layer {l}: a snapshot at {at} of {t} tokens");
+                }
+            }
+        }
     }
 }

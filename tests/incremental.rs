@@ -138,12 +138,12 @@ fn the_incremental_plan_follows_the_flags_the_size_and_the_cpu() {
     assert!(skip(plan(None, big, c, true, &none)).contains("pass --incremental to force it"));
 }
 
-/// On a prompt longer than the cap the check prefills 300 tokens and steps
-/// through positions 300–307, in the capture's sweep (chunked) and as its
-/// own pass (`--gdn-form recurrent`) alike, and passes: the cached decode of
-/// the tiny fixture is its full forward there.
+/// On a long prompt the check prefills all but its last eight tokens and
+/// steps through them (positions 412–419 of 420), in the capture's sweep
+/// (chunked) and as its own pass (`--gdn-form recurrent`) alike, and
+/// passes: the cached decode of the tiny fixture is its full forward there.
 #[test]
-fn on_a_long_prompt_the_check_runs_on_its_first_308_tokens() {
+fn on_a_long_prompt_the_check_steps_through_its_last_tokens() {
     let ids: Vec<String> = (0..420)
         .map(|i| ((17 + 7919 * i) % 384).to_string())
         .collect();
@@ -170,13 +170,13 @@ fn on_a_long_prompt_the_check_runs_on_its_first_308_tokens() {
         for row in v["incremental"].as_array().unwrap() {
             assert_eq!(
                 (row["prefill_tokens"].as_u64(), row["steps"].as_u64()),
-                (Some(300), Some(8)),
+                (Some(412), Some(8)),
                 "{form}"
             );
             assert_eq!(row["verdict"], "pass", "{form}: {row}");
             // The largest difference is named at its position in the prompt.
             if let Some(t) = row["metrics"]["max_abs_at"]["token"].as_u64() {
-                assert!((300..308).contains(&t), "{form}: {row}");
+                assert!((412..420).contains(&t), "{form}: {row}");
             }
         }
         assert_eq!(v["incremental"].as_array().unwrap().len(), 2, "{form}");

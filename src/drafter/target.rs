@@ -228,6 +228,7 @@ impl TargetModel<'_> {
                         s.seq.form
                     },
                     state: Some(&mut s.seq.states[l]),
+                    snapshot: None,
                 })
                 .collect();
             let out = layer.forward_batch(&mut seqs, spec)?;

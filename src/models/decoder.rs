@@ -27,6 +27,10 @@ pub struct Sequence<'a> {
     pub form: GdnForm,
     /// State to continue from and update.
     pub state: Option<&'a mut LayerState>,
+    /// `(at, into)`: a fresh sequence (`state` `None`) also leaves in `into`
+    /// the state a prefill of its first `at` tokens hands on
+    /// ([`DecoderLayer::forward_snapshot`]).
+    pub snapshot: Option<(usize, &'a mut LayerState)>,
 }
 
 /// The token mixer of a layer.
@@ -226,7 +230,16 @@ impl DecoderLayer {
     ) -> Result<Vec<(Tensor, Option<Routing>)>> {
         let mixed: Vec<Tensor> = seqs
             .iter_mut()
-            .map(|s| self.mix(s.h, spec, s.pos, s.form, s.state.as_deref_mut()))
+            .map(|s| match s.snapshot.as_mut() {
+                Some((at, into)) if s.state.is_none() => {
+                    self.mix_snapshot(s.h, spec, s.pos, s.form, (*at, into))
+                }
+                Some(_) => Err(candle_core::Error::Msg(
+                    "a snapshot of a sequence that continues a state".into(),
+                )
+                .into()),
+                None => self.mix(s.h, spec, s.pos, s.form, s.state.as_deref_mut()),
+            })
             .collect::<Result<_>>()?;
         match &self.mlp {
             FeedForward::Dense(m) => {
@@ -276,6 +289,55 @@ impl DecoderLayer {
         };
         let h = self.prec.round(&(h + x)?)?;
         Ok(self.feed_forward(&h, Rows::Steps)?.0)
+    }
+
+    /// [`Self::forward_routed`] of a fresh sequence, also leaving in `into`
+    /// the state a prefill of its first `at` tokens (`1 ≤ at ≤ T`) hands on:
+    /// the conv history and delta-rule state, or the KV cache
+    /// ([`GatedDeltaNet::forward_snapshot`], [`Attention::forward_snapshot`]).
+    /// The outputs are the bits of [`Self::forward_routed`]; `into` is the
+    /// state of a separate prefill of those tokens, bit for bit, whenever
+    /// that prefill's products sum as this forward's do (the rows of both
+    /// take candle's blocked route, [`crate::models::layers::rows_batchable`]).
+    ///
+    /// Errors: `at` is 0 or past `T`, or as [`Self::forward_routed`].
+    pub fn forward_snapshot(
+        &self,
+        h: &Tensor,
+        spec: &TextModelSpec,
+        pos: &Positions,
+        form: GdnForm,
+        (at, into): (usize, &mut LayerState),
+    ) -> Result<(Tensor, Option<Routing>)> {
+        let h = self.mix_snapshot(h, spec, pos, form, (at, into))?;
+        self.feed_forward(&h, Rows::Tokens)
+    }
+
+    /// [`Self::mix`] of a fresh sequence with the snapshot of [`Self::forward_snapshot`].
+    fn mix_snapshot(
+        &self,
+        h: &Tensor,
+        spec: &TextModelSpec,
+        pos: &Positions,
+        form: GdnForm,
+        (at, into): (usize, &mut LayerState),
+    ) -> Result<Tensor> {
+        let x = self.input_layernorm.forward(h)?;
+        let x = match &self.mixer {
+            Mixer::Linear(m) => {
+                let mut s = GdnState::zeros(&spec.geo);
+                let y = m.forward_snapshot(&x, form, at, &mut s)?;
+                *into = LayerState::Linear(s);
+                y
+            }
+            Mixer::Full(m) => {
+                let mut c = KvCache::default();
+                let y = m.forward_snapshot(&x, &spec.rotary, pos, at, &mut c)?;
+                *into = LayerState::Full(c);
+                y
+            }
+        };
+        self.prec.round(&(h + x)?)
     }
 
     /// The first half of the layer: `h + mixer(input_layernorm(h))`, rounded.

@@ -45,23 +45,21 @@ pub fn prompt_of(session: &Session) -> Option<usize> {
 /// final-normed states with the full forward's at the same positions.
 ///
 /// Teacher-forced on the prompt's own tokens, so it runs layer-major: each
-/// layer's weights are loaded once, run on the full sequence, the prefill
-/// and every step, then dropped — one layer resident at a time, as in
-/// [`crate::capture::run`].
-///
-/// `full_last`: the full forward's final-normed states `[T, H]` when the
-/// capture already computed them (chunked form, same path and dtype);
-/// `None` computes them here, over the first `pre + s` tokens only (so the
-/// check's cost stays bounded at any prompt length; a causal model's rows
-/// there are those of the whole prompt, to f32 rounding of the chunking).
-/// `None` when no prompt has two tokens.
+/// layer's weights are loaded once, run on the full sequence (chunked form,
+/// leaving the state after its first `pre` tokens, the prefill's:
+/// [`DecoderLayer::forward_snapshot`]) and on every step, then dropped — one
+/// layer resident at a time, as in [`crate::capture::run`]. The same rows as
+/// the check inside the capture's sweep
+/// ([`crate::capture::CaptureOptions::cached_decode`]), which runs it with
+/// the chunked form; this pass serves `--gdn-form recurrent`, whose capture
+/// is not the chunked forward the check compares with. `None` when no
+/// prompt has two tokens.
 ///
 /// Errors: a tensor cannot be loaded or computed.
 pub fn check(
     session: &Session,
     path: &ResolvedPath,
     prec: Precision,
-    full_last: Option<&Tensor>,
 ) -> Result<Option<IncrementalCheck>> {
     let Some(k) = prompt_of(session) else {
         return Ok(None);
@@ -69,33 +67,24 @@ pub fn check(
     let (spec, src) = (&session.spec, &path.view as &dyn WeightSource);
     let ids = &session.prompts[k].ids;
     let (pre, steps) = crate::capture::decode::split(ids.len(), STEPS);
-    let ids = &ids[..pre + steps];
-    let emb = Embedding::gather(src, prec, ids)?;
-    let mut full = full_last.is_none().then(|| emb.clone());
-    let mut prefill = emb.narrow(0, 0, pre)?;
-    let mut stepped = emb.narrow(0, pre, steps)?;
+    let mut full = Embedding::gather(src, prec, ids)?;
+    let mut stepped = full.narrow(0, pre, steps)?;
     let pos_full = spec.positions(0, ids.len())?;
-    let pos_pre = spec.positions(0, pre)?;
     let pos_step: Vec<_> = (pre..pre + steps)
         .map(|t| spec.positions(t, 1))
         .collect::<Result<_>>()?;
     for l in 0..spec.num_layers() {
         let layer = DecoderLayer::load(spec, src, l, prec)?;
-        if let Some(f) = full.as_mut() {
-            *f = layer.forward(f, spec, &pos_full, GdnForm::Chunked, None)?;
-        }
         let mut state = layer.new_state(spec);
-        prefill = layer.forward(&prefill, spec, &pos_pre, GdnForm::Chunked, Some(&mut state))?;
+        let snapshot = (pre, &mut state);
+        full = layer
+            .forward_snapshot(&full, spec, &pos_full, GdnForm::Chunked, snapshot)?
+            .0;
         // The steps at once, bitwise one by one (`DecoderLayer::forward_steps`).
         stepped = layer.forward_steps(&stepped, spec, &pos_step, &mut state)?;
     }
     let norm = FinalNorm::load(spec, src, prec)?;
-    let full_last = match (full_last, &full) {
-        (Some(t), _) => t.clone(),
-        (None, Some(f)) => norm.forward(f)?,
-        (None, None) => return Ok(None), // not reached: computed above when not given
-    };
-    let normed = norm.forward(&stepped)?;
+    let (normed, full_last) = (norm.forward(&stepped)?, norm.forward(&full)?);
     judge(path.path, prec, k, pre, &normed, &full_last).map(Some)
 }
 
@@ -161,14 +150,13 @@ pub fn from_capture(
 /// The check on every path of `session` in its compute dtype, run
 /// once per distinct set of weights and dtype (every kernel is
 /// deterministic, so paths reading the same bytes in the same dtype give the
-/// same check). `full_rows[i]`: path i's full-forward final-normed states
-/// of the check's prompt when the capture kept them.
+/// same check).
 ///
 /// Errors: as [`check`].
-pub fn check_all(session: &Session, full_rows: &[Option<Tensor>]) -> Result<Vec<IncrementalCheck>> {
+pub fn check_all(session: &Session) -> Result<Vec<IncrementalCheck>> {
     let mut done: Vec<((Precision, Vec<String>), IncrementalCheck)> = Vec::new();
     let mut out = Vec::new();
-    for (i, p) in session.paths.iter().enumerate() {
+    for p in &session.paths {
         let prec = p.compute;
         let key = weights_key(&session.spec, &p.view, None, prec);
         let c = match done.iter().find(|(k, _)| *k == key) {
@@ -176,7 +164,7 @@ pub fn check_all(session: &Session, full_rows: &[Option<Tensor>]) -> Result<Vec<
                 path: p.path,
                 ..c.clone()
             }),
-            None => check(session, p, prec, full_rows.get(i).and_then(Option::as_ref))?,
+            None => check(session, p, prec)?,
         };
         if let Some(c) = c {
             done.push((key, c.clone()));
@@ -198,10 +186,9 @@ pub enum IncrementalPlan {
     Skip(String),
 }
 
-/// The prefill-vs-incremental check adds, per path and layer, a prefill of
-/// at most [`crate::capture::decode::PREFILL_CAP`] tokens of one prompt and
-/// [`STEPS`] single-token steps to the capture's sweep, on
-/// the layer already loaded. Where the steps' products can run in one pass
+/// The prefill-vs-incremental check adds, per path and layer, [`STEPS`]
+/// single-token steps to the capture's sweep, on the layer already loaded
+/// (their prefill is the capture's own forward of the prompt). Where the steps' products can run in one pass
 /// over each weight (the CPU has the single-row kernel,
 /// [`crate::kernels::Capabilities::cpu_reads_weights_once`], whatever
 /// `HSPARITY_NO_AVX512_GEMM` says, so that the switch changes the check's

@@ -56,7 +56,7 @@ pub fn run(
         (IncrementalPlan::Run, Some((at, steps))) => {
             incremental::from_capture(session, at, &captured.full_rows, &steps)?
         }
-        (IncrementalPlan::Run, None) => incremental::check_all(session, &captured.full_rows)?,
+        (IncrementalPlan::Run, None) => incremental::check_all(session)?,
     };
     Ok(LiveParity { pairs, incremental })
 }

@@ -5,6 +5,7 @@
 
 use candle_core::{Device, Tensor};
 
+use super::causal_softmax;
 use super::norm::Norm;
 use super::rope::Rotary;
 use super::{matrix, Matrix, Rows};
@@ -123,6 +124,38 @@ impl Attention {
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         let p = self.project(x, Rows::Tokens)?;
+        let cache = cache.map_or(CacheUse::Fresh, CacheUse::Continue);
+        let out = self.attend(&p.q, &p.k, &p.v, rotary, pos, cache)?;
+        self.output(out, p.gate, Rows::Tokens)
+    }
+
+    /// [`Self::forward`] of a fresh sequence (no cache), also leaving in
+    /// `snap` the cache a prefill of its first `at` tokens (`1 ≤ at ≤ T`)
+    /// fills: their rotated keys and values. Each is a function of its own
+    /// row, so they are that prefill's, bit for bit, whenever its
+    /// projections sum as this forward's do.
+    ///
+    /// Errors: `at` is 0 or past `T`, an fp8 `snap` (an fp8 cache changes
+    /// the prefill's own attention, so no forward without one holds it), or
+    /// a tensor failure.
+    pub fn forward_snapshot(
+        &self,
+        x: &Tensor,
+        rotary: &Rotary,
+        pos: &Positions,
+        at: usize,
+        snap: &mut KvCache,
+    ) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        if at == 0 || at > t || snap.fp8 {
+            return Err(candle_core::Error::Msg(format!(
+                "KV snapshot after token {at} of a {t}-token sequence{}",
+                if snap.fp8 { " into an fp8 cache" } else { "" }
+            ))
+            .into());
+        }
+        let p = self.project(x, Rows::Tokens)?;
+        let cache = CacheUse::Snapshot { at, into: snap };
         let out = self.attend(&p.q, &p.k, &p.v, rotary, pos, cache)?;
         self.output(out, p.gate, Rows::Tokens)
     }
@@ -159,7 +192,7 @@ impl Attention {
                     &row(&p.v)?,
                     rotary,
                     &pos[i],
-                    Some(cache),
+                    CacheUse::Continue(cache),
                 )
             })
             .collect::<Result<Vec<_>>>()?;
@@ -206,7 +239,7 @@ impl Attention {
         v: &Tensor,
         rotary: &Rotary,
         pos: &Positions,
-        cache: Option<&mut KvCache>,
+        cache: CacheUse,
     ) -> Result<Tensor> {
         let g = &self.geo;
         let prec = g.prec;
@@ -220,7 +253,7 @@ impl Attention {
         let mut k = rotary.apply(&k, &pos.cos, &pos.sin, prec)?;
         let mut v = v;
         let past = match cache {
-            Some(c) => {
+            CacheUse::Continue(c) => {
                 if c.fp8 {
                     k = fp8_round_trip(&k)?;
                     v = fp8_round_trip(&v)?;
@@ -234,7 +267,12 @@ impl Attention {
                 c.v = Some(v.clone());
                 past
             }
-            None => 0,
+            CacheUse::Snapshot { at, into } => {
+                into.k = Some(k.narrow(2, 0, at)?.contiguous()?);
+                into.v = Some(v.narrow(2, 0, at)?.contiguous()?);
+                0
+            }
+            CacheUse::Fresh => 0,
         };
         let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
         // eager_attention_forward: (q·kᵀ)·scale and the mask in the model
@@ -255,6 +293,17 @@ impl Attention {
         };
         self.o_proj.apply(&out, prec, rows)
     }
+}
+
+/// How a forward uses a KV cache ([`Attention::attend`]).
+enum CacheUse<'c> {
+    /// None: a fresh prefill.
+    Fresh,
+    /// Attend over it too, and extend it.
+    Continue(&'c mut KvCache),
+    /// A fresh prefill that fills `into` with its first `at` tokens' keys
+    /// and values ([`Attention::forward_snapshot`]).
+    Snapshot { at: usize, into: &'c mut KvCache },
 }
 
 /// One forward's projections ([`Attention::project`]).
@@ -307,9 +356,13 @@ fn eager_attention(
             let q = q.narrow(2, i0, len)?.contiguous()?;
             let scores = prec.round(&q.matmul(&kt)?)?;
             let scores = prec.round(&(scores * scale)?)?;
-            let mask = causal_mask(i0, len, past + t, past, q.device())?;
-            let scores = scores.broadcast_add(&mask)?;
-            let probs = prec.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
+            let probs = if causal_softmax::applies(&scores) {
+                causal_softmax::causal_softmax(&scores, i0, past)?
+            } else {
+                let mask = causal_mask(i0, len, past + t, past, q.device())?;
+                candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?
+            };
+            let probs = prec.round(&probs)?;
             prec.round(&probs.matmul(v)?)
         })
         .collect::<Result<Vec<_>>>()?;
@@ -373,12 +426,11 @@ mod tests {
 
     /// The scores of every row at once, as before the blocks: the reference.
     fn one_block(q: &Tensor, k: &Tensor, v: &Tensor, past: usize, prec: Precision) -> Tensor {
-        let (t, hd) = (q.dim(2).unwrap(), q.dim(3).unwrap());
+        let hd = q.dim(3).unwrap();
         let scores = prec.round(&q.matmul(&k.t().unwrap().contiguous().unwrap()).unwrap());
         let scores = prec.round(&(scores.unwrap() * (hd as f64).powf(-0.5)).unwrap());
-        let mask = causal_mask(0, t, past + t, past, &Device::Cpu).unwrap();
-        let scores = scores.unwrap().broadcast_add(&mask).unwrap();
-        let probs = prec.round(&candle_nn::ops::softmax_last_dim(&scores).unwrap());
+        let probs = causal_softmax::causal_softmax(&scores.unwrap(), 0, past).unwrap();
+        let probs = prec.round(&probs);
         prec.round(&probs.unwrap().matmul(v).unwrap()).unwrap()
     }
 

@@ -10,6 +10,7 @@
 //! to candle's GEMM where none does.
 
 pub mod attention;
+pub mod causal_softmax;
 pub mod mlp;
 pub mod norm;
 pub mod rope;

@@ -388,7 +388,7 @@ impl GatedDeltaNet {
         let before = st.keep_block.then(|| st.recurrent.clone());
         let reset = st.reset_row.take();
         let (inp, z, padded) = self.prepare(x, &mut st.conv, reset, rows)?;
-        let mut o = faults::kernel(&inp, form, &mut st.recurrent, reset);
+        let o = faults::kernel(&inp, form, &mut st.recurrent, reset);
         if let Some(recurrent) = before {
             st.keep_block = false;
             st.block = Some(Box::new(Block {
@@ -398,11 +398,79 @@ impl GatedDeltaNet {
                 channels: self.geo.conv_dim(),
             }));
         }
+        self.output(o, &inp, &z, rows)
+    }
+
+    /// [`Self::forward`] of a fresh sequence `x` (`[T, H]`, `T ≥ at ≥ 1`),
+    /// also leaving in `snap` the state a prefill of its first `at` tokens
+    /// hands on: the conv history of the raw inputs before token `at`, and
+    /// the delta rule's state after it. The kernel runs in two calls split
+    /// at `at` rounded down to a chunk boundary (at `at` in the recurrent
+    /// form), which is where the one call's chunks end, so the outputs are
+    /// the bits of [`Self::forward`]; the state after the boundary's chunks
+    /// is taken on through the tokens up to `at` as the prefill's last
+    /// (short) chunk takes it. The inputs of every row before `at` are those
+    /// a prefill of `at` tokens computes (each row's projections and causal
+    /// conv read no later row), so `snap` is that prefill's state, bit for
+    /// bit, whenever its products sum as this forward's do.
+    ///
+    /// Errors: `at` is 0 or past `T`, or a tensor failure.
+    pub fn forward_snapshot(
+        &self,
+        x: &Tensor,
+        form: GdnForm,
+        at: usize,
+        snap: &mut GdnState,
+    ) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        if at == 0 || at > t {
+            return Err(candle_core::Error::Msg(format!(
+                "delta-rule snapshot after token {at} of a {t}-token sequence"
+            ))
+            .into());
+        }
+        let mut st = GdnState::zeros(&self.geo);
+        let (inp, z, padded) = self.prepare(x, &mut st.conv, None, Rows::Tokens)?;
+        let c = self.geo.conv_dim();
+        *snap = GdnState::zeros(&self.geo);
+        let hist = snap.conv.len() / c.max(1);
+        snap.conv.copy_from_slice(&padded[at * c..(at + hist) * c]);
+        let run = |i: &DeltaRuleInputs, s: &mut [f32]| match form {
+            GdnForm::Chunked => chunked(i, s),
+            GdnForm::Recurrent => recurrent(i, s),
+        };
+        let split = match form {
+            GdnForm::Chunked => at - at % CHUNK_SIZE,
+            GdnForm::Recurrent => at,
+        };
+        let mut o = Vec::with_capacity(t * inp.heads * inp.dv);
+        if split > 0 {
+            o = run(&inp.prefix(split), &mut st.recurrent);
+        }
+        snap.recurrent.copy_from_slice(&st.recurrent);
+        if at > split {
+            run(&inp.prefix(at).suffix(split), &mut snap.recurrent);
+        }
+        if t > split {
+            o.extend(run(&inp.suffix(split), &mut st.recurrent));
+        }
+        self.output(o, &inp, &z, Rows::Tokens)
+    }
+
+    /// The delta rule's outputs `o` (`[T, nv, dv]`, f32) cast back to the
+    /// input dtype, the gated norm with `z` and `out_proj`.
+    fn output(
+        &self,
+        mut o: Vec<f32>,
+        inp: &DeltaRuleInputs,
+        z: &Tensor,
+        rows: Rows,
+    ) -> Result<Tensor> {
         // The kernel runs in f32 and casts its output back to the input dtype.
         self.geo.prec.round_slice(&mut o);
         let (t, nv, dv) = (inp.t, inp.heads, inp.dv);
-        let o = Tensor::from_vec(o, (t, nv, dv), x.device())?;
-        let y = self.norm.forward(&o, &z)?.reshape((t, nv * dv))?;
+        let o = Tensor::from_vec(o, (t, nv, dv), z.device())?;
+        let y = self.norm.forward(&o, z)?.reshape((t, nv * dv))?;
         self.out_proj.apply(&y, self.geo.prec, rows)
     }
 }
