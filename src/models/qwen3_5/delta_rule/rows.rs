@@ -143,17 +143,20 @@ impl RowOps for Zmm {
             "dense_rows operands"
         );
         let full = w / L * L;
+        let ranges = subnormal::ranges(src, w, k);
+        let mut tiny = vec![false; k];
         let mut r0 = 0;
         while r0 < rows {
             let nr = if rows - r0 >= 4 { 4 } else { 1 };
             let (yb, cb) = (&mut y[r0 * w..(r0 + nr) * w], &c[r0 * k..(r0 + nr) * k]);
+            subnormal::flag_terms(cb, k, &ranges, &mut tiny);
             for x0 in (0..full).step_by(L) {
                 // SAFETY: AVX-512F (the caller's contract); the block's rows,
                 // lanes x0..x0 + L ≤ w, and terms lie inside y, c and src.
                 unsafe {
                     match nr {
-                        4 => zmm::dense_block::<4>(yb, (w, x0), cb, k, src),
-                        _ => zmm::dense_block::<1>(yb, (w, x0), cb, k, src),
+                        4 => zmm::dense_block::<4>(yb, (w, x0), cb, (k, &tiny), src),
+                        _ => zmm::dense_block::<1>(yb, (w, x0), cb, (k, &tiny), src),
                     }
                 }
             }
@@ -201,9 +204,16 @@ impl RowOps for Zmm {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod subnormal;
+
+#[cfg(target_arch = "x86_64")]
 mod zmm {
     use std::arch::x86_64::{
-        __m512, _mm512_add_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_storeu_ps,
+        __m512, __m512d, _mm256_castpd_ps, _mm256_castps_pd, _mm512_add_pd, _mm512_add_ps,
+        _mm512_castpd_ps, _mm512_castps256_ps512, _mm512_castps512_ps256, _mm512_castps_pd,
+        _mm512_cvtpd_ps, _mm512_cvtps_pd, _mm512_extractf64x4_pd, _mm512_insertf64x4,
+        _mm512_loadu_ps, _mm512_mul_pd, _mm512_mul_ps, _mm512_set1_pd, _mm512_set1_ps,
+        _mm512_storeu_ps,
     };
 
     use super::{KEY_STRIDE, L};
@@ -211,17 +221,60 @@ mod zmm {
     /// Vectors of 16 lanes in a block of [`L`].
     const V: usize = L / 16;
 
-    /// Lanes `x0..x0+L` of `N` rows of `y` (`w` wide) gain
-    /// `Σ_t c[r·k + t] · src[t]`, `t` in order.
+    /// `a + c·s` on 16 f32 lanes, each operation rounded to f32 as
+    /// `_mm512_add_ps(a, _mm512_mul_ps(c, s))` rounds it, computed in f64
+    /// halves: the product of two f32 values is exact in f64 and one
+    /// conversion rounds it; the sum of two f32 values rounded to f64 and
+    /// then to f32 is the sum rounded to f32 once (53 ≥ 2·24 + 2: Figueroa,
+    /// "When is double rounding innocuous?", 1995; a sum whose result is
+    /// subnormal is exact in f64). Conversions to and from f32 take no
+    /// microcode assist on subnormal values, where f32 arithmetic with a
+    /// subnormal result takes one (about 36 ns here, against 0.5).
     ///
     /// # Safety
-    /// AVX-512F; `y` holds `N·w`, `c` `N·k` and `src` `k·w` values, `x0 + L ≤ w`.
+    /// AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn add_mul_f64(a: __m512, c: f32, s: __m512) -> __m512 {
+        let cd = _mm512_set1_pd(f64::from(c));
+        let (a_lo, a_hi) = widen(a);
+        let (s_lo, s_hi) = widen(s);
+        let p_lo = _mm512_cvtps_pd(_mm512_cvtpd_ps(_mm512_mul_pd(cd, s_lo)));
+        let p_hi = _mm512_cvtps_pd(_mm512_cvtpd_ps(_mm512_mul_pd(cd, s_hi)));
+        let lo = _mm512_cvtpd_ps(_mm512_add_pd(a_lo, p_lo));
+        let hi = _mm512_cvtpd_ps(_mm512_add_pd(a_hi, p_hi));
+        _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castps_pd(_mm512_castps256_ps512(lo)),
+            _mm256_castps_pd(hi),
+            1,
+        ))
+    }
+
+    /// 16 f32 lanes as two vectors of 8 f64, low and high (exact).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn widen(x: __m512) -> (__m512d, __m512d) {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+        (
+            _mm512_cvtps_pd(_mm512_castps512_ps256(x)),
+            _mm512_cvtps_pd(hi),
+        )
+    }
+
+    /// Lanes `x0..x0+L` of `N` rows of `y` (`w` wide) gain
+    /// `Σ_t c[r·k + t] · src[t]`, `t` in order; a term `t` with `tiny[t]`
+    /// set (one of its products may be subnormal, `subnormal::flag_terms`)
+    /// is computed in f64 ([`add_mul_f64`]), to the same bits.
+    ///
+    /// # Safety
+    /// AVX-512F; `y` holds `N·w`, `c` `N·k`, `tiny` `k` and `src` `k·w`
+    /// values, `x0 + L ≤ w`.
     #[inline(always)]
     pub(super) unsafe fn dense_block<const N: usize>(
         y: &mut [f32],
         (w, x0): (usize, usize),
         c: &[f32],
-        k: usize,
+        (k, tiny): (usize, &[bool]),
         src: &[f32],
     ) {
         let (yp, cp, sp) = (y.as_mut_ptr(), c.as_ptr(), src.as_ptr());
@@ -233,6 +286,15 @@ mod zmm {
             for t in 0..k {
                 let s: [__m512; V] =
                     std::array::from_fn(|v| _mm512_loadu_ps(sp.add(t * w + x0 + 16 * v)));
+                if *tiny.get_unchecked(t) {
+                    for (r, ar) in acc.iter_mut().enumerate() {
+                        let cr = *cp.add(r * k + t);
+                        for (a, &sv) in ar.iter_mut().zip(&s) {
+                            *a = add_mul_f64(*a, cr, sv);
+                        }
+                    }
+                    continue;
+                }
                 for (r, ar) in acc.iter_mut().enumerate() {
                     let cr = _mm512_set1_ps(*cp.add(r * k + t));
                     for (a, &sv) in ar.iter_mut().zip(&s) {
