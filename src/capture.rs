@@ -282,6 +282,14 @@ impl Run<'_> {
                 },
             })
             .collect();
+        if let Some((prompt, _, _)) = snapshot {
+            return Err(crate::error::Error::Tensor(candle_core::Error::Msg(
+                format!(
+                    "the cached decode's prompt {prompt} is not among the {} prompts",
+                    inputs.len()
+                ),
+            )));
+        }
         seqs.extend(extra);
         let mut ran = layer.forward_batch(&mut seqs, self.spec)?;
         let extra = ran.split_off(todo.len().min(ran.len()));

@@ -12,7 +12,9 @@
 //! visible keys only, `models::layers::causal_softmax`), so the state is a
 //! separate prefill's, bit for bit, wherever that prefill's products take
 //! the blocked route the capture's do (tested in `tests/batched_forward.rs`);
-//! on a prompt too short for it, it is the same state to round-off. The
+//! on a prompt too short for it, and in a sparse MoE layer where an expert
+//! gets one token of the prefill (the single-row route), it is the same
+//! state to round-off. The
 //! outputs are the same, bit for bit, as a separate layer-major pass
 //! (`crate::parity::incremental::check`) gives.
 //!

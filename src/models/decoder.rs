@@ -298,7 +298,10 @@ impl DecoderLayer {
     /// The outputs are the bits of [`Self::forward_routed`]; `into` is the
     /// state of a separate prefill of those tokens, bit for bit, whenever
     /// that prefill's products sum as this forward's do (the rows of both
-    /// take candle's blocked route, [`crate::models::layers::rows_batchable`]).
+    /// take candle's blocked route, [`crate::models::layers::rows_batchable`];
+    /// not for an expert of a sparse MoE block that the prefill gives one
+    /// row). Rows past `at` do not change the state: each row of a forward
+    /// depends on no later row (`layers::causal_softmax`).
     ///
     /// Errors: `at` is 0 or past `T`, or as [`Self::forward_routed`].
     pub fn forward_snapshot(

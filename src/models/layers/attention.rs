@@ -341,6 +341,13 @@ pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
 /// back, probs·v in the model dtype. A long prompt's queries go in blocks
 /// of rows ([`query_blocks`]), each its own products and softmax, so the
 /// scores never exist for all rows at once; the rows are the same bits.
+///
+/// On the CPU a block takes the keys its rows see and no more, and sums
+/// probs·v in chunks of [`KEY_CHUNK`] keys ([`probs_times_v`]): with the
+/// causal softmax, a row's bits then depend on its visible keys alone, so a
+/// prompt's first rows are those of its prefix's forward at any length
+/// (one product over all keys would sum each row in k-blocks whose size
+/// candle's GEMM picks from the key count).
 fn eager_attention(
     q: &Tensor,
     k: &Tensor,
@@ -351,22 +358,52 @@ fn eager_attention(
     let (t, hd) = (q.dim(2)?, q.dim(3)?);
     let scale = (hd as f64).powf(-0.5);
     let kt = k.t()?.contiguous()?;
+    let on_cpu = q.device().is_cpu() && q.dtype() == candle_core::DType::F32;
     let out = query_blocks(t)
         .map(|(i0, len)| {
             let q = q.narrow(2, i0, len)?.contiguous()?;
+            if on_cpu {
+                // Keys 0..vis: the last one the block's last row sees.
+                let vis = past + i0 + len;
+                let kt = k.narrow(2, 0, vis)?.t()?.contiguous()?;
+                let scores = prec.round(&q.matmul(&kt)?)?;
+                let scores = prec.round(&(scores * scale)?)?;
+                let probs = prec.round(&causal_softmax::causal_softmax(&scores, i0, past)?)?;
+                return prec.round(&probs_times_v(&probs, v)?);
+            }
             let scores = prec.round(&q.matmul(&kt)?)?;
             let scores = prec.round(&(scores * scale)?)?;
-            let probs = if causal_softmax::applies(&scores) {
-                causal_softmax::causal_softmax(&scores, i0, past)?
-            } else {
-                let mask = causal_mask(i0, len, past + t, past, q.device())?;
-                candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?
-            };
-            let probs = prec.round(&probs)?;
-            prec.round(&probs.matmul(v)?)
+            let mask = causal_mask(i0, len, past + t, past, q.device())?;
+            let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
+            prec.round(&prec.round(&probs)?.matmul(v)?)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Tensor::cat(&out, 2)?)
+}
+
+/// Keys per product of [`probs_times_v`]: at most one k-block of candle's
+/// GEMM on any CPU it sizes blocks for (its blocks take at least 256 keys
+/// when the L1 holds 32 KiB; tested in `key_chunks_are_one_k_block`).
+const KEY_CHUNK: usize = 256;
+
+/// `probs [.., len, vis] · v[.., :vis, :]` (`v` `[.., S ≥ vis, hd]`): one
+/// product per chunk of [`KEY_CHUNK`] keys, from key 0, the partial sums
+/// added in key order in f32. A row sums its keys in order within a chunk
+/// (one k-block), and the keys past its last visible one add zeros, so its
+/// bits do not depend on `vis`.
+fn probs_times_v(probs: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let vis = probs.dim(probs.rank() - 1)?;
+    let mut acc: Option<Tensor> = None;
+    for c0 in (0..vis).step_by(KEY_CHUNK) {
+        let n = KEY_CHUNK.min(vis - c0);
+        let p = probs.narrow(probs.rank() - 1, c0, n)?.contiguous()?;
+        let part = p.matmul(&v.narrow(2, c0, n)?.contiguous()?)?;
+        acc = Some(match acc {
+            Some(a) => (a + part)?,
+            None => part,
+        });
+    }
+    acc.ok_or_else(|| candle_core::Error::Msg("attention over no keys".into()).into())
 }
 
 /// Query rows per attention block: a prompt of more than twice this many
@@ -424,19 +461,70 @@ mod tests {
         prec.round(&t).unwrap()
     }
 
-    /// The scores of every row at once, as before the blocks: the reference.
+    /// The scores of every row at once, over all keys, as before the
+    /// blocks: the reference.
     fn one_block(q: &Tensor, k: &Tensor, v: &Tensor, past: usize, prec: Precision) -> Tensor {
         let hd = q.dim(3).unwrap();
         let scores = prec.round(&q.matmul(&k.t().unwrap().contiguous().unwrap()).unwrap());
         let scores = prec.round(&(scores.unwrap() * (hd as f64).powf(-0.5)).unwrap());
         let probs = causal_softmax::causal_softmax(&scores.unwrap(), 0, past).unwrap();
-        let probs = prec.round(&probs);
-        prec.round(&probs.unwrap().matmul(v).unwrap()).unwrap()
+        let probs = prec.round(&probs).unwrap();
+        prec.round(&probs_times_v(&probs, v).unwrap()).unwrap()
     }
 
     fn bits(t: &Tensor) -> Vec<u32> {
         let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
         v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Each key chunk of probs·v is one k-block of candle's GEMM, whatever
+    /// the query rows and head size (so a row sums its keys in order).
+    #[test]
+    fn key_chunks_are_one_k_block() {
+        for m in [2, 16, 64, 65, 256, 511] {
+            for hd in [16, 64, 128, 256] {
+                for k in [KEY_CHUNK, KEY_CHUNK - 1, 17] {
+                    let kc = crate::kernels::routes::blocked_kc(m, hd, k);
+                    assert!(kc.is_none_or(|kc| kc == k), "m {m} hd {hd} k {k}: {kc:?}");
+                }
+            }
+        }
+    }
+
+    /// A prompt's first rows are the bits of its prefix's forward, past
+    /// the lengths where candle's GEMM would split one product over all keys
+    /// into k-blocks sized by the key count (1092 and 1100 keys, 4088 and
+    /// 4096), f32 and bf16.
+    #[test]
+    fn a_prefix_gives_the_bits_of_the_longer_rows() {
+        for (short, long, hd) in [
+            (120, 128, 64),
+            (1092, 1100, 64),
+            (4088, 4096, 16),
+            (300, 4096, 16),
+        ] {
+            for prec in [Precision::F32, Precision::Bf16] {
+                let (q, k, v) = (
+                    values((1, 1, long, hd), 1, prec),
+                    values((1, 1, long, hd), 2, prec),
+                    values((1, 1, long, hd), 3, prec),
+                );
+                let first = |x: &Tensor, n: usize| x.narrow(2, 0, n).unwrap().contiguous().unwrap();
+                let whole = eager_attention(&q, &k, &v, 0, prec).unwrap();
+                let prefix = eager_attention(
+                    &first(&q, short),
+                    &first(&k, short),
+                    &first(&v, short),
+                    0,
+                    prec,
+                )
+                .unwrap();
+                assert!(
+                    bits(&prefix) == bits(&first(&whole, short)),
+                    "{short} of {long}, hd {hd}, {prec:?}"
+                );
+            }
+        }
     }
 
     /// Blocks of query rows give the bits of one product over all rows:
