@@ -182,3 +182,35 @@ fn on_a_long_prompt_the_check_steps_through_its_last_tokens() {
         assert_eq!(v["incremental"].as_array().unwrap().len(), 2, "{form}");
     }
 }
+
+/// With no prompt of two tokens the check cannot run, and a note says so,
+/// even when `--incremental` asks for it (the run itself passes).
+#[test]
+fn without_a_two_token_prompt_a_note_says_the_check_did_not_run() {
+    let o = crate::common::hsparity()
+        .args([
+            "compare",
+            "fixtures/tiny-qwen3_5",
+            "--json",
+            "--no-report",
+            "--quiet",
+        ])
+        .args(["--incremental", "--prompt-ids", "5", "--prompt-ids", "7"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["incremental"].as_array().map(Vec::len), Some(0));
+    let notes = v["notes"].as_array().unwrap();
+    assert!(
+        notes.iter().any(|n| n
+            .as_str()
+            .is_some_and(|n| n.contains("no prompt has two tokens"))),
+        "{notes:?}"
+    );
+}

@@ -236,8 +236,16 @@ impl IncrementalPlan {
     }
 
     /// [`Self::resolve`] for `session`'s first path (its text weights' f32
-    /// bytes), device and this process's CPU.
+    /// bytes), device and this process's CPU; a skip with its note when no
+    /// prompt has the two tokens the check needs (unless skipped anyway).
     pub fn for_session(flag: Option<bool>, session: &Session, form: GdnForm) -> Self {
+        if flag != Some(false) && prompt_of(session).is_none() {
+            return Self::Skip(
+                "prefill-vs-incremental check not run: no prompt has two tokens (it prefills \
+                 all but a prompt's last tokens and steps through them)"
+                    .into(),
+            );
+        }
         let f32_bytes = session.paths[0]
             .inventory
             .components
