@@ -273,12 +273,10 @@ impl Run<'_> {
                 pos: &self.pos[k],
                 form: self.form,
                 state: None,
-                snapshot: match snapshot.take() {
-                    Some((prompt, at, into)) if prompt == k => Some((at, into)),
-                    other => {
-                        snapshot = other;
-                        None
-                    }
+                snapshot: if snapshot.as_ref().is_some_and(|s| s.0 == k) {
+                    snapshot.take().map(|(_, at, into)| (at, into))
+                } else {
+                    None
                 },
             })
             .collect();

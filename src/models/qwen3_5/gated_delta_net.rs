@@ -443,10 +443,10 @@ impl GatedDeltaNet {
             GdnForm::Chunked => at - at % CHUNK_SIZE,
             GdnForm::Recurrent => at,
         };
-        let mut o = Vec::with_capacity(t * inp.heads * inp.dv);
-        if split > 0 {
-            o = run(&inp.prefix(split), &mut st.recurrent);
-        }
+        let mut o = match split {
+            0 => Vec::with_capacity(t * inp.heads * inp.dv),
+            _ => run(&inp.prefix(split), &mut st.recurrent),
+        };
         snap.recurrent.copy_from_slice(&st.recurrent);
         if at > split {
             run(&inp.prefix(at).suffix(split), &mut snap.recurrent);

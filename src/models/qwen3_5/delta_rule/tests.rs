@@ -130,20 +130,9 @@ fn dense_rows_are_bitwise_through_subnormals() {
                 wide(rows * k, &mut r, (-90, -60)),
                 wide(k * w, &mut r, (-80, -58)),
             );
-            let mut want = y0.clone();
-            dense_reference(&mut want, w, &c, k, &src);
+            let want = dense_builds_agree(&y0, (w, &c, k, &src), avx512);
             subnormal_results += want.iter().filter(|x| x.is_subnormal()).count();
             results += want.len();
-            let mut got = y0.clone();
-            // SAFETY: `Lanes` is plain Rust.
-            unsafe { rows::Lanes::dense_rows(&mut got, w, &c, k, &src) };
-            assert_eq!(bits(&got), bits(&want), "lanes rows={rows} w={w} k={k}");
-            if avx512 {
-                let mut got = y0.clone();
-                // SAFETY: the CPU has AVX-512F.
-                unsafe { zmm_dense(&mut got, w, &c, k, &src) };
-                assert_eq!(bits(&got), bits(&want), "zmm rows={rows} w={w} k={k}");
-            }
         }
     }
     // The inputs reach what the test is about.
@@ -151,6 +140,29 @@ fn dense_rows_are_bitwise_through_subnormals() {
         subnormal_results * 8 > results,
         "{subnormal_results} of {results} results subnormal"
     );
+}
+
+/// `y0` after the dense update `(w, c, k, src)` one term at a time, which
+/// `Lanes` (and `Zmm`, with `avx512`) must give bit for bit.
+fn dense_builds_agree(
+    y0: &[f32],
+    (w, c, k, src): (usize, &[f32], usize, &[f32]),
+    avx512: bool,
+) -> Vec<f32> {
+    let rows = y0.len() / w;
+    let mut want = y0.to_vec();
+    dense_reference(&mut want, w, c, k, src);
+    let mut got = y0.to_vec();
+    // SAFETY: `Lanes` is plain Rust.
+    unsafe { rows::Lanes::dense_rows(&mut got, w, c, k, src) };
+    assert_eq!(bits(&got), bits(&want), "lanes rows={rows} w={w} k={k}");
+    if avx512 {
+        let mut got = y0.to_vec();
+        // SAFETY: the CPU has AVX-512F.
+        unsafe { zmm_dense(&mut got, w, c, k, src) };
+        assert_eq!(bits(&got), bits(&want), "zmm rows={rows} w={w} k={k}");
+    }
+    want
 }
 
 /// Whether this CPU runs `kernel` (`has`): a kernel that
@@ -205,18 +217,7 @@ fn row_builds_are_bitwise_one_term_at_a_time() {
         (64, 40, 5),
     ] {
         let (y0, c, src) = (vals(rows * w), vals(rows * k), vals(k * w));
-        let mut want = y0.clone();
-        dense_reference(&mut want, w, &c, k, &src);
-        let mut got = y0.clone();
-        // SAFETY: `Lanes` is plain Rust.
-        unsafe { rows::Lanes::dense_rows(&mut got, w, &c, k, &src) };
-        assert_eq!(bits(&got), bits(&want), "lanes rows={rows} w={w} k={k}");
-        if avx512 {
-            let mut got = y0.clone();
-            // SAFETY: the CPU has AVX-512F.
-            unsafe { zmm_dense(&mut got, w, &c, k, &src) };
-            assert_eq!(bits(&got), bits(&want), "zmm rows={rows} w={w} k={k}");
-        }
+        dense_builds_agree(&y0, (w, &c, k, &src), avx512);
     }
     let ks = rows::KEY_STRIDE;
     // Row counts that are and are not multiples of four, up to 64 keys.
