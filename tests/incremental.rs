@@ -148,25 +148,23 @@ fn on_a_long_prompt_the_check_steps_through_its_last_tokens() {
         .map(|i| ((17 + 7919 * i) % 384).to_string())
         .collect();
     for form in ["chunked", "recurrent"] {
-        let o = crate::common::hsparity()
-            .args([
-                "compare",
-                "fixtures/tiny-qwen3_5",
-                "--json",
-                "--no-report",
-                "--quiet",
-                "--incremental",
-            ])
-            .args(["--gdn-form", form, "--prompt-ids", &ids.join(",")])
-            .output()
-            .unwrap();
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{form}: {}",
-            String::from_utf8_lossy(&o.stderr)
+        let v = crate::common::json_of(
+            crate::common::hsparity()
+                .args([
+                    "compare",
+                    "fixtures/tiny-qwen3_5",
+                    "--json",
+                    "--no-report",
+                    "--quiet",
+                ])
+                .args([
+                    "--incremental",
+                    "--gdn-form",
+                    form,
+                    "--prompt-ids",
+                    &ids.join(","),
+                ]),
         );
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         for row in v["incremental"].as_array().unwrap() {
             assert_eq!(
                 (row["prefill_tokens"].as_u64(), row["steps"].as_u64()),
@@ -187,24 +185,17 @@ fn on_a_long_prompt_the_check_steps_through_its_last_tokens() {
 /// even when `--incremental` asks for it (the run itself passes).
 #[test]
 fn without_a_two_token_prompt_a_note_says_the_check_did_not_run() {
-    let o = crate::common::hsparity()
-        .args([
-            "compare",
-            "fixtures/tiny-qwen3_5",
-            "--json",
-            "--no-report",
-            "--quiet",
-        ])
-        .args(["--incremental", "--prompt-ids", "5", "--prompt-ids", "7"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
+    let v = crate::common::json_of(
+        crate::common::hsparity()
+            .args([
+                "compare",
+                "fixtures/tiny-qwen3_5",
+                "--json",
+                "--no-report",
+                "--quiet",
+            ])
+            .args(["--incremental", "--prompt-ids", "5", "--prompt-ids", "7"]),
     );
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["incremental"].as_array().map(Vec::len), Some(0));
     let notes = v["notes"].as_array().unwrap();
     assert!(

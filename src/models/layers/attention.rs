@@ -357,27 +357,32 @@ fn eager_attention(
 ) -> Result<Tensor> {
     let (t, hd) = (q.dim(2)?, q.dim(3)?);
     let scale = (hd as f64).powf(-0.5);
-    let kt = k.t()?.contiguous()?;
-    let on_cpu = q.device().is_cpu() && q.dtype() == candle_core::DType::F32;
-    let out = query_blocks(t)
-        .map(|(i0, len)| {
-            let q = q.narrow(2, i0, len)?.contiguous()?;
-            if on_cpu {
+    // (q·kᵀ)·scale of a block's queries, rounded as the reference rounds.
+    let scores = |q: &Tensor, kt: &Tensor| -> Result<Tensor> {
+        prec.round(&(prec.round(&q.matmul(kt)?)? * scale)?)
+    };
+    let rows = |i0: usize, len: usize| q.narrow(2, i0, len)?.contiguous();
+    let out = if causal_softmax::applies(q) {
+        query_blocks(t)
+            .map(|(i0, len)| {
                 // Keys 0..vis: the last one the block's last row sees.
-                let vis = past + i0 + len;
-                let kt = k.narrow(2, 0, vis)?.t()?.contiguous()?;
-                let scores = prec.round(&q.matmul(&kt)?)?;
-                let scores = prec.round(&(scores * scale)?)?;
-                let probs = prec.round(&causal_softmax::causal_softmax(&scores, i0, past)?)?;
-                return prec.round(&probs_times_v(&probs, v)?);
-            }
-            let scores = prec.round(&q.matmul(&kt)?)?;
-            let scores = prec.round(&(scores * scale)?)?;
-            let mask = causal_mask(i0, len, past + t, past, q.device())?;
-            let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
-            prec.round(&prec.round(&probs)?.matmul(v)?)
-        })
-        .collect::<Result<Vec<_>>>()?;
+                let kt = k.narrow(2, 0, past + i0 + len)?.t()?.contiguous()?;
+                let s = scores(&rows(i0, len)?, &kt)?;
+                let probs = prec.round(&causal_softmax::causal_softmax(&s, i0, past)?)?;
+                prec.round(&probs_times_v(&probs, v)?)
+            })
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        let kt = k.t()?.contiguous()?;
+        query_blocks(t)
+            .map(|(i0, len)| {
+                let s = scores(&rows(i0, len)?, &kt)?;
+                let mask = causal_mask(i0, len, past + t, past, q.device())?;
+                let probs = candle_nn::ops::softmax_last_dim(&s.broadcast_add(&mask)?)?;
+                prec.round(&prec.round(&probs)?.matmul(v)?)
+            })
+            .collect::<Result<Vec<_>>>()?
+    };
     Ok(Tensor::cat(&out, 2)?)
 }
 

@@ -36,9 +36,10 @@ pub fn causal_softmax(scores: &Tensor, i0: usize, past: usize) -> Result<Tensor>
     Ok(scores.apply_op1_no_bwd(&CausalSoftmax { i0, past })?)
 }
 
-/// True when [`causal_softmax`] takes `scores` (f32 on the CPU).
-pub fn applies(scores: &Tensor) -> bool {
-    scores.device().is_cpu() && scores.dtype() == candle_core::DType::F32
+/// True when [`causal_softmax`] takes scores of `x`'s device and dtype (f32
+/// on the CPU).
+pub fn applies(x: &Tensor) -> bool {
+    x.device().is_cpu() && x.dtype() == candle_core::DType::F32
 }
 
 struct CausalSoftmax {

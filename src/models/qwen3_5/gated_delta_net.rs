@@ -435,10 +435,7 @@ impl GatedDeltaNet {
         *snap = GdnState::zeros(&self.geo);
         let hist = snap.conv.len() / c.max(1);
         snap.conv.copy_from_slice(&padded[at * c..(at + hist) * c]);
-        let run = |i: &DeltaRuleInputs, s: &mut [f32]| match form {
-            GdnForm::Chunked => chunked(i, s),
-            GdnForm::Recurrent => recurrent(i, s),
-        };
+        let run = |i: &DeltaRuleInputs, s: &mut [f32]| faults::kernel(i, form, s, None);
         let split = match form {
             GdnForm::Chunked => at - at % CHUNK_SIZE,
             GdnForm::Recurrent => at,
