@@ -122,7 +122,10 @@ fn each_tile((m, n, k): (usize, usize, usize), kc: usize, tile: impl Fn(Tile) + 
 }
 
 /// Stores (the first k-block) or adds (the later ones) a tile's `16·V × C`
-/// sums `acc[v][j]` (lane `l`: row `16(g+v)+l`) into `c`.
+/// sums `acc[v][j]` (lane `l`: row `16(g+v)+l`) into `c`: each row vector
+/// group transposed in registers ([`transpose16`]), so a row's `C` outputs
+/// go to `c` in one masked vector store (an add: `c + sum`, as the scalar
+/// store made it).
 ///
 /// # Safety
 /// AVX-512F; `c` is an `[m, n]` output holding the tile.
@@ -134,26 +137,75 @@ pub(super) unsafe fn store<const V: usize, const C: usize>(
     first: bool,
 ) {
     use std::arch::x86_64::*;
-    let mut s = [[[0f32; 16]; C]; V];
-    for (sv, av) in s.iter_mut().zip(acc) {
-        for (sj, aj) in sv.iter_mut().zip(av) {
-            _mm512_storeu_ps(sj.as_mut_ptr(), *aj);
-        }
-    }
-    // Row by row: each row's C outputs are adjacent.
-    for (v, sv) in s.iter().enumerate() {
-        for l in 0..16 {
+    let mask: __mmask16 = ((1u32 << C) - 1) as __mmask16;
+    for (v, av) in acc.iter().enumerate() {
+        let rows = transpose16(std::array::from_fn(|j| {
+            if j < C {
+                av[j]
+            } else {
+                _mm512_setzero_ps()
+            }
+        }));
+        for (l, row) in rows.iter().enumerate() {
             let r = (t.g + v) * 16 + l;
             if r >= t.m {
                 break;
             }
             let o = c.add(r * t.n + t.n0);
-            for (j, sj) in sv.iter().enumerate() {
-                let o = o.add(j);
-                *o = if first { sj[l] } else { *o + sj[l] };
-            }
+            let s = if first {
+                *row
+            } else {
+                _mm512_add_ps(_mm512_maskz_loadu_ps(mask, o), *row)
+            };
+            _mm512_mask_storeu_ps(o, mask, s);
         }
     }
+}
+
+/// The transpose of a 16 × 16 block held as 16 vectors: lane `j` of
+/// output `l` is lane `l` of input `j` (interleaves of 32-bit, then
+/// 64-bit elements inside each 128-bit block, then two exchanges of the
+/// 128-bit blocks).
+///
+/// # Safety
+/// AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transpose16(
+    r: [std::arch::x86_64::__m512; 16],
+) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    // t[2i], t[2i+1]: rows 2i and 2i+1 interleaved, low and high halves.
+    let t: [__m512; 16] = std::array::from_fn(|q| {
+        let i = q / 2;
+        if q % 2 == 0 {
+            _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1])
+        } else {
+            _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1])
+        }
+    });
+    // u[4i+e], block b: element 4b+e of rows 4i..4i+4.
+    let u: [__m512; 16] = std::array::from_fn(|q| {
+        let (i, e) = (q / 4, q % 4);
+        let (x, y) = (t[4 * i + e / 2], t[4 * i + 2 + e / 2]);
+        if e % 2 == 0 {
+            _mm512_shuffle_ps::<0x44>(x, y)
+        } else {
+            _mm512_shuffle_ps::<0xEE>(x, y)
+        }
+    });
+    // Output 4b+e: block b of u[e], u[4+e], u[8+e], u[12+e].
+    let mut o = [_mm512_setzero_ps(); 16];
+    for e in 0..4 {
+        let x0 = _mm512_shuffle_f32x4::<0x88>(u[e], u[4 + e]);
+        let x1 = _mm512_shuffle_f32x4::<0xDD>(u[e], u[4 + e]);
+        let y0 = _mm512_shuffle_f32x4::<0x88>(u[8 + e], u[12 + e]);
+        let y1 = _mm512_shuffle_f32x4::<0xDD>(u[8 + e], u[12 + e]);
+        o[e] = _mm512_shuffle_f32x4::<0x88>(x0, y0);
+        o[4 + e] = _mm512_shuffle_f32x4::<0x88>(x1, y1);
+        o[8 + e] = _mm512_shuffle_f32x4::<0xDD>(x0, y0);
+        o[12 + e] = _mm512_shuffle_f32x4::<0xDD>(x1, y1);
+    }
+    o
 }
 
 /// `x [m, k]` (f32 holding bf16 values) as swapped bf16 pairs, 16 rows per
@@ -184,4 +236,33 @@ pub(super) fn pack_pairs(
             })
         });
     ok.then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Lane `j` of output `l` is lane `l` of input `j`, for every pair.
+    #[test]
+    fn transpose16_moves_every_lane() {
+        use std::arch::x86_64::*;
+        if !is_x86_feature_detected!("avx512f") {
+            eprintln!("SKIPPED transpose16_moves_every_lane: no AVX-512F on this CPU");
+            return;
+        }
+        let input: [[f32; 16]; 16] =
+            std::array::from_fn(|j| std::array::from_fn(|l| (100 * j + l) as f32));
+        let mut out = [[0f32; 16]; 16];
+        // SAFETY: AVX-512F was detected; every pointer is a 16-float array.
+        unsafe {
+            let rows =
+                super::transpose16(std::array::from_fn(|j| _mm512_loadu_ps(input[j].as_ptr())));
+            for (o, r) in out.iter_mut().zip(rows) {
+                _mm512_storeu_ps(o.as_mut_ptr(), r);
+            }
+        }
+        for (l, row) in out.iter().enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                assert_eq!(v, (100 * j + l) as f32, "output {l}, lane {j}");
+            }
+        }
+    }
 }
