@@ -205,3 +205,28 @@ fn without_a_two_token_prompt_a_note_says_the_check_did_not_run() {
         "{notes:?}"
     );
 }
+
+/// The check runs on the first prompt with two tokens, and its table says
+/// which (the terminal's and report.md's, as the JSON's `prompt` does).
+#[test]
+fn the_check_names_the_prompt_it_ran_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = crate::common::hsparity()
+        .args(["compare", "fixtures/tiny-qwen3_5", "--incremental"])
+        .args(["--prompt-ids", "5", "--prompt-ids", "1,2", "--name", "p"])
+        .arg("--report-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let row = |text: &str| -> String {
+        text.lines()
+            .find(|l| l.contains("causal-lm") && l.contains("1 + 1"))
+            .unwrap_or_else(|| panic!("no check row in:\n{text}"))
+            .to_string()
+    };
+    let terminal = row(&String::from_utf8_lossy(&out.stdout));
+    assert!(terminal.contains("p1"), "{terminal}");
+    let md = std::fs::read_to_string(dir.path().join("p/report.md")).unwrap();
+    assert!(row(&md).contains("p1"), "{}", row(&md));
+}

@@ -500,10 +500,12 @@ pub fn pair_row(report: &Compare, pair: &PairReport, r: &HiddenStateRow) -> Row 
     row
 }
 
-/// The prefill-vs-incremental table: one row per path.
+/// The prefill-vs-incremental table: one row per path, naming the prompt
+/// it ran on (`p<index>`, as the parity table's positions do).
 pub fn incremental_table(checks: &[IncrementalCheck]) -> Table {
     let mut t = Table::new(vec![
         Column::new("path"),
+        Column::new("prompt"),
         Column::new("prefill + steps"),
         Column::new("max abs diff"),
         Column::new("cos min"),
@@ -512,6 +514,7 @@ pub fn incremental_table(checks: &[IncrementalCheck]) -> Table {
     for c in checks {
         t.push(Row::new(vec![
             Cell::code(c.path.name()),
+            format!("p{}", c.prompt).into(),
             format!("{} + {}", c.prefill_tokens, c.steps).into(),
             sci(c.metrics.max_abs).into(),
             cos(c.metrics.cos_min).into(),
