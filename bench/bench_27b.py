@@ -171,6 +171,17 @@ def main():
         own = [p for p in paths if p["sweeps"] > 0]
         ok = all(p["sweeps"] <= p["rounds"] + 1 for p in own)
         print(f"(b) sweeps per path {[p['sweeps'] for p in own]} vs rounds {[p['rounds'] for p in own]}: goal sweeps <= rounds + 1 {'met' if ok else 'NOT met'}")
+    if "(c)" in by:
+        rep = by["(c)"][2]
+        base = rep["baseline"]
+        print(f"(c) per run: baseline {base['wall_s']:.1f} s, {base['sweeps']} sweeps")
+        for v in rep["variants"]:
+            shared = v.get("shared_sweeps_with") or []
+            how = f"shares the sweeps of {', '.join(shared)}" if shared else f"{v['sweeps']} sweeps of its own"
+            print(f"    {v['name']:28} {v['wall_s']:8.1f} s  {how}")
+        if "(a)" in by:
+            ratio = by["(c)"][0] / by["(a)"][0]
+            print(f"(c) / (a) on the same tokens: {ratio:.2f}x (goal <= 2x: {'met' if ratio <= 2 else 'NOT met'})")
     worst = max(r[2] for r in rows) if rows else 0
     print(f"largest peak RSS {gib(worst)} (goal < 8 GiB: {'met' if worst < 8 * 2**30 else 'NOT met'})")
     if not a.keep:

@@ -3,8 +3,9 @@
 (bench/py_parity.py), same machine, same prompts (token ids), eager attention,
 same thread count; both measured end to end under /usr/bin/time -v, in one run.
 
-    python3 bench/parity_bench.py [tiny|mid|mid-bf16|mid-2k|mid-long|mid-bf16-long|mid-divergent|all]
-                                  [--python .venv/bin/python] [--repeat 3]
+    python3 bench/parity_bench.py [tiny|mid|mid-bf16|mid-2k|mid-long|mid-bf16-long|mid-bf16-8k|
+                                   mid-divergent|all]
+                                  [--python .venv/bin/python] [--repeat 3] [--tool compare|dump]
 
 tiny: fixtures/tiny-qwen3_5, f32 on both sides. The mid cases are random ~264 M-parameter
 Qwen3.5 checkpoints written by tools/make_mid_checkpoint.py under target/bench/ (once):
@@ -15,8 +16,15 @@ Qwen3.5 checkpoints written by tools/make_mid_checkpoint.py under target/bench/ 
   mid-2k, mid-long  the mid checkpoint, f32, one prompt of 2048 / 4096 tokens (long eval
                  contexts; its max_position_embeddings is 4096);
   mid-bf16-long  the mid-bf16 checkpoint, one prompt of 4096 tokens in bf16;
+  mid-bf16-8k    the same weights with max_position_embeddings 8192, one prompt of 8192
+                 tokens in bf16;
   mid-divergent  fp16 on disk, `text_config.dtype = bfloat16` and no top-level dtype:
                  AutoModelForCausalLM resolves bf16, AutoModel f16 (both sides `auto`).
+
+`--tool dump` measures `hsparity dump --path causal-lm` (one path's hidden states and
+logits to a safetensors file, the noise shadow in bf16/f16 as by default) against
+`py_parity.py --dump` (AutoModelForCausalLM alone, the same tensors saved with
+safetensors) instead of `compare` against the two-class script.
 
 Prints median wall time and peak RSS of each side, the ratios, and a roofline line:
 the matmul FLOPs (the linear layers and the LM head, 2 x parameters x tokens per
@@ -34,7 +42,6 @@ import subprocess
 from common import machine, BIN, ROOT, WORK, build, gib, median_run, read_headers
 
 INCREMENTAL_STEPS = 8  # hsparity::parity::incremental::STEPS
-PREFILL_CAP = 300  # hsparity::capture::decode::PREFILL_CAP
 
 CASES = {
     # name: (checkpoint, make_mid_checkpoint.py flags (None: a fixture), dtype, prompts, tokens,
@@ -45,6 +52,11 @@ CASES = {
     "mid-2k": (WORK / "mid-qwen3_5", [], "f32", 1, 2048, True),
     "mid-long": (WORK / "mid-qwen3_5", [], "f32", 1, 4096, True),
     "mid-bf16-long": (WORK / "mid-bf16-qwen3_5", ["--dtype", "bfloat16"], "auto", 1, 4096, True),
+    "mid-bf16-8k": (
+        WORK / "mid-bf16-8k-qwen3_5",
+        ["--dtype", "bfloat16", "--max-positions", "8192"],
+        "auto", 1, 8192, True,
+    ),
     "mid-divergent": (
         WORK / "mid-divergent-qwen3_5",
         ["--dtype", "float16", "--text-dtype", "bfloat16"],
@@ -102,13 +114,13 @@ def roofline(ckpt, n, t, identical, wall_py, wall_hs, peaks):
     py_flops = 2 * fwd  # two models, one forward each
     # hsparity: identical paths run one forward; diverging paths run path a, path b and
     # b's layers on a's inputs (the local comparison; the LM head on two inputs). The
-    # prefill-vs-incremental check runs the first prompt's prefill (at most 300 tokens) and
+    # prefill-vs-incremental check takes its prefill from the capture's forward and runs
     # 8 single steps once per distinct dtype.
     if identical:
         hs_flops, checks = fwd, 1
     else:
         hs_flops, checks = 3 * 2 * layers * tokens + 2 * 2 * head * tokens, 2
-    hs_flops += checks * 2 * layers * min(t, PREFILL_CAP + INCREMENTAL_STEPS)
+    hs_flops += checks * 2 * layers * INCREMENTAL_STEPS
     f32, bf16 = peaks["f32"], peaks["bf16"]
     for who, fl, w in (("transformers", py_flops, wall_py), ("hsparity", hs_flops, wall_hs)):
         g = fl / w / 1e9
@@ -126,7 +138,7 @@ def gemm_peaks(py, ckpt, t, threads):
     return json.loads(out.stdout)
 
 
-def run_case(name, py, repeat):
+def run_case(name, py, repeat, tool="compare"):
     ckpt, make, dtype, n, t, identical = CASES[name]
     if make is not None and not (ckpt / "config.json").exists():
         subprocess.run([py, ROOT / "tools" / "make_mid_checkpoint.py", ckpt, *make], check=True)
@@ -140,6 +152,10 @@ def run_case(name, py, repeat):
     py_cmd = [py, ROOT / "bench" / "py_parity.py", ckpt, "--ids-file", ids_file, "--threads", threads,
               "--dtype", py_dtype]
     hs_cmd = [BIN, "compare", ckpt, "--paths", "causal-lm,vlm", "--dtype", dtype, "--no-report", "--quiet"]
+    if tool == "dump":
+        py_cmd += ["--dump", WORK / "py-dump.safetensors"]
+        hs_cmd = [BIN, "dump", ckpt, "--path", "causal-lm", "--dtype", dtype, "--force", "--quiet",
+                  "--out", WORK / "hs-dump.safetensors"]
     for p in prompts:
         hs_cmd += ["--prompt-ids", ",".join(map(str, p))]
     load0 = os.getloadavg()[0]
@@ -147,12 +163,14 @@ def run_case(name, py, repeat):
     pw, pr, pout, _ = median_run(py_cmd, repeat, env)
     print(f"[{name}] {ckpt.name}: {n} prompts x {t} tokens, {threads} threads, median of {repeat}, "
           f"load average {load0:.2f} before / {os.getloadavg()[0]:.2f} after")
-    print(f"  transformers (py_parity.py, dtype={py_dtype}): wall {pw:7.2f} s   peak RSS {gib(pr)}")
-    print(f"  hsparity compare --dtype {dtype} (exit {rc}):  wall {hw:7.2f} s   peak RSS {gib(hr)}")
+    what = "py_parity.py --dump" if tool == "dump" else "py_parity.py"
+    print(f"  transformers ({what}, dtype={py_dtype}): wall {pw:7.2f} s   peak RSS {gib(pr)}")
+    print(f"  hsparity {tool} --dtype {dtype} (exit {rc}):  wall {hw:7.2f} s   peak RSS {gib(hr)}")
     print(f"  speed-up {pw / hw:6.2f}x   peak-RSS ratio (hsparity/transformers) {hr / pr:.2f}")
     last = [l for l in pout.splitlines() if l.startswith("hidden_states")][-1:]
-    print(f"  transformers' own last row: {last[0] if last else '?'}")
-    if make is not None:
+    if tool == "compare":
+        print(f"  transformers' own last row: {last[0] if last else '?'}")
+    if make is not None and tool == "compare":
         roofline(ckpt, n, t, identical, pw, hw, gemm_peaks(py, ckpt, t, threads))
     return name, pw, pr, hw, hr
 
@@ -163,11 +181,13 @@ def main():
     ap.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"),
                     help="Python with tools/requirements.txt installed (default: the repo's .venv)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tool", default="compare", choices=["compare", "dump"],
+                    help="hsparity compare against py_parity.py, or hsparity dump against its --dump")
     a = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     build()
     print("\n".join(machine(a.python)))
-    rows = [run_case(c, a.python, a.repeat) for c in (list(CASES) if a.case == "all" else [a.case])]
+    rows = [run_case(c, a.python, a.repeat, a.tool) for c in (list(CASES) if a.case == "all" else [a.case])]
     print(f"\n{'case':14} {'transformers':>22} {'hsparity':>22} {'speed-up':>9} {'RSS ratio':>9}")
     for name, pw, pr, hw, hr in rows:
         print(f"{name:14} {pw:9.2f} s {gib(pr):>10} {hw:9.2f} s {gib(hr):>10} {pw / hw:8.2f}x {hr / pr:9.2f}")

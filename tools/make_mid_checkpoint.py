@@ -58,11 +58,13 @@ def main():
     ap.add_argument("--text-dtype", choices=["float32", "bfloat16", "float16"],
                     help="drop the top-level config dtype, set text_config.dtype to this")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-positions", type=int, default=4096,
+                    help="text_config.max_position_embeddings (the longest prompt hsparity accepts)")
     a = ap.parse_args()
     t0 = time.time()
     torch.manual_seed(a.seed)
     config = Qwen3_5Config(
-        text_config=dict(TEXT_CONFIG), vision_config=dict(VISION_CONFIG), tie_word_embeddings=False
+        text_config=dict(TEXT_CONFIG, max_position_embeddings=a.max_positions), vision_config=dict(VISION_CONFIG), tie_word_embeddings=False
     )
     model = Qwen3_5ForConditionalGeneration(config).eval()
     with torch.no_grad():
