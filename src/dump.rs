@@ -85,6 +85,9 @@ pub struct Dump {
     pub prompts: Vec<DumpPrompt>,
 }
 
+/// Tensors by name, in the order a dump file holds them.
+type NamedTensors = Vec<(String, Tensor)>;
+
 impl Dump {
     /// The dtype the metadata names, parsed here for every reader of a dump
     /// (`f32`, `bf16`, `f16` or their torch names; f32 when it names none).
@@ -159,6 +162,14 @@ impl Dump {
 
     /// Serialises to safetensors bytes (tensors as F32, ids and masks as I64).
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let (tensors, meta) = self.tensors()?;
+        let views = tensors.iter().map(|(n, t)| (n.as_str(), t));
+        safetensors::serialize(views, Some(meta))
+            .map_err(|e| Error::Format(format!("serialising dump: {e}")))
+    }
+
+    /// The tensors [`Dump::to_bytes`] writes, and the metadata.
+    fn tensors(&self) -> Result<(NamedTensors, HashMap<String, String>)> {
         let mut tensors: Vec<(String, Tensor)> = Vec::new();
         let ints = |v: &Vec<i64>| Tensor::from_slice(v, v.len(), &Device::Cpu);
         for (k, p) in self.prompts.iter().enumerate() {
@@ -189,14 +200,19 @@ impl Dump {
             tensors.extend(routing::to_tensors(k, &p.routing)?);
         }
         let meta: HashMap<String, String> = self.metadata.clone().into_iter().collect();
-        let views = tensors.iter().map(|(n, t)| (n.as_str(), t));
-        safetensors::serialize(views, Some(meta))
-            .map_err(|e| Error::Format(format!("serialising dump: {e}")))
+        Ok((tensors, meta))
     }
 
-    /// Writes the dump atomically to `path` (see [`crate::output::write_atomic`]).
+    /// Writes the dump atomically to `path` (see
+    /// [`crate::output::write_atomic`]), [`Dump::to_bytes`]' file streamed
+    /// tensor by tensor (a long prompt's logits are not held twice).
     pub fn write(&self, path: &Path, force: bool) -> Result<()> {
-        crate::output::write_atomic(path, &self.to_bytes()?, force)
+        let (tensors, meta) = self.tensors()?;
+        crate::output::write_atomic_with(path, force, |tmp, _| {
+            let views = tensors.iter().map(|(n, t)| (n.as_str(), t));
+            safetensors::serialize_to_file(views, Some(meta), tmp)
+                .map_err(|e| Error::Format(format!("writing dump {}: {e}", path.display())))
+        })
     }
 
     /// Reads a dump written by hsparity or by Python, full or partial.

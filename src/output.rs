@@ -91,6 +91,22 @@ fn builder() -> tempfile::Builder<'static, 'static> {
 /// file; the file honours the umask. Creates missing parent folders. Errors:
 /// as [`check_overwrite`], or any I/O failure ([`Error::Io`]).
 pub fn write_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
+    write_atomic_with(path, force, |_, f| {
+        f.write_all(bytes).map_err(|e| Error::io(path, e))
+    })
+}
+
+/// [`write_atomic`] with the contents written by `fill`, given the
+/// temporary file's path and handle (for a writer that streams a large
+/// file instead of holding its bytes). `fill` may replace the file at the
+/// path (safetensors' `serialize_to_file` writes a sibling and renames it
+/// over the path): whatever the path holds afterwards gets the temporary
+/// file's mode (the umask's), is flushed, and is what is renamed.
+pub fn write_atomic_with(
+    path: &Path,
+    force: bool,
+    fill: impl FnOnce(&Path, &mut std::fs::File) -> Result<()>,
+) -> Result<()> {
     check_overwrite(path, force)?;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -112,8 +128,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
     let mut tmp = builder()
         .tempfile_in(&dir)
         .map_err(|e| Error::io(&dir, e))?;
-    tmp.write_all(bytes).map_err(|e| Error::io(path, e))?;
-    tmp.as_file().sync_all().map_err(|e| Error::io(path, e))?;
+    let tmp_path = tmp.path().to_path_buf();
+    let mode = tmp
+        .as_file()
+        .metadata()
+        .map_err(|e| Error::io(&tmp_path, e))?
+        .permissions();
+    fill(&tmp_path, tmp.as_file_mut())?;
+    let written = std::fs::File::open(&tmp_path).map_err(|e| Error::io(path, e))?;
+    written
+        .set_permissions(mode)
+        .map_err(|e| Error::io(path, e))?;
+    written.sync_all().map_err(|e| Error::io(path, e))?;
     if force {
         check_overwrite(path, force)?;
         tmp.persist(path).map_err(|e| Error::io(path, e.error))?;

@@ -861,6 +861,13 @@ fn report_files_honour_the_umask() {
     assert_eq!(mode(&dir.join("r/report.json")), 0o644);
     assert_eq!(mode(&dir.join("r/report.md")), 0o644);
     assert_eq!(mode(&out), 0o644);
+    // The dump is streamed through a temporary file: none is left beside it.
+    let mut left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["d.safetensors", "reports"]);
 }
 
 #[test]
