@@ -160,15 +160,8 @@ impl Dump {
         self.prompts.iter().all(|p| p.input_ids.is_some())
     }
 
-    /// Serialises to safetensors bytes (tensors as F32, ids and masks as I64).
-    pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        let (tensors, meta) = self.tensors()?;
-        let views = tensors.iter().map(|(n, t)| (n.as_str(), t));
-        safetensors::serialize(views, Some(meta))
-            .map_err(|e| Error::Format(format!("serialising dump: {e}")))
-    }
-
-    /// The tensors [`Dump::to_bytes`] writes, and the metadata.
+    /// The tensors a dump file holds (hidden states, outputs and logits as
+    /// F32, ids and masks as I64), and the metadata.
     fn tensors(&self) -> Result<(NamedTensors, HashMap<String, String>)> {
         let mut tensors: Vec<(String, Tensor)> = Vec::new();
         let ints = |v: &Vec<i64>| Tensor::from_slice(v, v.len(), &Device::Cpu);
@@ -204,14 +197,16 @@ impl Dump {
     }
 
     /// Writes the dump atomically to `path` (see
-    /// [`crate::output::write_atomic`]), [`Dump::to_bytes`]' file streamed
-    /// tensor by tensor (a long prompt's logits are not held twice).
+    /// [`crate::output::write_atomic_with`]) as safetensors, streamed tensor
+    /// by tensor (the file's bytes are not held in memory at once).
     pub fn write(&self, path: &Path, force: bool) -> Result<()> {
         let (tensors, meta) = self.tensors()?;
-        crate::output::write_atomic_with(path, force, |tmp, _| {
+        crate::output::write_atomic_with(path, force, |tmp| {
             let views = tensors.iter().map(|(n, t)| (n.as_str(), t));
-            safetensors::serialize_to_file(views, Some(meta), tmp)
-                .map_err(|e| Error::Format(format!("writing dump {}: {e}", path.display())))
+            safetensors::serialize_to_file(views, Some(meta), tmp).map_err(|e| match e {
+                safetensors::SafeTensorError::IoError(e) => Error::io(path, e),
+                e => Error::Format(format!("writing dump {}: {e}", path.display())),
+            })
         })
     }
 

@@ -76,9 +76,10 @@ fn elementwise_on_the_calling_thread() {
 /// the main thread's blocks of any size come from the heap, where freed
 /// ones are reused; glibc still maps a block a worker thread's arena
 /// cannot hold) and freed memory is kept for reuse up to 512 MiB at the
-/// heap's top, above which it is returned, so the streamed peak stays about
-/// one layer's (measured: a 4096-token dump 15.8 -> 14.6 s at the same peak RSS;
-/// the 27B layout's compare 53 -> 46 s at 0.84 -> 0.99 GiB). No value changes.
+/// heap's top, above which it is returned; freed blocks inside the heap stay
+/// with the process, which costs some peak (measured: a 4096-token dump
+/// 15.8 -> 14.6 s at the same peak RSS; the 27B layout's compare 53 -> 46 s
+/// at 0.84 -> 0.99 GiB). No value changes.
 fn reuse_freed_buffers() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; called before any thread starts.

@@ -77,12 +77,13 @@ fn mode(dir: bool) -> std::fs::Permissions {
     std::fs::Permissions::from_mode(if dir { 0o777 } else { 0o666 })
 }
 
-/// A temporary-file builder whose files honour the umask.
-fn builder() -> tempfile::Builder<'static, 'static> {
+/// A builder of temporary files (or folders: `dir`) named with
+/// [`TEMP_PREFIX`] whose modes honour the umask.
+fn builder(dir: bool) -> tempfile::Builder<'static, 'static> {
     let mut b = tempfile::Builder::new();
     b.prefix(TEMP_PREFIX);
     #[cfg(unix)]
-    b.permissions(mode(false));
+    b.permissions(mode(dir));
     b
 }
 
@@ -91,21 +92,27 @@ fn builder() -> tempfile::Builder<'static, 'static> {
 /// file; the file honours the umask. Creates missing parent folders. Errors:
 /// as [`check_overwrite`], or any I/O failure ([`Error::Io`]).
 pub fn write_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
-    write_atomic_with(path, force, |_, f| {
-        f.write_all(bytes).map_err(|e| Error::io(path, e))
+    write_atomic_with(path, force, |tmp| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(tmp)
+            .and_then(|mut f| f.write_all(bytes))
+            .map_err(|e| Error::io(path, e))
     })
 }
 
-/// [`write_atomic`] with the contents written by `fill`, given the
-/// temporary file's path and handle (for a writer that streams a large
-/// file instead of holding its bytes). `fill` may replace the file at the
-/// path (safetensors' `serialize_to_file` writes a sibling and renames it
-/// over the path): whatever the path holds afterwards gets the temporary
-/// file's mode (the umask's), is flushed, and is what is renamed.
+/// [`write_atomic`] with the contents written by `fill` to the temporary
+/// file's path (for a writer that streams a large file instead of holding
+/// its bytes). The temporary file lies in a temporary folder of its own
+/// beside `path`, so a writer that stages its own sibling and renames it
+/// over the path (safetensors' `serialize_to_file`) leaves nothing else
+/// beside `path` if the run is killed. Whatever the path holds after
+/// `fill` gets the temporary file's mode (the umask's), is flushed, and is
+/// renamed to `path`.
 pub fn write_atomic_with(
     path: &Path,
     force: bool,
-    fill: impl FnOnce(&Path, &mut std::fs::File) -> Result<()>,
+    fill: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<()> {
     check_overwrite(path, force)?;
     let dir = match path.parent() {
@@ -125,8 +132,11 @@ pub fn write_atomic_with(
             None => Error::io(&dir, e),
         }
     })?;
-    let mut tmp = builder()
-        .tempfile_in(&dir)
+    let stage = builder(true)
+        .tempdir_in(&dir)
+        .map_err(|e| Error::io(&dir, e))?;
+    let tmp = builder(false)
+        .tempfile_in(stage.path())
         .map_err(|e| Error::io(&dir, e))?;
     let tmp_path = tmp.path().to_path_buf();
     let mode = tmp
@@ -134,7 +144,7 @@ pub fn write_atomic_with(
         .metadata()
         .map_err(|e| Error::io(&tmp_path, e))?
         .permissions();
-    fill(&tmp_path, tmp.as_file_mut())?;
+    fill(&tmp_path)?;
     let written = std::fs::File::open(&tmp_path).map_err(|e| Error::io(path, e))?;
     written
         .set_permissions(mode)
@@ -339,11 +349,9 @@ impl ReportFolder {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let mut b = tempfile::Builder::new();
-        b.prefix(TEMP_PREFIX);
-        #[cfg(unix)]
-        b.permissions(mode(true));
-        let tmp = b.tempdir_in(&parent).map_err(|e| Error::io(&parent, e))?;
+        let tmp = builder(true)
+            .tempdir_in(&parent)
+            .map_err(|e| Error::io(&parent, e))?;
         for (name, text) in files {
             let p = tmp.path().join(name);
             let mut f = std::fs::File::create(&p).map_err(|e| Error::io(self.dir.join(name), e))?;
