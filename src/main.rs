@@ -69,22 +69,20 @@ fn elementwise_on_the_calling_thread() {
 }
 
 /// glibc returns every freed block above its mmap threshold to the kernel,
-/// and trims the heap's top above twice that, so each op's fresh output
-/// faults in zeroed pages again (a tenth of a bf16 compare's time in
-/// `perf`, and more at long prompts, whose activations pass 32 MiB, glibc's
-/// largest threshold). So no block is mapped on its own (`M_MMAP_MAX` 0:
-/// the main thread's blocks of any size come from the heap, where freed
-/// ones are reused; glibc still maps a block a worker thread's arena
-/// cannot hold) and freed memory is kept for reuse up to 512 MiB at the
-/// heap's top, above which it is returned; freed blocks inside the heap stay
-/// with the process, which costs some peak (measured: a 4096-token dump
-/// 15.8 -> 14.6 s at the same peak RSS; the 27B layout's compare 53 -> 46 s
-/// at 0.84 -> 0.99 GiB). No value changes.
+/// and trims the heap's top above twice that, so each op's fresh output of a
+/// few MiB faults in zeroed pages again (a tenth of a bf16 compare's time in
+/// `perf`). Blocks up to 32 MiB (glibc's largest dynamic threshold) come from
+/// the heap and freed memory is kept for reuse up to 512 MiB; layer weights
+/// (larger) are still mapped and returned, so the streamed peak stays one
+/// layer's. No value changes. (Taking every block from the heap,
+/// `M_MMAP_MAX` 0, made a 4096-token dump 8 % faster but raised the 27B
+/// layout's peaks: `compare` 0.84 -> 0.99 GiB, and `triage` reached 8.01 GiB;
+/// docs/performance.md.)
 fn reuse_freed_buffers() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; called before any thread starts.
     unsafe {
-        libc::mallopt(libc::M_MMAP_MAX, 0);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
     }
 }
