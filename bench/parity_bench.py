@@ -151,11 +151,13 @@ def run_case(name, py, repeat, tool="compare"):
     py_dtype = "float32" if dtype == "f32" else "auto"
     py_cmd = [py, ROOT / "bench" / "py_parity.py", ckpt, "--ids-file", ids_file, "--threads", threads,
               "--dtype", py_dtype]
-    hs_cmd = [BIN, "compare", ckpt, "--paths", "causal-lm,vlm", "--dtype", dtype, "--no-report", "--quiet"]
     if tool == "dump":
         py_cmd += ["--dump", WORK / "py-dump.safetensors"]
         hs_cmd = [BIN, "dump", ckpt, "--path", "causal-lm", "--dtype", dtype, "--force", "--quiet",
                   "--out", WORK / "hs-dump.safetensors"]
+    else:
+        hs_cmd = [BIN, "compare", ckpt, "--paths", "causal-lm,vlm", "--dtype", dtype, "--no-report",
+                  "--quiet"]
     for p in prompts:
         hs_cmd += ["--prompt-ids", ",".join(map(str, p))]
     load0 = os.getloadavg()[0]

@@ -138,6 +138,22 @@ fn the_incremental_plan_follows_the_flags_the_size_and_the_cpu() {
     assert!(skip(plan(None, big, c, true, &none)).contains("pass --incremental to force it"));
 }
 
+/// `compare`'s JSON report on the tiny fixture with `args` (no report
+/// folder, no progress).
+fn compare_json(args: &[&str]) -> serde_json::Value {
+    crate::common::json_of(
+        crate::common::hsparity()
+            .args([
+                "compare",
+                "fixtures/tiny-qwen3_5",
+                "--json",
+                "--no-report",
+                "--quiet",
+            ])
+            .args(args),
+    )
+}
+
 /// On a long prompt the check prefills all but its last eight tokens and
 /// steps through them (positions 412–419 of 420), in the capture's sweep
 /// (chunked) and as its own pass (`--gdn-form recurrent`) alike, and
@@ -148,23 +164,8 @@ fn on_a_long_prompt_the_check_steps_through_its_last_tokens() {
         .map(|i| ((17 + 7919 * i) % 384).to_string())
         .collect();
     for form in ["chunked", "recurrent"] {
-        let v = crate::common::json_of(
-            crate::common::hsparity()
-                .args([
-                    "compare",
-                    "fixtures/tiny-qwen3_5",
-                    "--json",
-                    "--no-report",
-                    "--quiet",
-                ])
-                .args([
-                    "--incremental",
-                    "--gdn-form",
-                    form,
-                    "--prompt-ids",
-                    &ids.join(","),
-                ]),
-        );
+        let ids = ids.join(",");
+        let v = compare_json(&["--incremental", "--gdn-form", form, "--prompt-ids", &ids]);
         for row in v["incremental"].as_array().unwrap() {
             assert_eq!(
                 (row["prefill_tokens"].as_u64(), row["steps"].as_u64()),
@@ -185,17 +186,7 @@ fn on_a_long_prompt_the_check_steps_through_its_last_tokens() {
 /// even when `--incremental` asks for it (the run itself passes).
 #[test]
 fn without_a_two_token_prompt_a_note_says_the_check_did_not_run() {
-    let v = crate::common::json_of(
-        crate::common::hsparity()
-            .args([
-                "compare",
-                "fixtures/tiny-qwen3_5",
-                "--json",
-                "--no-report",
-                "--quiet",
-            ])
-            .args(["--incremental", "--prompt-ids", "5", "--prompt-ids", "7"]),
-    );
+    let v = compare_json(&["--incremental", "--prompt-ids", "5", "--prompt-ids", "7"]);
     assert_eq!(v["incremental"].as_array().map(Vec::len), Some(0));
     let notes = v["notes"].as_array().unwrap();
     assert!(
