@@ -308,6 +308,35 @@ fn a_bf16_matrix_gives_the_bits_of_linear_on_every_shape() {
     }
 }
 
+/// A matrix made for candle's sums (a drafter's) gives `linear`'s bits on
+/// every shape, those the AMX kernel would take included, and widens its
+/// pairs per call without keeping the f32 copy (inputs that are not bf16
+/// values go to the f32 route).
+#[test]
+fn a_candle_sums_matrix_gives_the_bits_of_linear_everywhere() {
+    for &(m, n, k) in BLOCKED_SHAPES.iter().chain(&[(16, 512, 1024), (1, 300, 64)]) {
+        let w = matrix(n, k, 7 + m as u64, true);
+        let held = Matrix::bf16(&w)
+            .unwrap()
+            .transient_widening()
+            .with_candle_sums();
+        for bf16_inputs in [true, false] {
+            let x = matrix(m, k, 11 + n as u64, bf16_inputs);
+            for prec in [Precision::Bf16, Precision::F32] {
+                assert!(
+                    bits(&held.linear(&x, prec).unwrap()) == bits(&linear(&x, &w, prec).unwrap()),
+                    "[{m}, {k}] x [{n}, {k}] {prec:?}, bf16 inputs {bf16_inputs}: bits differ"
+                );
+            }
+        }
+        let widened = held.f32().unwrap();
+        assert!(
+            matches!(widened, std::borrow::Cow::Owned(_)),
+            "a transient widening is never kept"
+        );
+    }
+}
+
 /// Inputs that are not bf16 values leave the bf16 kernel (never rounded
 /// silently); weights that are not bf16 values, misfit operands and a
 /// k-block that would split a pair are refused.

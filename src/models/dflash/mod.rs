@@ -11,6 +11,7 @@
 //! windowed (`_attention_mask` of the wheel).
 
 mod config;
+mod linears;
 mod weights;
 
 use candle_core::{Device, Tensor};
@@ -18,10 +19,10 @@ use candle_core::{Device, Tensor};
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 use crate::models::layers::attention::repeat_kv;
-use crate::models::layers::linear;
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::PlainRmsNorm;
 use crate::models::layers::rope::Rotary;
+use crate::models::layers::{linear, Matrix};
 use crate::precision::Precision;
 pub use config::{DflashConfig, DraftLayerType};
 pub use weights::DrafterWeights;
@@ -37,13 +38,14 @@ fn check_shape(src: &dyn WeightSource, name: &str, want: &[usize]) -> Result<()>
     }
 }
 
-/// One draft layer, widened to f32 (rounded to the drafter's dtype) for one forward.
+/// One draft layer for one forward: its prepared matrices, or its weights
+/// widened to f32 (rounded to the drafter's dtype) for that forward.
 struct DraftLayer {
     input_layernorm: PlainRmsNorm,
-    q_proj: Tensor,
-    k_proj: Tensor,
-    v_proj: Tensor,
-    o_proj: Tensor,
+    q_proj: Matrix,
+    k_proj: Matrix,
+    v_proj: Matrix,
+    o_proj: Matrix,
     q_norm: PlainRmsNorm,
     k_norm: PlainRmsNorm,
     post_attention_layernorm: PlainRmsNorm,
@@ -51,13 +53,16 @@ struct DraftLayer {
     layer_type: DraftLayerType,
 }
 
-/// A drafter: its config and its weights in their stored dtype; each layer
-/// is widened to f32 (rounded to the compute dtype `prec`) when a forward
-/// uses it and dropped after, so the drafter is never held widened.
+/// A drafter: its config and its weights in their stored dtype, its linear
+/// weights prepared once for the products where that costs no bytes
+/// ([`linears::Linears::prepare`]); any other layer weight is widened to f32
+/// (rounded to the compute dtype `prec`) when a forward uses it and dropped
+/// after, so the drafter is never held widened.
 pub struct Drafter {
     /// Its config.
     pub cfg: DflashConfig,
     weights: DrafterWeights,
+    linears: linears::Linears,
     rotary: Rotary,
     prec: Precision,
     /// Tensors the drafter's file holds that its forward never reads (what
@@ -74,7 +79,7 @@ impl Drafter {
     /// target's (the taps could not feed `fc`); any other shape mismatch.
     pub fn load(
         cfg: DflashConfig,
-        weights: DrafterWeights,
+        mut weights: DrafterWeights,
         target_hidden: usize,
         prec: Precision,
     ) -> Result<Self> {
@@ -136,8 +141,10 @@ impl Drafter {
             .cloned()
             .collect();
         unexpected.sort();
+        let linears = linears::Linears::prepare(&mut weights, prec, cfg.num_hidden_layers)?;
         Ok(Self {
             unexpected,
+            linears,
             rotary: Rotary::new(cfg.rope_theta, hd),
             cfg,
             weights,
@@ -164,42 +171,44 @@ impl Drafter {
         Drafter {
             cfg,
             weights: self.weights.clone(),
+            linears: self.linears.clone(),
             rotary: self.rotary.clone(),
             prec: self.prec,
             unexpected: self.unexpected.clone(),
         }
     }
 
-    /// Bytes of the weights as held (stored dtype).
+    /// Bytes of the weights as held (stored dtype; prepared bf16 pairs hold
+    /// the same bytes).
     pub fn stored_bytes(&self) -> u64 {
-        self.weights.bytes()
+        self.weights.bytes() + self.linears.bytes()
     }
 
-    /// A weight widened and rounded to the compute dtype.
-    fn w(&self, name: &str) -> Result<Tensor> {
-        self.prec.round(&self.weights.tensor(name)?)
+    /// The linear weight `name` for one forward.
+    fn mat(&self, name: &str) -> Result<Matrix> {
+        self.linears.get(&self.weights, name, self.prec)
     }
 
-    /// Layer `i` widened for one forward.
+    /// Layer `i` for one forward.
     fn layer(&self, i: usize) -> Result<DraftLayer> {
         let (p, eps, src) = (self.prec, self.cfg.rms_norm_eps, &self.weights);
         let n = |s: &str| format!("layers.{i}.{s}");
         let norm = |s: &str| PlainRmsNorm::load(src, &n(s), eps, p);
         Ok(DraftLayer {
             input_layernorm: norm("input_layernorm")?,
-            q_proj: self.w(&n("self_attn.q_proj.weight"))?,
-            k_proj: self.w(&n("self_attn.k_proj.weight"))?,
-            v_proj: self.w(&n("self_attn.v_proj.weight"))?,
-            o_proj: self.w(&n("self_attn.o_proj.weight"))?,
+            q_proj: self.mat(&n("self_attn.q_proj.weight"))?,
+            k_proj: self.mat(&n("self_attn.k_proj.weight"))?,
+            v_proj: self.mat(&n("self_attn.v_proj.weight"))?,
+            o_proj: self.mat(&n("self_attn.o_proj.weight"))?,
             q_norm: norm("self_attn.q_norm")?,
             k_norm: norm("self_attn.k_norm")?,
             post_attention_layernorm: norm("post_attention_layernorm")?,
-            mlp: Mlp::new(
-                self.w(&n("mlp.gate_proj.weight"))?,
-                self.w(&n("mlp.up_proj.weight"))?,
-                self.w(&n("mlp.down_proj.weight"))?,
+            mlp: Mlp::of_matrices(
+                self.mat(&n("mlp.gate_proj.weight"))?,
+                self.mat(&n("mlp.up_proj.weight"))?,
+                self.mat(&n("mlp.down_proj.weight"))?,
                 p,
-            )?,
+            ),
             layer_type: self.cfg.layer_types[i],
         })
     }
@@ -224,7 +233,7 @@ impl Drafter {
         );
         let hidden_norm =
             PlainRmsNorm::load(&self.weights, "hidden_norm", self.cfg.rms_norm_eps, p)?;
-        let c_proj = hidden_norm.forward(&linear(ctx, &self.w("fc.weight")?, p)?)?;
+        let c_proj = hidden_norm.forward(&self.mat("fc.weight")?.linear(ctx, p)?)?;
         let positions: Vec<usize> = (ctx_start..ctx_start + c)
             .chain(block_start..block_start + b)
             .collect();
@@ -247,12 +256,12 @@ impl Drafter {
             let h = layer.input_layernorm.forward(&x)?;
             let q = layer
                 .q_norm
-                .forward(&linear(&h, &layer.q_proj, p)?.reshape((b, nh, hd))?)?;
+                .forward(&layer.q_proj.linear(&h, p)?.reshape((b, nh, hd))?)?;
             let kv_in = Tensor::cat(&[&c_proj, &h], 0)?;
             let k = layer
                 .k_norm
-                .forward(&linear(&kv_in, &layer.k_proj, p)?.reshape((c + b, nkv, hd))?)?;
-            let v = linear(&kv_in, &layer.v_proj, p)?.reshape((c + b, nkv, hd))?;
+                .forward(&layer.k_proj.linear(&kv_in, p)?.reshape((c + b, nkv, hd))?)?;
+            let v = layer.v_proj.linear(&kv_in, p)?.reshape((c + b, nkv, hd))?;
             let q = q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
             let k = k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
             let v = v.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
@@ -266,7 +275,7 @@ impl Drafter {
             let probs = p.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
             let a = p.round(&probs.matmul(&v)?)?;
             let a = a.squeeze(0)?.transpose(0, 1)?.reshape((b, nh * hd))?;
-            x = p.round(&(x + linear(&a, &layer.o_proj, p)?)?)?;
+            x = p.round(&(x + layer.o_proj.linear(&a, p)?)?)?;
             let h2 = layer.post_attention_layernorm.forward(&x)?;
             let m = layer.mlp.forward(&h2)?;
             x = p.round(&(x + m)?)?;
@@ -315,7 +324,10 @@ impl Drafter {
             "lm_head.weight",
             head_prec,
             |_, w| {
-                parts.push(linear(y, w, self.prec)?);
+                // The chunk as bf16 pairs for the bf16 kernel where it
+                // applies; candle's sums on every CPU.
+                let w = Matrix::of_param(w.clone(), head_prec, true)?.with_candle_sums();
+                parts.push(w.linear(y, self.prec)?);
                 Ok(())
             },
         )?;

@@ -25,6 +25,22 @@ impl DrafterWeights {
         self.tensors.keys()
     }
 
+    /// Takes `name` out (its bytes now held elsewhere, e.g. as a prepared
+    /// matrix): `None` when it is not held.
+    pub fn remove(&mut self, name: &str) -> Option<Tensor> {
+        self.tensors.remove(name)
+    }
+
+    /// The stored dtype of `name`, when held.
+    pub fn dtype(&self, name: &str) -> Option<candle_core::DType> {
+        self.tensors.get(name).map(Tensor::dtype)
+    }
+
+    /// True when every tensor is on the CPU.
+    pub fn on_cpu(&self) -> bool {
+        self.tensors.values().all(|t| t.device().is_cpu())
+    }
+
     /// Bytes held (stored dtype).
     pub fn bytes(&self) -> u64 {
         self.tensors

@@ -44,6 +44,22 @@ impl Mlp {
         })
     }
 
+    /// From prepared `gate_proj`, `up_proj`, `down_proj` matrices in `prec`
+    /// (a DFlash drafter's layers, made once at load).
+    pub fn of_matrices(
+        gate_proj: Matrix,
+        up_proj: Matrix,
+        down_proj: Matrix,
+        prec: Precision,
+    ) -> Self {
+        Self {
+            gate_proj,
+            up_proj,
+            down_proj,
+            prec,
+        }
+    }
+
     /// The same MLP with its products' f32 sums rounded as `rounding` says
     /// (the noise floor's shadow).
     pub fn with_rounding(self, rounding: crate::precision::ProductRounding) -> Self {

@@ -67,6 +67,13 @@ pub struct Matrix {
     /// How its f32 sums are rounded (the source's,
     /// [`WeightSource::product_rounding`]).
     rounding: ProductRounding,
+    /// Keep the f32 widening of the pairs once made (a layer's weight,
+    /// dropped with the layer); `false` for a weight held for a whole run
+    /// ([`Self::transient_widening`]), widened anew where needed.
+    keep_wide: bool,
+    /// Never the AMX kernel: candle's sums on every CPU
+    /// ([`Self::with_candle_sums`]).
+    candle_sums: bool,
 }
 
 impl Matrix {
@@ -80,6 +87,8 @@ impl Matrix {
             wide: OnceLock::from(w),
             pairs: None,
             rounding: ProductRounding::Nearest,
+            keep_wide: true,
+            candle_sums: false,
         })
     }
 
@@ -97,6 +106,8 @@ impl Matrix {
             wide: OnceLock::new(),
             pairs: Some(std::sync::Arc::new(pairs)),
             rounding: ProductRounding::Nearest,
+            keep_wide: true,
+            candle_sums: false,
         }
     }
 
@@ -137,18 +148,42 @@ impl Matrix {
         &self.dims
     }
 
-    /// The weight in f32 (widened once from its bf16 pairs).
-    pub fn f32(&self) -> Result<&Tensor> {
-        if let (None, Some(p)) = (self.wide.get(), &self.pairs) {
-            let [n, k] = p.dims();
-            let _ = self
-                .wide
-                .set(Tensor::from_vec(p.widen(), (n, k), &Device::Cpu)?);
+    /// The same weight, never keeping an f32 widening of its pairs: the
+    /// products no bf16 kernel computes widen it for the call alone. For a
+    /// weight held for a whole run (a drafter's), whose widening would
+    /// double its bytes.
+    pub fn transient_widening(mut self) -> Self {
+        self.keep_wide = false;
+        self
+    }
+
+    /// The same weight, its products candle's sums on every CPU: the bf16
+    /// pairs never go to the AMX kernel (whose sums agree to rounding), so
+    /// what it computes does not depend on the CPU (a drafter's: τ is
+    /// compared across machines and with dflash's).
+    pub fn with_candle_sums(mut self) -> Self {
+        self.candle_sums = true;
+        self
+    }
+
+    /// The weight in f32: as held, or widened from its bf16 pairs (once and
+    /// kept, unless [`Self::transient_widening`]).
+    pub fn f32(&self) -> Result<std::borrow::Cow<'_, Tensor>> {
+        if let Some(w) = self.wide.get() {
+            return Ok(std::borrow::Cow::Borrowed(w));
         }
-        self.wide.get().ok_or_else(|| {
-            candle_core::Error::Msg("a linear weight holds neither f32 nor bf16 values".into())
-                .into()
-        })
+        let Some(p) = &self.pairs else {
+            return Err(candle_core::Error::Msg(
+                "a linear weight holds neither f32 nor bf16 values".into(),
+            )
+            .into());
+        };
+        let [n, k] = p.dims();
+        let w = Tensor::from_vec(p.widen(), (n, k), &Device::Cpu)?;
+        if !self.keep_wide {
+            return Ok(std::borrow::Cow::Owned(w));
+        }
+        Ok(std::borrow::Cow::Borrowed(self.wide.get_or_init(|| w)))
     }
 
     /// `x · Wᵀ` rounded to `prec`, as [`linear`] on the f32 weight gives it,
@@ -169,7 +204,7 @@ impl Matrix {
         };
         match y {
             Some(y) => self.round(&y, prec),
-            None => linear_rounded(x, self.f32()?, prec, self.rounding),
+            None => linear_rounded(x, &*self.f32()?, prec, self.rounding),
         }
     }
 
@@ -182,7 +217,9 @@ impl Matrix {
         if !x.device().is_cpu() {
             return Ok(None);
         }
-        let caps = kernels::capabilities();
+        let mut caps = *kernels::capabilities();
+        caps.no_amx |= self.candle_sums;
+        let caps = &caps;
         if let Some(p) = &self.pairs {
             if let Some(plan) = kernels::plan(m, n, k, Stored::Bf16, caps) {
                 if matches!(
@@ -202,7 +239,7 @@ impl Matrix {
         if !w.device().is_cpu() {
             return Ok(None);
         }
-        let y = with_f32(x, |xv| with_f32(w, |wv| plan.run(xv, Weight::F32(wv))))???;
+        let y = with_f32(x, |xv| with_f32(&w, |wv| plan.run(xv, Weight::F32(wv))))???;
         Ok(y.map(|y| Tensor::from_vec(y, (m, n), x.device()))
             .transpose()?)
     }
