@@ -723,3 +723,77 @@ fn drafter_window_resolution_matches_the_dflash_package() {
         "the window changes the forward on 20 rows ({gap})"
     );
 }
+
+/// The lock-step replay of several trajectories (one `lm_head` pass per
+/// round for all of their drafts, an anchor both walks reach drafted once)
+/// gives each trajectory's own DFlash and DDTree replay, round for round,
+/// under both end rules: on the reference's greedy trajectories and the
+/// target's own taps, where the two walks part after their first rounds.
+#[test]
+fn lock_step_replays_give_each_trajectorys_own_replay() {
+    use hsparity::drafter::eval::{
+        replay_ddtree, replay_dflash, replay_jobs, DraftTarget, ReplayJob,
+    };
+    use hsparity::drafter::target::TargetModel;
+    use hsparity::models::{GdnForm, TextModelSpec};
+    let r = reference();
+    let ckpt = Checkpoint::open(&format!("{PAIR}/target")).unwrap();
+    let p = loading::resolve(&ckpt, LoadingPath::CausalLm).unwrap();
+    let spec = TextModelSpec::new(&p.text_config).unwrap();
+    let target = TargetModel {
+        spec: &spec,
+        weights: &p.view,
+        head: &p.view,
+        prec: p.dtype,
+    };
+    let drafter =
+        Drafter::load_dir(Path::new(&format!("{PAIR}/drafter")), 64, Precision::Bf16).unwrap();
+    // The reference's greedy continuations, their first 8 tokens taken as
+    // the prompt (the toy target's patterns continue themselves).
+    let tokens: Vec<Vec<u32>> = r["paths"]["causal-lm"]["per_prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| serde_json::from_value(q["trajectory"].clone()).unwrap())
+        .collect();
+    let lens = vec![8; tokens.len()];
+    let taps = drafter.cfg.target_layer_ids.clone();
+    let feats =
+        hsparity::drafter::features(&target, &tokens, &lens, &taps, GdnForm::Chunked, 0).unwrap();
+    let t = DraftTarget {
+        drafter: &drafter,
+        weights: &p.view,
+        head: &p.view,
+        prec: p.dtype,
+    };
+    for rule in [EndRule::GithubMain, EndRule::Wheel] {
+        let max_new = 40;
+        let jobs: Vec<ReplayJob> = (0..tokens.len())
+            .map(|k| ReplayJob {
+                target: &t,
+                tokens: &tokens[k],
+                prompt_len: lens[k],
+                feats: &feats[k],
+                max_new,
+            })
+            .collect();
+        let together = replay_jobs(&jobs, 8, rule).unwrap();
+        let mut parted = 0;
+        for (k, (dfl, tree)) in together.iter().enumerate() {
+            let alone = replay_dflash(&t, &tokens[k], lens[k], &feats[k], max_new, rule).unwrap();
+            let alone_tree =
+                replay_ddtree(&t, &tokens[k], lens[k], &feats[k], max_new, 8, rule).unwrap();
+            assert_eq!(dfl, &alone, "prompt {k} {rule:?}: DFlash");
+            assert_eq!(tree, &alone_tree, "prompt {k} {rule:?}: DDTree");
+            parted += usize::from(dfl.acceptance_lengths != tree.acceptance_lengths);
+        }
+        assert!(
+            parted > 0,
+            "{rule:?}: on some prompt the walks part (else the test shows little)"
+        );
+        assert!(
+            together.iter().any(|(d, _)| d.tau > 1.5),
+            "the toy drafter drafts"
+        );
+    }
+}

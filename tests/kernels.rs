@@ -314,7 +314,10 @@ fn a_bf16_matrix_gives_the_bits_of_linear_on_every_shape() {
 /// values go to the f32 route).
 #[test]
 fn a_candle_sums_matrix_gives_the_bits_of_linear_everywhere() {
-    for &(m, n, k) in BLOCKED_SHAPES.iter().chain(&[(16, 512, 1024), (1, 300, 64)]) {
+    for &(m, n, k) in BLOCKED_SHAPES
+        .iter()
+        .chain(&[(16, 512, 1024), (1, 300, 64)])
+    {
         let w = matrix(n, k, 7 + m as u64, true);
         let held = Matrix::bf16(&w)
             .unwrap()

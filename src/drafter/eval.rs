@@ -116,13 +116,25 @@ pub fn draft_logits(
     start: usize,
     b: usize,
 ) -> Result<Tensor> {
+    let y = draft_output(t, tokens, feats, start, b)?;
+    t.drafter.logits_from(&y, t.head, t.prec)
+}
+
+/// The drafter's final-normed outputs `[b-1, H]` of the draft slots
+/// `[start+1 .. start+b)` ([`draft_logits`] before the `lm_head`).
+fn draft_output(
+    t: &DraftTarget,
+    tokens: &[u32],
+    feats: &Tensor,
+    start: usize,
+    b: usize,
+) -> Result<Tensor> {
     let mut block = vec![t.drafter.cfg.mask_token_id; b];
     block[0] = tokens[start];
     let noise = t.weights.rows("embed_tokens.weight", &block, t.prec)?;
     let ctx = feats.narrow(0, 0, start)?;
     let y = t.drafter.forward(&noise, &ctx, 0, start)?;
-    t.drafter
-        .logits_from(&y.narrow(0, 1, b - 1)?, t.head, t.prec)
+    Ok(y.narrow(0, 1, b - 1)?)
 }
 
 /// Tokens after `prompt_len + max_new` a replay under `rule` reads: the
@@ -536,7 +548,9 @@ pub fn tap_features(
 }
 
 mod notes;
+mod rounds;
 pub use notes::unread_finding;
+pub use rounds::{replay_jobs, ReplayJob};
 
 #[cfg(test)]
 mod tests;

@@ -291,13 +291,22 @@ pub fn replay_upto(
         head: target.head,
         prec: target.prec,
     };
-    let mut dfl = Vec::new();
-    let mut tree = Vec::new();
-    for (((toks, &n), f), &m) in tokens.iter().zip(prompt_lens).zip(feats).zip(max_new) {
-        dfl.push(eval::replay_dflash(&t, toks, n, f, m, r.rule)?);
-        tree.push(eval::replay_ddtree(&t, toks, n, f, m, r.budget, r.rule)?);
-    }
-    Ok((dfl, tree))
+    let jobs: Vec<eval::ReplayJob> = tokens
+        .iter()
+        .zip(prompt_lens)
+        .zip(feats)
+        .zip(max_new)
+        .map(|(((toks, &n), f), &m)| eval::ReplayJob {
+            target: &t,
+            tokens: toks,
+            prompt_len: n,
+            feats: f,
+            max_new: m,
+        })
+        .collect();
+    Ok(eval::replay_jobs(&jobs, r.budget, r.rule)?
+        .into_iter()
+        .unzip())
 }
 
 /// A token sequence fed teacher-forced: its tokens, how many are the

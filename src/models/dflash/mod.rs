@@ -318,7 +318,22 @@ impl Drafter {
         head: &dyn WeightSource,
         head_prec: Precision,
     ) -> Result<Tensor> {
-        let mut parts = Vec::new();
+        let mut l = Self::logits_from_each(&[(self, y)], head, head_prec)?;
+        Ok(l.remove(0))
+    }
+
+    /// [`Self::logits_from`] of several drafters' outputs through one head,
+    /// reading it once for all of them: each chunk is made ready for the
+    /// products once and each output takes its own product with it, so each
+    /// result is bitwise its own call's.
+    ///
+    /// Errors: as [`Self::logits_from`].
+    pub fn logits_from_each(
+        each: &[(&Drafter, &Tensor)],
+        head: &dyn WeightSource,
+        head_prec: Precision,
+    ) -> Result<Vec<Tensor>> {
+        let mut parts: Vec<Vec<Tensor>> = each.iter().map(|_| Vec::new()).collect();
         crate::models::text_model::for_each_vocab_chunk(
             head,
             "lm_head.weight",
@@ -327,11 +342,16 @@ impl Drafter {
                 // The chunk as bf16 pairs for the bf16 kernel where it
                 // applies; candle's sums on every CPU.
                 let w = Matrix::of_param(w.clone(), head_prec, true)?.with_candle_sums();
-                parts.push(w.linear(y, self.prec)?);
+                for ((d, y), p) in each.iter().zip(parts.iter_mut()) {
+                    p.push(w.linear(y, d.prec)?);
+                }
                 Ok(())
             },
         )?;
-        self.scale_logits(Tensor::cat(&parts, 1)?)
+        each.iter()
+            .zip(parts)
+            .map(|((d, _), p)| d.scale_logits(Tensor::cat(&p, 1)?))
+            .collect()
     }
 
     /// `compute_logits`' output multiplier and softcap.
