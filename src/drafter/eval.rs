@@ -265,8 +265,15 @@ pub fn build_tree(logits: &Tensor, budget: usize) -> Result<Vec<HashMap<u32, usi
                 .enumerate()
                 .map(|(i, &x)| (i as u32, x))
                 .collect();
-            idx.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            // The first k in (logprob descending, id ascending) order: a
+            // total order, so selecting them and sorting those gives the
+            // full sort's first k.
+            let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+            if k > 0 && k < idx.len() {
+                idx.select_nth_unstable_by(k - 1, order);
+            }
             idx.truncate(k);
+            idx.sort_by(order);
             idx
         })
         .collect();

@@ -265,8 +265,7 @@ pub fn replay_all(
 /// [`replay_all`] over `max_new[k]` new tokens of prompt k (supplied
 /// trajectories of different lengths).
 ///
-/// Errors: a trajectory shorter than the replay needs; mismatched counts; a
-/// tensor failure.
+/// Errors: as [`replay_sets`].
 pub fn replay_upto(
     drafter: &Drafter,
     target: &TargetModel,
@@ -276,37 +275,78 @@ pub fn replay_upto(
     feats: &[Tensor],
     r: Replay,
 ) -> Result<Replayed> {
-    let n = tokens.len();
-    if prompt_lens.len() != n || feats.len() != n || max_new.len() != n {
-        return Err(Error::Input(format!(
-            "replay needs one prompt length, one length and one feature tensor per trajectory: {n} trajectories, {} prompt lengths, {} lengths, {} feature tensors",
-            prompt_lens.len(),
-            max_new.len(),
-            feats.len()
-        )));
-    }
-    let t = DraftTarget {
+    let set = ReplaySet {
         drafter,
-        weights: target.weights,
-        head: target.head,
-        prec: target.prec,
+        target,
+        tokens,
+        prompt_lens,
+        max_new,
+        feats,
     };
-    let jobs: Vec<eval::ReplayJob> = tokens
+    Ok(replay_sets(&[set], r)?.remove(0))
+}
+
+/// Trajectories to replay with one drafter through one target: what
+/// [`replay_upto`] takes.
+pub struct ReplaySet<'a> {
+    /// The drafter.
+    pub drafter: &'a Drafter,
+    /// The target whose embedding and `lm_head` it drafts through.
+    pub target: &'a TargetModel<'a>,
+    /// Prompt + continuation per trajectory.
+    pub tokens: &'a [Vec<u32>],
+    /// Prompt length per trajectory.
+    pub prompt_lens: &'a [usize],
+    /// New tokens replayed per trajectory.
+    pub max_new: &'a [usize],
+    /// Tap features `[T, K·H]` per trajectory.
+    pub feats: &'a [Tensor],
+}
+
+/// [`replay_upto`] on every set at once: all their trajectories in the
+/// same lock-step rounds ([`eval::replay_jobs`]), so that the drafts of a
+/// round through the same `lm_head` read it once. Bitwise each set's own
+/// replay. Returns per set its DFlash and DDTree results per trajectory.
+///
+/// Errors: a trajectory shorter than the replay needs; mismatched counts; a
+/// tensor failure.
+pub fn replay_sets(sets: &[ReplaySet], r: Replay) -> Result<Vec<Replayed>> {
+    let mut targets = Vec::with_capacity(sets.len());
+    for s in sets {
+        let n = s.tokens.len();
+        if s.prompt_lens.len() != n || s.feats.len() != n || s.max_new.len() != n {
+            return Err(Error::Input(format!(
+                "replay needs one prompt length, one length and one feature tensor per trajectory: {n} trajectories, {} prompt lengths, {} lengths, {} feature tensors",
+                s.prompt_lens.len(),
+                s.max_new.len(),
+                s.feats.len()
+            )));
+        }
+        targets.push(DraftTarget {
+            drafter: s.drafter,
+            weights: s.target.weights,
+            head: s.target.head,
+            prec: s.target.prec,
+        });
+    }
+    let jobs: Vec<eval::ReplayJob> = sets
         .iter()
-        .zip(prompt_lens)
-        .zip(feats)
-        .zip(max_new)
-        .map(|(((toks, &n), f), &m)| eval::ReplayJob {
-            target: &t,
-            tokens: toks,
-            prompt_len: n,
-            feats: f,
-            max_new: m,
+        .zip(&targets)
+        .flat_map(|(s, t)| {
+            (0..s.tokens.len()).map(move |k| eval::ReplayJob {
+                target: t,
+                tokens: &s.tokens[k],
+                prompt_len: s.prompt_lens[k],
+                feats: &s.feats[k],
+                max_new: s.max_new[k],
+            })
         })
         .collect();
-    Ok(eval::replay_jobs(&jobs, r.budget, r.rule)?
-        .into_iter()
-        .unzip())
+    let mut done = eval::replay_jobs(&jobs, r.budget, r.rule)?.into_iter();
+    Ok(sets
+        .iter()
+        .map(|s| done.by_ref().take(s.tokens.len()).unzip())
+        .collect())
 }
 
 /// A token sequence fed teacher-forced: its tokens, how many are the

@@ -17,7 +17,7 @@ use crate::drafter::eval::PromptTau;
 use crate::drafter::generate::{dflash_loop_with, Lane};
 use crate::drafter::target::{Capture, TargetModel};
 use crate::drafter::trajectories::{departures_of, Departure, Given};
-use crate::drafter::{concat_taps, replay_upto, teacher_forced, Forced, Replay};
+use crate::drafter::{concat_taps, replay_sets, teacher_forced, Forced, Replay, ReplaySet};
 use crate::error::Result;
 use crate::loading::resident::Resident;
 use crate::loading::WeightSource;
@@ -223,7 +223,7 @@ pub fn run_group(
     let own_base = base.is_none();
     let caps = if own_base { &all } else { &tap_caps };
     let outs = teacher_forced(&g.target, &seqs, caps, given.is_some())?;
-    let mut outcomes = Vec::new();
+    let mut lanes = Vec::with_capacity(g.lanes.len());
     let mut new_base: Option<Base> = None;
     for (j, l) in g.lanes.iter().enumerate() {
         let range = j * np..(j + 1) * np;
@@ -248,14 +248,29 @@ pub fn run_group(
             });
         }
         let lane = LaneRun {
-            drafter,
-            target: &g.target,
-            replay,
             forcings: &forcings[range.clone()],
+            range,
         };
+        let replayed = match &run {
+            Source::Generated(gen) => lane.generated(replay, gen),
+            Source::Given(t) => lane.given(t, &forced),
+        };
+        lanes.push((lane, forced, replayed));
+    }
+    // Every lane's replays in the same rounds (one lm_head pass per round).
+    let sets: Vec<ReplaySet> = lanes
+        .iter()
+        .map(|(_, _, r)| r.set(drafter, &g.target))
+        .collect();
+    let replayed = replay_sets(&sets, replay)?;
+    let mut outcomes = Vec::with_capacity(lanes.len());
+    for (((lane, forced, inputs), r), l) in lanes.into_iter().zip(replayed).zip(&g.lanes) {
         outcomes.push(match &run {
-            Source::Generated(gen) => lane.generated(&l.edit, forced, gen, range)?,
-            Source::Given(t) => lane.given(&l.edit, forced, t, &outs[range])?,
+            Source::Generated(gen) => lane.generated_outcome(&l.edit, forced, gen, inputs, r)?,
+            Source::Given(t) => {
+                let outs = &outs[lane.range.clone()];
+                lane.given_outcome(&l.edit, forced, t, outs, inputs, r)?
+            }
         });
     }
     let wall = t0.elapsed().as_secs_f64();
@@ -265,42 +280,74 @@ pub fn run_group(
 
 /// One lane's outcome from its group's runs.
 struct LaneRun<'a> {
-    drafter: &'a Drafter,
-    target: &'a TargetModel<'a>,
-    replay: Replay,
     /// What the lane fed teacher-forced, per prompt.
     forcings: &'a [Forcing],
+    /// Its rows of the group's lanes × prompts.
+    range: std::ops::Range<usize>,
+}
+
+/// What a lane replays: its trajectories, their prompts and new tokens,
+/// and the features the drafter reads.
+struct ReplayInputs {
+    tokens: Vec<Vec<u32>>,
+    lens: Vec<usize>,
+    max_new: Vec<usize>,
+    feats: Vec<Tensor>,
+}
+
+impl ReplayInputs {
+    /// Its replay with `drafter` through `target`.
+    fn set<'a>(&'a self, drafter: &'a Drafter, target: &'a TargetModel<'a>) -> ReplaySet<'a> {
+        ReplaySet {
+            drafter,
+            target,
+            tokens: &self.tokens,
+            prompt_lens: &self.lens,
+            max_new: &self.max_new,
+            feats: &self.feats,
+        }
+    }
 }
 
 impl LaneRun<'_> {
-    /// From the DFlash loop: τ on the lane's own trajectory (`gen`'s rows
-    /// `range`), divergence from its teacher-forced `forced` features.
+    /// From the DFlash loop: the lane's own trajectory (`gen`'s rows) and
+    /// the features the loop made over it.
     fn generated(
+        &self,
+        replay: Replay,
+        gen: &crate::drafter::generate::Generation,
+    ) -> ReplayInputs {
+        let lens: Vec<usize> = self.forcings.iter().map(|f| f.prompt_len).collect();
+        ReplayInputs {
+            tokens: gen.tokens[self.range.clone()].to_vec(),
+            max_new: vec![replay.max_new; lens.len()],
+            lens,
+            feats: gen.features[self.range.clone()].to_vec(),
+        }
+    }
+
+    /// τ on its own trajectory (`replayed`), divergence from its
+    /// teacher-forced `forced` features.
+    fn generated_outcome(
         &self,
         edit: &LaneEdit,
         forced: Vec<Tensor>,
         gen: &crate::drafter::generate::Generation,
-        range: std::ops::Range<usize>,
+        inputs: ReplayInputs,
+        (dflash, ddtree): crate::drafter::Replayed,
     ) -> Result<Outcome> {
-        let own_lens: Vec<usize> = self.forcings.iter().map(|f| f.prompt_len).collect();
-        let max_new = vec![self.replay.max_new; own_lens.len()];
-        let (dflash, ddtree) = replay_upto(
-            self.drafter,
-            self.target,
-            &gen.tokens[range.clone()],
-            &own_lens,
-            &max_new,
-            &gen.features[range.clone()],
-            self.replay,
+        let (feats_on_base, reference) = lanes::compared(
+            edit,
+            forced,
+            &gen.features[self.range.clone()],
+            self.forcings,
         )?;
-        let (feats_on_base, reference) =
-            lanes::compared(edit, forced, &gen.features[range.clone()], self.forcings)?;
         Ok(Outcome {
             feats_on_base,
             reference,
             base_skip: self.forcings.iter().map(|f| f.base_skip).collect(),
-            tokens: gen.tokens[range].to_vec(),
-            prompt_lens: own_lens,
+            tokens: inputs.tokens,
+            prompt_lens: inputs.lens,
             dflash,
             ddtree,
             wall_s: 0.0,
@@ -309,36 +356,37 @@ impl LaneRun<'_> {
         })
     }
 
-    /// On supplied trajectories `t`: τ on the tokens the lane fed (the given
-    /// ones as its edit changes them) from its teacher-forced `forced`
-    /// features, its departures from the given tokens from the sweep's
-    /// logits (`outs`).
-    fn given(
+    /// On supplied trajectories `t`: the tokens the lane fed (the given
+    /// ones as its edit changes them) and its teacher-forced `forced`
+    /// features.
+    fn given(&self, t: &Given, forced: &[Tensor]) -> ReplayInputs {
+        ReplayInputs {
+            tokens: self.forcings.iter().map(|f| f.tokens.clone()).collect(),
+            lens: self.forcings.iter().map(|f| f.prompt_len).collect(),
+            max_new: t.replayed.clone(),
+            feats: forced.to_vec(),
+        }
+    }
+
+    /// τ from `replayed`, its departures from the given tokens from the
+    /// sweep's logits (`outs`).
+    fn given_outcome(
         &self,
         edit: &LaneEdit,
         forced: Vec<Tensor>,
         t: &Given,
         outs: &[crate::drafter::target::StepOut],
+        inputs: ReplayInputs,
+        (dflash, ddtree): crate::drafter::Replayed,
     ) -> Result<Outcome> {
-        let tokens: Vec<Vec<u32>> = self.forcings.iter().map(|f| f.tokens.clone()).collect();
-        let lens: Vec<usize> = self.forcings.iter().map(|f| f.prompt_len).collect();
-        let (dflash, ddtree) = replay_upto(
-            self.drafter,
-            self.target,
-            &tokens,
-            &lens,
-            &t.replayed,
-            &forced,
-            self.replay,
-        )?;
         let departures = departures_of(t, outs)?;
         let (feats_on_base, reference) = lanes::compared(edit, forced, &[], self.forcings)?;
         Ok(Outcome {
             feats_on_base,
             reference,
             base_skip: self.forcings.iter().map(|f| f.base_skip).collect(),
-            tokens,
-            prompt_lens: lens,
+            tokens: inputs.tokens,
+            prompt_lens: inputs.lens,
             dflash,
             ddtree,
             wall_s: 0.0,
@@ -461,50 +509,42 @@ pub fn tap_outcomes(
 ) -> Result<()> {
     let n = session.spec.num_layers();
     let taps = &drafter.cfg.target_layer_ids;
+    let lens = session.prompt_lens();
+    // Per suspect that reads the baseline's forward: its drafter (`None`:
+    // the drafter as loaded) and the features it replays.
+    let mut runs: Vec<(usize, Option<Drafter>, Vec<Tensor>)> = Vec::new();
     for (i, r) in recipes.iter().enumerate() {
-        let mode = match r {
-            Recipe::Taps(mode) => mode,
-            Recipe::Drafter(edit) => {
-                let d = edit.apply(drafter);
-                let replayed = replay_upto(
-                    &d,
-                    base_target,
-                    &base.tokens,
-                    &session.prompt_lens(),
-                    &base.max_new,
-                    &base.feats,
-                    replay,
-                )?;
-                outcomes[i] = Some(Outcome::on_base(
-                    base.feats.clone(),
-                    base,
-                    session,
-                    replayed,
-                ));
-                continue;
+        match r {
+            Recipe::Drafter(edit) => runs.push((i, Some(edit.apply(drafter)), base.feats.clone())),
+            Recipe::Taps(mode) => {
+                let feats: Result<Vec<Tensor>> = base
+                    .hidden
+                    .iter()
+                    .map(|h| suspects::select(&h[..=n], &h[n + 1], taps, *mode))
+                    .collect();
+                match feats {
+                    Ok(f) => runs.push((i, None, f)),
+                    Err(e) => notes.push(format!("{}: skipped ({e})", describe(*mode))),
+                }
             }
-            Recipe::Model { .. } => continue,
-        };
-        let feats: Result<Vec<Tensor>> = base
-            .hidden
-            .iter()
-            .map(|h| suspects::select(&h[..=n], &h[n + 1], taps, *mode))
-            .collect();
-        match feats {
-            Ok(f) => {
-                let (dflash, ddtree) = replay_upto(
-                    drafter,
-                    base_target,
-                    &base.tokens,
-                    &session.prompt_lens(),
-                    &base.max_new,
-                    &f,
-                    replay,
-                )?;
-                outcomes[i] = Some(Outcome::on_base(f, base, session, (dflash, ddtree)));
-            }
-            Err(e) => notes.push(format!("{}: skipped ({e})", describe(*mode))),
+            Recipe::Model { .. } => {}
         }
+    }
+    // All of their replays in the same rounds (one lm_head pass per round).
+    let sets: Vec<ReplaySet> = runs
+        .iter()
+        .map(|(_, d, f)| ReplaySet {
+            drafter: d.as_ref().unwrap_or(drafter),
+            target: base_target,
+            tokens: &base.tokens,
+            prompt_lens: &lens,
+            max_new: &base.max_new,
+            feats: f,
+        })
+        .collect();
+    let replayed = replay_sets(&sets, replay)?;
+    for ((i, _, f), r) in runs.into_iter().zip(replayed) {
+        outcomes[i] = Some(Outcome::on_base(f, base, session, r));
     }
     Ok(())
 }

@@ -32,3 +32,21 @@ fn summary_matches_hand_computation() {
     assert!((s.per_position_acceptance[0] - 2.0 / 3.0).abs() < 1e-12);
     assert!((s.per_position_acceptance[2] - 1.0 / 3.0).abs() < 1e-12);
 }
+
+#[test]
+fn tree_takes_the_top_tokens_by_logprob_then_lowest_id() {
+    // One depth, 1000 tokens on 5 logit levels: many ties at the top.
+    let v: Vec<f32> = (0..1000u32).map(|i| ((i * 7919) % 5) as f32).collect();
+    let t = Tensor::from_vec(v.clone(), (1, 1000), &Device::Cpu).unwrap();
+    for budget in [1, 7, 200, 999, 1000, 1500] {
+        let tree = build_tree(&t, budget).unwrap();
+        let mut want: Vec<u32> = (0..1000).collect();
+        want.sort_by(|&a, &b| v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b)));
+        want.truncate(budget.min(1000));
+        // Node i + 1 is the i-th best token (one depth: best-first is that order).
+        let mut got: Vec<(usize, u32)> = tree[0].iter().map(|(&tok, &i)| (i, tok)).collect();
+        got.sort();
+        let got: Vec<u32> = got.into_iter().map(|(_, tok)| tok).collect();
+        assert_eq!(got, want, "budget {budget}");
+    }
+}
