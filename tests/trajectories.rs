@@ -520,4 +520,15 @@ fn triage_on_the_baselines_own_trajectory_matches_the_generated_run() {
         lm.departures.as_ref().unwrap().first_failure.is_some(),
         "a random lm_head does not decode the baseline's tokens"
     );
+    // It differs from the baseline in its head alone: on the given tokens
+    // it rides the baseline's sweep (its hidden states are the baseline's)
+    // and only its logits and drafts go through its own head.
+    assert!(
+        lm.shared_sweeps_with.iter().any(|n| n == "baseline"),
+        "{:?}",
+        lm.shared_sweeps_with
+    );
+    assert!(lm.cos_min_at_taps > 1.0 - 1e-12, "{}", lm.cos_min_at_taps);
+    assert!(lm.first_divergent.is_none());
+    assert!(lm.tau_macro < given.baseline.tau_macro);
 }

@@ -81,6 +81,10 @@ pub fn run_all(
         // A head made for this group's suspect (the random lm_head) is not
         // needed by the next group.
         g.target.head.release();
+        g.lanes
+            .iter()
+            .filter_map(|l| l.head)
+            .for_each(|h| h.release());
         if b.is_some() {
             base = b;
         }

@@ -78,7 +78,7 @@ impl Outcome {
 }
 
 /// One lane of a group run: a suspect (or the baseline) and how it runs.
-pub struct LaneSpec {
+pub struct LaneSpec<'a> {
     /// Index into the plan; `None` for the baseline.
     pub suspect: Option<usize>,
     /// Delta-rule form.
@@ -87,6 +87,11 @@ pub struct LaneSpec {
     pub decode_shift: usize,
     /// Faults and prompt changes ([`LaneEdit`]).
     pub edit: LaneEdit,
+    /// Its own `lm_head` where the group's is not its: a suspect whose
+    /// target differs from the baseline's in the head alone, measured on
+    /// supplied trajectories, where its hidden states are the baseline's
+    /// and only its logits and drafts go through its head.
+    pub head: Option<&'a dyn WeightSource>,
 }
 
 /// Runs that read the same weights in the same dtype with the same lm_head:
@@ -96,7 +101,7 @@ pub struct Group<'a> {
     /// The target every lane runs on.
     pub target: TargetModel<'a>,
     /// The lanes (the baseline's first in its group).
-    pub lanes: Vec<LaneSpec>,
+    pub lanes: Vec<LaneSpec<'a>>,
 }
 
 /// What the baseline's run leaves for the suspects.
@@ -222,7 +227,10 @@ pub fn run_group(
         .collect();
     let own_base = base.is_none();
     let caps = if own_base { &all } else { &tap_caps };
-    let outs = teacher_forced(&g.target, &seqs, caps, given.is_some())?;
+    let mut outs = teacher_forced(&g.target, &seqs, caps, given.is_some())?;
+    if own_base && given.is_some() {
+        own_head_logits(g, &forcings, n, &mut outs)?;
+    }
     let mut lanes = Vec::with_capacity(g.lanes.len());
     let mut new_base: Option<Base> = None;
     for (j, l) in g.lanes.iter().enumerate() {
@@ -257,12 +265,8 @@ pub fn run_group(
         };
         lanes.push((lane, forced, replayed));
     }
-    // Every lane's replays in the same rounds (one lm_head pass per round).
-    let sets: Vec<ReplaySet> = lanes
-        .iter()
-        .map(|(_, _, r)| r.set(drafter, &g.target))
-        .collect();
-    let replayed = replay_sets(&sets, replay)?;
+    let inputs: Vec<&ReplayInputs> = lanes.iter().map(|(_, _, r)| r).collect();
+    let replayed = replay_lanes(g, drafter, &inputs, replay)?;
     let mut outcomes = Vec::with_capacity(lanes.len());
     for (((lane, forced, inputs), r), l) in lanes.into_iter().zip(replayed).zip(&g.lanes) {
         outcomes.push(match &run {
@@ -276,6 +280,65 @@ pub fn run_group(
     let wall = t0.elapsed().as_secs_f64();
     outcomes.iter_mut().for_each(|o| o.wall_s = wall);
     Ok((outcomes, new_base))
+}
+
+/// Every lane's replays (`inputs`, lane order) in the same rounds: one
+/// `lm_head` pass per round and head.
+///
+/// Errors: as [`replay_sets`].
+fn replay_lanes(
+    g: &Group,
+    drafter: &Drafter,
+    inputs: &[&ReplayInputs],
+    replay: Replay,
+) -> Result<Vec<crate::drafter::Replayed>> {
+    let targets: Vec<TargetModel> = g
+        .lanes
+        .iter()
+        .map(|l| TargetModel {
+            head: l.head.unwrap_or(g.target.head),
+            ..g.target
+        })
+        .collect();
+    let sets: Vec<ReplaySet> = inputs
+        .iter()
+        .zip(&targets)
+        .map(|(r, t)| r.set(drafter, t))
+        .collect();
+    replay_sets(&sets, replay)
+}
+
+/// The logits of the lanes of the baseline's group that have their own
+/// head ([`LaneSpec::head`]): its head over the final-normed rows the sweep
+/// kept (`hidden_states[n]`, capture `n`), the rows the sweep's logits cover.
+///
+/// Errors: the head cannot be read; a tensor failure.
+fn own_head_logits(
+    g: &Group,
+    forcings: &[Forcing],
+    n: usize,
+    outs: &mut [crate::drafter::target::StepOut],
+) -> Result<()> {
+    let np = forcings.len() / g.lanes.len().max(1);
+    for (j, l) in g.lanes.iter().enumerate() {
+        let Some(head) = l.head else {
+            continue;
+        };
+        let range = j * np..(j + 1) * np;
+        let rows: Vec<Tensor> = outs[range.clone()]
+            .iter()
+            .zip(&forcings[range.clone()])
+            .map(|(o, f)| {
+                let from = f.prompt_len.saturating_sub(1);
+                Ok(o.captures[n].narrow(0, from, f.tokens.len() - from)?)
+            })
+            .collect::<Result<_>>()?;
+        let logits = crate::models::LmHead::forward_streamed(head, g.target.prec, &[&rows])?;
+        for (o, l) in outs[range].iter_mut().zip(logits.into_iter().flatten()) {
+            o.logits = Some(l);
+        }
+    }
+    Ok(())
 }
 
 /// One lane's outcome from its group's runs.
@@ -434,14 +497,19 @@ fn target_of<'a>(
 }
 
 /// The groups of a triage run: the baseline's first (its lane first), then
-/// one per distinct target; every model suspect is a lane of one group.
+/// one per distinct target; every model suspect is a lane of one group. On
+/// supplied trajectories (`given`) a suspect that differs from the baseline
+/// in its `lm_head` alone is a lane of the baseline's group with its own
+/// head ([`LaneSpec::head`]).
 pub fn build<'a>(
     session: &'a Session,
     base_target: TargetModel<'a>,
     recipes: &'a [Recipe],
     residents: &'a [Option<Resident>],
+    given: bool,
 ) -> Vec<Group<'a>> {
     let key_of = |t: &TargetModel| weights_key(t.spec, t.weights, Some(t.head), t.prec);
+    let body_of = |t: &TargetModel| weights_key(t.spec, t.weights, None, t.prec);
     let mut groups = vec![Group {
         target: base_target,
         lanes: vec![LaneSpec {
@@ -449,6 +517,7 @@ pub fn build<'a>(
             form: GdnForm::Chunked,
             decode_shift: 0,
             edit: LaneEdit::default(),
+            head: None,
         }],
     }];
     let mut keys = vec![key_of(&base_target)];
@@ -471,8 +540,21 @@ pub fn build<'a>(
             form: *form,
             decode_shift: *decode_shift,
             edit: edit.clone(),
+            head: None,
         };
         let k = key_of(&t);
+        let head_only = given
+            && spec.is_none()
+            && (lane.form, lane.decode_shift) == (GdnForm::Chunked, 0)
+            && lane.edit == LaneEdit::default()
+            && body_of(&t) == body_of(&base_target);
+        if head_only && k != keys[0] {
+            groups[0].lanes.push(LaneSpec {
+                head: Some(t.head),
+                ..lane
+            });
+            continue;
+        }
         // A run with its own numerics (spec) never shares sweeps.
         let shared = spec.is_none().then(|| keys.iter().position(|x| *x == k));
         match shared.flatten() {
@@ -487,72 +569,4 @@ pub fn build<'a>(
         }
     }
     groups
-}
-
-/// The outcomes of the suspects that read the baseline's forward: the tap
-/// suspects (other hidden states fed to the drafter over the baseline's
-/// tokens; one whose taps fall outside the model is skipped with a note)
-/// and the drafter suspects (the baseline's features replayed with the
-/// drafter run differently).
-///
-/// Errors: a replay failure.
-#[allow(clippy::too_many_arguments)]
-pub fn tap_outcomes(
-    session: &Session,
-    drafter: &Drafter,
-    base_target: &TargetModel,
-    base: &Base,
-    recipes: &[Recipe],
-    replay: Replay,
-    outcomes: &mut [Option<Outcome>],
-    notes: &mut Vec<String>,
-) -> Result<()> {
-    let n = session.spec.num_layers();
-    let taps = &drafter.cfg.target_layer_ids;
-    let lens = session.prompt_lens();
-    // Per suspect that reads the baseline's forward: its drafter (`None`:
-    // the drafter as loaded) and the features it replays.
-    let mut runs: Vec<(usize, Option<Drafter>, Vec<Tensor>)> = Vec::new();
-    for (i, r) in recipes.iter().enumerate() {
-        match r {
-            Recipe::Drafter(edit) => runs.push((i, Some(edit.apply(drafter)), base.feats.clone())),
-            Recipe::Taps(mode) => {
-                let feats: Result<Vec<Tensor>> = base
-                    .hidden
-                    .iter()
-                    .map(|h| suspects::select(&h[..=n], &h[n + 1], taps, *mode))
-                    .collect();
-                match feats {
-                    Ok(f) => runs.push((i, None, f)),
-                    Err(e) => notes.push(format!("{}: skipped ({e})", describe(*mode))),
-                }
-            }
-            Recipe::Model { .. } => {}
-        }
-    }
-    // All of their replays in the same rounds (one lm_head pass per round).
-    let sets: Vec<ReplaySet> = runs
-        .iter()
-        .map(|(_, d, f)| ReplaySet {
-            drafter: d.as_ref().unwrap_or(drafter),
-            target: base_target,
-            tokens: &base.tokens,
-            prompt_lens: &lens,
-            max_new: &base.max_new,
-            feats: f,
-        })
-        .collect();
-    let replayed = replay_sets(&sets, replay)?;
-    for ((i, _, f), r) in runs.into_iter().zip(replayed) {
-        outcomes[i] = Some(Outcome::on_base(f, base, session, r));
-    }
-    Ok(())
-}
-
-/// The description of a tap suspect from its mode.
-fn describe(mode: Taps) -> String {
-    match mode {
-        Taps::Offset(k) => super::Suspect::TapOffset(k).description(),
-        Taps::NormedLast => super::Suspect::NormedLastTap.description(),
-    }
 }

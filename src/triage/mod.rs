@@ -20,6 +20,7 @@ mod groups;
 pub mod harness;
 pub mod lanes;
 mod observed;
+mod on_base;
 mod ranking;
 pub mod suspects;
 
@@ -374,7 +375,7 @@ pub fn run(
         head: base_w,
         prec: base_prec,
     };
-    let groups = groups::build(session, base_target, &recipes, &residents);
+    let groups = groups::build(session, base_target, &recipes, &residents, given.is_some());
     let names: Vec<String> = suspects.iter().map(Suspect::name).collect();
     let mut ran = batches::run_all(
         &groups,
@@ -387,7 +388,7 @@ pub fn run(
     )?;
     let baseline = baseline_of(&ran, &drafter, (session, &base_target), settings)?;
     let mut outcomes = std::mem::take(&mut ran.outcomes);
-    groups::tap_outcomes(
+    on_base::tap_outcomes(
         session,
         &drafter,
         &base_target,
