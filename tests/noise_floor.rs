@@ -489,3 +489,80 @@ fn routers_of_paths_in_other_dtypes_are_not_judged_by_the_floor() {
     );
     assert!(!v.to_string().contains("router floor:"), "{v}");
 }
+
+/// A sweep that runs some of its sequences through the layers' noise shadow
+/// (triage's baseline sweep, which reads each layer's weights once for the
+/// baseline and its shadow) gives those sequences the bits of a sweep of the
+/// shadow target ([`NoiseShadow`]) and the others the bits of a plain sweep,
+/// on the dense and the MoE layouts; the shadow's taps are not the plain
+/// ones (the test would show nothing otherwise).
+#[test]
+fn a_shadowed_step_in_a_shared_sweep_is_the_shadow_targets() {
+    use hsparity::drafter::target::{Capture, TargetModel};
+    use hsparity::drafter::{teacher_forced, teacher_forced_each, Forced};
+    use hsparity::loading::{LoadingPath, NoiseShadow, WeightSource};
+    for entry in ["dense-s0-bf16", "moe-s0-bf16"] {
+        let target = common::target(
+            &format!("{F}/{entry}/checkpoint"),
+            Some(&format!("{F}/{entry}/prompts.jsonl")),
+        );
+        let session = hsparity::session::Session::open(&target, &[LoadingPath::CausalLm]).unwrap();
+        let view = &session.paths[0].view as &dyn WeightSource;
+        let shadow = NoiseShadow(view);
+        let plain = TargetModel {
+            spec: &session.spec,
+            weights: view,
+            head: view,
+            prec: session.paths[0].dtype,
+        };
+        let shadowed_target = TargetModel {
+            weights: &shadow,
+            ..plain
+        };
+        let ids = session.prompt_ids();
+        let seqs: Vec<Forced> = ids
+            .iter()
+            .map(|t| Forced {
+                tokens: t,
+                prompt_len: t.len(),
+                form: hsparity::models::GdnForm::Chunked,
+                decode_shift: 0,
+                faults: Default::default(),
+            })
+            .collect();
+        let n = session.spec.num_layers();
+        let caps: Vec<Capture> = (0..n).map(Capture::Tap).collect();
+        let want_plain = teacher_forced(&plain, &seqs, &caps, false).unwrap();
+        let want_shadow = teacher_forced(&shadowed_target, &seqs, &caps, false).unwrap();
+        // Both in one sweep: the prompts plain, then again shadowed.
+        let both: Vec<Forced> = seqs.iter().chain(&seqs).copied().collect();
+        let shadowed: Vec<bool> = (0..both.len()).map(|j| j >= seqs.len()).collect();
+        let each = vec![caps.as_slice(); both.len()];
+        let got = teacher_forced_each(&plain, &both, &each, &shadowed, false).unwrap();
+        let bits = |t: &candle_core::Tensor| {
+            t.flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<u32>>()
+        };
+        let mut differs = false;
+        for (k, (p, s)) in want_plain.iter().zip(&want_shadow).enumerate() {
+            for l in 0..n {
+                let (gp, gs) = (&got[k].captures[l], &got[seqs.len() + k].captures[l]);
+                assert!(
+                    bits(gp) == bits(&p.captures[l]),
+                    "{entry} prompt {k} tap {l}: plain"
+                );
+                assert!(
+                    bits(gs) == bits(&s.captures[l]),
+                    "{entry} prompt {k} tap {l}: shadow"
+                );
+                differs |= bits(gs) != bits(gp);
+            }
+        }
+        assert!(differs, "{entry}: the shadow moves some tap");
+    }
+}

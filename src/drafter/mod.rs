@@ -376,6 +376,21 @@ pub fn teacher_forced(
     capture: &[Capture],
     logits: bool,
 ) -> Result<Vec<StepOut>> {
+    teacher_forced_each(target, seqs, &vec![capture; seqs.len()], &[], logits)
+}
+
+/// [`teacher_forced`] keeping `capture[j]` of sequence j, the sequences
+/// `shadowed` marks run through the layers' noise shadow in the same sweep
+/// ([`TargetModel::sweep_each`]).
+///
+/// Errors: as [`teacher_forced`].
+pub fn teacher_forced_each(
+    target: &TargetModel,
+    seqs: &[Forced],
+    capture: &[&[Capture]],
+    shadowed: &[bool],
+    logits: bool,
+) -> Result<Vec<StepOut>> {
     let mut states: Vec<Sequence> = seqs
         .iter()
         .map(|f| {
@@ -396,7 +411,7 @@ pub fn teacher_forced(
             },
         })
         .collect();
-    target.sweep(&mut steps, capture)
+    target.sweep_each(&mut steps, capture, shadowed)
 }
 
 /// The drafter's features `[T, K·H]` from a step's tap captures.

@@ -171,9 +171,26 @@ impl TargetModel<'_> {
     ///
     /// Errors: an id out of range, a capture outside the model, a tensor failure.
     pub fn sweep(&self, steps: &mut [Step], capture: &[Capture]) -> Result<Vec<StepOut>> {
+        let each = vec![capture; steps.len()];
+        self.sweep_each(steps, &each, &[])
+    }
+
+    /// [`Self::sweep`] keeping `capture[j]` of step j, and running the
+    /// steps `shadowed` marks through each layer's noise shadow (the layer
+    /// as [`crate::loading::NoiseShadow`] loads it,
+    /// [`DecoderLayer::with_rounding`]), from the same read of its weights:
+    /// a shadowed step gets the bits a sweep of the shadow target gives it.
+    ///
+    /// Errors: as [`Self::sweep`].
+    pub fn sweep_each(
+        &self,
+        steps: &mut [Step],
+        capture: &[&[Capture]],
+        shadowed: &[bool],
+    ) -> Result<Vec<StepOut>> {
         let spec = self.spec;
         let n = spec.num_layers();
-        for c in capture {
+        for c in capture.iter().flat_map(|c| c.iter()) {
             if matches!(*c, Capture::Tap(l) if l >= n) || matches!(*c, Capture::Hidden(i) if i > n)
             {
                 return Err(Error::Input(format!(
@@ -189,8 +206,9 @@ impl TargetModel<'_> {
             let (cos, sin) = spec.rotary.cos_sin(&p, &spec.device)?;
             pos.push(Positions { cos, sin });
             let e = Embedding::gather(self.weights, self.prec, s.ids)?;
-            let mut k = vec![None; capture.len()];
-            keep(&mut k, capture, |c| c == Capture::Hidden(0), &e);
+            let caps = capture[kept.len()];
+            let mut k = vec![None; caps.len()];
+            keep(&mut k, caps, |c| c == Capture::Hidden(0), &e);
             kept.push(k);
             h.push(e);
             if let Some(k) = s.seq.faults.gdn_reset_at {
@@ -211,33 +229,41 @@ impl TargetModel<'_> {
                     .for_each(LayerState::begin_tentative);
             }
         }
+        let is_shadowed = |j: usize| shadowed.get(j).copied().unwrap_or(false);
         for l in 0..n {
             let layer = DecoderLayer::load(spec, self.weights, l, self.prec)?;
-            // Every sequence's step through the layer at once: the mixers per
-            // sequence, the feed-forward stacked where that is bitwise.
-            let mut seqs: Vec<crate::models::Sequence> = steps
-                .iter_mut()
-                .zip(&h)
-                .zip(&pos)
-                .map(|((s, h), pos)| crate::models::Sequence {
-                    h,
-                    pos,
-                    form: if s.ids.len() == 1 && s.seq.len > 0 {
-                        GdnForm::Recurrent
-                    } else {
-                        s.seq.form
-                    },
-                    state: Some(&mut s.seq.states[l]),
-                    snapshot: None,
-                })
-                .collect();
-            let out = layer.forward_batch(&mut seqs, spec)?;
-            drop(seqs);
-            for (j, (o, _)) in out.into_iter().enumerate() {
-                h[j] = o;
+            let shadow = (0..steps.len()).any(is_shadowed).then(|| {
+                layer
+                    .clone()
+                    .with_rounding(crate::precision::ProductRounding::NearMidpointsFlipped)
+            });
+            let mut out: Vec<Option<Tensor>> = vec![None; steps.len()];
+            for (which, layer) in [(false, Some(&layer)), (true, shadow.as_ref())] {
+                let Some(layer) = layer else {
+                    continue;
+                };
+                // Every sequence's step through the layer at once: the mixers
+                // per sequence, the feed-forward stacked where that is bitwise.
+                let (idx, mut seqs): (Vec<usize>, Vec<crate::models::Sequence>) = steps
+                    .iter_mut()
+                    .zip(&h)
+                    .zip(&pos)
+                    .enumerate()
+                    .filter(|(j, _)| is_shadowed(*j) == which)
+                    .map(|(j, ((s, h), pos))| (j, layer_step(s, h, pos, l)))
+                    .unzip();
+                if idx.is_empty() {
+                    continue;
+                }
+                for (j, (o, _)) in idx.into_iter().zip(layer.forward_batch(&mut seqs, spec)?) {
+                    out[j] = Some(o);
+                }
+            }
+            for (j, o) in out.into_iter().enumerate() {
+                h[j] = o.expect("every step runs through the layer");
                 let is =
                     |c: Capture| c == Capture::Tap(l) || (l + 1 < n && c == Capture::Hidden(l + 1));
-                keep(&mut kept[j], capture, is, &h[j]);
+                keep(&mut kept[j], capture[j], is, &h[j]);
             }
         }
         let norm = FinalNorm::load(spec, self.weights, self.prec)?;
@@ -245,7 +271,12 @@ impl TargetModel<'_> {
         for (j, s) in steps.iter_mut().enumerate() {
             s.seq.len += s.ids.len();
             let normed = norm.forward(&h[j])?;
-            keep(&mut kept[j], capture, |c| c == Capture::Hidden(n), &normed);
+            keep(
+                &mut kept[j],
+                capture[j],
+                |c| c == Capture::Hidden(n),
+                &normed,
+            );
             let r = &s.logits;
             if r.end > r.start {
                 rows.push((j, normed.narrow(0, r.start, r.end - r.start)?));
@@ -270,6 +301,27 @@ impl TargetModel<'_> {
                 logits,
             })
             .collect())
+    }
+}
+
+/// Step `s`'s part of layer `l`: its input `h`, positions, form (single
+/// tokens after the prompt in the recurrent form) and the layer's state.
+fn layer_step<'s>(
+    s: &'s mut Step,
+    h: &'s Tensor,
+    pos: &'s Positions,
+    l: usize,
+) -> crate::models::Sequence<'s> {
+    crate::models::Sequence {
+        h,
+        pos,
+        form: if s.ids.len() == 1 && s.seq.len > 0 {
+            GdnForm::Recurrent
+        } else {
+            s.seq.form
+        },
+        state: Some(&mut s.seq.states[l]),
+        snapshot: None,
     }
 }
 

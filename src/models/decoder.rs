@@ -166,6 +166,25 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// The same layer with its products' f32 sums rounded as `rounding`
+    /// says: what loading it through [`crate::loading::NoiseShadow`] gives
+    /// (every product of a layer is a [`crate::models::layers::Matrix`]'s or
+    /// a sparse MoE block's, which take the source's rounding), without
+    /// reading its weights again.
+    pub fn with_rounding(self, rounding: crate::precision::ProductRounding) -> Self {
+        Self {
+            mixer: match self.mixer {
+                Mixer::Linear(m) => Mixer::Linear(m.with_rounding(rounding)),
+                Mixer::Full(m) => Mixer::Full(m.with_rounding(rounding)),
+            },
+            mlp: match self.mlp {
+                FeedForward::Dense(m) => FeedForward::Dense(m.with_rounding(rounding)),
+                FeedForward::SparseMoe(m) => FeedForward::SparseMoe(m.with_rounding(rounding)),
+            },
+            ..self
+        }
+    }
+
     /// Loads `layers.{i}.*` with the model file of `spec.family`, computing
     /// in `prec`. Errors: any tensor missing or unreadable.
     pub fn load(

@@ -11,13 +11,14 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 
+use super::forced;
 use super::lanes::{self, Forcing, LaneEdit};
 use super::suspects::{self, Head, Recipe, Taps, Weights};
 use crate::drafter::eval::PromptTau;
 use crate::drafter::generate::{dflash_loop_with, Lane};
-use crate::drafter::target::{Capture, TargetModel};
+use crate::drafter::target::TargetModel;
 use crate::drafter::trajectories::{departures_of, Departure, Given};
-use crate::drafter::{concat_taps, replay_sets, teacher_forced, Forced, Replay, ReplaySet};
+use crate::drafter::{concat_taps, replay_sets, Replay, ReplaySet};
 use crate::error::Result;
 use crate::loading::resident::Resident;
 use crate::loading::WeightSource;
@@ -102,6 +103,10 @@ pub struct Group<'a> {
     pub target: TargetModel<'a>,
     /// The lanes (the baseline's first in its group).
     pub lanes: Vec<LaneSpec<'a>>,
+    /// Run the baseline's lane again through the noise shadow in the
+    /// teacher-forced sweep, for the floor of its taps (the baseline's group
+    /// in half precision; [`Base::shadow_taps`]).
+    pub shadow_taps: bool,
 }
 
 /// What the baseline's run leaves for the suspects.
@@ -114,6 +119,9 @@ pub struct Base {
     pub feats: Vec<Tensor>,
     /// New tokens replayed per prompt.
     pub max_new: Vec<usize>,
+    /// Per prompt, the taps of the baseline's noise shadow over its tokens
+    /// (one `[T, H]` per tap), when its group ran it ([`Group::shadow_taps`]).
+    pub shadow_taps: Option<Vec<Vec<Tensor>>>,
 }
 
 /// Where a group's own trajectories come from.
@@ -200,37 +208,15 @@ pub fn run_group(
             (Source::Generated(gen), tokens, vec![replay.max_new; np])
         }
     };
-    // Divergence on the baseline's tokens: each lane's taps; the baseline's
-    // own lane keeps every hidden state (the tap suspects read them).
     let n = g.target.spec.num_layers();
     let taps = &drafter.cfg.target_layer_ids;
-    let all: Vec<Capture> = (0..=n)
-        .map(Capture::Hidden)
-        .chain([Capture::Tap(n - 1)])
-        .collect();
-    let tap_caps: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();
     let own = match &run {
         Source::Generated(gen) => Some(gen.tokens.as_slice()),
         Source::Given(_) => None,
     };
     let forcings = forcings_of(g, &base_tokens, &lens, own);
-    let seqs: Vec<Forced> = forcings
-        .iter()
-        .zip(g.lanes.iter().flat_map(|l| std::iter::repeat_n(l, np)))
-        .map(|(f, l)| Forced {
-            tokens: &f.tokens,
-            prompt_len: f.prompt_len,
-            form: l.form,
-            decode_shift: l.decode_shift,
-            faults: f.faults,
-        })
-        .collect();
     let own_base = base.is_none();
-    let caps = if own_base { &all } else { &tap_caps };
-    let mut outs = teacher_forced(&g.target, &seqs, caps, given.is_some())?;
-    if own_base && given.is_some() {
-        own_head_logits(g, &forcings, n, &mut outs)?;
-    }
+    let (outs, shadow_taps) = forced::sweep(g, &forcings, taps, own_base, given.is_some())?;
     let mut lanes = Vec::with_capacity(g.lanes.len());
     let mut new_base: Option<Base> = None;
     for (j, l) in g.lanes.iter().enumerate() {
@@ -253,6 +239,7 @@ pub fn run_group(
                     .collect(),
                 feats: forced.clone(),
                 max_new: max_new.clone(),
+                shadow_taps: shadow_taps.clone(),
             });
         }
         let lane = LaneRun {
@@ -306,39 +293,6 @@ fn replay_lanes(
         .map(|(r, t)| r.set(drafter, t))
         .collect();
     replay_sets(&sets, replay)
-}
-
-/// The logits of the lanes of the baseline's group that have their own
-/// head ([`LaneSpec::head`]): its head over the final-normed rows the sweep
-/// kept (`hidden_states[n]`, capture `n`), the rows the sweep's logits cover.
-///
-/// Errors: the head cannot be read; a tensor failure.
-fn own_head_logits(
-    g: &Group,
-    forcings: &[Forcing],
-    n: usize,
-    outs: &mut [crate::drafter::target::StepOut],
-) -> Result<()> {
-    let np = forcings.len() / g.lanes.len().max(1);
-    for (j, l) in g.lanes.iter().enumerate() {
-        let Some(head) = l.head else {
-            continue;
-        };
-        let range = j * np..(j + 1) * np;
-        let rows: Vec<Tensor> = outs[range.clone()]
-            .iter()
-            .zip(&forcings[range.clone()])
-            .map(|(o, f)| {
-                let from = f.prompt_len.saturating_sub(1);
-                Ok(o.captures[n].narrow(0, from, f.tokens.len() - from)?)
-            })
-            .collect::<Result<_>>()?;
-        let logits = crate::models::LmHead::forward_streamed(head, g.target.prec, &[&rows])?;
-        for (o, l) in outs[range].iter_mut().zip(logits.into_iter().flatten()) {
-            o.logits = Some(l);
-        }
-    }
-    Ok(())
 }
 
 /// One lane's outcome from its group's runs.
@@ -519,6 +473,7 @@ pub fn build<'a>(
             edit: LaneEdit::default(),
             head: None,
         }],
+        shadow_taps: false,
     }];
     let mut keys = vec![key_of(&base_target)];
     for (i, r) in recipes.iter().enumerate() {
@@ -564,6 +519,7 @@ pub fn build<'a>(
                 groups.push(Group {
                     target: t,
                     lanes: vec![lane],
+                    shadow_taps: false,
                 });
             }
         }

@@ -16,6 +16,7 @@ pub mod assess;
 mod batches;
 pub mod evidence;
 mod floor;
+mod forced;
 mod groups;
 pub mod harness;
 pub mod lanes;
@@ -375,7 +376,8 @@ pub fn run(
         head: base_w,
         prec: base_prec,
     };
-    let groups = groups::build(session, base_target, &recipes, &residents, given.is_some());
+    let mut groups = groups::build(session, base_target, &recipes, &residents, given.is_some());
+    groups[0].shadow_taps = floor::wanted(base_prec, settings.noise_floor);
     let names: Vec<String> = suspects.iter().map(Suspect::name).collect();
     let mut ran = batches::run_all(
         &groups,
@@ -386,7 +388,7 @@ pub fn run(
         given.as_ref(),
         settings.quiet,
     )?;
-    let baseline = baseline_of(&ran, &drafter, (session, &base_target), settings)?;
+    let baseline = baseline_of(&ran, &drafter, (session, &base_target))?;
     let mut outcomes = std::mem::take(&mut ran.outcomes);
     on_base::tap_outcomes(
         session,
@@ -454,18 +456,17 @@ pub fn run(
 
 /// The baseline's row: the training-side path in its own dtype with the
 /// chunked delta rule, its τ and DDTree τ over the prompts, its cost, and
-/// in half precision its taps' noise floor (unless `--no-noise-floor`).
+/// in half precision its taps' noise floor (unless `--no-noise-floor`; its
+/// shadow ran in the baseline's sweep).
 ///
-/// Errors: the floor's sweep's tensor failures.
+/// Errors: the floor's tensor failures.
 fn baseline_of(
     ran: &batches::Ran,
     drafter: &crate::models::dflash::Drafter,
     (session, target): (&Session, &TargetModel),
-    settings: &TriageSettings,
 ) -> Result<Baseline> {
     let b = drafter.cfg.block_size;
-    let lens = session.prompt_lens();
-    let taps = (drafter.cfg.target_layer_ids.as_slice(), lens.as_slice());
+    let taps = drafter.cfg.target_layer_ids.as_slice();
     Ok(Baseline {
         path: LoadingPath::CausalLm,
         dtype: target.prec,
@@ -480,7 +481,7 @@ fn baseline_of(
         wall_s: ran.baseline.wall_s,
         sweeps: ran.baseline.sweeps,
         per_prompt: assess::per_prompt(&ran.baseline, &ran.base.max_new),
-        tap_noise_floor: floor::of_taps(target, &ran.base, taps, settings.noise_floor)?,
+        tap_noise_floor: floor::of_taps(target.prec, &ran.base, taps)?,
     })
 }
 

@@ -89,6 +89,18 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// The same layer with its products' f32 sums rounded as `rounding`
+    /// says (what loading it through the noise shadow gives).
+    pub fn with_rounding(self, rounding: crate::precision::ProductRounding) -> Self {
+        Self {
+            q_proj: self.q_proj.with_rounding(rounding),
+            k_proj: self.k_proj.with_rounding(rounding),
+            v_proj: self.v_proj.with_rounding(rounding),
+            o_proj: self.o_proj.with_rounding(rounding),
+            ..self
+        }
+    }
+
     /// Loads `{prefix}.{q,k,v,o}_proj.weight`; `norm` loads the
     /// `{prefix}.{q,k}_norm` of the family; `gated`: `q_proj` carries the
     /// output gate (Qwen3.5).

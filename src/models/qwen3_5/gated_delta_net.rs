@@ -199,6 +199,19 @@ pub struct GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
+    /// The same layer with its products' f32 sums rounded as `rounding`
+    /// says (what loading it through the noise shadow gives).
+    pub fn with_rounding(self, rounding: crate::precision::ProductRounding) -> Self {
+        Self {
+            in_proj_qkv: self.in_proj_qkv.with_rounding(rounding),
+            in_proj_z: self.in_proj_z.with_rounding(rounding),
+            in_proj_b: self.in_proj_b.with_rounding(rounding),
+            in_proj_a: self.in_proj_a.with_rounding(rounding),
+            out_proj: self.out_proj.with_rounding(rounding),
+            ..self
+        }
+    }
+
     /// Loads `{prefix}.{in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj}.weight`,
     /// `{prefix}.conv1d.weight`, `{prefix}.A_log`, `{prefix}.dt_bias`, `{prefix}.norm.weight`.
     pub fn load(src: &dyn WeightSource, prefix: &str, geo: LayerGeometry) -> Result<Self> {
