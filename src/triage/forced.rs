@@ -12,6 +12,9 @@ use crate::drafter::target::{Capture, StepOut};
 use crate::drafter::{teacher_forced_each, Forced};
 use crate::error::Result;
 
+/// Per prompt, the baseline's noise shadow's taps (one `[T, H]` per tap).
+pub type ShadowTaps = Vec<Vec<Tensor>>;
+
 /// Runs `forcings` (lane-major, as the group's lanes × prompts) through
 /// `g`'s target in one sweep, keeping each lane's tap features `taps` (the
 /// baseline's own group, `own_base`: every hidden state) and, with
@@ -26,7 +29,7 @@ pub fn sweep(
     taps: &[usize],
     own_base: bool,
     logits: bool,
-) -> Result<(Vec<StepOut>, Option<Vec<Vec<Tensor>>>)> {
+) -> Result<(Vec<StepOut>, Option<ShadowTaps>)> {
     let n = g.target.spec.num_layers();
     let np = forcings.len() / g.lanes.len().max(1);
     let all: Vec<Capture> = (0..=n)

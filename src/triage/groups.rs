@@ -121,7 +121,7 @@ pub struct Base {
     pub max_new: Vec<usize>,
     /// Per prompt, the taps of the baseline's noise shadow over its tokens
     /// (one `[T, H]` per tap), when its group ran it ([`Group::shadow_taps`]).
-    pub shadow_taps: Option<Vec<Vec<Tensor>>>,
+    pub shadow_taps: Option<forced::ShadowTaps>,
 }
 
 /// Where a group's own trajectories come from.
