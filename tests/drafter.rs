@@ -766,11 +766,19 @@ fn lock_step_replays_give_each_trajectorys_own_replay() {
         head: &p.view,
         prec: p.dtype,
     };
+    // A second drafter object in the same rounds: two drafters' drafts in
+    // one lm_head pass, and 30 trajectories: more drafts than one pass takes.
+    let other = drafter.sliding_as_full();
+    let t2 = DraftTarget {
+        drafter: &other,
+        ..t
+    };
     for rule in [EndRule::GithubMain, EndRule::Wheel] {
         let max_new = 40;
-        let jobs: Vec<ReplayJob> = (0..tokens.len())
-            .map(|k| ReplayJob {
-                target: &t,
+        let jobs: Vec<ReplayJob> = (0..2 * tokens.len())
+            .map(|j| (j % tokens.len(), if j < tokens.len() { &t } else { &t2 }))
+            .map(|(k, t)| ReplayJob {
+                target: t,
                 tokens: &tokens[k],
                 prompt_len: lens[k],
                 feats: &feats[k],
@@ -779,10 +787,11 @@ fn lock_step_replays_give_each_trajectorys_own_replay() {
             .collect();
         let together = replay_jobs(&jobs, 8, rule).unwrap();
         let mut parted = 0;
-        for (k, (dfl, tree)) in together.iter().enumerate() {
-            let alone = replay_dflash(&t, &tokens[k], lens[k], &feats[k], max_new, rule).unwrap();
+        for (j, (dfl, tree)) in together.iter().enumerate() {
+            let (k, t) = (j % tokens.len(), jobs[j].target);
+            let alone = replay_dflash(t, &tokens[k], lens[k], &feats[k], max_new, rule).unwrap();
             let alone_tree =
-                replay_ddtree(&t, &tokens[k], lens[k], &feats[k], max_new, 8, rule).unwrap();
+                replay_ddtree(t, &tokens[k], lens[k], &feats[k], max_new, 8, rule).unwrap();
             assert_eq!(dfl, &alone, "prompt {k} {rule:?}: DFlash");
             assert_eq!(tree, &alone_tree, "prompt {k} {rule:?}: DDTree");
             parted += usize::from(dfl.acceptance_lengths != tree.acceptance_lengths);

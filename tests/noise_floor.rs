@@ -493,8 +493,8 @@ fn routers_of_paths_in_other_dtypes_are_not_judged_by_the_floor() {
 /// A sweep that runs some of its sequences through the layers' noise shadow
 /// (triage's baseline sweep, which reads each layer's weights once for the
 /// baseline and its shadow) gives those sequences the bits of a sweep of the
-/// shadow target ([`NoiseShadow`]) and the others the bits of a plain sweep,
-/// on the dense and the MoE layouts; the shadow's taps are not the plain
+/// shadow target ([`NoiseShadow`]) and the others the bits of a plain sweep
+/// (their logits too, where asked), on the dense and the MoE layouts; the shadow's taps are not the plain
 /// ones (the test would show nothing otherwise).
 #[test]
 fn a_shadowed_step_in_a_shared_sweep_is_the_shadow_targets() {
@@ -532,13 +532,14 @@ fn a_shadowed_step_in_a_shared_sweep_is_the_shadow_targets() {
             .collect();
         let n = session.spec.num_layers();
         let caps: Vec<Capture> = (0..n).map(Capture::Tap).collect();
-        let want_plain = teacher_forced(&plain, &seqs, &caps, false).unwrap();
+        let want_plain = teacher_forced(&plain, &seqs, &caps, true).unwrap();
         let want_shadow = teacher_forced(&shadowed_target, &seqs, &caps, false).unwrap();
         // Both in one sweep: the prompts plain, then again shadowed.
         let both: Vec<Forced> = seqs.iter().chain(&seqs).copied().collect();
         let shadowed: Vec<bool> = (0..both.len()).map(|j| j >= seqs.len()).collect();
         let each = vec![caps.as_slice(); both.len()];
-        let got = teacher_forced_each(&plain, &both, &each, &shadowed, false).unwrap();
+        let wants: Vec<bool> = shadowed.iter().map(|s| !s).collect();
+        let got = teacher_forced_each(&plain, &both, &each, &shadowed, &wants).unwrap();
         let bits = |t: &candle_core::Tensor| {
             t.flatten_all()
                 .unwrap()
@@ -562,6 +563,15 @@ fn a_shadowed_step_in_a_shared_sweep_is_the_shadow_targets() {
                 );
                 differs |= bits(gs) != bits(gp);
             }
+            let logits = got[k].logits.as_ref().unwrap();
+            assert!(
+                bits(logits) == bits(p.logits.as_ref().unwrap()),
+                "{entry} prompt {k}: logits"
+            );
+            assert!(
+                got[seqs.len() + k].logits.is_none(),
+                "a shadowed step asks no logits"
+            );
         }
         assert!(differs, "{entry}: the shadow moves some tap");
     }

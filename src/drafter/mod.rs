@@ -376,12 +376,13 @@ pub fn teacher_forced(
     capture: &[Capture],
     logits: bool,
 ) -> Result<Vec<StepOut>> {
-    teacher_forced_each(target, seqs, &vec![capture; seqs.len()], &[], logits)
+    let n = seqs.len();
+    teacher_forced_each(target, seqs, &vec![capture; n], &[], &vec![logits; n])
 }
 
-/// [`teacher_forced`] keeping `capture[j]` of sequence j, the sequences
-/// `shadowed` marks run through the layers' noise shadow in the same sweep
-/// ([`TargetModel::sweep_each`]).
+/// [`teacher_forced`] keeping `capture[j]` of sequence j and, where
+/// `logits[j]`, its logits; the sequences `shadowed` marks run through the
+/// layers' noise shadow in the same sweep ([`TargetModel::sweep_each`]).
 ///
 /// Errors: as [`teacher_forced`].
 pub fn teacher_forced_each(
@@ -389,7 +390,7 @@ pub fn teacher_forced_each(
     seqs: &[Forced],
     capture: &[&[Capture]],
     shadowed: &[bool],
-    logits: bool,
+    logits: &[bool],
 ) -> Result<Vec<StepOut>> {
     let mut states: Vec<Sequence> = seqs
         .iter()
@@ -400,7 +401,12 @@ pub fn teacher_forced_each(
     let mut steps: Vec<Step> = states
         .iter_mut()
         .zip(seqs)
-        .map(|(seq, f)| Step {
+        .zip(
+            seqs.iter()
+                .enumerate()
+                .map(|(j, _)| logits.get(j).copied().unwrap_or(false)),
+        )
+        .map(|((seq, f), logits)| Step {
             seq,
             ids: f.tokens,
             tentative: false,

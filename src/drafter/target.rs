@@ -157,6 +157,7 @@ pub struct Step<'s> {
 }
 
 /// What a sweep gives one sequence.
+#[derive(Clone)]
 pub struct StepOut {
     /// One `[T, H]` per requested [`Capture`], in order.
     pub captures: Vec<Tensor>,
@@ -190,14 +191,7 @@ impl TargetModel<'_> {
     ) -> Result<Vec<StepOut>> {
         let spec = self.spec;
         let n = spec.num_layers();
-        for c in capture.iter().flat_map(|c| c.iter()) {
-            if matches!(*c, Capture::Tap(l) if l >= n) || matches!(*c, Capture::Hidden(i) if i > n)
-            {
-                return Err(Error::Input(format!(
-                    "{c:?} is outside the target's {n} decoder layers"
-                )));
-            }
-        }
+        check_captures(capture, steps.len(), n)?;
         let mut pos = Vec::with_capacity(steps.len());
         let mut h = Vec::with_capacity(steps.len());
         let mut kept: Vec<Vec<Option<Tensor>>> = Vec::with_capacity(steps.len());
@@ -302,6 +296,27 @@ impl TargetModel<'_> {
             })
             .collect())
     }
+}
+
+/// Refuses capture lists that are not one per step, or that name a layer
+/// outside the target's `n`.
+///
+/// Errors ([`Error::Input`]): as said.
+fn check_captures(capture: &[&[Capture]], steps: usize, n: usize) -> Result<()> {
+    if capture.len() != steps {
+        return Err(Error::Input(format!(
+            "a sweep of {steps} steps was given {} capture lists",
+            capture.len()
+        )));
+    }
+    for c in capture.iter().flat_map(|c| c.iter()) {
+        if matches!(*c, Capture::Tap(l) if l >= n) || matches!(*c, Capture::Hidden(i) if i > n) {
+            return Err(Error::Input(format!(
+                "{c:?} is outside the target's {n} decoder layers"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Step `s`'s part of layer `l`: its input `h`, positions, form (single

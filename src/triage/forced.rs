@@ -37,10 +37,16 @@ pub fn sweep(
         .chain([Capture::Tap(n - 1)])
         .collect();
     let tap_caps: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();
+    // A lane with a head of its own (the baseline's group only) feeds the
+    // baseline lane's tokens through the baseline's layers: it takes that
+    // lane's outputs (lane 0) instead of running again.
+    let runs = |j: usize| g.lanes[j / np.max(1)].head.is_none();
     let mut seqs: Vec<Forced> = forcings
         .iter()
         .zip(g.lanes.iter().flat_map(|l| std::iter::repeat_n(l, np)))
-        .map(|(f, l)| Forced {
+        .enumerate()
+        .filter(|(j, _)| runs(*j))
+        .map(|(_, (f, l))| Forced {
             tokens: &f.tokens,
             prompt_len: f.prompt_len,
             form: l.form,
@@ -48,22 +54,33 @@ pub fn sweep(
             faults: f.faults,
         })
         .collect();
+    let ran = seqs.len();
     let caps = if own_base { &all } else { &tap_caps };
-    let mut each = vec![caps.as_slice(); seqs.len()];
-    // The baseline lane's noise shadow (its lanes come first), taps only.
+    let mut each = vec![caps.as_slice(); ran];
+    // The baseline lane's noise shadow (its lanes come first), taps only,
+    // no logits.
     let shadow = own_base && g.shadow_taps;
     if shadow {
         seqs.extend_from_within(..np);
         each.extend(std::iter::repeat_n(tap_caps.as_slice(), np));
     }
-    let shadowed: Vec<bool> = (0..seqs.len()).map(|j| j >= forcings.len()).collect();
-    let mut outs = teacher_forced_each(&g.target, &seqs, &each, &shadowed, logits)?;
+    let shadowed: Vec<bool> = (0..seqs.len()).map(|j| j >= ran).collect();
+    let wants: Vec<bool> = shadowed.iter().map(|s| logits && !s).collect();
+    let mut done = teacher_forced_each(&g.target, &seqs, &each, &shadowed, &wants)?;
     let shadow_taps = shadow.then(|| {
-        outs.split_off(forcings.len())
+        done.split_off(ran)
             .into_iter()
             .map(|o| o.captures)
             .collect::<Vec<_>>()
     });
+    let mut done = done.into_iter();
+    let mut outs: Vec<StepOut> = Vec::with_capacity(forcings.len());
+    for j in 0..forcings.len() {
+        outs.push(match runs(j) {
+            true => done.next().expect("one output per sequence run"),
+            false => outs[j % np].clone(),
+        });
+    }
     if own_base && logits {
         own_head_logits(g, forcings, n, &mut outs)?;
     }

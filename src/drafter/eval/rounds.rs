@@ -2,8 +2,8 @@
 //! ([`replay_jobs`]). Each trajectory's two walks stop at anchors; a round
 //! drafts every anchor some walk waits at (once, however many walks wait
 //! there: DFlash and DDTree start at the same anchor and meet again
-//! wherever their acceptances sum alike), and reads the target's `lm_head`
-//! once for every draft of the round that drafts through it
+//! wherever their acceptances sum alike), and the drafts of a round through
+//! the same `lm_head` read it in one pass per [`MAX_DRAFTS_PER_PASS`]
 //! ([`Drafter::logits_from_each`]), instead of once per draft. Each draft
 //! and each logit is the same computation as a replay of its own gives
 //! ([`super::replay_dflash`], [`super::replay_ddtree`]), so the results are
@@ -152,6 +152,11 @@ pub fn replay_jobs(
         }
         if wanted.is_empty() {
             break;
+        }
+        // Both walks are past the anchors behind them: their drafts go.
+        for (pair, d) in walks.iter().zip(drafted.iter_mut()) {
+            let behind = pair[0].start.min(pair[1].start);
+            d.retain(|&(at, _), _| at >= behind);
         }
         for pass in wanted.chunks(MAX_DRAFTS_PER_PASS) {
             for ((j, at), d) in pass.iter().zip(draft_each(jobs, pass, budget)?) {
