@@ -172,7 +172,7 @@ fn check_len(
 /// Walks the anchors of one trajectory under `rule`: `round(start, block)`
 /// returns the round's accepted drafts plus one (`a + 1`) for a block of
 /// `block` slots at anchor `start`; the walk records what each round commits
-/// and advances by it.
+/// and advances by it ([`rounds::Walk`], one round at a time).
 fn walk(
     prompt_len: usize,
     max_new: usize,
@@ -180,22 +180,11 @@ fn walk(
     rule: EndRule,
     mut round: impl FnMut(usize, usize) -> Result<usize>,
 ) -> Result<PromptTau> {
-    let max_length = prompt_len + max_new;
-    let mut start = prompt_len;
-    let mut lens = Vec::new();
-    loop {
-        let committed = match rule {
-            EndRule::GithubMain if start < max_length => round(start, b)?,
-            EndRule::Wheel if start + 1 < max_length => {
-                let a1 = round(start, b.min(max_length - start))?;
-                a1.min(max_length - start - 1)
-            }
-            _ => break,
-        };
-        lens.push(committed);
-        start += committed;
+    let mut w = rounds::Walk::new(prompt_len, max_new, b, rule);
+    while let Some((start, block)) = w.pending() {
+        w.advance(round(start, block)?);
     }
-    Ok(PromptTau::new(lens))
+    Ok(PromptTau::new(w.lens))
 }
 
 /// DFlash replay over one trajectory under the end-of-generation `rule`.

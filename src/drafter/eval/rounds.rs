@@ -36,18 +36,21 @@ pub struct ReplayJob<'a> {
 /// 15 MB, each at the 27B target's: 16 drafts take 0.5 GB at the peak).
 const MAX_DRAFTS_PER_PASS: usize = 16;
 
-/// The anchors of one walk under an end rule (`super::walk`'s loop, one
-/// round at a time).
-struct Walk {
+/// The anchors of one walk under an end rule, one round at a time: GitHub
+/// main drafts full blocks while `start < prompt_len + max_new` and records
+/// `a + 1`; the wheel drafts `min(B, max_length − start)` slots while
+/// `start + 1 < max_length` and records `min(a + 1, max_length − start − 1)`.
+pub(super) struct Walk {
     max_length: usize,
     b: usize,
     rule: EndRule,
     start: usize,
-    lens: Vec<usize>,
+    /// What each round committed.
+    pub(super) lens: Vec<usize>,
 }
 
 impl Walk {
-    fn new(prompt_len: usize, max_new: usize, b: usize, rule: EndRule) -> Self {
+    pub(super) fn new(prompt_len: usize, max_new: usize, b: usize, rule: EndRule) -> Self {
         Self {
             max_length: prompt_len + max_new,
             b,
@@ -58,7 +61,7 @@ impl Walk {
     }
 
     /// The next round's anchor and block slots; `None` once the walk ends.
-    fn pending(&self) -> Option<(usize, usize)> {
+    pub(super) fn pending(&self) -> Option<(usize, usize)> {
         let (s, m) = (self.start, self.max_length);
         match self.rule {
             EndRule::GithubMain if s < m => Some((s, self.b)),
@@ -68,7 +71,7 @@ impl Walk {
     }
 
     /// Records a round that accepted `a1` (accepted drafts + 1).
-    fn advance(&mut self, a1: usize) {
+    pub(super) fn advance(&mut self, a1: usize) {
         let committed = match self.rule {
             EndRule::GithubMain => a1,
             EndRule::Wheel => a1.min(self.max_length - self.start - 1),
