@@ -55,7 +55,7 @@ struct DraftLayer {
 
 /// A drafter: its config and its weights in their stored dtype, its linear
 /// weights prepared once for the products where that costs no bytes
-/// ([`linears::Linears::prepare`]); any other layer weight is widened to f32
+/// (`linears::Linears::prepare`); any other layer weight is widened to f32
 /// (rounded to the compute dtype `prec`) when a forward uses it and dropped
 /// after, so the drafter is never held widened.
 pub struct Drafter {
