@@ -204,12 +204,7 @@ pub fn replay_dflash(
         let drafts = draft_logits(t, tokens, feats, start, block)?
             .argmax(D::Minus1)?
             .to_vec1::<u32>()?;
-        let a = drafts
-            .iter()
-            .zip(&tokens[start + 1..])
-            .take_while(|(d, x)| d == x)
-            .count();
-        Ok(a + 1)
+        Ok(rounds::dflash_accepted(&drafts, tokens, start))
     })
 }
 
@@ -328,14 +323,7 @@ pub fn replay_ddtree(
     walk(prompt_len, max_new, b, rule, |start, block| {
         let logits = draft_logits(t, tokens, feats, start, block)?;
         let tree = build_tree(&logits, budget)?;
-        let (mut cur, mut depth) = (0usize, 0usize);
-        // The tree is at most block − 1 deep; its leaves have no children,
-        // so the walk never reads past the block's targets.
-        while let Some(&child) = tokens.get(start + depth + 1).and_then(|t| tree[cur].get(t)) {
-            cur = child;
-            depth += 1;
-        }
-        Ok(depth + 1)
+        Ok(rounds::ddtree_accepted(&tree, tokens, start))
     })
 }
 

@@ -89,31 +89,38 @@ struct Drafted {
 }
 
 impl Drafted {
-    /// DFlash's `a + 1` at `start` of `tokens`.
     fn dflash(&self, tokens: &[u32], start: usize) -> usize {
-        let a = self
-            .drafts
-            .iter()
-            .zip(&tokens[start + 1..])
-            .take_while(|(d, x)| d == x)
-            .count();
-        a + 1
+        dflash_accepted(&self.drafts, tokens, start)
     }
 
-    /// DDTree's accepted path length (root included) at `start`: the tree
-    /// is at most block − 1 deep, so the walk never reads past the block's
-    /// targets.
     fn ddtree(&self, tokens: &[u32], start: usize) -> usize {
-        let (mut cur, mut depth) = (0usize, 0usize);
-        while let Some(&child) = tokens
-            .get(start + depth + 1)
-            .and_then(|t| self.tree[cur].get(t))
-        {
-            cur = child;
-            depth += 1;
-        }
-        depth + 1
+        ddtree_accepted(&self.tree, tokens, start)
     }
+}
+
+/// DFlash's `a + 1` for greedy `drafts` at anchor `start` of `tokens`: the
+/// drafts that equal the tokens after the anchor, counted until the first
+/// that does not, plus one.
+pub(super) fn dflash_accepted(drafts: &[u32], tokens: &[u32], start: usize) -> usize {
+    let a = drafts
+        .iter()
+        .zip(&tokens[start + 1..])
+        .take_while(|(d, x)| d == x)
+        .count();
+    a + 1
+}
+
+/// DDTree's accepted path length (root included, DFlash's scale) for
+/// `tree` at anchor `start` of `tokens`: the longest root path equal to the
+/// tokens after the anchor. The tree is at most block − 1 deep, so the walk
+/// never reads past the block's targets.
+pub(super) fn ddtree_accepted(tree: &[HashMap<u32, usize>], tokens: &[u32], start: usize) -> usize {
+    let (mut cur, mut depth) = (0usize, 0usize);
+    while let Some(&child) = tokens.get(start + depth + 1).and_then(|t| tree[cur].get(t)) {
+        cur = child;
+        depth += 1;
+    }
+    depth + 1
 }
 
 /// DFlash and DDTree-`budget` on every job under `rule`, in lock-step
