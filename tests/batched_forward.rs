@@ -166,3 +166,140 @@ fn a_snapshot_is_the_state_a_separate_prefill_hands_on() {
         }
     }
 }
+
+/// Targets swept together (`teacher_forced_together`: the bf16 checkpoint
+/// in its dtype with its noise shadow's steps beside, the same checkpoint
+/// in f32, an MoE checkpoint with its own geometry) give each target the
+/// bits of its own sweep, taps and logits: the lock-step shares the reads
+/// of the layers and nothing else.
+#[test]
+fn targets_swept_together_give_each_the_bits_of_its_own_sweep() {
+    use hsparity::drafter::target::{Capture, StepOut, TargetModel};
+    use hsparity::drafter::{teacher_forced, teacher_forced_together, Forced, ForcedJob};
+    use hsparity::loading::{NoiseShadow, WeightSource};
+    const F: &str = "fixtures/noise-floor";
+    let open = |entry: &str| {
+        let target = common::target(
+            &format!("{F}/{entry}/checkpoint"),
+            Some(&format!("{F}/{entry}/prompts.jsonl")),
+        );
+        Session::open(&target, &[LoadingPath::CausalLm]).unwrap()
+    };
+    let (dense, moe) = (open("dense-s0-bf16"), open("moe-s0-bf16"));
+    fn target_of(s: &Session) -> TargetModel<'_> {
+        TargetModel {
+            spec: &s.spec,
+            weights: &s.paths[0].view,
+            head: &s.paths[0].view,
+            prec: s.paths[0].dtype,
+        }
+    }
+    let (bf16, moe_t) = (target_of(&dense), target_of(&moe));
+    assert_eq!(bf16.prec, Precision::Bf16, "the fixture is stored in bf16");
+    let f32_t = TargetModel {
+        prec: Precision::F32,
+        ..bf16
+    };
+    let view = &dense.paths[0].view as &dyn WeightSource;
+    let shadow = NoiseShadow(view);
+    let shadow_t = TargetModel {
+        weights: &shadow,
+        ..bf16
+    };
+    let (dense_ids, moe_ids) = (dense.prompt_ids(), moe.prompt_ids());
+    fn forced(ids: &[Vec<u32>]) -> Vec<Forced<'_>> {
+        ids.iter()
+            .map(|t| Forced {
+                tokens: t,
+                prompt_len: t.len().min(3),
+                form: GdnForm::Chunked,
+                decode_shift: 0,
+                faults: Default::default(),
+            })
+            .collect()
+    }
+    let (ds, ms) = (forced(&dense_ids), forced(&moe_ids));
+    let taps = |s: &Session| -> Vec<Capture> {
+        (0..s.spec.num_layers())
+            .map(Capture::Tap)
+            .chain([Capture::Hidden(s.spec.num_layers())])
+            .collect()
+    };
+    let (dc, mc) = (taps(&dense), taps(&moe));
+    // The bf16 part: its prompts plain (with logits), then shadowed (none).
+    let both: Vec<Forced> = ds.iter().chain(&ds).copied().collect();
+    let shadowed: Vec<bool> = (0..both.len()).map(|j| j >= ds.len()).collect();
+    let wants: Vec<bool> = shadowed.iter().map(|s| !s).collect();
+    let (each_both, each_d, each_m) = (
+        vec![dc.as_slice(); both.len()],
+        vec![dc.as_slice(); ds.len()],
+        vec![mc.as_slice(); ms.len()],
+    );
+    let (all_d, all_m) = (vec![true; ds.len()], vec![true; ms.len()]);
+    let jobs = [
+        ForcedJob {
+            target: bf16,
+            seqs: &both,
+            capture: &each_both,
+            shadowed: &shadowed,
+            logits: &wants,
+        },
+        ForcedJob {
+            target: f32_t,
+            seqs: &ds,
+            capture: &each_d,
+            shadowed: &[],
+            logits: &all_d,
+        },
+        ForcedJob {
+            target: moe_t,
+            seqs: &ms,
+            capture: &each_m,
+            shadowed: &[],
+            logits: &all_m,
+        },
+    ];
+    let got = teacher_forced_together(&jobs).unwrap();
+    let bits = |t: &Tensor| {
+        let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+    };
+    let same = |got: &[StepOut], want: &[StepOut], what: &str| {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (k, (g, w)) in got.iter().zip(want).enumerate() {
+            for (c, (a, b)) in g.captures.iter().zip(&w.captures).enumerate() {
+                assert!(bits(a) == bits(b), "{what} prompt {k} capture {c}");
+            }
+            match (&g.logits, &w.logits) {
+                (Some(a), Some(b)) => assert!(bits(a) == bits(b), "{what} prompt {k} logits"),
+                (None, None) => {}
+                _ => panic!("{what} prompt {k}: logits asked and given differ"),
+            }
+        }
+    };
+    let n = ds.len();
+    same(
+        &got[0][..n],
+        &teacher_forced(&bf16, &ds, &dc, true).unwrap(),
+        "bf16",
+    );
+    same(
+        &got[0][n..],
+        &teacher_forced(&shadow_t, &ds, &dc, false).unwrap(),
+        "shadow",
+    );
+    same(
+        &got[1],
+        &teacher_forced(&f32_t, &ds, &dc, true).unwrap(),
+        "f32",
+    );
+    same(
+        &got[2],
+        &teacher_forced(&moe_t, &ms, &mc, true).unwrap(),
+        "moe",
+    );
+    // The parts differ where they should: f32 is not bf16, the shadow not plain.
+    assert!(bits(&got[0][0].captures[0]) != bits(&got[1][0].captures[0]));
+    let last = dense.spec.num_layers() - 1;
+    assert!(bits(&got[0][0].captures[last]) != bits(&got[0][n].captures[last]));
+}

@@ -499,7 +499,7 @@ fn routers_of_paths_in_other_dtypes_are_not_judged_by_the_floor() {
 #[test]
 fn a_shadowed_step_in_a_shared_sweep_is_the_shadow_targets() {
     use hsparity::drafter::target::{Capture, TargetModel};
-    use hsparity::drafter::{teacher_forced, teacher_forced_each, Forced};
+    use hsparity::drafter::{teacher_forced, teacher_forced_together, Forced, ForcedJob};
     use hsparity::loading::{LoadingPath, NoiseShadow, WeightSource};
     for entry in ["dense-s0-bf16", "moe-s0-bf16"] {
         let target = common::target(
@@ -539,7 +539,14 @@ fn a_shadowed_step_in_a_shared_sweep_is_the_shadow_targets() {
         let shadowed: Vec<bool> = (0..both.len()).map(|j| j >= seqs.len()).collect();
         let each = vec![caps.as_slice(); both.len()];
         let wants: Vec<bool> = shadowed.iter().map(|s| !s).collect();
-        let got = teacher_forced_each(&plain, &both, &each, &shadowed, &wants).unwrap();
+        let job = ForcedJob {
+            target: plain,
+            seqs: &both,
+            capture: &each,
+            shadowed: &shadowed,
+            logits: &wants,
+        };
+        let got = teacher_forced_together(&[job]).unwrap().remove(0);
         let bits = |t: &candle_core::Tensor| {
             t.flatten_all()
                 .unwrap()

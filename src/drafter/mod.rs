@@ -377,47 +377,83 @@ pub fn teacher_forced(
     logits: bool,
 ) -> Result<Vec<StepOut>> {
     let n = seqs.len();
-    teacher_forced_each(target, seqs, &vec![capture; n], &[], &vec![logits; n])
+    let job = ForcedJob {
+        target: *target,
+        seqs,
+        capture: &vec![capture; n],
+        shadowed: &[],
+        logits: &vec![logits; n],
+    };
+    Ok(teacher_forced_together(&[job])?.pop().unwrap_or_default())
 }
 
-/// [`teacher_forced`] keeping `capture[j]` of sequence j and, where
-/// `logits[j]`, its logits; the sequences `shadowed` marks run through the
-/// layers' noise shadow in the same sweep ([`TargetModel::sweep_each`]).
+/// One target's sequences in [`teacher_forced_together`]: [`teacher_forced`]
+/// keeping `capture[j]` of sequence j and, where `logits[j]`, its logits;
+/// the sequences `shadowed` marks run through the layers' noise shadow in
+/// the same sweep ([`TargetModel::sweep_each`]).
+pub struct ForcedJob<'a, 'j> {
+    /// The target they run on.
+    pub target: TargetModel<'a>,
+    /// The sequences.
+    pub seqs: &'j [Forced<'j>],
+    /// One capture list per sequence.
+    pub capture: &'j [&'j [Capture]],
+    /// Sequences run through the noise shadow (missing: none).
+    pub shadowed: &'j [bool],
+    /// Sequences whose continuation's logits are wanted (missing: none).
+    pub logits: &'j [bool],
+}
+
+/// Every job's sequences fed whole in one sweep across all their targets
+/// ([`target::sweep_together`]: each layer's bytes read once however many
+/// dtypes and heads read them); per job, its sequences' outputs, each what
+/// the job's own sweep gives.
 ///
-/// Errors: as [`teacher_forced`].
-pub fn teacher_forced_each(
-    target: &TargetModel,
-    seqs: &[Forced],
-    capture: &[&[Capture]],
-    shadowed: &[bool],
-    logits: &[bool],
-) -> Result<Vec<StepOut>> {
-    let mut states: Vec<Sequence> = seqs
+/// Errors: as [`teacher_forced`], for any job.
+pub fn teacher_forced_together(jobs: &[ForcedJob]) -> Result<Vec<Vec<StepOut>>> {
+    let mut states: Vec<Vec<Sequence>> = jobs
         .iter()
-        .map(|f| {
-            Sequence::new(target.spec, f.prompt_len, f.form, f.decode_shift).with_faults(f.faults)
+        .map(|j| {
+            j.seqs
+                .iter()
+                .map(|f| {
+                    Sequence::new(j.target.spec, f.prompt_len, f.form, f.decode_shift)
+                        .with_faults(f.faults)
+                })
+                .collect()
         })
         .collect();
-    let mut steps: Vec<Step> = states
+    let mut steps: Vec<Vec<Step>> = states
         .iter_mut()
-        .zip(seqs)
-        .zip(
-            seqs.iter()
+        .zip(jobs)
+        .map(|(states, job)| {
+            states
+                .iter_mut()
+                .zip(job.seqs)
                 .enumerate()
-                .map(|(j, _)| logits.get(j).copied().unwrap_or(false)),
-        )
-        .map(|((seq, f), logits)| Step {
-            seq,
-            ids: f.tokens,
-            tentative: false,
-            logits: if logits {
-                f.prompt_len.saturating_sub(1)..f.tokens.len()
-            } else {
-                0..0
-            },
+                .map(|(k, (seq, f))| Step {
+                    seq,
+                    ids: f.tokens,
+                    tentative: false,
+                    logits: match job.logits.get(k).copied().unwrap_or(false) {
+                        true => f.prompt_len.saturating_sub(1)..f.tokens.len(),
+                        false => 0..0,
+                    },
+                })
+                .collect()
         })
         .collect();
-    target.sweep_each(&mut steps, capture, shadowed)
+    let mut parts: Vec<target::Part> = steps
+        .iter_mut()
+        .zip(jobs)
+        .map(|(steps, job)| target::Part {
+            target: job.target,
+            steps,
+            capture: job.capture,
+            shadowed: job.shadowed,
+        })
+        .collect();
+    target::sweep_together(&mut parts)
 }
 
 /// The drafter's features `[T, K·H]` from a step's tap captures.

@@ -189,22 +189,36 @@ impl TargetModel<'_> {
         capture: &[&[Capture]],
         shadowed: &[bool],
     ) -> Result<Vec<StepOut>> {
+        let mut parts = [Part {
+            target: *self,
+            steps,
+            capture,
+            shadowed,
+        }];
+        Ok(sweep_together(&mut parts)?.pop().unwrap_or_default())
+    }
+
+    /// The start of a sweep: every step's positions and embedded tokens
+    /// (capture `Hidden(0)`), its Gated DeltaNet reset, its tentative block.
+    ///
+    /// Errors: an id out of range; a tensor failure.
+    fn begin(&self, steps: &mut [Step], capture: &[&[Capture]]) -> Result<Pass> {
         let spec = self.spec;
-        let n = spec.num_layers();
-        check_captures(capture, steps.len(), n)?;
-        let mut pos = Vec::with_capacity(steps.len());
-        let mut h = Vec::with_capacity(steps.len());
-        let mut kept: Vec<Vec<Option<Tensor>>> = Vec::with_capacity(steps.len());
+        let mut pass = Pass {
+            pos: Vec::with_capacity(steps.len()),
+            h: Vec::with_capacity(steps.len()),
+            kept: Vec::with_capacity(steps.len()),
+        };
         for s in steps.iter_mut() {
             let p = s.seq.positions(s.ids.len());
             let (cos, sin) = spec.rotary.cos_sin(&p, &spec.device)?;
-            pos.push(Positions { cos, sin });
+            pass.pos.push(Positions { cos, sin });
             let e = Embedding::gather(self.weights, self.prec, s.ids)?;
-            let caps = capture[kept.len()];
+            let caps = capture[pass.kept.len()];
             let mut k = vec![None; caps.len()];
             keep(&mut k, caps, |c| c == Capture::Hidden(0), &e);
-            kept.push(k);
-            h.push(e);
+            pass.kept.push(k);
+            pass.h.push(e);
             if let Some(k) = s.seq.faults.gdn_reset_at {
                 let (len, t) = (s.seq.len, s.ids.len());
                 if (len..len + t).contains(&k) {
@@ -223,60 +237,75 @@ impl TargetModel<'_> {
                     .for_each(LayerState::begin_tentative);
             }
         }
-        let is_shadowed = |j: usize| shadowed.get(j).copied().unwrap_or(false);
-        for l in 0..n {
-            let layer = DecoderLayer::load(spec, self.weights, l, self.prec)?;
-            let shadow = (0..steps.len()).any(is_shadowed).then(|| {
-                layer
-                    .clone()
-                    .with_rounding(crate::precision::ProductRounding::NearMidpointsFlipped)
-            });
-            let mut out: Vec<Option<Tensor>> = vec![None; steps.len()];
-            for (which, layer) in [(false, Some(&layer)), (true, shadow.as_ref())] {
-                let Some(layer) = layer else {
-                    continue;
-                };
-                // Every sequence's step through the layer at once: the mixers
-                // per sequence, the feed-forward stacked where that is bitwise.
-                let (idx, mut seqs): (Vec<usize>, Vec<crate::models::Sequence>) = steps
-                    .iter_mut()
-                    .zip(&h)
-                    .zip(&pos)
-                    .enumerate()
-                    .filter(|(j, _)| is_shadowed(*j) == which)
-                    .map(|(j, ((s, h), pos))| (j, layer_step(s, h, pos, l)))
-                    .unzip();
-                if idx.is_empty() {
-                    continue;
-                }
-                for (j, (o, _)) in idx.into_iter().zip(layer.forward_batch(&mut seqs, spec)?) {
-                    out[j] = Some(o);
-                }
+        Ok(pass)
+    }
+
+    /// Every step of `pass` through decoder layer `l` (loaded once; its
+    /// noise shadow made from the same load when a step is `shadowed`).
+    ///
+    /// Errors: a tensor failure.
+    fn through(&self, part: &mut Part, pass: &mut Pass, l: usize) -> Result<()> {
+        let (spec, n) = (self.spec, self.spec.num_layers());
+        let steps = &mut *part.steps;
+        let is_shadowed = |j: usize| part.shadowed.get(j).copied().unwrap_or(false);
+        let layer = DecoderLayer::load(spec, self.weights, l, self.prec)?;
+        let shadow = (0..steps.len()).any(is_shadowed).then(|| {
+            layer
+                .clone()
+                .with_rounding(crate::precision::ProductRounding::NearMidpointsFlipped)
+        });
+        let mut out: Vec<Option<Tensor>> = vec![None; steps.len()];
+        for (which, layer) in [(false, Some(&layer)), (true, shadow.as_ref())] {
+            let Some(layer) = layer else {
+                continue;
+            };
+            // Every sequence's step through the layer at once: the mixers
+            // per sequence, the feed-forward stacked where that is bitwise.
+            let (idx, mut seqs): (Vec<usize>, Vec<crate::models::Sequence>) = steps
+                .iter_mut()
+                .zip(&pass.h)
+                .zip(&pass.pos)
+                .enumerate()
+                .filter(|(j, _)| is_shadowed(*j) == which)
+                .map(|(j, ((s, h), pos))| (j, layer_step(s, h, pos, l)))
+                .unzip();
+            if idx.is_empty() {
+                continue;
             }
-            for (j, o) in out.into_iter().enumerate() {
-                h[j] = o.expect("every step runs through the layer");
-                let is =
-                    |c: Capture| c == Capture::Tap(l) || (l + 1 < n && c == Capture::Hidden(l + 1));
-                keep(&mut kept[j], capture[j], is, &h[j]);
+            for (j, (o, _)) in idx.into_iter().zip(layer.forward_batch(&mut seqs, spec)?) {
+                out[j] = Some(o);
             }
         }
-        let norm = FinalNorm::load(spec, self.weights, self.prec)?;
+        for (j, o) in out.into_iter().enumerate() {
+            pass.h[j] = o.expect("every step runs through the layer");
+            let is =
+                |c: Capture| c == Capture::Tap(l) || (l + 1 < n && c == Capture::Hidden(l + 1));
+            keep(&mut pass.kept[j], part.capture[j], is, &pass.h[j]);
+        }
+        Ok(())
+    }
+
+    /// The end of a sweep: the final norm (capture `Hidden(N)`), then the
+    /// LM head over the rows each step asks (vocabulary chunks, each read
+    /// once for all steps).
+    ///
+    /// Errors: the head cannot be read; a tensor failure.
+    fn finish(&self, part: &mut Part, pass: Pass) -> Result<Vec<StepOut>> {
+        let n = self.spec.num_layers();
+        let norm = FinalNorm::load(self.spec, self.weights, self.prec)?;
+        let Pass { h, mut kept, .. } = pass;
         let mut rows = Vec::new();
-        for (j, s) in steps.iter_mut().enumerate() {
+        for (j, s) in part.steps.iter_mut().enumerate() {
             s.seq.len += s.ids.len();
             let normed = norm.forward(&h[j])?;
-            keep(
-                &mut kept[j],
-                capture[j],
-                |c| c == Capture::Hidden(n),
-                &normed,
-            );
+            let is_final = |c| c == Capture::Hidden(n);
+            keep(&mut kept[j], part.capture[j], is_final, &normed);
             let r = &s.logits;
             if r.end > r.start {
                 rows.push((j, normed.narrow(0, r.start, r.end - r.start)?));
             }
         }
-        let mut logits: Vec<Option<Tensor>> = vec![None; steps.len()];
+        let mut logits: Vec<Option<Tensor>> = vec![None; part.steps.len()];
         if !rows.is_empty() {
             let inputs: Vec<Tensor> = rows.iter().map(|(_, t)| t.clone()).collect();
             let out = crate::models::LmHead::forward_streamed(self.head, self.prec, &[&inputs])?;
@@ -296,6 +325,62 @@ impl TargetModel<'_> {
             })
             .collect())
     }
+}
+
+/// One target's share of [`sweep_together`]: its steps, what each keeps
+/// (`capture[j]` for step j), which run through the noise shadow
+/// ([`TargetModel::sweep_each`]).
+pub struct Part<'a, 'p, 's> {
+    /// The target these steps run on.
+    pub target: TargetModel<'a>,
+    /// Its steps.
+    pub steps: &'p mut [Step<'s>],
+    /// One capture list per step.
+    pub capture: &'p [&'p [Capture]],
+    /// Steps run through the layers' noise shadow (missing: none).
+    pub shadowed: &'p [bool],
+}
+
+/// A sweep under way: per step its positions, its hidden state, the
+/// captures kept so far.
+struct Pass {
+    pos: Vec<Positions>,
+    h: Vec<Tensor>,
+    kept: Vec<Vec<Option<Tensor>>>,
+}
+
+/// Sweeps several targets together, layer-major across all of them: layer
+/// l of every target runs before layer l+1 of any, so targets that read the
+/// same checkpoint (in another dtype, with another head, with their own
+/// numerics) read each layer's bytes from disk once per sweep — the later
+/// loads of a layer find its pages in the page cache. Each part gets
+/// exactly what its own [`TargetModel::sweep_each`] gives: the parts share
+/// no arithmetic.
+///
+/// Errors: as [`TargetModel::sweep_each`], for any part.
+pub fn sweep_together(parts: &mut [Part]) -> Result<Vec<Vec<StepOut>>> {
+    let mut passes = Vec::with_capacity(parts.len());
+    for p in parts.iter_mut() {
+        check_captures(p.capture, p.steps.len(), p.target.spec.num_layers())?;
+        passes.push(p.target.begin(p.steps, p.capture)?);
+    }
+    let layers = parts.iter().map(|p| p.target.spec.num_layers()).max();
+    for l in 0..layers.unwrap_or(0) {
+        for (p, pass) in parts.iter_mut().zip(passes.iter_mut()) {
+            if l < p.target.spec.num_layers() {
+                let t = p.target;
+                t.through(p, pass, l)?;
+            }
+        }
+    }
+    parts
+        .iter_mut()
+        .zip(passes)
+        .map(|(p, pass)| {
+            let t = p.target;
+            t.finish(p, pass)
+        })
+        .collect()
 }
 
 /// Refuses capture lists that are not one per step, or that name a layer

@@ -2,7 +2,7 @@
 //! progress of the run: variants run, and the new tokens of the batch
 //! running now ([`crate::progress`]).
 
-use super::groups::{run_group, Base, Group, LaneSpec, Outcome};
+use super::groups::{run_given, run_group, Base, Group, Outcome};
 use crate::drafter::generate::lane_tokens;
 use crate::drafter::trajectories::Given;
 use crate::drafter::Replay;
@@ -45,7 +45,7 @@ pub fn run_all(
     quiet: bool,
 ) -> Result<Ran> {
     let bars = progress::Bars::new(quiet);
-    let total: usize = groups.iter().map(|g| g.lanes.len()).sum();
+    let total: usize = groups.iter().map(|g| g.lanes.len() + g.aliases.len()).sum();
     let pb = bars.count(
         total as u64,
         "forward variants run (the tap variants reuse the baseline's)",
@@ -53,21 +53,27 @@ pub fn run_all(
     let tokens = bars.count(0, "new tokens generated (this batch)");
     let per_lane =
         prompts.len() as u64 * lane_tokens(replay.max_new, drafter.cfg.block_size, replay.rule);
-    let mut outcomes: Vec<Option<Outcome>> = (0..names.len()).map(|_| None).collect();
-    let mut shared: Vec<Vec<String>> = vec![Vec::new(); names.len()];
-    let (mut base, mut baseline) = (None, None);
-    for g in groups {
-        let label = |l: &LaneSpec| {
-            l.suspect
-                .map_or("baseline".to_string(), |i| names[i].clone())
+    let label = |s: Option<usize>| s.map_or("baseline".to_string(), |i| names[i].clone());
+    let mut done = Done {
+        outcomes: (0..names.len()).map(|_| None).collect(),
+        shared: vec![Vec::new(); names.len()],
+        base: None,
+        baseline: None,
+    };
+    if let Some(given) = given {
+        // One sweep for every group: each shares it with every other lane.
+        let all: Vec<String> = groups.iter().flat_map(|g| runs_of(g, &label)).collect();
+        pb.set_message(batch_label(&all));
+        let mut after = |g: &Group, outs: Vec<Outcome>, b: Option<Base>| {
+            done.take(g, outs, b, &all, &label);
+            pb.inc((g.lanes.len() + g.aliases.len()) as u64);
         };
-        let lane_names: Vec<String> = g.lanes.iter().map(label).collect();
+        run_given(groups, drafter, prompts, replay, given, &mut after)?;
+    }
+    for g in groups.iter().filter(|_| given.is_none()) {
+        let lane_names = runs_of(g, &label);
         pb.set_message(batch_label(&lane_names));
-        tokens.set_length(if given.is_some() {
-            0
-        } else {
-            per_lane * g.lanes.len() as u64
-        });
+        tokens.set_length(per_lane * g.lanes.len() as u64);
         tokens.set_position(0);
         let on_progress = |n: u64| tokens.set_position(n);
         let (outs, b) = run_group(
@@ -75,39 +81,79 @@ pub fn run_all(
             drafter,
             prompts,
             (replay, &on_progress),
-            base.as_ref(),
-            given,
+            done.base.as_ref(),
+            None,
         )?;
-        // A head made for this group's suspect (the random lm_head) is not
-        // needed by the next group.
+        done.take(g, outs, b, &lane_names, &label);
+        pb.inc((g.lanes.len() + g.aliases.len()) as u64);
+    }
+    tokens.finish_and_clear();
+    pb.finish_and_clear();
+    bars.clear();
+    Ok(Ran {
+        outcomes: done.outcomes,
+        shared: done.shared,
+        base: done.base.expect("the baseline's group runs first"),
+        baseline: done.baseline.expect("the baseline lane runs"),
+    })
+}
+
+/// The runs of group `g` by name (its lanes and its aliases), the baseline
+/// first, then in plan order.
+fn runs_of(g: &Group, label: &dyn Fn(Option<usize>) -> String) -> Vec<String> {
+    let mut runs: Vec<Option<usize>> = g.lanes.iter().map(|l| l.suspect).collect();
+    runs.extend(g.aliases.iter().map(|&(i, _)| Some(i)));
+    runs.sort();
+    runs.into_iter().map(label).collect()
+}
+
+/// The groups' results so far.
+struct Done {
+    outcomes: Vec<Option<Outcome>>,
+    shared: Vec<Vec<String>>,
+    base: Option<Base>,
+    baseline: Option<Outcome>,
+}
+
+impl Done {
+    /// Group `g`'s outcomes `outs` (and the baseline's forward `b`, from
+    /// its group); each lane shared its sweeps with the other runs of
+    /// `sharing`. The heads made for the group's suspects (the random
+    /// lm_head) are released: no later group reads them.
+    fn take(
+        &mut self,
+        g: &Group,
+        outs: Vec<Outcome>,
+        b: Option<Base>,
+        sharing: &[String],
+        label: &dyn Fn(Option<usize>) -> String,
+    ) {
         g.target.head.release();
         g.lanes
             .iter()
             .filter_map(|l| l.head)
             .for_each(|h| h.release());
         if b.is_some() {
-            base = b;
+            self.base = b;
+        }
+        for &(i, j) in &g.aliases {
+            self.shared[i] = sharing
+                .iter()
+                .filter(|n| **n != label(Some(i)))
+                .cloned()
+                .collect();
+            self.outcomes[i] = Some(outs[j].clone());
         }
         for (l, o) in g.lanes.iter().zip(outs) {
-            let me = label(l);
-            let others = lane_names.iter().filter(|n| **n != me).cloned().collect();
+            let me = label(l.suspect);
+            let others = sharing.iter().filter(|n| **n != me).cloned().collect();
             match l.suspect {
                 Some(i) => {
-                    shared[i] = others;
-                    outcomes[i] = Some(o);
+                    self.shared[i] = others;
+                    self.outcomes[i] = Some(o);
                 }
-                None => baseline = Some(o),
+                None => self.baseline = Some(o),
             }
         }
-        pb.inc(g.lanes.len() as u64);
     }
-    tokens.finish_and_clear();
-    pb.finish_and_clear();
-    bars.clear();
-    Ok(Ran {
-        outcomes,
-        shared,
-        base: base.expect("the baseline's group runs first"),
-        baseline: baseline.expect("the baseline lane runs"),
-    })
 }

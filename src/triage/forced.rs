@@ -2,18 +2,33 @@
 //! tokens it feeds (each lane's taps; the baseline's own lane every hidden
 //! state, which the tap suspects read), the baseline lane's noise shadow
 //! beside it when its floor is wanted, and the logits of the lanes with a
-//! head of their own.
+//! head of their own. On supplied trajectories every group's sweep runs in
+//! one pass over the layers ([`sweep_groups`]).
 
 use candle_core::Tensor;
 
 use super::groups::Group;
 use super::lanes::Forcing;
 use crate::drafter::target::{Capture, StepOut};
-use crate::drafter::{teacher_forced_each, Forced};
+use crate::drafter::{teacher_forced_together, Forced, ForcedJob};
 use crate::error::Result;
 
 /// Per prompt, the baseline's noise shadow's taps (one `[T, H]` per tap).
 pub type ShadowTaps = Vec<Vec<Tensor>>;
+
+/// What a group's sweep gives: per lane × prompt its step output, and the
+/// baseline lane's noise shadow's taps where its group ran it.
+pub type Swept = (Vec<StepOut>, Option<ShadowTaps>);
+
+/// One group's part of [`sweep_groups`].
+pub struct Share<'g, 'a> {
+    /// The group.
+    pub group: &'g Group<'a>,
+    /// What its lanes × prompts feed (lane-major).
+    pub forcings: &'g [Forcing],
+    /// The baseline's own group: its baseline lane keeps every hidden state.
+    pub own_base: bool,
+}
 
 /// Runs `forcings` (lane-major, as the group's lanes × prompts) through
 /// `g`'s target in one sweep, keeping each lane's tap features `taps` (the
@@ -22,69 +37,164 @@ pub type ShadowTaps = Vec<Vec<Tensor>>;
 /// outputs and, where [`Group::shadow_taps`] asks (the baseline's own
 /// group), the taps of the baseline lane's noise shadow per prompt.
 ///
-/// Errors: as [`teacher_forced_each`]; a head that cannot be read.
+/// Errors: as [`teacher_forced_together`]; a head that cannot be read.
 pub fn sweep(
     g: &Group,
     forcings: &[Forcing],
     taps: &[usize],
     own_base: bool,
     logits: bool,
-) -> Result<(Vec<StepOut>, Option<ShadowTaps>)> {
-    let n = g.target.spec.num_layers();
-    let np = forcings.len() / g.lanes.len().max(1);
-    let all: Vec<Capture> = (0..=n)
-        .map(Capture::Hidden)
-        .chain([Capture::Tap(n - 1)])
-        .collect();
-    let tap_caps: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();
-    // A lane with a head of its own (the baseline's group only) feeds the
-    // baseline lane's tokens through the baseline's layers: it takes that
-    // lane's outputs (lane 0) instead of running again.
-    let runs = |j: usize| g.lanes[j / np.max(1)].head.is_none();
-    let mut seqs: Vec<Forced> = forcings
+) -> Result<Swept> {
+    let share = Share {
+        group: g,
+        forcings,
+        own_base,
+    };
+    let mut done = sweep_groups(&[share], taps, logits)?;
+    Ok(done.pop().expect("one result per group"))
+}
+
+/// [`sweep`] of every group in `shares` in one pass over the layers: layer
+/// l of every group's target before layer l+1 of any
+/// ([`crate::drafter::target::sweep_together`]), so groups reading the same
+/// checkpoint in other dtypes read its bytes once. Each group gets what
+/// its own [`sweep`] gives.
+///
+/// Errors: as [`sweep`], for any group.
+pub fn sweep_groups(shares: &[Share], taps: &[usize], logits: bool) -> Result<Vec<Swept>> {
+    let preps: Vec<Prepared> = shares.iter().map(|s| Prepared::of(s, taps)).collect();
+    let each: Vec<Vec<&[Capture]>> = preps.iter().map(Prepared::captures).collect();
+    let shadowed: Vec<Vec<bool>> = preps
         .iter()
-        .zip(g.lanes.iter().flat_map(|l| std::iter::repeat_n(l, np)))
+        .map(|p| (0..p.seqs.len()).map(|j| j >= p.ran).collect())
+        .collect();
+    let wants: Vec<Vec<bool>> = shadowed
+        .iter()
+        .map(|s| s.iter().map(|s| logits && !s).collect())
+        .collect();
+    let jobs: Vec<ForcedJob> = shares
+        .iter()
         .enumerate()
-        .filter(|(j, _)| runs(*j))
-        .map(|(_, (f, l))| Forced {
-            tokens: &f.tokens,
-            prompt_len: f.prompt_len,
-            form: l.form,
-            decode_shift: l.decode_shift,
-            faults: f.faults,
+        .map(|(i, s)| ForcedJob {
+            target: s.group.target,
+            seqs: &preps[i].seqs,
+            capture: &each[i],
+            shadowed: &shadowed[i],
+            logits: &wants[i],
         })
         .collect();
-    let ran = seqs.len();
-    let caps = if own_base { &all } else { &tap_caps };
-    let mut each = vec![caps.as_slice(); ran];
-    // The baseline lane's noise shadow (its lanes come first), taps only,
-    // no logits.
-    let shadow = own_base && g.shadow_taps;
-    if shadow {
-        seqs.extend_from_within(..np);
-        each.extend(std::iter::repeat_n(tap_caps.as_slice(), np));
+    let done = teacher_forced_together(&jobs)?;
+    shares
+        .iter()
+        .zip(&preps)
+        .zip(done)
+        .map(|((s, p), d)| p.assemble(s, d, logits))
+        .collect()
+}
+
+/// A group's sequences as its sweep feeds them.
+struct Prepared<'f> {
+    /// The lanes × prompts that run (lanes with a head of their own take
+    /// the baseline lane's outputs), then the noise shadow's copies of the
+    /// baseline lane's prompts.
+    seqs: Vec<Forced<'f>>,
+    /// How many of `seqs` are not the shadow's.
+    ran: usize,
+    /// Every hidden state (`hidden_states[0..=N]`, then the raw last-layer
+    /// output), kept for the baseline lane of the baseline's group.
+    all: Vec<Capture>,
+    /// The drafter's taps.
+    tap_caps: Vec<Capture>,
+    /// Keep `all` (the baseline's own group).
+    own_base: bool,
+}
+
+impl<'f> Prepared<'f> {
+    /// What `s`'s group feeds, keeping `taps`.
+    fn of(s: &Share<'f, '_>, taps: &[usize]) -> Self {
+        let g = s.group;
+        let n = g.target.spec.num_layers();
+        let np = s.forcings.len() / g.lanes.len().max(1);
+        // A lane with a head of its own (the baseline's group only) feeds the
+        // baseline lane's tokens through the baseline's layers: it takes that
+        // lane's outputs (lane 0) instead of running again.
+        let runs = |j: usize| g.lanes[j / np.max(1)].head.is_none();
+        let mut seqs: Vec<Forced> = s
+            .forcings
+            .iter()
+            .zip(g.lanes.iter().flat_map(|l| std::iter::repeat_n(l, np)))
+            .enumerate()
+            .filter(|(j, _)| runs(*j))
+            .map(|(_, (f, l))| Forced {
+                tokens: &f.tokens,
+                prompt_len: f.prompt_len,
+                form: l.form,
+                decode_shift: l.decode_shift,
+                faults: f.faults,
+            })
+            .collect();
+        let ran = seqs.len();
+        // The baseline lane's noise shadow (its lanes come first), taps only,
+        // no logits.
+        if s.own_base && g.shadow_taps {
+            seqs.extend_from_within(..np);
+        }
+        Prepared {
+            seqs,
+            ran,
+            all: (0..=n)
+                .map(Capture::Hidden)
+                .chain([Capture::Tap(n - 1)])
+                .collect(),
+            tap_caps: taps.iter().map(|&l| Capture::Tap(l)).collect(),
+            own_base: s.own_base,
+        }
     }
-    let shadowed: Vec<bool> = (0..seqs.len()).map(|j| j >= ran).collect();
-    let wants: Vec<bool> = shadowed.iter().map(|s| logits && !s).collect();
-    let mut done = teacher_forced_each(&g.target, &seqs, &each, &shadowed, &wants)?;
-    let shadow_taps = shadow.then(|| {
-        done.split_off(ran)
-            .into_iter()
-            .map(|o| o.captures)
-            .collect::<Vec<_>>()
-    });
-    let mut done = done.into_iter();
-    let mut outs: Vec<StepOut> = Vec::with_capacity(forcings.len());
-    for j in 0..forcings.len() {
-        outs.push(match runs(j) {
-            true => done.next().expect("one output per sequence run"),
-            false => outs[j % np].clone(),
+
+    /// One capture list per sequence.
+    fn captures(&self) -> Vec<&[Capture]> {
+        let caps = if self.own_base {
+            &self.all
+        } else {
+            &self.tap_caps
+        };
+        (0..self.seqs.len())
+            .map(|j| match j < self.ran {
+                true => caps.as_slice(),
+                false => self.tap_caps.as_slice(),
+            })
+            .collect()
+    }
+
+    /// The group's result from its sequences' outputs `done`: the shadow's
+    /// taps split off, the lanes with a head of their own given the
+    /// baseline lane's outputs and (with `logits`) their own logits.
+    ///
+    /// Errors: a head that cannot be read; a tensor failure.
+    fn assemble(&self, s: &Share, mut done: Vec<StepOut>, logits: bool) -> Result<Swept> {
+        let (g, forcings) = (s.group, s.forcings);
+        let n = g.target.spec.num_layers();
+        let np = forcings.len() / g.lanes.len().max(1);
+        let runs = |j: usize| g.lanes[j / np.max(1)].head.is_none();
+        let shadow_taps = (self.seqs.len() > self.ran).then(|| {
+            done.split_off(self.ran)
+                .into_iter()
+                .map(|o| o.captures)
+                .collect::<Vec<_>>()
         });
+        let mut done = done.into_iter();
+        let mut outs: Vec<StepOut> = Vec::with_capacity(forcings.len());
+        for j in 0..forcings.len() {
+            outs.push(match runs(j) {
+                true => done.next().expect("one output per sequence run"),
+                false => outs[j % np].clone(),
+            });
+        }
+        if self.own_base && logits {
+            own_head_logits(g, forcings, n, &mut outs)?;
+        }
+        Ok((outs, shadow_taps))
     }
-    if own_base && logits {
-        own_head_logits(g, forcings, n, &mut outs)?;
-    }
-    Ok((outs, shadow_taps))
 }
 
 /// The logits of the lanes of the baseline's group that have their own

@@ -22,6 +22,7 @@ pub mod harness;
 pub mod lanes;
 mod observed;
 mod on_base;
+mod outcomes;
 mod ranking;
 pub mod suspects;
 
