@@ -24,6 +24,7 @@ pub mod import;
 pub mod input;
 pub mod kernels;
 pub mod loading;
+pub mod memory;
 pub mod models;
 pub mod output;
 pub mod parity;

@@ -9,6 +9,10 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, FromArgMatches};
 use hsparity::cli::{self, Cli};
 
+/// Large blocks on transparent huge pages ([`hsparity::memory`]).
+#[global_allocator]
+static ALLOC: hsparity::memory::LargePages = hsparity::memory::LargePages;
+
 fn main() -> ExitCode {
     elementwise_on_the_calling_thread();
     reuse_freed_buffers();

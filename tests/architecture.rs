@@ -23,6 +23,7 @@ const STAGES: &[&[&str]] = &[
         "input",
         "text",
         "width",
+        "memory",
     ],
     &["checkpoint"],
     &["loading"],
