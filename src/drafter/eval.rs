@@ -120,9 +120,24 @@ pub fn draft_logits(
     t.drafter.logits_from(&y, t.head, t.prec)
 }
 
+/// The logits of several drafts through `t`'s `lm_head` from their outputs
+/// ([`draft_output`]), the head read once per
+/// [`rounds::MAX_DRAFTS_PER_PASS`] drafts instead of once per draft
+/// ([`Drafter::logits_from_each`]): each bitwise [`draft_logits`]'s.
+///
+/// Errors: as [`draft_logits`].
+pub fn logits_of_drafts(t: &DraftTarget, outs: &[Tensor]) -> Result<Vec<Tensor>> {
+    let mut logits = Vec::with_capacity(outs.len());
+    for pass in outs.chunks(rounds::MAX_DRAFTS_PER_PASS) {
+        let each: Vec<(&Drafter, &Tensor)> = pass.iter().map(|y| (t.drafter, y)).collect();
+        logits.extend(Drafter::logits_from_each(&each, t.head, t.prec)?);
+    }
+    Ok(logits)
+}
+
 /// The drafter's final-normed outputs `[b-1, H]` of the draft slots
 /// `[start+1 .. start+b)` ([`draft_logits`] before the `lm_head`).
-fn draft_output(
+pub(crate) fn draft_output(
     t: &DraftTarget,
     tokens: &[u32],
     feats: &Tensor,

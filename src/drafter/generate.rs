@@ -17,7 +17,7 @@
 
 use candle_core::Tensor;
 
-use super::eval::{draft_logits, DraftTarget, EndRule};
+use super::eval::{draft_output, logits_of_drafts, DraftTarget, EndRule};
 use super::faults::Faults;
 use super::target::{argmax_rows, Capture, Sequence, Step, StepOut, TargetModel};
 use crate::error::Result;
@@ -263,16 +263,27 @@ fn prefill(
 }
 
 /// One drafted block per unfinished prompt, from its features: `(run,
-/// [last committed token, drafts…])`.
+/// [last committed token, drafts…])`; the drafter's forward per prompt
+/// (its context joined for that call alone), then the drafts' logits from
+/// one pass over the `lm_head` per 16 drafts ([`logits_of_drafts`]).
 fn draft(dt: &DraftTarget, runs: &[Run], b: usize) -> Result<Vec<(usize, Vec<u32>)>> {
-    let mut blocks = Vec::new();
-    for (i, r) in runs.iter().enumerate().filter(|(_, r)| !r.done()) {
-        let start = r.seq.len();
-        let slots = r.block(start, b);
-        let drafts = argmax_rows(&draft_logits(dt, &r.tokens, &r.context()?, start, slots)?)?;
-        blocks.push((i, [&[r.tokens[start]][..], &drafts].concat()));
-    }
-    Ok(blocks)
+    let live: Vec<(usize, &Run, usize)> = runs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.done())
+        .map(|(i, r)| (i, r, r.seq.len()))
+        .collect();
+    let outs: Vec<Tensor> = live
+        .iter()
+        .map(|&(_, r, start)| draft_output(dt, &r.tokens, &r.context()?, start, r.block(start, b)))
+        .collect::<Result<_>>()?;
+    live.iter()
+        .zip(logits_of_drafts(dt, &outs)?)
+        .map(|(&(i, r, start), l)| {
+            let drafts = argmax_rows(&l)?;
+            Ok((i, [&[r.tokens[start]][..], &drafts].concat()))
+        })
+        .collect()
 }
 
 /// Every block verified by the target in one sweep (tentatively: the

@@ -34,7 +34,7 @@ pub struct ReplayJob<'a> {
 /// Drafts made per `lm_head` pass at most: their logits are held until the
 /// pass ends, twice while the chunks are joined (15 × 248 320 f32 values,
 /// 15 MB, each at the 27B target's: 16 drafts take 0.5 GB at the peak).
-const MAX_DRAFTS_PER_PASS: usize = 16;
+pub(super) const MAX_DRAFTS_PER_PASS: usize = 16;
 
 /// The anchors of one walk under an end rule, one round at a time: GitHub
 /// main drafts full blocks while `start < prompt_len + max_new` and records
