@@ -174,7 +174,7 @@ fn a_snapshot_is_the_state_a_separate_prefill_hands_on() {
 /// of the layers and nothing else.
 #[test]
 fn targets_swept_together_give_each_the_bits_of_its_own_sweep() {
-    use hsparity::drafter::target::{Capture, StepOut, TargetModel};
+    use hsparity::drafter::target::{Capture, TargetModel};
     use hsparity::drafter::{teacher_forced, teacher_forced_together, Forced, ForcedJob};
     use hsparity::loading::{NoiseShadow, WeightSource};
     const F: &str = "fixtures/noise-floor";
@@ -260,23 +260,7 @@ fn targets_swept_together_give_each_the_bits_of_its_own_sweep() {
         },
     ];
     let got = teacher_forced_together(&jobs).unwrap();
-    let bits = |t: &Tensor| {
-        let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
-    };
-    let same = |got: &[StepOut], want: &[StepOut], what: &str| {
-        assert_eq!(got.len(), want.len(), "{what}");
-        for (k, (g, w)) in got.iter().zip(want).enumerate() {
-            for (c, (a, b)) in g.captures.iter().zip(&w.captures).enumerate() {
-                assert!(bits(a) == bits(b), "{what} prompt {k} capture {c}");
-            }
-            match (&g.logits, &w.logits) {
-                (Some(a), Some(b)) => assert!(bits(a) == bits(b), "{what} prompt {k} logits"),
-                (None, None) => {}
-                _ => panic!("{what} prompt {k}: logits asked and given differ"),
-            }
-        }
-    };
+    let (bits, same) = (bits_of, same_outputs);
     let n = ds.len();
     same(
         &got[0][..n],
@@ -302,4 +286,30 @@ fn targets_swept_together_give_each_the_bits_of_its_own_sweep() {
     assert!(bits(&got[0][0].captures[0]) != bits(&got[1][0].captures[0]));
     let last = dense.spec.num_layers() - 1;
     assert!(bits(&got[0][0].captures[last]) != bits(&got[0][n].captures[last]));
+}
+
+/// The f32 bits of `t`.
+fn bits_of(t: &Tensor) -> Vec<u32> {
+    let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Asserts `got` and `want` hold the same captures and logits, bit for bit.
+fn same_outputs(
+    got: &[hsparity::drafter::target::StepOut],
+    want: &[hsparity::drafter::target::StepOut],
+    what: &str,
+) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.captures.len(), w.captures.len(), "{what} prompt {k}");
+        for (c, (a, b)) in g.captures.iter().zip(&w.captures).enumerate() {
+            assert!(bits_of(a) == bits_of(b), "{what} prompt {k} capture {c}");
+        }
+        match (&g.logits, &w.logits) {
+            (Some(a), Some(b)) => assert!(bits_of(a) == bits_of(b), "{what} prompt {k} logits"),
+            (None, None) => {}
+            _ => panic!("{what} prompt {k}: logits asked and given differ"),
+        }
+    }
 }

@@ -120,19 +120,22 @@ pub fn draft_logits(
     t.drafter.logits_from(&y, t.head, t.prec)
 }
 
-/// The logits of several drafts through `t`'s `lm_head` from their outputs
-/// ([`draft_output`]), the head read once per
-/// [`rounds::MAX_DRAFTS_PER_PASS`] drafts instead of once per draft
-/// ([`Drafter::logits_from_each`]): each bitwise [`draft_logits`]'s.
+/// The greedy drafts (the argmax of each row) of several drafts through
+/// `t`'s `lm_head`, from their outputs (`draft_output`): the head read once
+/// per 16 drafts instead of once per draft ([`Drafter::logits_from_each`]),
+/// each pass's logits dropped once its argmax is taken; each draft's logits
+/// bitwise [`draft_logits`]'s.
 ///
 /// Errors: as [`draft_logits`].
-pub fn logits_of_drafts(t: &DraftTarget, outs: &[Tensor]) -> Result<Vec<Tensor>> {
-    let mut logits = Vec::with_capacity(outs.len());
+pub fn greedy_drafts(t: &DraftTarget, outs: &[Tensor]) -> Result<Vec<Vec<u32>>> {
+    let mut drafts = Vec::with_capacity(outs.len());
     for pass in outs.chunks(rounds::MAX_DRAFTS_PER_PASS) {
         let each: Vec<(&Drafter, &Tensor)> = pass.iter().map(|y| (t.drafter, y)).collect();
-        logits.extend(Drafter::logits_from_each(&each, t.head, t.prec)?);
+        for l in Drafter::logits_from_each(&each, t.head, t.prec)? {
+            drafts.push(super::target::argmax_rows(&l)?);
+        }
     }
-    Ok(logits)
+    Ok(drafts)
 }
 
 /// The drafter's final-normed outputs `[b-1, H]` of the draft slots

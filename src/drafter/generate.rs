@@ -17,7 +17,7 @@
 
 use candle_core::Tensor;
 
-use super::eval::{draft_output, logits_of_drafts, DraftTarget, EndRule};
+use super::eval::{draft_output, greedy_drafts, DraftTarget, EndRule};
 use super::faults::Faults;
 use super::target::{argmax_rows, Capture, Sequence, Step, StepOut, TargetModel};
 use crate::error::Result;
@@ -264,8 +264,8 @@ fn prefill(
 
 /// One drafted block per unfinished prompt, from its features: `(run,
 /// [last committed token, drafts…])`; the drafter's forward per prompt
-/// (its context joined for that call alone), then the drafts' logits from
-/// one pass over the `lm_head` per 16 drafts ([`logits_of_drafts`]).
+/// (its context joined for that call alone), then the drafts from one pass
+/// over the `lm_head` per 16 drafts ([`greedy_drafts`]).
 fn draft(dt: &DraftTarget, runs: &[Run], b: usize) -> Result<Vec<(usize, Vec<u32>)>> {
     let live: Vec<(usize, &Run, usize)> = runs
         .iter()
@@ -277,13 +277,11 @@ fn draft(dt: &DraftTarget, runs: &[Run], b: usize) -> Result<Vec<(usize, Vec<u32
         .iter()
         .map(|&(_, r, start)| draft_output(dt, &r.tokens, &r.context()?, start, r.block(start, b)))
         .collect::<Result<_>>()?;
-    live.iter()
-        .zip(logits_of_drafts(dt, &outs)?)
-        .map(|(&(i, r, start), l)| {
-            let drafts = argmax_rows(&l)?;
-            Ok((i, [&[r.tokens[start]][..], &drafts].concat()))
-        })
-        .collect()
+    Ok(live
+        .iter()
+        .zip(greedy_drafts(dt, &outs)?)
+        .map(|(&(i, r, start), drafts)| (i, [&[r.tokens[start]][..], &drafts].concat()))
+        .collect())
 }
 
 /// Every block verified by the target in one sweep (tentatively: the

@@ -62,7 +62,7 @@ pub fn run_all(
     };
     if let Some(given) = given {
         // One sweep for every group: each shares it with every other lane.
-        let all: Vec<String> = groups.iter().flat_map(|g| runs_of(g, &label)).collect();
+        let all = names_of(groups, &label);
         pb.set_message(batch_label(&all));
         let mut after = |g: &Group, outs: Vec<Outcome>, b: Option<Base>| {
             done.take(g, outs, b, &all, &label);
@@ -71,7 +71,7 @@ pub fn run_all(
         run_given(groups, drafter, prompts, replay, given, &mut after)?;
     }
     for g in groups.iter().filter(|_| given.is_none()) {
-        let lane_names = runs_of(g, &label);
+        let lane_names = names_of(std::slice::from_ref(g), &label);
         pb.set_message(batch_label(&lane_names));
         tokens.set_length(per_lane * g.lanes.len() as u64);
         tokens.set_position(0);
@@ -98,11 +98,16 @@ pub fn run_all(
     })
 }
 
-/// The runs of group `g` by name (its lanes and its aliases), the baseline
-/// first, then in plan order.
-fn runs_of(g: &Group, label: &dyn Fn(Option<usize>) -> String) -> Vec<String> {
-    let mut runs: Vec<Option<usize>> = g.lanes.iter().map(|l| l.suspect).collect();
-    runs.extend(g.aliases.iter().map(|&(i, _)| Some(i)));
+/// The runs of `groups` by name (their lanes and their aliases), the
+/// baseline first, then in plan order.
+fn names_of(groups: &[Group], label: &dyn Fn(Option<usize>) -> String) -> Vec<String> {
+    let mut runs: Vec<Option<usize>> = groups
+        .iter()
+        .flat_map(|g| {
+            let aliases = g.aliases.iter().map(|&(i, _)| Some(i));
+            g.lanes.iter().map(|l| l.suspect).chain(aliases)
+        })
+        .collect();
     runs.sort();
     runs.into_iter().map(label).collect()
 }

@@ -3,9 +3,11 @@
 //! together in one DFlash loop (one sweep per round for all of them) and one
 //! teacher-forced sweep over the baseline's tokens; tap suspects read the
 //! baseline's forward. With supplied trajectories there is no generation:
-//! one teacher-forced sweep per group over the given tokens (as each lane's
-//! edit changes them) gives every lane's taps (for its replay and its
-//! divergence) and logits (checked against the given tokens).
+//! one teacher-forced sweep over the given tokens (as each lane's edit
+//! changes them), every group's target layer by layer together, gives every
+//! lane's taps (for its replay and its divergence) and logits (checked
+//! against the given tokens). A suspect whose run would be a lane's bit for
+//! bit is that lane's alias ([`Group::aliases`]).
 
 use std::time::Instant;
 
@@ -414,6 +416,12 @@ pub fn build<'a>(
                 }
             }
             None => {
+                // A run with its own numerics never takes another's lanes
+                // (nor its aliases): its key is its own.
+                let mut k = k;
+                if spec.is_some() {
+                    k.1.push(format!("own numerics: suspect {i}"));
+                }
                 keys.push(k);
                 groups.push(Group {
                     target: t,

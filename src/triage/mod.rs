@@ -129,13 +129,13 @@ pub struct VariantResult {
     pub departs_from_greedy_at: Option<Vec<Option<usize>>>,
     /// Per prompt: τ, acceptance lengths, its new tokens.
     pub per_prompt: Vec<PromptRun>,
-    /// Seconds this variant took (0 for variants reading the baseline's
-    /// forward; the shared run's seconds for variants sharing sweeps).
+    /// Seconds this variant took (0 reading the baseline's forward; else its
+    /// shared run's; on given trajectories the sweep's + its group's replays').
     pub wall_s: f64,
     /// Sweeps over the target's layers of the run this variant was part of
     /// (0 for variants reading the baseline's forward).
     pub sweeps: usize,
-    /// The other runs that shared those sweeps (batched as extra sequences).
+    /// The other runs in those sweeps (on given trajectories: every one).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shared_sweeps_with: Vec<String>,
     /// With `--trajectories`: where this variant's argmax leaves the given
