@@ -9,7 +9,7 @@ use super::groups::{Base, Group, Outcome, Source};
 use super::lanes::{self, Forcing, LaneEdit};
 use super::suspects::{self, Taps};
 use crate::drafter::target::TargetModel;
-use crate::drafter::trajectories::{departures_of, Given};
+use crate::drafter::trajectories::{departures_of, Departure, Given};
 use crate::drafter::{concat_taps, replay_sets, Replay, ReplaySet};
 use crate::error::Result;
 use crate::models::dflash::Drafter;
@@ -185,13 +185,33 @@ impl LaneRun<'_> {
         inputs: ReplayInputs,
         (dflash, ddtree): crate::drafter::Replayed,
     ) -> Result<Outcome> {
-        let (feats_on_base, reference) = lanes::compared(
+        let compared = lanes::compared(
             edit,
             forced,
             &gen.features[self.range.clone()],
             self.forcings,
         )?;
-        Ok(Outcome {
+        Ok(self.outcome(
+            compared,
+            inputs,
+            (dflash, ddtree),
+            gen.sweeps + 1,
+            Vec::new(),
+        ))
+    }
+
+    /// The lane's outcome: its features as compared, the tokens it
+    /// replayed, its τ, its sweeps and departures (`wall_s` set by the
+    /// caller, which times the group).
+    fn outcome(
+        &self,
+        (feats_on_base, reference): (Vec<Tensor>, Option<Vec<Tensor>>),
+        inputs: ReplayInputs,
+        (dflash, ddtree): crate::drafter::Replayed,
+        sweeps: usize,
+        departures: Vec<Departure>,
+    ) -> Outcome {
+        Outcome {
             feats_on_base,
             reference,
             base_skip: self.forcings.iter().map(|f| f.base_skip).collect(),
@@ -200,9 +220,9 @@ impl LaneRun<'_> {
             dflash,
             ddtree,
             wall_s: 0.0,
-            sweeps: gen.sweeps + 1,
-            departures: Vec::new(),
-        })
+            sweeps,
+            departures,
+        }
     }
 
     /// On supplied trajectories `t`: the tokens the lane fed (the given
@@ -229,18 +249,7 @@ impl LaneRun<'_> {
         (dflash, ddtree): crate::drafter::Replayed,
     ) -> Result<Outcome> {
         let departures = departures_of(t, outs)?;
-        let (feats_on_base, reference) = lanes::compared(edit, forced, &[], self.forcings)?;
-        Ok(Outcome {
-            feats_on_base,
-            reference,
-            base_skip: self.forcings.iter().map(|f| f.base_skip).collect(),
-            tokens: inputs.tokens,
-            prompt_lens: inputs.lens,
-            dflash,
-            ddtree,
-            wall_s: 0.0,
-            sweeps: 1,
-            departures,
-        })
+        let compared = lanes::compared(edit, forced, &[], self.forcings)?;
+        Ok(self.outcome(compared, inputs, (dflash, ddtree), 1, departures))
     }
 }
