@@ -60,32 +60,30 @@ pub fn run_all(
         base: None,
         baseline: None,
     };
-    if let Some(given) = given {
-        // One sweep for every group: each shares it with every other lane.
-        let all = names_of(groups, &label);
-        pb.set_message(batch_label(&all));
-        let mut after = |g: &Group, outs: Vec<Outcome>, b: Option<Base>| {
-            done.take(g, outs, b, &all, &label);
-            pb.inc((g.lanes.len() + g.aliases.len()) as u64);
-        };
-        run_given(groups, drafter, prompts, replay, given, &mut after)?;
-    }
-    for g in groups.iter().filter(|_| given.is_none()) {
-        let lane_names = names_of(std::slice::from_ref(g), &label);
-        pb.set_message(batch_label(&lane_names));
-        tokens.set_length(per_lane * g.lanes.len() as u64);
-        tokens.set_position(0);
-        let on_progress = |n: u64| tokens.set_position(n);
-        let (outs, b) = run_group(
-            g,
-            drafter,
-            prompts,
-            (replay, &on_progress),
-            done.base.as_ref(),
-            None,
-        )?;
-        done.take(g, outs, b, &lane_names, &label);
-        pb.inc((g.lanes.len() + g.aliases.len()) as u64);
+    match given {
+        Some(given) => {
+            // One sweep for every group: each shares it with every other lane.
+            let all = names_of(groups, &label);
+            pb.set_message(batch_label(&all));
+            let mut after = |g: &Group, outs: Vec<Outcome>, b: Option<Base>| {
+                done.take(g, outs, b, &all, &label);
+                pb.inc((g.lanes.len() + g.aliases.len()) as u64);
+            };
+            run_given(groups, drafter, prompts, replay, given, &mut after)?;
+        }
+        None => {
+            for g in groups {
+                let lane_names = names_of(std::slice::from_ref(g), &label);
+                pb.set_message(batch_label(&lane_names));
+                tokens.set_length(per_lane * g.lanes.len() as u64);
+                tokens.set_position(0);
+                let on_progress = |n: u64| tokens.set_position(n);
+                let progress = (replay, &on_progress as &dyn Fn(u64));
+                let (outs, b) = run_group(g, drafter, prompts, progress, done.base.as_ref())?;
+                done.take(g, outs, b, &lane_names, &label);
+                pb.inc((g.lanes.len() + g.aliases.len()) as u64);
+            }
+        }
     }
     tokens.finish_and_clear();
     pb.finish_and_clear();

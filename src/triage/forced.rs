@@ -107,6 +107,9 @@ struct Prepared<'f> {
     tap_caps: Vec<Capture>,
     /// Keep `all` (the baseline's own group).
     own_base: bool,
+    /// Per lane × prompt: it runs (a lane with a head of its own takes the
+    /// baseline lane's outputs instead).
+    runs: Vec<bool>,
 }
 
 impl<'f> Prepared<'f> {
@@ -118,13 +121,15 @@ impl<'f> Prepared<'f> {
         // A lane with a head of its own (the baseline's group only) feeds the
         // baseline lane's tokens through the baseline's layers: it takes that
         // lane's outputs (lane 0) instead of running again.
-        let runs = |j: usize| g.lanes[j / np.max(1)].head.is_none();
+        let runs: Vec<bool> = (0..s.forcings.len())
+            .map(|j| g.lanes[j / np.max(1)].head.is_none())
+            .collect();
         let mut seqs: Vec<Forced> = s
             .forcings
             .iter()
             .zip(g.lanes.iter().flat_map(|l| std::iter::repeat_n(l, np)))
             .enumerate()
-            .filter(|(j, _)| runs(*j))
+            .filter(|(j, _)| runs[*j])
             .map(|(_, (f, l))| Forced {
                 tokens: &f.tokens,
                 prompt_len: f.prompt_len,
@@ -148,6 +153,7 @@ impl<'f> Prepared<'f> {
                 .collect(),
             tap_caps: taps.iter().map(|&l| Capture::Tap(l)).collect(),
             own_base: s.own_base,
+            runs,
         }
     }
 
@@ -175,7 +181,6 @@ impl<'f> Prepared<'f> {
         let (g, forcings) = (s.group, s.forcings);
         let n = g.target.spec.num_layers();
         let np = forcings.len() / g.lanes.len().max(1);
-        let runs = |j: usize| g.lanes[j / np.max(1)].head.is_none();
         let shadow_taps = (self.seqs.len() > self.ran).then(|| {
             done.split_off(self.ran)
                 .into_iter()
@@ -185,7 +190,7 @@ impl<'f> Prepared<'f> {
         let mut done = done.into_iter();
         let mut outs: Vec<StepOut> = Vec::with_capacity(forcings.len());
         for j in 0..forcings.len() {
-            outs.push(match runs(j) {
+            outs.push(match self.runs[j] {
                 true => done.next().expect("one output per sequence run"),
                 false => outs[j % np].clone(),
             });

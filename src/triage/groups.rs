@@ -182,9 +182,9 @@ fn forcings_of(
 /// The group's lanes × prompts through the DFlash loop, then one
 /// teacher-forced sweep over the baseline's tokens (`base`; `None` for the
 /// baseline's own group, whose tokens it generates) — for a lane measured on
-/// its own trajectory, a correct forward over its own tokens. With `given`
-/// trajectories only the teacher-forced sweep runs, over them. Returns per
-/// lane its outcome, and the baseline when this is its group.
+/// its own trajectory, a correct forward over its own tokens (supplied
+/// trajectories run every group together instead: [`run_given`]). Returns
+/// per lane its outcome, and the baseline when this is its group.
 /// `on_progress` gets the new tokens the loop has committed over the
 /// group's lanes ([`dflash_loop_with`], under `replay.rule`).
 pub fn run_group(
@@ -193,42 +193,31 @@ pub fn run_group(
     prompts: &[Vec<u32>],
     (replay, on_progress): (Replay, &dyn Fn(u64)),
     base: Option<&Base>,
-    given: Option<&Given>,
 ) -> Result<(Vec<Outcome>, Option<Base>)> {
     let t0 = Instant::now();
     let np = prompts.len();
     let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let (run, base_tokens, max_new) = match given {
-        Some(t) => (Source::Given(t), t.tokens.clone(), t.replayed.clone()),
-        None => {
-            let lanes = lanes_of(g, prompts);
-            let gen = dflash_loop_with(
-                &g.target,
-                drafter,
-                &lanes,
-                replay.max_new,
-                replay.rule,
-                on_progress,
-            )?;
-            let tokens = match base {
-                Some(b) => b.tokens.clone(),
-                None => gen.tokens[..np].to_vec(),
-            };
-            (Source::Generated(gen), tokens, vec![replay.max_new; np])
-        }
+    let lanes = lanes_of(g, prompts);
+    let gen = dflash_loop_with(
+        &g.target,
+        drafter,
+        &lanes,
+        replay.max_new,
+        replay.rule,
+        on_progress,
+    )?;
+    let base_tokens = match base {
+        Some(b) => b.tokens.clone(),
+        None => gen.tokens[..np].to_vec(),
     };
-    let own = match &run {
-        Source::Generated(gen) => Some(gen.tokens.as_slice()),
-        Source::Given(_) => None,
-    };
-    let forcings = forcings_of(g, &base_tokens, &lens, own);
+    let forcings = forcings_of(g, &base_tokens, &lens, Some(&gen.tokens));
     let own_base = base.is_none();
     let taps = &drafter.cfg.target_layer_ids;
-    let swept = forced::sweep(g, &forcings, taps, own_base, given.is_some())?;
+    let swept = forced::sweep(g, &forcings, taps, own_base, false)?;
     let swept = AfterSweep {
-        run,
+        run: Source::Generated(gen),
         base_tokens,
-        max_new,
+        max_new: vec![replay.max_new; np],
         forcings,
         own_base,
         outs: swept,
