@@ -1,7 +1,9 @@
 //! The product kernels' rates on this CPU: every kernel `kernels::plan`
 //! can pick for `x [m, k] · w [n, k]ᵀ` on the mid checkpoint's shapes (and a
-//! long prompt's), against candle's GEMM, in GFLOP/s (docs/performance.md,
-//! "Kernels").
+//! long prompt's), and on the 27B layout's with the rows of one 32-token
+//! sequence and of seven stacked (a triage sweep's), against candle's GEMM,
+//! in GFLOP/s (docs/performance.md, "Kernels"). The f32 kernel is timed on
+//! an f32 weight and on bf16 pairs (a bf16 checkpoint in an f32 model).
 //!
 //! ```sh
 //! cargo run --release --example gemm_bench
@@ -62,8 +64,8 @@ fn main() {
         ..caps
     };
     println!(
-        "{:>18} {:>10} {:>10} {:>12} {:>10}",
-        "m × n × k", "candle f32", "f32 kernel", "bf16 avx512", "bf16 amx"
+        "{:>20} {:>10} {:>10} {:>11} {:>12} {:>10}",
+        "m × n × k", "candle f32", "f32 kernel", "f32 on bf16", "bf16 avx512", "bf16 amx"
     );
     for (m, n, k) in [
         (512, 1024, 1024),
@@ -71,6 +73,10 @@ fn main() {
         (512, 1024, 3072),
         (512, 4096, 1024),
         (2048, 3072, 1024),
+        (32, 17408, 5120),
+        (224, 17408, 5120),
+        (32, 5120, 17408),
+        (224, 5120, 17408),
     ] {
         let x = values(m * k, 1 + k as u64, 1.0);
         let w = values(n * k, 2 + n as u64, 1.0 / (k as f32).sqrt());
@@ -86,24 +92,22 @@ fn main() {
         let candle = rate(best(|| {
             xt.matmul(&wtt).expect("matmul");
         }));
-        let run = |stored: Stored, c: &Capabilities, want: kernels::Kernel| {
+        let run = |stored: Stored, c: &Capabilities, want: kernels::Kernel, wgt: Weight<'_>| {
             let plan = kernels::plan(m, n, k, stored, c).filter(|p| p.kernel() == want);
             plan.map_or("-".to_string(), |p| {
-                let wgt = match stored {
-                    Stored::F32 => Weight::F32(&w),
-                    Stored::Bf16 => Weight::Bf16(&pairs),
-                };
                 rate(best(|| {
                     p.run(&x, wgt).expect("runs").expect("bf16 inputs");
                 }))
             })
         };
+        let (f32s, bf16s) = (Weight::F32(&w), Weight::Bf16(&pairs));
         println!(
-            "{:>18} {candle:>10} {:>10} {:>12} {:>10}",
+            "{:>20} {candle:>10} {:>10} {:>11} {:>12} {:>10}",
             format!("{m} × {n} × {k}"),
-            run(Stored::F32, &caps, kernels::Kernel::F32Gemm),
-            run(Stored::Bf16, &no_amx, kernels::Kernel::Bf16Gemm),
-            run(Stored::Bf16, &caps, kernels::Kernel::Bf16Amx),
+            run(Stored::F32, &caps, kernels::Kernel::F32Gemm, f32s),
+            run(Stored::F32, &caps, kernels::Kernel::F32Gemm, bf16s),
+            run(Stored::Bf16, &no_amx, kernels::Kernel::Bf16Gemm, bf16s),
+            run(Stored::Bf16, &caps, kernels::Kernel::Bf16Amx, bf16s),
         );
     }
 }

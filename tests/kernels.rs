@@ -1,5 +1,6 @@
 //! hsparity's own CPU kernels (`hsparity::kernels`) give candle's bits:
-//! the f32 blocked kernel, the bf16 dot-product kernel (on the widened
+//! the f32 blocked kernel (on f32 weights, and on bf16 pairs read as their
+//! f32 or f16 values), the bf16 dot-product kernel (on the widened
 //! values) and the single-row kernel, on listed shapes (one and several
 //! k-blocks, odd k, the small-size block rule, every tile remainder,
 //! subnormals) and on generated ones (empty and `k = 0` included); the one
@@ -223,6 +224,52 @@ fn the_bf16_kernel_gives_the_bits_of_the_f32_gemm() {
     }
 }
 
+/// A bf16 weight whose values span f16's range down to its subnormals
+/// (magnitudes from 4 to about 4e-6), so that rounding to f16 changes some.
+fn bf16_weight_across_f16s_range(n: usize, k: usize, seed: u64) -> Tensor {
+    let scales: Vec<f32> = (0..n * k)
+        .map(|i| 10f32.powi(-2 * (i % 4) as i32))
+        .collect();
+    let scales = Tensor::from_vec(scales, (n, k), &candle_core::Device::Cpu).unwrap();
+    let w = (matrix(n, k, seed, false) * scales).unwrap();
+    Precision::Bf16.round(&w).unwrap()
+}
+
+/// The f32 kernel reading a weight's bf16 pairs (a bf16 checkpoint in an
+/// f32 or f16 model) gives candle's bits on the weight's f32 values, and,
+/// reading them as f16 values, candle's bits on the weight rounded to f16
+/// (`Precision::F16`, as the parameter loads): the widening and the f16
+/// rounding in the kernel's panels change no value.
+#[test]
+fn the_f32_kernel_reads_bf16_pairs_as_their_f32_or_f16_values() {
+    let name = "the_f32_kernel_reads_bf16_pairs_as_their_f32_or_f16_values";
+    if !runs_here(Kernel::F32Gemm, name) {
+        return;
+    }
+    for &(m, n, k) in BLOCKED_SHAPES {
+        let x = matrix(m, k, 2 + m as u64, false);
+        let w = bf16_weight_across_f16s_range(n, k, 5 + k as u64);
+        let w16 = Precision::F16.round(&w).unwrap();
+        assert!(bits(&w16) != bits(&w), "[{n}, {k}]: f16 rounds some value");
+        let pairs = pairs_of(&w).unwrap();
+        let plan = kernels::plan(m, n, k, Stored::F32, &candle_order()).unwrap();
+        assert_eq!(plan.kernel(), Kernel::F32Gemm);
+        for (weight, values_of) in [
+            (Weight::Bf16(&pairs), &w),
+            (Weight::Bf16InF16(&pairs), &w16),
+        ] {
+            let got = plan.run(&values(&x), weight).unwrap().unwrap();
+            let got = Tensor::from_vec(got, (m, n), x.device()).unwrap();
+            let want = x.matmul(&values_of.t().unwrap()).unwrap();
+            assert!(
+                bits(&got) == bits(&want),
+                "[{m}, {k}] x [{n}, {k}], f16 values {}: bits differ",
+                matches!(weight, Weight::Bf16InF16(_))
+            );
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -386,6 +433,10 @@ fn refuses_what_it_cannot_compute_exactly() {
         plan.run(&values(&x), Weight::F32(&values(&w))).is_err(),
         "f32 weight"
     );
+    assert!(
+        plan.run(&values(&x), Weight::Bf16InF16(&pairs)).is_err(),
+        "pairs read as f16 values"
+    );
     let other = pairs_of(&matrix(4, 8, 1, true)).unwrap();
     assert!(
         plan.run(&values(&x), Weight::Bf16(&other)).is_err(),
@@ -439,6 +490,40 @@ fn pairs_from_a_bf16_checkpoint_equal_the_loaded_parameter() {
     assert!(f32_view.bf16_pairs(name).unwrap().is_none(), "{name}");
 }
 
+/// A linear weight a bf16 checkpoint stores, loaded for a model computing
+/// in f32 or f16 (`matrix`: its pairs, read by the f32 kernel), gives
+/// `linear`'s bits on the parameter that model loads (`tensor_in`), on the
+/// kernels' shapes, a single row and the shapes left to candle.
+#[test]
+fn a_bf16_checkpoint_in_f32_or_f16_gives_linears_bits_on_its_parameter() {
+    use hsparity::loading::{LoadingPath, WeightSource};
+    use hsparity::session::Session;
+    let dir = "fixtures/divergence/bf16-auto";
+    let session = Session::open(&common::target(dir, None), &[LoadingPath::CausalLm]).unwrap();
+    let view = &session.paths[0].view;
+    let mut checked = 0;
+    for name in session.spec.layer_tensor_names(0) {
+        if view.bf16_pairs(&name).unwrap().is_none() {
+            continue;
+        }
+        for prec in [Precision::F32, Precision::F16] {
+            let held = hsparity::models::layers::matrix(view, &name, prec).unwrap();
+            let w = view.tensor_in(&name, prec).unwrap();
+            let k = w.dim(1).unwrap();
+            for m in [1, 7, 40, 130] {
+                let x = prec.round(&matrix(m, k, 17 + m as u64, false)).unwrap();
+                let want = linear(&x, &w, prec).unwrap();
+                assert!(
+                    bits(&held.linear(&x, prec).unwrap()) == bits(&want),
+                    "{name} {prec:?}, {m} rows: bits differ from linear"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "only {checked} weights came as pairs");
+}
+
 // ---- the single-row kernel -----------------------------------------------
 
 /// `(s, n, k)` the single-row kernel takes.
@@ -474,6 +559,32 @@ fn each_row_has_the_bits_of_its_own_product() {
                 "[{s}, {n}, {k}] bf16 {bf16}: rows differ from their own products"
             );
         }
+    }
+}
+
+/// The single-row kernel reads bf16 pairs as their f16 values too: each
+/// row candle's single-row product on the weight rounded to f16.
+#[test]
+fn each_row_reads_bf16_pairs_as_f16_values() {
+    if !runs_here(Kernel::Gemv, "each_row_reads_bf16_pairs_as_f16_values") {
+        return;
+    }
+    for &(s, n, k) in TAKEN {
+        let x = matrix(s, k, 9 + k as u64, false);
+        let w = bf16_weight_across_f16s_range(n, k, 13 + n as u64);
+        let w16 = Precision::F16.round(&w).unwrap();
+        let plan = kernels::plan(1, n, k, Stored::Bf16, kernels::capabilities()).unwrap();
+        assert_eq!(plan.kernel(), Kernel::Gemv);
+        let pairs = pairs_of(&w).unwrap();
+        let got = plan
+            .run(&values(&x), Weight::Bf16InF16(&pairs))
+            .unwrap()
+            .unwrap();
+        let got = Tensor::from_vec(got, (s, n), x.device()).unwrap();
+        assert!(
+            bits(&got) == bits(&one_by_one(&x, &w16)),
+            "[{s}, {n}, {k}]: rows differ from their own products on the f16 values"
+        );
     }
 }
 
@@ -591,7 +702,7 @@ fn report(args: &[&str], candle_only: bool) -> (serde_json::Value, Vec<String>) 
 /// kernels (the environment says which).
 #[test]
 fn compare_gives_the_same_report_with_candles_gemm_everywhere() {
-    let cases: [(&[&str], Kernel); 3] = [
+    let cases: [(&[&str], Kernel); 5] = [
         (
             &["fixtures/tiny-qwen3_5", "--dtype", "f32"],
             Kernel::F32Gemm,
@@ -602,6 +713,15 @@ fn compare_gives_the_same_report_with_candles_gemm_everywhere() {
         ),
         (
             &["fixtures/divergence/fp16-disk", "--paths", "causal-lm,vlm"],
+            Kernel::F32Gemm,
+        ),
+        // A bf16 checkpoint in f32 and f16: the f32 kernel reads its pairs.
+        (
+            &["fixtures/divergence/bf16-auto", "--dtype", "f32"],
+            Kernel::F32Gemm,
+        ),
+        (
+            &["fixtures/divergence/bf16-auto", "--dtype", "f16"],
             Kernel::F32Gemm,
         ),
     ];

@@ -115,8 +115,8 @@ impl Capabilities {
         self.amx_bf16 && !self.no_amx
     }
 
-    /// A bf16 weight may be kept as its [`Pairs`] (a bf16 kernel may read
-    /// them).
+    /// A bf16 model's weight may be kept as its [`Pairs`] (a bf16 kernel
+    /// may read them).
     pub fn keeps_bf16_pairs(&self) -> bool {
         self.bf16_gemm() || self.bf16_amx()
     }
@@ -253,6 +253,10 @@ pub enum Weight<'a> {
     F32(&'a [f32]),
     /// bf16 pairs.
     Bf16(&'a Pairs),
+    /// bf16 pairs read as their values rounded to f16 (to nearest, ties to
+    /// even): a bf16 checkpoint in a model computing in f16, whose f32 copy
+    /// would hold those values. The bf16 kernels do not read it.
+    Bf16InF16(&'a Pairs),
 }
 
 impl Weight<'_> {
@@ -260,7 +264,7 @@ impl Weight<'_> {
     pub fn stored(&self) -> Stored {
         match self {
             Weight::F32(_) => Stored::F32,
-            Weight::Bf16(_) => Stored::Bf16,
+            Weight::Bf16(_) | Weight::Bf16InF16(_) => Stored::Bf16,
         }
     }
 }
@@ -281,7 +285,7 @@ pub struct Plan {
 /// GEMM (the route no kernel here reproduces, or a CPU or switch without
 /// it). For a bf16 weight on the blocked route where the bf16 kernel cannot
 /// sum as candle does (an odd k-block) the plan is the f32 kernel, which
-/// needs the weight widened.
+/// reads the pairs too, widening them a column tile at a time.
 ///
 /// - a single row on candle's gemv route: [`Kernel::Gemv`];
 /// - the blocked route: [`Kernel::Bf16Amx`] for bf16 pairs where AMX may
@@ -351,7 +355,7 @@ impl Plan {
         };
         let w_fits = match w {
             Weight::F32(v) => v.len() == n * k,
-            Weight::Bf16(p) => p.dims() == [n, k],
+            Weight::Bf16(p) | Weight::Bf16InF16(p) => p.dims() == [n, k],
         };
         if !w_fits {
             return Err(refuse("the weight does not hold [n, k]"));
@@ -363,12 +367,14 @@ impl Plan {
         if !x_fits {
             return Err(refuse("the input does not hold [m, k]"));
         }
-        let wants = match self.kernel {
-            Kernel::Bf16Gemm | Kernel::Bf16Amx => Some(Stored::Bf16),
-            Kernel::F32Gemm => Some(Stored::F32),
-            _ => None,
-        };
-        if wants.is_some_and(|s| s != w.stored()) {
+        // The f32 and single-row kernels read every form (bf16 pairs
+        // widened as they go); the bf16 kernels read pairs as stored.
+        let reads = matches!(
+            (self.kernel, w),
+            (Kernel::F32Gemm | Kernel::Gemv, _)
+                | (Kernel::Bf16Gemm | Kernel::Bf16Amx, Weight::Bf16(_))
+        );
+        if !reads {
             return Err(refuse("the weight is not held as this kernel reads it"));
         }
         // A plan may have been made for other capabilities than this CPU's

@@ -48,10 +48,12 @@ pub trait WeightSource {
 
     /// `name` as bf16 pairs (`Weights::load_bf16_pairs`: `[N, K]` and per
     /// row `w[2p] << 16 | w[2p + 1]`) read straight from a checkpoint that
-    /// stores it in bf16, for a model computing in bf16 on the CPU; `None`
-    /// (the default) when the source cannot, and the caller loads it with
-    /// [`Self::tensor_in`] instead. The values are those `tensor_in(name,
-    /// Bf16)` gives, and the NaN/Inf scan is the same.
+    /// stores it in bf16, for a model on the CPU whose kernels read pairs
+    /// (`models::layers::matrix`: in bf16 as stored, in f32 widened, in f16
+    /// widened and rounded); `None` (the default) when the source cannot,
+    /// and the caller loads it with [`Self::tensor_in`] instead. The values
+    /// are those `tensor_in(name, Bf16)` gives (so `tensor_in(name, F32)`'s
+    /// widened), and the NaN/Inf scan is the same.
     ///
     /// Errors: as [`Self::tensor`].
     fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], Vec<u32>)>> {

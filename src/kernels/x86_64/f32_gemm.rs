@@ -24,22 +24,100 @@
 //! would fail there.
 
 use super::tiles::{self, Tile};
+use crate::kernels::Pairs;
+
+/// Where the f32 kernel reads a weight `[n, k]`'s values.
+#[derive(Clone, Copy)]
+pub(super) enum Columns<'a> {
+    /// f32, row-major, read in place.
+    F32(&'a [f32]),
+    /// bf16 pairs, each column tile widened into a per-thread panel before
+    /// its register tiles run (exact), and rounded to f16 when `to_f16` (a
+    /// bf16 checkpoint in an f16 model: the values its f32 copy would hold).
+    Pairs { pairs: &'a Pairs, to_f16: bool },
+}
 
 /// `x [m, k] · w [n, k]ᵀ` → `[m, n]` in k-blocks of `kc`: bitwise candle's
-/// blocked route.
+/// blocked route on `w`'s f32 values.
 ///
 /// # Safety
 /// AVX-512F; `x` holds `m·k` values and `w` `n·k`.
 pub(super) unsafe fn matmul_nt(
     x: &[f32],
-    w: &[f32],
+    w: Columns<'_>,
     (m, n, k): (usize, usize, usize),
     kc: usize,
 ) -> Vec<f32> {
     let a = pack_rows(x, m, k);
-    // SAFETY: every tile lies inside a, w and the output, and `kernel`
-    // stores each element of its tile in the first k-block before reading it.
-    unsafe { tiles::product((m, n, k), kc, |t, c| tiles::by_shape!(kernel, &a, w, c, t)) }
+    let dims = (m, n, k);
+    // SAFETY: every tile lies inside a, the weight (or its panel: the
+    // tile's columns, k values each) and the output, and `kernel` stores
+    // each element of its tile in the first k-block before reading it.
+    unsafe {
+        match w {
+            Columns::F32(w) => tiles::product(dims, kc, |t, c| {
+                tiles::by_shape!(kernel, &a, w.as_ptr().add(t.n0 * k), c, t)
+            }),
+            Columns::Pairs { pairs, to_f16 } => tiles::product_by_columns(
+                dims,
+                kc,
+                |panel: &mut Vec<f32>, n0, nc| widen_columns(pairs, n0..n0 + nc, to_f16, panel),
+                |panel, t, c| tiles::by_shape!(kernel, &a, panel.as_ptr(), c, t),
+            ),
+        }
+    }
+}
+
+/// Rows `rows` of the pairs' weight as f32 into `panel` (`k` values per
+/// row): exact, then rounded to f16 (to nearest, ties to even, as
+/// `Precision::F16` rounds a loaded weight) when `to_f16`.
+///
+/// # Safety
+/// AVX-512F; `rows` lie inside the weight.
+#[target_feature(enable = "avx512f")]
+unsafe fn widen_columns(
+    w: &Pairs,
+    rows: std::ops::Range<usize>,
+    to_f16: bool,
+    panel: &mut Vec<f32>,
+) {
+    use std::arch::x86_64::*;
+    let k = w.dims()[1];
+    let per = k.div_ceil(2);
+    panel.clear();
+    panel.reserve(rows.len() * k);
+    let words = &w.words()[rows.start * per..rows.end * per];
+    for row in words.chunks_exact(per.max(1)).take(rows.len()) {
+        let out = panel.spare_capacity_mut().as_mut_ptr() as *mut f32;
+        let mut e = 0;
+        // 16 values from 8 words: the halves in memory order (odd, even) per
+        // pair, widened, then each pair swapped.
+        while e + 16 <= k {
+            let halves = _mm256_loadu_si256(row.as_ptr().add(e / 2) as *const __m256i);
+            let v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+            let mut v = _mm512_permute_ps(v, 0xB1);
+            if to_f16 {
+                v = _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+            }
+            _mm512_storeu_ps(out.add(e), v);
+            e += 16;
+        }
+        for i in e..k {
+            let word = row[i / 2];
+            let v = f32::from_bits(if i % 2 == 0 {
+                word & 0xffff_0000
+            } else {
+                word << 16
+            });
+            *out.add(i) = if to_f16 {
+                half::f16::from_f32(v).to_f32()
+            } else {
+                v
+            };
+        }
+        // SAFETY: the row's k values were written above.
+        panel.set_len(panel.len() + k);
+    }
 }
 
 /// `x [m, k]` 16 rows per group: `[group][k][lane]` = `x[16·group + lane][k]`
@@ -66,13 +144,14 @@ fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
 /// block stored, the later ones added).
 ///
 /// # Safety
-/// AVX-512F; `a` holds the packed rows of an `[m, k]` input, `b` an
-/// `[n, k]` weight, `c` an `[m, n]` output, and the tile lies inside them.
+/// AVX-512F; `a` holds the packed rows of an `[m, k]` input, `b` the
+/// tile's `C` weight columns (`k` values each, one after the other), `c` an
+/// `[m, n]` output, and the tile lies inside them.
 #[target_feature(enable = "avx512f")]
-unsafe fn kernel<const V: usize, const C: usize>(a: &[f32], b: &[f32], c: *mut f32, t: Tile) {
+unsafe fn kernel<const V: usize, const C: usize>(a: &[f32], b: *const f32, c: *mut f32, t: Tile) {
     use std::arch::x86_64::*;
     let ap: [*const f32; V] = std::array::from_fn(|v| a.as_ptr().add((t.g + v) * t.k * 16));
-    let bp: [*const f32; C] = std::array::from_fn(|j| b.as_ptr().add((t.n0 + j) * t.k));
+    let bp: [*const f32; C] = std::array::from_fn(|j| b.add(j * t.k));
     let mut block = 0;
     while block < t.k {
         let end = (block + t.kc).min(t.k);

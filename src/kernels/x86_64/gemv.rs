@@ -78,12 +78,17 @@ pub(super) unsafe fn rows_times(x: &[f32], w: Weight<'_>, n: usize, k: usize) ->
     y
 }
 
+/// `vcvtps2ph`'s rounding immediate: to nearest, ties to even (as half's
+/// conversion of a loaded weight rounds).
+const ROUND_NEAREST: i32 = std::arch::x86_64::_MM_FROUND_TO_NEAREST_INT;
+
 /// Element `e` of weight row `j`.
 #[inline(always)]
 fn weight_at(w: Weight<'_>, j: usize, k: usize, e: usize) -> f32 {
     match w {
         Weight::F32(v) => v[j * k + e],
         Weight::Bf16(p) => p.at(j, e),
+        Weight::Bf16InF16(p) => half::f16::from_f32(p.at(j, e)).to_f32(),
     }
 }
 
@@ -96,12 +101,17 @@ unsafe fn load16(w: Weight<'_>, j: usize, k: usize, e: usize) -> std::arch::x86_
     use std::arch::x86_64::*;
     match w {
         Weight::F32(v) => _mm512_loadu_ps(v.as_ptr().add(j * k + e)),
-        Weight::Bf16(p) => {
+        Weight::Bf16(p) | Weight::Bf16InF16(p) => {
             // 8 words = 16 halves in memory order (odd, even) per pair.
             let words = p.words().as_ptr().add(j * k.div_ceil(2) + e / 2);
             let halves = _mm256_loadu_si256(words as *const __m256i);
             let v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
-            _mm512_permute_ps(v, 0xB1)
+            let v = _mm512_permute_ps(v, 0xB1);
+            if matches!(w, Weight::Bf16InF16(_)) {
+                _mm512_cvtph_ps(_mm512_cvtps_ph::<ROUND_NEAREST>(v))
+            } else {
+                v
+            }
         }
     }
 }
@@ -115,11 +125,16 @@ unsafe fn load8(w: Weight<'_>, j: usize, k: usize, e: usize) -> std::arch::x86_6
     use std::arch::x86_64::*;
     match w {
         Weight::F32(v) => _mm256_loadu_ps(v.as_ptr().add(j * k + e)),
-        Weight::Bf16(p) => {
+        Weight::Bf16(p) | Weight::Bf16InF16(p) => {
             let words = p.words().as_ptr().add(j * k.div_ceil(2) + e / 2);
             let halves = _mm_loadu_si128(words as *const __m128i);
             let v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
-            _mm256_permute_ps(v, 0xB1)
+            let v = _mm256_permute_ps(v, 0xB1);
+            if matches!(w, Weight::Bf16InF16(_)) {
+                _mm256_cvtph_ps(_mm256_cvtps_ph::<ROUND_NEAREST>(v))
+            } else {
+                v
+            }
         }
     }
 }

@@ -81,17 +81,41 @@ pub(super) unsafe fn product(
     kc: usize,
     tile: impl Fn(Tile, *mut f32) + Sync,
 ) -> Vec<f32> {
+    // SAFETY: the caller's contract.
+    unsafe { product_by_columns(dims, kc, |_: &mut (), _, _| (), |_, t, c| tile(t, c)) }
+}
+
+/// [`product`] with a per-thread scratch `S` that `column(s, n0, nc)` fills
+/// for a column tile before its register tiles run (on the thread that runs
+/// them, once per cache block of rows) and that each of them reads: the
+/// weight's columns widened into a panel, for a weight not held in f32.
+///
+/// # Safety
+/// As [`product`].
+pub(super) unsafe fn product_by_columns<S: Default>(
+    dims: (usize, usize, usize),
+    kc: usize,
+    column: impl Fn(&mut S, usize, usize) + Sync,
+    tile: impl Fn(&S, Tile, *mut f32) + Sync,
+) -> Vec<f32> {
     let mut c: Vec<f32> = Vec::with_capacity(dims.0 * dims.1);
     let out = Out(c.as_mut_ptr());
-    each_tile(dims, kc, |t| tile(t, out.ptr()));
+    each_tile(dims, kc, &column, |p, t| tile(p, t, out.ptr()));
     // SAFETY: the tiles cover the output and each stored all its elements.
     unsafe { c.set_len(dims.0 * dims.1) };
     c
 }
 
 /// Calls `tile` on every register tile of an `[m, n]` output, column tiles
-/// split over the threads (each thread's tiles write only its columns).
-fn each_tile((m, n, k): (usize, usize, usize), kc: usize, tile: impl Fn(Tile) + Sync) {
+/// split over the threads (each thread's tiles write only its columns),
+/// after `column(s, n0, nc)` on the thread's scratch for the tile's column
+/// tile, once per cache block of rows.
+fn each_tile<S: Default>(
+    (m, n, k): (usize, usize, usize),
+    kc: usize,
+    column: &(impl Fn(&mut S, usize, usize) + Sync),
+    tile: impl Fn(&S, Tile) + Sync,
+) {
     use rayon::prelude::*;
     let tiles = n.div_ceil(NR);
     let threads = rayon::current_num_threads().max(1);
@@ -99,22 +123,27 @@ fn each_tile((m, n, k): (usize, usize, usize), kc: usize, tile: impl Fn(Tile) + 
     let groups = m.div_ceil(16);
     (0..tiles.div_ceil(per)).into_par_iter().for_each(|chunk| {
         let (t0, t1) = (chunk * per, ((chunk + 1) * per).min(tiles));
+        let mut s = S::default();
         for g0 in (0..groups).step_by(MB / 16) {
             let g1 = (g0 + MB / 16).min(groups);
             for t in t0..t1 {
                 let (n0, nc) = (t * NR, NR.min(n - t * NR));
+                column(&mut s, n0, nc);
                 for g in (g0..g1).step_by(MV) {
                     let gv = MV.min(g1 - g);
-                    tile(Tile {
-                        m,
-                        n,
-                        k,
-                        kc,
-                        g,
-                        gv,
-                        n0,
-                        nc,
-                    });
+                    tile(
+                        &s,
+                        Tile {
+                            m,
+                            n,
+                            k,
+                            kc,
+                            g,
+                            gv,
+                            n0,
+                            nc,
+                        },
+                    );
                 }
             }
         }

@@ -54,11 +54,13 @@ pub enum Rows {
 }
 
 /// The weight `[out, in]` of a linear map, as [`matrix`] loads it: f32, or
-/// (a model computing in bf16 on a CPU with the bf16 dot product) its bf16
-/// pairs as the bf16 kernels read them ([`Pairs`]) — half the bytes of the
-/// f32 copy — with the f32 widening made on first need for the products
-/// neither computes bit for bit (tiny shapes, inputs that are not bf16
-/// values), kept until the layer is dropped.
+/// its bf16 pairs as the kernels read them ([`Pairs`], half the bytes of
+/// the f32 copy) — a model computing in bf16 on a CPU with the bf16 dot
+/// product, or a bf16 checkpoint in a model computing in f32 or f16 on a
+/// CPU with the f32 kernel, which widens the pairs (and rounds them to f16)
+/// a column tile at a time. The f32 widening is made on first need for the
+/// products no kernel computes (tiny shapes), kept until the layer is
+/// dropped.
 #[derive(Debug, Clone)]
 pub struct Matrix {
     dims: [usize; 2],
@@ -74,6 +76,9 @@ pub struct Matrix {
     /// Never the AMX kernel: candle's sums on every CPU
     /// ([`Self::with_candle_sums`]).
     candle_sums: bool,
+    /// The pairs are read as their values rounded to f16 (a bf16 checkpoint
+    /// in an f16 model): never by the bf16 kernels.
+    f16_values: bool,
 }
 
 impl Matrix {
@@ -89,6 +94,7 @@ impl Matrix {
             rounding: ProductRounding::Nearest,
             keep_wide: true,
             candle_sums: false,
+            f16_values: false,
         })
     }
 
@@ -108,6 +114,7 @@ impl Matrix {
             rounding: ProductRounding::Nearest,
             keep_wide: true,
             candle_sums: false,
+            f16_values: false,
         }
     }
 
@@ -179,7 +186,11 @@ impl Matrix {
             .into());
         };
         let [n, k] = p.dims();
-        let w = Tensor::from_vec(p.widen(), (n, k), &Device::Cpu)?;
+        let mut v = p.widen();
+        if self.f16_values {
+            Precision::F16.round_slice(&mut v);
+        }
+        let w = Tensor::from_vec(v, (n, k), &Device::Cpu)?;
         if !self.keep_wide {
             return Ok(std::borrow::Cow::Owned(w));
         }
@@ -210,8 +221,9 @@ impl Matrix {
 
     /// `x · Wᵀ` on candle's blocked route by a kernel of hsparity's own, not
     /// rounded: the bf16 pairs by the AMX kernel or the bf16 kernel (bf16
-    /// inputs; an even k-block for the latter), else the f32 weight by the
-    /// f32 kernel; `None` where none computes it.
+    /// inputs and values; an even k-block for the latter), else the weight
+    /// (f32, or its pairs widened as it goes) by the f32 kernel; `None`
+    /// where none computes it.
     fn blocked(&self, x: &Tensor) -> Result<Option<Tensor>> {
         let ((m, k), n) = (x.dims2()?, self.dims[0]);
         if !x.device().is_cpu() {
@@ -220,7 +232,7 @@ impl Matrix {
         let mut caps = *kernels::capabilities();
         caps.no_amx |= self.candle_sums;
         let caps = &caps;
-        if let Some(p) = &self.pairs {
+        if let Some(p) = self.pairs.as_ref().filter(|_| !self.f16_values) {
             if let Some(plan) = kernels::plan(m, n, k, Stored::Bf16, caps) {
                 if matches!(
                     plan.kernel(),
@@ -235,6 +247,12 @@ impl Matrix {
         let Some(plan) = kernels::plan(m, n, k, Stored::F32, caps) else {
             return Ok(None);
         };
+        if let Some(p) = &self.pairs {
+            let y = with_f32(x, |xv| plan.run(xv, self.pairs_weight(p)))??;
+            return Ok(y
+                .map(|y| Tensor::from_vec(y, (m, n), x.device()))
+                .transpose()?);
+        }
         let w = self.f32()?;
         if !w.device().is_cpu() {
             return Ok(None);
@@ -299,7 +317,7 @@ impl Matrix {
         };
         let n = self.dims[0];
         let y = match (&self.pairs, self.wide.get()) {
-            (Some(p), _) => with_f32(x, |xv| plan.run(xv, Weight::Bf16(p)))??,
+            (Some(p), _) => with_f32(x, |xv| plan.run(xv, self.pairs_weight(p)))??,
             (None, Some(w)) if w.device().is_cpu() => {
                 with_f32(x, |xv| with_f32(w, |wv| plan.run(xv, Weight::F32(wv))))???
             }
@@ -307,6 +325,15 @@ impl Matrix {
         };
         Ok(y.map(|y| Tensor::from_vec(y, (s, n), x.device()))
             .transpose()?)
+    }
+
+    /// The pairs as the kernels read them: as stored, or rounded to f16.
+    fn pairs_weight<'p>(&self, p: &'p Pairs) -> Weight<'p> {
+        if self.f16_values {
+            Weight::Bf16InF16(p)
+        } else {
+            Weight::Bf16(p)
+        }
     }
 
     /// True when the rows of an `[m, in]` input are computed exactly as in
@@ -319,15 +346,31 @@ impl Matrix {
 }
 
 /// Loads the weight matrix `name` of a linear map ([`param`]): as bf16
-/// pairs when the model computes in bf16 on a CPU with a bf16 kernel
+/// pairs when the checkpoint stores it in bf16 and a kernel reads them on
+/// this CPU — a model computing in bf16 with a bf16 kernel
 /// ([`kernels::Capabilities::keeps_bf16_pairs`]: the AVX512-BF16 or the AMX
-/// one), so that [`Matrix::linear`] reads them as stored; f32 otherwise.
+/// one), or in f32 or f16 with the f32 kernel (which widens them, and
+/// rounds them to f16, a column tile at a time: the values `param` gives,
+/// candle's sums, never the AMX kernel's) — so that [`Matrix::linear`]
+/// reads them as stored; f32 otherwise.
 pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Matrix> {
     let rounding = src.product_rounding();
-    if prec == Precision::Bf16 && kernels::capabilities().keeps_bf16_pairs() {
+    let caps = kernels::capabilities();
+    let pairs_read = match prec {
+        Precision::Bf16 => caps.keeps_bf16_pairs(),
+        Precision::F32 | Precision::F16 => caps.avx512_gemm(),
+    };
+    if pairs_read {
         // Stored in bf16: the pairs straight from the checkpoint's bytes.
         if let Some((dims, words)) = src.bf16_pairs(name)? {
-            return Ok(Matrix::of_pairs(Pairs::from_words(dims, words)?).with_rounding(rounding));
+            let m = Matrix::of_pairs(Pairs::from_words(dims, words)?).with_rounding(rounding);
+            return Ok(match prec {
+                Precision::Bf16 => m,
+                Precision::F32 | Precision::F16 => Matrix {
+                    f16_values: prec == Precision::F16,
+                    ..m.with_candle_sums()
+                },
+            });
         }
     }
     Ok(Matrix::of_param(param(src, name, prec)?, prec, false)?.with_rounding(rounding))
