@@ -224,8 +224,8 @@ fn the_bf16_kernel_gives_the_bits_of_the_f32_gemm() {
     }
 }
 
-/// A bf16 weight whose values span f16's range down to its subnormals
-/// (magnitudes from 4 to about 4e-6), so that rounding to f16 changes some.
+/// A bf16 weight whose magnitudes reach down into f16's subnormals (from 4
+/// to about 4e-6), so that rounding to f16 changes some values.
 fn bf16_weight_across_f16s_range(n: usize, k: usize, seed: u64) -> Tensor {
     let scales: Vec<f32> = (0..n * k)
         .map(|i| 10f32.powi(-2 * (i % 4) as i32))

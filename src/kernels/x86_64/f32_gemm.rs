@@ -2,8 +2,11 @@
 //! bits: the same sums in the same order on 16-lane vectors where candle's
 //! kernel (gemm-common 0.19, AVX2 `fma::f32`, 16 × 6 register tile) uses
 //! 8-lane ones, twice the multiply-adds per instruction on a CPU that
-//! executes 512-bit FMAs at full width, and no per-call packing of the
-//! weight (read in place, one row per output column).
+//! executes 512-bit FMAs at full width, and no per-call packing of an f32
+//! weight (read in place, one row per output column). A weight held as
+//! bf16 pairs is widened (and rounded to f16 for an f16 model) a column
+//! tile at a time into a per-thread panel, which the same register tiles
+//! read: the values of the f32 copy, so the same sums.
 //!
 //! Why the bits agree. candle's blocked kernel sums each output in k-blocks
 //! of `kc` values ([`crate::kernels::Route::Blocked`]): within a block one

@@ -24,7 +24,9 @@
 //! product, so a build that changed it would fail there.
 //!
 //! bf16 weights are read as their pairs ([`crate::kernels::Pairs`]),
-//! widened in registers: exact, so the values are those of the f32 copy.
+//! widened in registers: exact, so the values are those of the f32 copy;
+//! for an f16 model each widened value is then rounded to f16
+//! (`vcvtps2ph`, to nearest even), as the f16 copy holds it.
 
 use crate::kernels::Weight;
 

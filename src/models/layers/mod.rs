@@ -76,8 +76,12 @@ pub struct Matrix {
     /// Never the AMX kernel: candle's sums on every CPU
     /// ([`Self::with_candle_sums`]).
     candle_sums: bool,
+    /// The pairs are read by the f32 and single-row kernels only (a bf16
+    /// checkpoint in an f32 or f16 model): never by the bf16 kernels, whose
+    /// sums treat subnormals as zero where the f32 route keeps them.
+    f32_kernels_only: bool,
     /// The pairs are read as their values rounded to f16 (a bf16 checkpoint
-    /// in an f16 model): never by the bf16 kernels.
+    /// in an f16 model).
     f16_values: bool,
 }
 
@@ -94,6 +98,7 @@ impl Matrix {
             rounding: ProductRounding::Nearest,
             keep_wide: true,
             candle_sums: false,
+            f32_kernels_only: false,
             f16_values: false,
         })
     }
@@ -114,6 +119,7 @@ impl Matrix {
             rounding: ProductRounding::Nearest,
             keep_wide: true,
             candle_sums: false,
+            f32_kernels_only: false,
             f16_values: false,
         }
     }
@@ -200,7 +206,8 @@ impl Matrix {
     /// `x · Wᵀ` rounded to `prec`, as [`linear`] on the f32 weight gives it,
     /// bit for bit: by the kernel [`kernels::plan`] names for the shape (a
     /// single row on the gemv route, the weight read as stored; the blocked
-    /// route on the bf16 pairs, else on the f32 weight), else candle's GEMM.
+    /// route on the bf16 pairs by a bf16 kernel, else by the f32 kernel on
+    /// the f32 weight or the pairs widened), else candle's GEMM.
     /// The one exception: bf16 pairs on the blocked route on a CPU with
     /// AMX-BF16 ([`kernels::Kernel::Bf16Amx`]) give the tile unit's sums,
     /// which agree with `linear`'s to rounding, not bitwise.
@@ -232,7 +239,7 @@ impl Matrix {
         let mut caps = *kernels::capabilities();
         caps.no_amx |= self.candle_sums;
         let caps = &caps;
-        if let Some(p) = self.pairs.as_ref().filter(|_| !self.f16_values) {
+        if let Some(p) = self.pairs.as_ref().filter(|_| !self.f32_kernels_only) {
             if let Some(plan) = kernels::plan(m, n, k, Stored::Bf16, caps) {
                 if matches!(
                     plan.kernel(),
@@ -303,7 +310,8 @@ impl Matrix {
 
     /// Each row of `x [S, in]` as its own single-row product, not rounded,
     /// when the single-row kernel reproduces candle's single-row route for
-    /// this weight on the CPU (read as stored: bf16 pairs are not widened);
+    /// this weight on the CPU (read as stored: bf16 pairs widened, and
+    /// rounded to f16 for an f16 model, as they load; no f32 copy);
     /// `None` elsewhere.
     fn single_rows(&self, x: &Tensor) -> Result<Option<Tensor>> {
         let &[s, k] = x.dims() else {
@@ -349,10 +357,10 @@ impl Matrix {
 /// pairs when the checkpoint stores it in bf16 and a kernel reads them on
 /// this CPU — a model computing in bf16 with a bf16 kernel
 /// ([`kernels::Capabilities::keeps_bf16_pairs`]: the AVX512-BF16 or the AMX
-/// one), or in f32 or f16 with the f32 kernel (which widens them, and
-/// rounds them to f16, a column tile at a time: the values `param` gives,
-/// candle's sums, never the AMX kernel's) — so that [`Matrix::linear`]
-/// reads them as stored; f32 otherwise.
+/// one), or in f32 or f16 with the f32 and single-row kernels only (which
+/// widen them, and round them to f16, as they go: the values `param`
+/// gives, candle's sums, never a bf16 kernel's) — so that
+/// [`Matrix::linear`] reads them as stored; f32 otherwise.
 pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Matrix> {
     let rounding = src.product_rounding();
     let caps = kernels::capabilities();
@@ -367,6 +375,7 @@ pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Mat
             return Ok(match prec {
                 Precision::Bf16 => m,
                 Precision::F32 | Precision::F16 => Matrix {
+                    f32_kernels_only: true,
                     f16_values: prec == Precision::F16,
                     ..m.with_candle_sums()
                 },
