@@ -447,6 +447,13 @@ fn refuses_what_it_cannot_compute_exactly() {
     assert!(bits(&packed.linear(&x, Precision::Bf16).unwrap()) == bits(&want));
 }
 
+/// The bf16 fixture's causal-lm session: its spec and its path's view.
+fn bf16_session() -> hsparity::session::Session {
+    use hsparity::loading::LoadingPath;
+    let dir = "fixtures/divergence/bf16-auto";
+    hsparity::session::Session::open(&common::target(dir, None), &[LoadingPath::CausalLm]).unwrap()
+}
+
 /// A checkpoint stored in bf16 gives its linear weights' pairs straight from
 /// the mapped bytes, equal to the parameter `tensor_in` loads (widened back,
 /// bit for bit), for every linear weight of the model; an f32 checkpoint
@@ -455,8 +462,7 @@ fn refuses_what_it_cannot_compute_exactly() {
 fn pairs_from_a_bf16_checkpoint_equal_the_loaded_parameter() {
     use hsparity::loading::{LoadingPath, WeightSource};
     use hsparity::session::Session;
-    let dir = "fixtures/divergence/bf16-auto";
-    let session = Session::open(&common::target(dir, None), &[LoadingPath::CausalLm]).unwrap();
+    let session = bf16_session();
     let view = &session.paths[0].view;
     let mut checked = 0;
     for l in 0..session.spec.num_layers() {
@@ -496,10 +502,8 @@ fn pairs_from_a_bf16_checkpoint_equal_the_loaded_parameter() {
 /// kernels' shapes, a single row and the shapes left to candle.
 #[test]
 fn a_bf16_checkpoint_in_f32_or_f16_gives_linears_bits_on_its_parameter() {
-    use hsparity::loading::{LoadingPath, WeightSource};
-    use hsparity::session::Session;
-    let dir = "fixtures/divergence/bf16-auto";
-    let session = Session::open(&common::target(dir, None), &[LoadingPath::CausalLm]).unwrap();
+    use hsparity::loading::WeightSource;
+    let session = bf16_session();
     let view = &session.paths[0].view;
     let mut checked = 0;
     for name in session.spec.layer_tensor_names(0) {

@@ -76,13 +76,22 @@ pub struct Matrix {
     /// Never the AMX kernel: candle's sums on every CPU
     /// ([`Self::with_candle_sums`]).
     candle_sums: bool,
-    /// The pairs are read by the f32 and single-row kernels only (a bf16
-    /// checkpoint in an f32 or f16 model): never by the bf16 kernels, whose
-    /// sums treat subnormals as zero where the f32 route keeps them.
-    f32_kernels_only: bool,
-    /// The pairs are read as their values rounded to f16 (a bf16 checkpoint
-    /// in an f16 model).
-    f16_values: bool,
+    /// The model dtype the pairs are read for.
+    pairs_for: PairsFor,
+}
+
+/// The model a weight's bf16 pairs are read for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PairsFor {
+    /// A bf16 model: any kernel that reads pairs.
+    Bf16,
+    /// An f32 model on a bf16 checkpoint: the f32 and single-row kernels
+    /// only, never a bf16 kernel (whose sums treat subnormals as zero where
+    /// the f32 route keeps them).
+    F32,
+    /// An f16 model on a bf16 checkpoint: as [`PairsFor::F32`], each value
+    /// rounded to f16 as it is read.
+    F16,
 }
 
 impl Matrix {
@@ -98,8 +107,7 @@ impl Matrix {
             rounding: ProductRounding::Nearest,
             keep_wide: true,
             candle_sums: false,
-            f32_kernels_only: false,
-            f16_values: false,
+            pairs_for: PairsFor::Bf16,
         })
     }
 
@@ -119,8 +127,7 @@ impl Matrix {
             rounding: ProductRounding::Nearest,
             keep_wide: true,
             candle_sums: false,
-            f32_kernels_only: false,
-            f16_values: false,
+            pairs_for: PairsFor::Bf16,
         }
     }
 
@@ -193,7 +200,7 @@ impl Matrix {
         };
         let [n, k] = p.dims();
         let mut v = p.widen();
-        if self.f16_values {
+        if self.pairs_for == PairsFor::F16 {
             Precision::F16.round_slice(&mut v);
         }
         let w = Tensor::from_vec(v, (n, k), &Device::Cpu)?;
@@ -239,7 +246,11 @@ impl Matrix {
         let mut caps = *kernels::capabilities();
         caps.no_amx |= self.candle_sums;
         let caps = &caps;
-        if let Some(p) = self.pairs.as_ref().filter(|_| !self.f32_kernels_only) {
+        if let Some(p) = self
+            .pairs
+            .as_ref()
+            .filter(|_| self.pairs_for == PairsFor::Bf16)
+        {
             if let Some(plan) = kernels::plan(m, n, k, Stored::Bf16, caps) {
                 if matches!(
                     plan.kernel(),
@@ -337,7 +348,7 @@ impl Matrix {
 
     /// The pairs as the kernels read them: as stored, or rounded to f16.
     fn pairs_weight<'p>(&self, p: &'p Pairs) -> Weight<'p> {
-        if self.f16_values {
+        if self.pairs_for == PairsFor::F16 {
             Weight::Bf16InF16(p)
         } else {
             Weight::Bf16(p)
@@ -375,8 +386,11 @@ pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Mat
             return Ok(match prec {
                 Precision::Bf16 => m,
                 Precision::F32 | Precision::F16 => Matrix {
-                    f32_kernels_only: true,
-                    f16_values: prec == Precision::F16,
+                    pairs_for: if prec == Precision::F16 {
+                        PairsFor::F16
+                    } else {
+                        PairsFor::F32
+                    },
                     ..m.with_candle_sums()
                 },
             });
