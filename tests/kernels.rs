@@ -539,6 +539,9 @@ const TAKEN: &[(usize, usize, usize)] = &[
     (3, 600, 1096),  // blocks, then one group and no tail
 ];
 
+/// Each row has the bits of its own single-row product, for an f32 weight,
+/// for bf16 pairs (widened as they load), and for bf16 pairs read as their
+/// f16 values (the product on the weight rounded to f16).
 #[test]
 fn each_row_has_the_bits_of_its_own_product() {
     if !runs_here(Kernel::Gemv, "each_row_has_the_bits_of_its_own_product") {
@@ -548,47 +551,29 @@ fn each_row_has_the_bits_of_its_own_product() {
         let x = matrix(s, k, 3 + k as u64, false);
         let plan = kernels::plan(1, n, k, Stored::F32, kernels::capabilities()).unwrap();
         assert_eq!(plan.kernel(), Kernel::Gemv);
-        for bf16 in [false, true] {
-            let w = matrix(n, k, 11 + n as u64, bf16);
-            let want = one_by_one(&x, &w);
-            let (wv, pairs) = (values(&w), pairs_of(&w).ok());
-            let weight = match (bf16, &pairs) {
-                (true, Some(p)) => Weight::Bf16(p),
-                _ => Weight::F32(&wv),
+        for form in ["f32", "bf16", "bf16 as f16"] {
+            let w = match form {
+                "f32" => matrix(n, k, 11 + n as u64, false),
+                "bf16" => matrix(n, k, 11 + n as u64, true),
+                _ => bf16_weight_across_f16s_range(n, k, 13 + n as u64),
+            };
+            let wv = values(&w);
+            let pairs = (form != "f32").then(|| pairs_of(&w).unwrap());
+            let (weight, want) = match (form, &pairs) {
+                ("bf16", Some(p)) => (Weight::Bf16(p), one_by_one(&x, &w)),
+                (_, Some(p)) => (
+                    Weight::Bf16InF16(p),
+                    one_by_one(&x, &Precision::F16.round(&w).unwrap()),
+                ),
+                (_, None) => (Weight::F32(&wv), one_by_one(&x, &w)),
             };
             let got = plan.run(&values(&x), weight).unwrap().unwrap();
             let got = Tensor::from_vec(got, (s, n), x.device()).unwrap();
             assert!(
                 bits(&got) == bits(&want),
-                "[{s}, {n}, {k}] bf16 {bf16}: rows differ from their own products"
+                "[{s}, {n}, {k}] {form}: rows differ from their own products"
             );
         }
-    }
-}
-
-/// The single-row kernel reads bf16 pairs as their f16 values too: each
-/// row candle's single-row product on the weight rounded to f16.
-#[test]
-fn each_row_reads_bf16_pairs_as_f16_values() {
-    if !runs_here(Kernel::Gemv, "each_row_reads_bf16_pairs_as_f16_values") {
-        return;
-    }
-    for &(s, n, k) in TAKEN {
-        let x = matrix(s, k, 9 + k as u64, false);
-        let w = bf16_weight_across_f16s_range(n, k, 13 + n as u64);
-        let w16 = Precision::F16.round(&w).unwrap();
-        let plan = kernels::plan(1, n, k, Stored::Bf16, kernels::capabilities()).unwrap();
-        assert_eq!(plan.kernel(), Kernel::Gemv);
-        let pairs = pairs_of(&w).unwrap();
-        let got = plan
-            .run(&values(&x), Weight::Bf16InF16(&pairs))
-            .unwrap()
-            .unwrap();
-        let got = Tensor::from_vec(got, (s, n), x.device()).unwrap();
-        assert!(
-            bits(&got) == bits(&one_by_one(&x, &w16)),
-            "[{s}, {n}, {k}]: rows differ from their own products on the f16 values"
-        );
     }
 }
 

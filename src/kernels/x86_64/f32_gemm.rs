@@ -26,28 +26,20 @@
 //! tests compare with candle's own product, so a build that changed them
 //! would fail there.
 
+use super::gemv::{load16, weight_at};
 use super::tiles::{self, Tile};
-use crate::kernels::Pairs;
-
-/// Where the f32 kernel reads a weight `[n, k]`'s values.
-#[derive(Clone, Copy)]
-pub(super) enum Columns<'a> {
-    /// f32, row-major, read in place.
-    F32(&'a [f32]),
-    /// bf16 pairs, each column tile widened into a per-thread panel before
-    /// its register tiles run (exact), and rounded to f16 when `to_f16` (a
-    /// bf16 checkpoint in an f16 model: the values its f32 copy would hold).
-    Pairs { pairs: &'a Pairs, to_f16: bool },
-}
+use crate::kernels::Weight;
 
 /// `x [m, k] · w [n, k]ᵀ` → `[m, n]` in k-blocks of `kc`: bitwise candle's
-/// blocked route on `w`'s f32 values.
+/// blocked route on `w`'s f32 values. An f32 weight is read in place; bf16
+/// pairs (read as they are, or as their f16 roundings) are widened a column
+/// tile at a time into a per-thread panel before its register tiles run.
 ///
 /// # Safety
-/// AVX-512F; `x` holds `m·k` values and `w` `n·k`.
+/// AVX-512F; `x` holds `m·k` values and `w` is `[n, k]`.
 pub(super) unsafe fn matmul_nt(
     x: &[f32],
-    w: Columns<'_>,
+    w: Weight<'_>,
     (m, n, k): (usize, usize, usize),
     kc: usize,
 ) -> Vec<f32> {
@@ -58,65 +50,43 @@ pub(super) unsafe fn matmul_nt(
     // each element of its tile in the first k-block before reading it.
     unsafe {
         match w {
-            Columns::F32(w) => tiles::product(dims, kc, |t, c| {
+            Weight::F32(w) => tiles::product(dims, kc, |t, c| {
                 tiles::by_shape!(kernel, &a, w.as_ptr().add(t.n0 * k), c, t)
             }),
-            Columns::Pairs { pairs, to_f16 } => tiles::product_by_columns(
+            _ => tiles::product_by_columns(
                 dims,
                 kc,
-                |panel: &mut Vec<f32>, n0, nc| widen_columns(pairs, n0..n0 + nc, to_f16, panel),
+                |panel: &mut Vec<f32>, n0, nc| widen_columns(w, k, n0..n0 + nc, panel),
                 |panel, t, c| tiles::by_shape!(kernel, &a, panel.as_ptr(), c, t),
             ),
         }
     }
 }
 
-/// Rows `rows` of the pairs' weight as f32 into `panel` (`k` values per
-/// row): exact, then rounded to f16 (to nearest, ties to even, as
-/// `Precision::F16` rounds a loaded weight) when `to_f16`.
+/// Rows `rows` of weight `w` (`k` values each) as f32 into `panel`, one
+/// after the other, as the single-row kernel reads them ([`load16`],
+/// [`weight_at`]): bf16 pairs widened, and rounded to f16 when read so.
 ///
 /// # Safety
 /// AVX-512F; `rows` lie inside the weight.
 #[target_feature(enable = "avx512f")]
 unsafe fn widen_columns(
-    w: &Pairs,
+    w: Weight<'_>,
+    k: usize,
     rows: std::ops::Range<usize>,
-    to_f16: bool,
     panel: &mut Vec<f32>,
 ) {
-    use std::arch::x86_64::*;
-    let k = w.dims()[1];
-    let per = k.div_ceil(2);
     panel.clear();
     panel.reserve(rows.len() * k);
-    let words = &w.words()[rows.start * per..rows.end * per];
-    for row in words.chunks_exact(per.max(1)).take(rows.len()) {
+    for j in rows {
         let out = panel.spare_capacity_mut().as_mut_ptr() as *mut f32;
         let mut e = 0;
-        // 16 values from 8 words: the halves in memory order (odd, even) per
-        // pair, widened, then each pair swapped.
         while e + 16 <= k {
-            let halves = _mm256_loadu_si256(row.as_ptr().add(e / 2) as *const __m256i);
-            let v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
-            let mut v = _mm512_permute_ps(v, 0xB1);
-            if to_f16 {
-                v = _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
-            }
-            _mm512_storeu_ps(out.add(e), v);
+            std::arch::x86_64::_mm512_storeu_ps(out.add(e), load16(w, j, k, e));
             e += 16;
         }
         for i in e..k {
-            let word = row[i / 2];
-            let v = f32::from_bits(if i % 2 == 0 {
-                word & 0xffff_0000
-            } else {
-                word << 16
-            });
-            *out.add(i) = if to_f16 {
-                half::f16::from_f32(v).to_f32()
-            } else {
-                v
-            };
+            *out.add(i) = weight_at(w, j, k, i);
         }
         // SAFETY: the row's k values were written above.
         panel.set_len(panel.len() + k);

@@ -84,9 +84,9 @@ pub(super) unsafe fn rows_times(x: &[f32], w: Weight<'_>, n: usize, k: usize) ->
 /// conversion of a loaded weight rounds).
 const ROUND_NEAREST: i32 = std::arch::x86_64::_MM_FROUND_TO_NEAREST_INT;
 
-/// Element `e` of weight row `j`.
+/// Element `e` of weight row `j` (also the f32 kernel's panels' tail).
 #[inline(always)]
-fn weight_at(w: Weight<'_>, j: usize, k: usize, e: usize) -> f32 {
+pub(super) fn weight_at(w: Weight<'_>, j: usize, k: usize, e: usize) -> f32 {
     match w {
         Weight::F32(v) => v[j * k + e],
         Weight::Bf16(p) => p.at(j, e),
@@ -94,12 +94,18 @@ fn weight_at(w: Weight<'_>, j: usize, k: usize, e: usize) -> f32 {
     }
 }
 
-/// 16 consecutive values of weight row `j` from element `e` (even).
+/// 16 consecutive values of weight row `j` from element `e` (even); also
+/// what the f32 kernel's panels are widened with.
 ///
 /// # Safety
 /// AVX-512F; the values lie inside the row.
 #[inline(always)]
-unsafe fn load16(w: Weight<'_>, j: usize, k: usize, e: usize) -> std::arch::x86_64::__m512 {
+pub(super) unsafe fn load16(
+    w: Weight<'_>,
+    j: usize,
+    k: usize,
+    e: usize,
+) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
     match w {
         Weight::F32(v) => _mm512_loadu_ps(v.as_ptr().add(j * k + e)),

@@ -39,20 +39,7 @@ pub(super) fn run(plan: &Plan, x: &[f32], w: Weight<'_>) -> Option<Vec<f32>> {
     // the planned shapes.
     unsafe {
         match (plan.kernel(), w) {
-            (Kernel::F32Gemm, w) => {
-                let columns = match w {
-                    Weight::F32(b) => f32_gemm::Columns::F32(b),
-                    Weight::Bf16(pairs) => f32_gemm::Columns::Pairs {
-                        pairs,
-                        to_f16: false,
-                    },
-                    Weight::Bf16InF16(pairs) => f32_gemm::Columns::Pairs {
-                        pairs,
-                        to_f16: true,
-                    },
-                };
-                Some(f32_gemm::matmul_nt(x, columns, (m, n, k), plan.kc()))
-            }
+            (Kernel::F32Gemm, w) => Some(f32_gemm::matmul_nt(x, w, (m, n, k), plan.kc())),
             (Kernel::Bf16Gemm, Weight::Bf16(p)) => bf16_gemm::matmul_nt(x, p, (m, n, k), plan.kc()),
             (Kernel::Bf16Amx, Weight::Bf16(p)) => amx::matmul_nt(x, p, (m, n, k)),
             (Kernel::Gemv, w) => Some(gemv::rows_times(x, w, n, k)),

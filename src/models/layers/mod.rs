@@ -375,25 +375,16 @@ impl Matrix {
 pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Matrix> {
     let rounding = src.product_rounding();
     let caps = kernels::capabilities();
-    let pairs_read = match prec {
-        Precision::Bf16 => caps.keeps_bf16_pairs(),
-        Precision::F32 | Precision::F16 => caps.avx512_gemm(),
+    let (pairs_for, read_here) = match prec {
+        Precision::Bf16 => (PairsFor::Bf16, caps.keeps_bf16_pairs()),
+        Precision::F32 => (PairsFor::F32, caps.avx512_gemm()),
+        Precision::F16 => (PairsFor::F16, caps.avx512_gemm()),
     };
-    if pairs_read {
+    if read_here {
         // Stored in bf16: the pairs straight from the checkpoint's bytes.
         if let Some((dims, words)) = src.bf16_pairs(name)? {
             let m = Matrix::of_pairs(Pairs::from_words(dims, words)?).with_rounding(rounding);
-            return Ok(match prec {
-                Precision::Bf16 => m,
-                Precision::F32 | Precision::F16 => Matrix {
-                    pairs_for: if prec == Precision::F16 {
-                        PairsFor::F16
-                    } else {
-                        PairsFor::F32
-                    },
-                    ..m.with_candle_sums()
-                },
-            });
+            return Ok(Matrix { pairs_for, ..m });
         }
     }
     Ok(Matrix::of_param(param(src, name, prec)?, prec, false)?.with_rounding(rounding))
