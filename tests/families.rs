@@ -53,7 +53,7 @@ impl WeightSource for Recording<'_> {
         self.saw(name);
         self.inner.row_range(name, start, len, prec)
     }
-    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], Vec<u32>)>> {
+    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], hsparity::kernels::Words)>> {
         self.saw(name);
         self.inner.bf16_pairs(name)
     }

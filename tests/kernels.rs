@@ -394,7 +394,7 @@ fn a_candle_sums_matrix_gives_the_bits_of_linear_everywhere() {
 fn refuses_what_it_cannot_compute_exactly() {
     let w = matrix(3, 8, 1, true);
     assert!(pairs_of(&(w.clone() + 1e-3).unwrap()).is_err());
-    assert!(Pairs::from_words([3, 8], vec![0; 11]).is_err());
+    assert!(Pairs::from_words([3, 8], std::sync::Arc::new(vec![0; 11])).is_err());
     assert!(Pairs::of(&[0.0; 5], [2, 3]).is_err());
     let all = every_kernel();
     assert!(
@@ -494,6 +494,34 @@ fn pairs_from_a_bf16_checkpoint_equal_the_loaded_parameter() {
         .find(|n| f32_view.shape(n).is_some_and(|s| s.len() == 2))
         .unwrap();
     assert!(f32_view.bf16_pairs(name).unwrap().is_none(), "{name}");
+}
+
+/// While a sweep holds its sources' pairs (`WeightSource::hold_pairs`), a
+/// weight read again (by the view or a clone: another model of the sweep)
+/// is the words read first, not a second read; once released, or never
+/// held, every read is its own.
+#[test]
+fn held_pairs_are_read_once_until_released() {
+    use hsparity::loading::WeightSource;
+    use std::sync::Arc;
+    let session = bf16_session();
+    let view = &session.paths[0].view;
+    let clone = view.clone();
+    let name = (0..session.spec.num_layers())
+        .flat_map(|l| session.spec.layer_tensor_names(l))
+        .find(|n| view.bf16_pairs(n).unwrap().is_some())
+        .expect("a linear weight stored in bf16");
+    let read = |v: &dyn WeightSource| v.bf16_pairs(&name).unwrap().unwrap().1;
+    let (a, b) = (read(view), read(view));
+    assert!(!Arc::ptr_eq(&a, &b), "read twice without a hold");
+    view.hold_pairs(true);
+    let (c, d) = (read(view), read(&clone));
+    assert!(Arc::ptr_eq(&c, &d), "a held weight was read again");
+    assert_eq!(*c, *a, "the held words are the weight's");
+    view.hold_pairs(false);
+    let e = read(&clone);
+    assert!(!Arc::ptr_eq(&c, &e), "released words handed out again");
+    assert_eq!(*e, *a);
 }
 
 /// A linear weight a bf16 checkpoint stores, loaded for a model computing

@@ -366,6 +366,9 @@ pub fn sweep_together(parts: &mut [Part]) -> Result<Vec<Vec<StepOut>>> {
     }
     let layers = parts.iter().map(|p| p.target.spec.num_layers()).max();
     for l in 0..layers.unwrap_or(0) {
+        // Parts reading the same bf16 bytes (in bf16, f32, f16) read layer
+        // l's pairs once: their sources hold them until every part ran it.
+        let _held = (parts.len() > 1).then(|| HeldPairs::new(parts));
         for (p, pass) in parts.iter_mut().zip(passes.iter_mut()) {
             if l < p.target.spec.num_layers() {
                 let t = p.target;
@@ -381,6 +384,24 @@ pub fn sweep_together(parts: &mut [Part]) -> Result<Vec<Vec<StepOut>>> {
             t.finish(p, pass)
         })
         .collect()
+}
+
+/// The weight sources of a sweep's parts holding the bf16 pairs they hand
+/// out ([`WeightSource::hold_pairs`]) until dropped.
+struct HeldPairs<'a>(Vec<&'a dyn WeightSource>);
+
+impl<'a> HeldPairs<'a> {
+    fn new(parts: &[Part<'a, '_, '_>]) -> Self {
+        let sources: Vec<&'a dyn WeightSource> = parts.iter().map(|p| p.target.weights).collect();
+        sources.iter().for_each(|w| w.hold_pairs(true));
+        Self(sources)
+    }
+}
+
+impl Drop for HeldPairs<'_> {
+    fn drop(&mut self) {
+        self.0.iter().for_each(|w| w.hold_pairs(false));
+    }
 }
 
 /// Refuses capture lists that are not one per step, or that name a layer

@@ -3,17 +3,25 @@
 //! `vdpbf16ps` lane adds the pair's two products in candle's order (the
 //! x86-64 kernel's module docs say why).
 
+use std::sync::Arc;
+
 use rayon::prelude::*;
 
 use crate::error::Result;
 
+/// A bf16 weight's words as [`Pairs`] hold them: shared, so the models that
+/// read one checkpoint tensor in the same sweep (in bf16, f32 and f16; a
+/// layer and its noise shadow) hold one copy of it.
+pub type Words = Arc<Vec<u32>>;
+
 /// A bf16 weight `[N, K]`: per row, its pairs `w[2p] << 16 | w[2p + 1]`
-/// (the last one `w[K−1] << 16` when K is odd), made once per weight.
+/// (the last one `w[K−1] << 16` when K is odd), made once per weight;
+/// clones share the words.
 #[derive(Debug, Clone)]
 pub struct Pairs {
     n: usize,
     k: usize,
-    words: Vec<u32>,
+    words: Words,
 }
 
 fn refused(msg: String) -> crate::error::Error {
@@ -47,13 +55,17 @@ impl Pairs {
                 "bf16 dot-product matmul: a weight value is not a bf16 value".into(),
             ));
         }
-        Ok(Self { n, k, words })
+        Ok(Self {
+            n,
+            k,
+            words: Arc::new(words),
+        })
     }
 
     /// Pairs as a checkpoint's bf16 bytes give them (`WeightSource::bf16_pairs`).
     ///
     /// Errors: `words` does not hold `dims`.
-    pub fn from_words([n, k]: [usize; 2], words: Vec<u32>) -> Result<Self> {
+    pub fn from_words([n, k]: [usize; 2], words: Words) -> Result<Self> {
         if words.len() != n * k.div_ceil(2) {
             return Err(refused(format!(
                 "bf16 pairs: {} words do not hold [{n}, {k}]",

@@ -38,8 +38,12 @@ impl WeightSource for NoiseShadow<'_> {
         self.0.row_range(name, start, len, prec)
     }
 
-    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], Vec<u32>)>> {
+    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
         self.0.bf16_pairs(name)
+    }
+
+    fn hold_pairs(&self, hold: bool) {
+        self.0.hold_pairs(hold)
     }
 
     fn shape(&self, name: &str) -> Option<Vec<usize>> {

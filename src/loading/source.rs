@@ -53,12 +53,21 @@ pub trait WeightSource {
     /// widened and rounded); `None` (the default) when the source cannot,
     /// and the caller loads it with [`Self::tensor_in`] instead. The values
     /// are those `tensor_in(name, Bf16)` gives (so `tensor_in(name, F32)`'s
-    /// widened), and the NaN/Inf scan is the same.
+    /// widened), and the NaN/Inf scan is the same. A source may hand the
+    /// same words to every caller while one still holds them.
     ///
     /// Errors: as [`Self::tensor`].
-    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], Vec<u32>)>> {
+    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
         let _ = name;
         Ok(None)
+    }
+
+    /// From `hold` on until it is turned off, [`Self::bf16_pairs`] keeps
+    /// the words it hands out and hands them out again (a sweep holds one
+    /// layer's reads while the models reading it in bf16, f32 and f16 load
+    /// it); turning it off drops them. The default holds nothing.
+    fn hold_pairs(&self, hold: bool) {
+        let _ = hold;
     }
 
     /// Shape of `name` without loading it, when the source knows it.

@@ -64,10 +64,17 @@ pub struct TensorView {
     /// dtype and held in it (what transformers holds), shared by clones: the
     /// LM head's vocabulary chunks and embedding rows read them.
     made: Arc<Mutex<MadeTensors>>,
+    /// While [`WeightSource::hold_pairs`] is on, the bf16 pairs read, by
+    /// key (shared by clones): the models of one sweep that load a layer in
+    /// bf16, f32 and f16 read its bytes into one set of words.
+    pairs_held: Arc<Mutex<Option<HeldPairs>>>,
 }
 
 /// MISSING tensors as generated, by name and compute dtype.
 type MadeTensors = HashMap<(String, Precision), Tensor>;
+
+/// Pairs handed out while held, by checkpoint key.
+type HeldPairs = HashMap<String, ([usize; 2], crate::kernels::Words)>;
 
 impl TensorView {
     /// A view over `weights` with `(name, origin)` entries in state-dict order.
@@ -81,6 +88,7 @@ impl TensorView {
             device: Device::Cpu,
             non_finite: Arc::default(),
             made: Arc::default(),
+            pairs_held: Arc::default(),
         }
     }
 
@@ -356,8 +364,10 @@ impl WeightSource for TensorView {
 
     /// A bf16 checkpoint key on a CPU view: its pairs from the mapped bytes,
     /// the key's bytes scanned for NaN/Inf (the counts `tensor_in` records
-    /// for an exact dtype). Missing, converted or non-bf16 tensors: `None`.
-    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], Vec<u32>)>> {
+    /// for an exact dtype); while [`WeightSource::hold_pairs`] is on, the
+    /// words read before (by this view or a clone) instead of a new read.
+    /// Missing, converted or non-bf16 tensors: `None`.
+    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
         if !self.device.is_cpu() {
             return Ok(None);
         }
@@ -372,12 +382,29 @@ impl WeightSource for TensorView {
         if !stored_bf16 {
             return Ok(None);
         }
-        Ok(self.weights.load_bf16_pairs(key)?.map(|p| {
-            if !self.scanned(key) {
-                self.record_non_finite(key, p.nan, p.inf);
+        let held = |m: &Option<HeldPairs>| m.as_ref().and_then(|h| h.get(key).cloned());
+        if let Some(hit) = self.pairs_held.lock().ok().and_then(|m| held(&m)) {
+            return Ok(Some(hit));
+        }
+        let Some(p) = self.weights.load_bf16_pairs(key)? else {
+            return Ok(None);
+        };
+        if !self.scanned(key) {
+            self.record_non_finite(key, p.nan, p.inf);
+        }
+        let words = Arc::new(p.words);
+        if let Ok(mut m) = self.pairs_held.lock() {
+            if let Some(h) = m.as_mut() {
+                h.insert(key.to_string(), (p.dims, words.clone()));
             }
-            (p.dims, p.words)
-        }))
+        }
+        Ok(Some((p.dims, words)))
+    }
+
+    fn hold_pairs(&self, hold: bool) {
+        if let Ok(mut m) = self.pairs_held.lock() {
+            *m = hold.then(HashMap::new);
+        }
     }
 
     /// Reads only expert `e`'s bytes: a row of a fused tensor on disk, or the
