@@ -496,6 +496,45 @@ fn pairs_from_a_bf16_checkpoint_equal_the_loaded_parameter() {
     assert!(f32_view.bf16_pairs(name).unwrap().is_none(), "{name}");
 }
 
+/// An LM head's vocabulary chunk read as pairs from a bf16 checkpoint's
+/// bytes (`matrix_rows`, `WeightSource::bf16_pair_rows`) is the chunk of the
+/// whole tensor's pairs, and gives the bits of the chunk loaded and rounded
+/// (`row_range`, `Matrix::of_param`); a range past the last row is refused.
+#[test]
+fn head_chunks_as_pairs_give_the_bits_of_the_loaded_rows() {
+    use hsparity::loading::WeightSource;
+    use hsparity::models::layers::matrix_rows;
+    let session = bf16_session();
+    let view = &session.paths[0].view;
+    let name = "lm_head.weight";
+    let (all_dims, all) = view.bf16_pairs(name).unwrap().expect("a bf16 lm_head");
+    let [v, k] = all_dims;
+    let per_row = k.div_ceil(2);
+    for (start, len) in [(0, 1), (3, 17), (v - 5, 5)] {
+        let (dims, words) = view.bf16_pair_rows(name, start, len).unwrap().unwrap();
+        assert_eq!(dims, [len, k]);
+        assert_eq!(words[..], all[start * per_row..(start + len) * per_row]);
+        let got = matrix_rows(view, name, (start, len), Precision::Bf16).unwrap();
+        let rows = view.row_range(name, start, len, Precision::Bf16).unwrap();
+        let want = Matrix::of_param(rows, Precision::Bf16, true).unwrap();
+        for m in [1, 7, 40] {
+            let x = Precision::Bf16
+                .round(&matrix(m, k, 29 + m as u64, false))
+                .unwrap();
+            let (g, w) = (
+                got.linear(&x, Precision::Bf16),
+                want.linear(&x, Precision::Bf16),
+            );
+            assert!(
+                bits(&g.unwrap()) == bits(&w.unwrap()),
+                "rows {start}+{len}, {m} rows"
+            );
+        }
+    }
+    let e = view.bf16_pair_rows(name, v - 2, 3).unwrap_err().to_string();
+    assert!(e.contains("requested"), "{e}");
+}
+
 /// While a sweep holds its sources' pairs (`WeightSource::hold_pairs`), a
 /// weight read again (by the view or a clone: another model of the sweep)
 /// is the words read first, not a second read; once released, or never

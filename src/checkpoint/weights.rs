@@ -126,12 +126,37 @@ impl Weights {
     ///
     /// Errors: as [`Self::load_f32_rounded`].
     pub fn load_bf16_pairs(&self, name: &str) -> Result<Option<Bf16Pairs>> {
+        let t = self.header(name)?;
+        match t.shape[..] {
+            [n, _] => self.load_bf16_pair_rows(name, 0, n),
+            _ => Ok(None),
+        }
+    }
+
+    /// Rows `start .. start+len` of the 2-D bf16 tensor `name` as
+    /// [`Self::load_bf16_pairs`] gives them (`dims` `[len, K]`, the NaN and
+    /// Inf counts of those rows): an LM head's vocabulary chunk.
+    ///
+    /// Errors: as [`Self::load_f32_rounded`]; a range past the last row.
+    pub fn load_bf16_pair_rows(
+        &self,
+        name: &str,
+        start: usize,
+        len: usize,
+    ) -> Result<Option<Bf16Pairs>> {
         use rayon::prelude::*;
         let t = self.header(name)?;
-        let (&[n, k], Some(Stored::Bf16)) = (&t.shape[..], Stored::of(t)) else {
+        let (&[rows, k], Some(Stored::Bf16)) = (&t.shape[..], Stored::of(t)) else {
             return Ok(None);
         };
-        let src = self.span(t, 0, n * k * 2)?;
+        if start + len > rows {
+            return Err(Error::Checkpoint(format!(
+                "tensor {name}: rows {start}..{} requested, it has {rows}",
+                start + len
+            )));
+        }
+        let (n, b) = (len, start * k * 2);
+        let src = self.span(t, b, b + n * k * 2)?;
         let pairs = k.div_ceil(2);
         let mut words = vec![0u32; n * pairs];
         // bf16 NaN: exponent all ones, mantissa non-zero; Inf: mantissa zero
@@ -167,7 +192,7 @@ impl Weights {
                 (nan, inf)
             })
             .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        self.release(t, 0, n * k * 2);
+        self.release(t, b, n * k * 2);
         Ok(Some(Bf16Pairs {
             dims: [n, k],
             words,

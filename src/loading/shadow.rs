@@ -42,6 +42,15 @@ impl WeightSource for NoiseShadow<'_> {
         self.0.bf16_pairs(name)
     }
 
+    fn bf16_pair_rows(
+        &self,
+        name: &str,
+        start: usize,
+        len: usize,
+    ) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
+        self.0.bf16_pair_rows(name, start, len)
+    }
+
     fn hold_pairs(&self, hold: bool) {
         self.0.hold_pairs(hold)
     }

@@ -62,6 +62,22 @@ pub trait WeightSource {
         Ok(None)
     }
 
+    /// Rows `start .. start+len` of `name` as [`Self::bf16_pairs`] gives the
+    /// whole (`[len, K]`), for an LM head's vocabulary chunk; `None` (the
+    /// default) when the source cannot, and the caller reads
+    /// [`Self::row_range`] instead.
+    ///
+    /// Errors: as [`Self::row_range`].
+    fn bf16_pair_rows(
+        &self,
+        name: &str,
+        start: usize,
+        len: usize,
+    ) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
+        let _ = (name, start, len);
+        Ok(None)
+    }
+
     /// From `hold` on until it is turned off, [`Self::bf16_pairs`] keeps
     /// the words it hands out and hands them out again (a sweep holds one
     /// layer's reads while the models reading it in bf16, f32 and f16 load

@@ -401,6 +401,30 @@ impl WeightSource for TensorView {
         Ok(Some((p.dims, words)))
     }
 
+    /// Rows of a bf16 checkpoint key on a CPU view as pairs from the mapped
+    /// bytes; the whole key is scanned for NaN/Inf from its bytes on the
+    /// first chunk, as [`WeightSource::row_range`] does.
+    fn bf16_pair_rows(
+        &self,
+        name: &str,
+        start: usize,
+        len: usize,
+    ) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
+        if !self.device.is_cpu() {
+            return Ok(None);
+        }
+        let Some(key) = self.key(name)? else {
+            return Ok(None);
+        };
+        let Some(p) = self.weights.load_bf16_pair_rows(key, start, len)? else {
+            return Ok(None);
+        };
+        if start == 0 {
+            self.scan_key_bytes(key)?;
+        }
+        Ok(Some((p.dims, Arc::new(p.words))))
+    }
+
     fn hold_pairs(&self, hold: bool) {
         if let Ok(mut m) = self.pairs_held.lock() {
             *m = hold.then(HashMap::new);

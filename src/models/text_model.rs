@@ -8,7 +8,7 @@ use candle_core::Tensor;
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
 use crate::models::layers::norm::Norm;
-use crate::models::layers::{each_stacked, linear, param, Matrix};
+use crate::models::layers::{each_stacked, linear, matrix_rows, param, Matrix};
 use crate::models::{DecoderLayer, GdnForm, LayerState, Positions, TextModelSpec};
 use crate::precision::Precision;
 
@@ -105,7 +105,6 @@ impl LmHead {
         let all: Vec<&Tensor> = inputs.iter().flat_map(|hs| hs.iter()).collect();
         for_each_vocab_chunk(src, name, prec, |_, w| {
             // Every input against the chunk at once (bitwise each alone).
-            let w = Matrix::of_param(w.clone(), prec, true)?;
             let mut ys =
                 each_stacked(&all, |t| w.rows_batchable(t), |x| w.linear(x, prec))?.into_iter();
             for out in parts.iter_mut() {
@@ -129,16 +128,16 @@ impl LmHead {
 /// Size of one vocabulary chunk of the LM head, in f32 bytes.
 pub const LM_HEAD_CHUNK_BYTES: usize = 64 << 20;
 
-/// Calls `f(start_row, chunk)` for consecutive row chunks of `name` (rounded
-/// to `prec`) of about [`LM_HEAD_CHUNK_BYTES`] each; a source that cannot
-/// tell the shape gives one chunk.
+/// Calls `f(start_row, chunk)` for consecutive row chunks of `name` of
+/// about [`LM_HEAD_CHUNK_BYTES`] each, as [`matrix_rows`] holds them (for
+/// `prec`); a source that cannot tell the shape gives one chunk.
 ///
 /// Errors: the tensor cannot be read; what `f` returns.
 pub fn for_each_vocab_chunk(
     src: &dyn WeightSource,
     name: &str,
     prec: Precision,
-    mut f: impl FnMut(usize, &Tensor) -> Result<()>,
+    mut f: impl FnMut(usize, Matrix) -> Result<()>,
 ) -> Result<()> {
     match src.shape(name) {
         Some(shape) if shape.len() == 2 && shape[0] > 0 => {
@@ -147,13 +146,12 @@ pub fn for_each_vocab_chunk(
             let mut start = 0;
             while start < v {
                 let n = rows.min(v - start);
-                let w = src.row_range(name, start, n, prec)?;
-                f(start, &w)?;
+                f(start, matrix_rows(src, name, (start, n), prec)?)?;
                 start += n;
             }
             Ok(())
         }
-        _ => f(0, &src.tensor_in(name, prec)?),
+        _ => f(0, Matrix::of_param(src.tensor_in(name, prec)?, prec, true)?),
     }
 }
 

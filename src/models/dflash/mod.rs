@@ -341,7 +341,7 @@ impl Drafter {
             |_, w| {
                 // The chunk as bf16 pairs for the bf16 kernel where it
                 // applies; candle's sums on every CPU.
-                let w = Matrix::of_param(w.clone(), head_prec, true)?.with_candle_sums();
+                let w = w.with_candle_sums();
                 for ((d, y), p) in each.iter().zip(parts.iter_mut()) {
                     p.push(w.linear(y, d.prec)?);
                 }

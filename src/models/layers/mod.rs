@@ -390,6 +390,28 @@ pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Mat
     Ok(Matrix::of_param(param(src, name, prec)?, prec, false)?.with_rounding(rounding))
 }
 
+/// Rows `start .. start+len` of the 2-D weight `name` (an LM head's
+/// vocabulary chunk) as a short-lived [`Matrix`]: a model computing in bf16
+/// on a CPU whose bf16 kernel reads pairs takes them straight from the
+/// checkpoint's bf16 bytes (`WeightSource::bf16_pair_rows`: the pairs
+/// [`Matrix::of_param`] makes of the loaded rows, without the f32 rows);
+/// otherwise the rows rounded to `prec` as [`Matrix::of_param`] keeps them.
+///
+/// Errors: the rows cannot be read.
+pub fn matrix_rows(
+    src: &dyn WeightSource,
+    name: &str,
+    (start, len): (usize, usize),
+    prec: Precision,
+) -> Result<Matrix> {
+    if prec == Precision::Bf16 && kernels::capabilities().keeps_bf16_pairs() {
+        if let Some((dims, words)) = src.bf16_pair_rows(name, start, len)? {
+            return Ok(Matrix::of_pairs(Pairs::from_words(dims, words)?));
+        }
+    }
+    Matrix::of_param(src.row_range(name, start, len, prec)?, prec, true)
+}
+
 /// `f` on each of the independent inputs `xs` (`[T_j, ·]` each), bit for
 /// bit what `f(xs[j])` gives: the inputs whose row counts `eligible` accepts
 /// (an `f` whose output rows then do not depend on the other rows, e.g.
