@@ -260,6 +260,17 @@ fn targets_swept_together_give_each_the_bits_of_its_own_sweep() {
         },
     ];
     let got = teacher_forced_together(&jobs).unwrap();
+    // The layers' pairs were held for the sweep only: read again now, a
+    // weight is a new read each time.
+    let name = (0..dense.spec.num_layers())
+        .flat_map(|l| dense.spec.layer_tensor_names(l))
+        .find(|n| view.bf16_pairs(n).unwrap().is_some())
+        .expect("a linear weight stored in bf16");
+    let read = || view.bf16_pairs(&name).unwrap().unwrap().1;
+    assert!(
+        !std::sync::Arc::ptr_eq(&read(), &read()),
+        "pairs still held after the sweep"
+    );
     let (bits, same) = (bits_of, same_outputs);
     let n = ds.len();
     same(

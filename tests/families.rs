@@ -57,6 +57,18 @@ impl WeightSource for Recording<'_> {
         self.saw(name);
         self.inner.bf16_pairs(name)
     }
+    fn bf16_pair_rows(
+        &self,
+        name: &str,
+        start: usize,
+        len: usize,
+    ) -> Result<Option<([usize; 2], hsparity::kernels::Words)>> {
+        self.saw(name);
+        self.inner.bf16_pair_rows(name, start, len)
+    }
+    fn hold_pairs(&self, hold: bool) {
+        self.inner.hold_pairs(hold)
+    }
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
         self.saw(name);
         self.inner.shape(name)

@@ -496,6 +496,56 @@ fn pairs_from_a_bf16_checkpoint_equal_the_loaded_parameter() {
     assert!(f32_view.bf16_pairs(name).unwrap().is_none(), "{name}");
 }
 
+/// A bf16 weight in a model computing in f32 or f16, on the single-row
+/// route (decode steps, each row its own product): `Matrix` on the weight's
+/// pairs gives the bits `linear` gives row by row on the parameter such a
+/// model loads (the values widened, and rounded to f16 for f16): weights
+/// below f16's normal range (scale 2⁻¹⁶: rounding them to f16 changes them)
+/// and sums past its largest value (scale 512: they round to infinity)
+/// included.
+#[test]
+fn bf16_pairs_in_f32_or_f16_give_linears_bits_row_by_row() {
+    use hsparity::kernels::Words;
+    use hsparity::loading::WeightSource;
+    struct Held(Tensor);
+    impl WeightSource for Held {
+        fn tensor(&self, _: &str) -> hsparity::error::Result<Tensor> {
+            Ok(self.0.clone())
+        }
+        fn identity(&self, name: &str) -> String {
+            format!("test:{name}")
+        }
+        fn bf16_pairs(&self, _: &str) -> hsparity::error::Result<Option<([usize; 2], Words)>> {
+            let p = pairs_of(&self.0)?;
+            Ok(Some((p.dims(), std::sync::Arc::new(p.words().to_vec()))))
+        }
+    }
+    let (n, k) = (300, 1069);
+    let mut overflowed = false;
+    for scale in [1.0, 2f64.powi(-16), 512.0] {
+        let w = (matrix(n, k, 5, true) * scale).unwrap();
+        let src = Held(w.clone());
+        for prec in [Precision::F32, Precision::F16] {
+            let held = hsparity::models::layers::matrix(&src, "w", prec).unwrap();
+            let param = prec.round(&w).unwrap();
+            for s in [1, 5] {
+                let x = prec.round(&matrix(s, k, 40 + s as u64, false)).unwrap();
+                let got = held.linear_each_row(&x, prec).unwrap();
+                for r in 0..s {
+                    let want = linear(&x.narrow(0, r, 1).unwrap(), &param, prec).unwrap();
+                    let row = got.narrow(0, r, 1).unwrap();
+                    assert!(
+                        bits(&row) == bits(&want),
+                        "scale {scale} {prec:?}, row {r} of {s}"
+                    );
+                    overflowed |= bits(&want).iter().any(|b| f32::from_bits(*b).is_infinite());
+                }
+            }
+        }
+    }
+    assert!(overflowed, "no sum went past f16's range");
+}
+
 /// An LM head's vocabulary chunk read as pairs from a bf16 checkpoint's
 /// bytes (`matrix_rows`, `WeightSource::bf16_pair_rows`) is the chunk of the
 /// whole tensor's pairs, and gives the bits of the chunk loaded and rounded

@@ -6,6 +6,7 @@
 //! Loading copies the bytes into an owned CPU tensor (candle has no zero-copy
 //! CPU storage), converting to f32 on the way when asked.
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device, Tensor};
@@ -21,13 +22,28 @@ use crate::precision::Precision;
 pub struct Weights {
     index: Arc<HeaderIndex>,
     maps: Vec<OnceLock<Mmap>>,
+    /// While [`Self::hold_pairs`] is on, the bf16 pairs read, by key.
+    held: std::sync::Mutex<Option<HashMap<String, Bf16Pairs>>>,
 }
 
 impl Weights {
     /// A handle over the shards described by `index`. Maps nothing yet.
     pub fn new(index: Arc<HeaderIndex>) -> Self {
         let maps = (0..index.shards.len()).map(|_| OnceLock::new()).collect();
-        Weights { index, maps }
+        Weights {
+            index,
+            maps,
+            held: Default::default(),
+        }
+    }
+
+    /// From `hold` on until it is turned off, [`Self::load_bf16_pairs`]
+    /// keeps what it reads and hands it out again: the models of one sweep
+    /// (any loading path over these shards, any dtype) read a layer's bytes
+    /// once. Turning it off drops what was kept.
+    pub fn hold_pairs(&self, hold: bool) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        *held = hold.then(HashMap::new);
     }
 
     /// The header index these weights follow.
@@ -127,10 +143,21 @@ impl Weights {
     /// Errors: as [`Self::load_f32_rounded`].
     pub fn load_bf16_pairs(&self, name: &str) -> Result<Option<Bf16Pairs>> {
         let t = self.header(name)?;
-        match t.shape[..] {
-            [n, _] => self.load_bf16_pair_rows(name, 0, n),
-            _ => Ok(None),
+        let [n, _] = t.shape[..] else {
+            return Ok(None);
+        };
+        let kept = |h: &Option<HashMap<String, Bf16Pairs>>| h.as_ref()?.get(name).cloned();
+        if let Some(p) = kept(&self.held.lock().unwrap_or_else(|e| e.into_inner())) {
+            return Ok(Some(p));
         }
+        let p = self.load_bf16_pair_rows(name, 0, n)?;
+        if let (Some(p), Some(h)) = (
+            &p,
+            self.held.lock().unwrap_or_else(|e| e.into_inner()).as_mut(),
+        ) {
+            h.insert(name.to_string(), p.clone());
+        }
+        Ok(p)
     }
 
     /// Rows `start .. start+len` of the 2-D bf16 tensor `name` as
@@ -149,7 +176,7 @@ impl Weights {
         let (&[rows, k], Some(Stored::Bf16)) = (&t.shape[..], Stored::of(t)) else {
             return Ok(None);
         };
-        if start + len > rows {
+        if start.checked_add(len).is_none_or(|end| end > rows) {
             return Err(Error::Checkpoint(format!(
                 "tensor {name}: rows {start}..{} requested, it has {rows}",
                 start + len
@@ -195,7 +222,7 @@ impl Weights {
         self.release(t, b, n * k * 2);
         Ok(Some(Bf16Pairs {
             dims: [n, k],
-            words,
+            words: Arc::new(words),
             nan,
             inf,
         }))
@@ -398,7 +425,7 @@ pub struct Bf16Pairs {
     /// `[N, K]`.
     pub dims: [usize; 2],
     /// Per row, `w[2p] << 16 | w[2p + 1]` (`w[K−1] << 16` last when K is odd).
-    pub words: Vec<u32>,
+    pub words: crate::kernels::Words,
     /// NaN values in the tensor.
     pub nan: usize,
     /// Inf values in the tensor.

@@ -64,17 +64,10 @@ pub struct TensorView {
     /// dtype and held in it (what transformers holds), shared by clones: the
     /// LM head's vocabulary chunks and embedding rows read them.
     made: Arc<Mutex<MadeTensors>>,
-    /// While [`WeightSource::hold_pairs`] is on, the bf16 pairs read, by
-    /// key (shared by clones): the models of one sweep that load a layer in
-    /// bf16, f32 and f16 read its bytes into one set of words.
-    pairs_held: Arc<Mutex<Option<HeldPairs>>>,
 }
 
 /// MISSING tensors as generated, by name and compute dtype.
 type MadeTensors = HashMap<(String, Precision), Tensor>;
-
-/// Pairs handed out while held, by checkpoint key.
-type HeldPairs = HashMap<String, ([usize; 2], crate::kernels::Words)>;
 
 impl TensorView {
     /// A view over `weights` with `(name, origin)` entries in state-dict order.
@@ -88,7 +81,6 @@ impl TensorView {
             device: Device::Cpu,
             non_finite: Arc::default(),
             made: Arc::default(),
-            pairs_held: Arc::default(),
         }
     }
 
@@ -365,8 +357,8 @@ impl WeightSource for TensorView {
     /// A bf16 checkpoint key on a CPU view: its pairs from the mapped bytes,
     /// the key's bytes scanned for NaN/Inf (the counts `tensor_in` records
     /// for an exact dtype); while [`WeightSource::hold_pairs`] is on, the
-    /// words read before (by this view or a clone) instead of a new read.
-    /// Missing, converted or non-bf16 tensors: `None`.
+    /// words read before (by any view over the same shards) instead of a
+    /// new read. Missing, converted or non-bf16 tensors: `None`.
     fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
         if !self.device.is_cpu() {
             return Ok(None);
@@ -382,23 +374,13 @@ impl WeightSource for TensorView {
         if !stored_bf16 {
             return Ok(None);
         }
-        let held = |m: &Option<HeldPairs>| m.as_ref().and_then(|h| h.get(key).cloned());
-        if let Some(hit) = self.pairs_held.lock().ok().and_then(|m| held(&m)) {
-            return Ok(Some(hit));
-        }
         let Some(p) = self.weights.load_bf16_pairs(key)? else {
             return Ok(None);
         };
         if !self.scanned(key) {
             self.record_non_finite(key, p.nan, p.inf);
         }
-        let words = Arc::new(p.words);
-        if let Ok(mut m) = self.pairs_held.lock() {
-            if let Some(h) = m.as_mut() {
-                h.insert(key.to_string(), (p.dims, words.clone()));
-            }
-        }
-        Ok(Some((p.dims, words)))
+        Ok(Some((p.dims, p.words)))
     }
 
     /// Rows of a bf16 checkpoint key on a CPU view as pairs from the mapped
@@ -422,13 +404,11 @@ impl WeightSource for TensorView {
         if start == 0 {
             self.scan_key_bytes(key)?;
         }
-        Ok(Some((p.dims, Arc::new(p.words))))
+        Ok(Some((p.dims, p.words)))
     }
 
     fn hold_pairs(&self, hold: bool) {
-        if let Ok(mut m) = self.pairs_held.lock() {
-            *m = hold.then(HashMap::new);
-        }
+        self.weights.hold_pairs(hold);
     }
 
     /// Reads only expert `e`'s bytes: a row of a fused tensor on disk, or the
