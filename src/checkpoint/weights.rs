@@ -179,7 +179,7 @@ impl Weights {
         if start.checked_add(len).is_none_or(|end| end > rows) {
             return Err(Error::Checkpoint(format!(
                 "tensor {name}: rows {start}..{} requested, it has {rows}",
-                start + len
+                start.saturating_add(len)
             )));
         }
         let (n, b) = (len, start * k * 2);

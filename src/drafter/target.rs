@@ -367,7 +367,7 @@ pub fn sweep_together(parts: &mut [Part]) -> Result<Vec<Vec<StepOut>>> {
     let layers = parts.iter().map(|p| p.target.spec.num_layers()).max();
     for l in 0..layers.unwrap_or(0) {
         // Parts reading the same bf16 bytes (in bf16, f32, f16) read layer
-        // l's pairs once: their sources hold them until every part ran it.
+        // l's pairs once: the shards hold them until every part ran it.
         let _held = (parts.len() > 1).then(|| HeldPairs::new(parts));
         for (p, pass) in parts.iter_mut().zip(passes.iter_mut()) {
             if l < p.target.spec.num_layers() {
