@@ -53,7 +53,7 @@ impl WeightSource for Recording<'_> {
         self.saw(name);
         self.inner.row_range(name, start, len, prec)
     }
-    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], hsparity::kernels::Words)>> {
+    fn bf16_pairs(&self, name: &str) -> Result<hsparity::loading::PairWords> {
         self.saw(name);
         self.inner.bf16_pairs(name)
     }
@@ -62,7 +62,7 @@ impl WeightSource for Recording<'_> {
         name: &str,
         start: usize,
         len: usize,
-    ) -> Result<Option<([usize; 2], hsparity::kernels::Words)>> {
+    ) -> Result<hsparity::loading::PairWords> {
         self.saw(name);
         self.inner.bf16_pair_rows(name, start, len)
     }

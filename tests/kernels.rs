@@ -505,7 +505,6 @@ fn pairs_from_a_bf16_checkpoint_equal_the_loaded_parameter() {
 /// included.
 #[test]
 fn bf16_pairs_in_f32_or_f16_give_linears_bits_row_by_row() {
-    use hsparity::kernels::Words;
     use hsparity::loading::WeightSource;
     struct Held(Tensor);
     impl WeightSource for Held {
@@ -515,7 +514,7 @@ fn bf16_pairs_in_f32_or_f16_give_linears_bits_row_by_row() {
         fn identity(&self, name: &str) -> String {
             format!("test:{name}")
         }
-        fn bf16_pairs(&self, _: &str) -> hsparity::error::Result<Option<([usize; 2], Words)>> {
+        fn bf16_pairs(&self, _: &str) -> hsparity::error::Result<hsparity::loading::PairWords> {
             let p = pairs_of(&self.0)?;
             Ok(Some((p.dims(), std::sync::Arc::new(p.words().to_vec()))))
         }

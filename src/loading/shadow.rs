@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use super::WeightSource;
+use super::{PairWords, WeightSource};
 use crate::error::Result;
 use crate::precision::{Precision, ProductRounding};
 
@@ -38,16 +38,11 @@ impl WeightSource for NoiseShadow<'_> {
         self.0.row_range(name, start, len, prec)
     }
 
-    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
+    fn bf16_pairs(&self, name: &str) -> Result<PairWords> {
         self.0.bf16_pairs(name)
     }
 
-    fn bf16_pair_rows(
-        &self,
-        name: &str,
-        start: usize,
-        len: usize,
-    ) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
+    fn bf16_pair_rows(&self, name: &str, start: usize, len: usize) -> Result<PairWords> {
         self.0.bf16_pair_rows(name, start, len)
     }
 

@@ -7,6 +7,10 @@ use candle_core::Tensor;
 use crate::error::Result;
 use crate::precision::{Precision, ProductRounding};
 
+/// A bf16 weight as a source hands out its pairs: `[N, K]` and the words
+/// ([`crate::kernels::Pairs::from_words`]); `None` where the source cannot.
+pub type PairWords = Option<([usize; 2], crate::kernels::Words)>;
+
 /// Where a model gets its weights. Names are relative to the text model, the
 /// way `Qwen3_5TextModel` and `Qwen3_5ForCausalLM` see them after the loading
 /// path's renames: `embed_tokens.weight`, `layers.{i}.…`, `norm.weight`, and
@@ -57,7 +61,7 @@ pub trait WeightSource {
     /// same words to every caller while one still holds them.
     ///
     /// Errors: as [`Self::tensor`].
-    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
+    fn bf16_pairs(&self, name: &str) -> Result<PairWords> {
         let _ = name;
         Ok(None)
     }
@@ -68,12 +72,7 @@ pub trait WeightSource {
     /// [`Self::row_range`] instead.
     ///
     /// Errors: as [`Self::row_range`].
-    fn bf16_pair_rows(
-        &self,
-        name: &str,
-        start: usize,
-        len: usize,
-    ) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
+    fn bf16_pair_rows(&self, name: &str, start: usize, len: usize) -> Result<PairWords> {
         let _ = (name, start, len);
         Ok(None)
     }

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::loading::experts::{self, FusedParam};
 use crate::loading::init::{init_tensor, init_tensor_in};
 use crate::loading::spec::InitRule;
-use crate::loading::WeightSource;
+use crate::loading::{PairWords, WeightSource};
 use crate::precision::Precision;
 
 /// Where a model parameter's values come from on one loading path.
@@ -359,7 +359,7 @@ impl WeightSource for TensorView {
     /// for an exact dtype); while [`WeightSource::hold_pairs`] is on, the
     /// words read before (by any view over the same shards) instead of a
     /// new read. Missing, converted or non-bf16 tensors: `None`.
-    fn bf16_pairs(&self, name: &str) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
+    fn bf16_pairs(&self, name: &str) -> Result<PairWords> {
         if !self.device.is_cpu() {
             return Ok(None);
         }
@@ -386,12 +386,7 @@ impl WeightSource for TensorView {
     /// Rows of a bf16 checkpoint key on a CPU view as pairs from the mapped
     /// bytes; the whole key is scanned for NaN/Inf from its bytes on the
     /// first chunk, as [`WeightSource::row_range`] does.
-    fn bf16_pair_rows(
-        &self,
-        name: &str,
-        start: usize,
-        len: usize,
-    ) -> Result<Option<([usize; 2], crate::kernels::Words)>> {
+    fn bf16_pair_rows(&self, name: &str, start: usize, len: usize) -> Result<PairWords> {
         if !self.device.is_cpu() {
             return Ok(None);
         }
