@@ -10,8 +10,8 @@ use rayon::prelude::*;
 use crate::error::Result;
 
 /// A bf16 weight's words as [`Pairs`] hold them: shared, so the models that
-/// read one checkpoint tensor in the same sweep (in bf16, f32 and f16; a
-/// layer and its noise shadow) hold one copy of it.
+/// read one checkpoint tensor in the same sweep (in bf16, f32 and f16, on
+/// any loading path) hold one copy of it.
 pub type Words = Arc<Vec<u32>>;
 
 /// A bf16 weight `[N, K]`: per row, its pairs `w[2p] << 16 | w[2p + 1]`
