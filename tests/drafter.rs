@@ -266,7 +266,11 @@ fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
     );
 
     // Tie only at the top level and no lm_head.weight: causal-lm gets a random
-    // lm_head, image-text-to-text ties it to the embedding -> τ differs.
+    // lm_head, image-text-to-text ties it to the embedding -> τ differs. How
+    // much depends on the random draw (the toy drafter collapses to τ ≈ 1.1
+    // under either head; seeds 0-9 give gaps of 0.003 to 1.5), so the limit
+    // is 0: any gap at all is beyond it, and no draw makes two heads agree on
+    // every draft of 15 prompts.
     let tmp = tempfile::tempdir().unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join(PAIR)
@@ -299,6 +303,8 @@ fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
             &format!("{PAIR}/prompts.jsonl"),
             "--seed",
             "0",
+            "--max-tau-gap",
+            "0",
             "--json",
             "-q",
         ])
@@ -311,8 +317,16 @@ fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(v["tau_gap"].as_f64().unwrap() > 0.05);
+    assert!(v["tau_gap"].as_f64().unwrap() > 0.0);
     assert_eq!(v["verdict"], "fail");
+    let summary = v["summary"].as_str().unwrap();
+    // Two findings, each failing on its own: the random head, and the gap
+    // beyond the limit.
+    assert!(
+        summary.contains("1 MISSING tensor (randomly initialised: lm_head.weight)"),
+        "{summary}"
+    );
+    assert!(summary.contains("beyond ±0,"), "{summary}");
     gap_carries_its_interval(&v, 0);
     // Different lm_heads: nothing is shared, and the cross run (causal-lm's
     // features and random lm_head on image-text-to-text's trajectory) is
@@ -365,14 +379,20 @@ fn gap_carries_its_interval(v: &Value, seed: u64) {
         )) && summary.contains(&format!(", 95% {}, ", want.describe())),
         "{summary}"
     );
-    // The reading a gate reads: the interval excludes 0 here.
-    assert!(!want.contains_zero);
-    assert_eq!(g["reading"], "distinguishable");
-    assert!(
-        summary.contains(" beyond ±0.05, ")
-            && summary.contains("distinguishable: the interval excludes 0;"),
-        "{summary}"
-    );
+    // The reading a gate reads follows the reference interval: whether it
+    // excludes 0 depends on the random draw, what is read from it does not.
+    let (reading, words) = match want.contains_zero {
+        true => (
+            "not_distinguishable",
+            "not distinguishable with 15 prompts (more prompts tell);",
+        ),
+        false => (
+            "distinguishable",
+            "distinguishable: the interval excludes 0;",
+        ),
+    };
+    assert_eq!(g["reading"], reading);
+    assert!(summary.contains(words), "{summary}");
 }
 
 #[test]

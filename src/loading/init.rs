@@ -3,10 +3,10 @@
 //! directly, random rules from a counter-based generator so that any slice
 //! of a tensor can be filled on its own, in parallel, in its storage dtype.
 //!
-//! The random values are hsparity's own (splitmix64 + Box-Muller), not
-//! torch's `normal_` stream: what a MISSING tensor emulates is the rule and
-//! scale of transformers' `_init_weights`, and the run is reproducible
-//! under `--seed`.
+//! The random values are hsparity's own (splitmix64; normals by Box-Muller
+//! in f32, both values of each pair), not torch's `normal_` stream: what a
+//! MISSING tensor emulates is the rule and scale of transformers'
+//! `_init_weights`, and the run is reproducible under `--seed`.
 
 use candle_core::{Device, Tensor};
 
@@ -16,7 +16,7 @@ use crate::precision::Precision;
 
 /// Values for a missing tensor: constant rules directly; random rules from a
 /// generator seeded by `seed` and the FNV-1a hash of `name` (splitmix64,
-/// Box-Muller for normals). The same values as [`init_tensor_in`] at f32.
+/// Box-Muller pairs in f32 for normals). The same values as [`init_tensor_in`] at f32.
 ///
 /// Errors: a random rule without a seed ([`Error::Checkpoint`]).
 pub fn init_tensor(
@@ -97,29 +97,50 @@ impl InitGenerator {
         ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
 
-    /// Element `i` in f32: a normal takes draws 2i+1 and 2i+2 (Box-Muller),
-    /// a log-uniform draw i+1.
+    /// Element `i` in f32 of a rule other than a normal: a log-uniform
+    /// takes draw i+1.
     fn value(&self, i: u64) -> f32 {
         match self.init {
-            InitRule::Normal { std } => {
-                let (u1, u2) = (self.uniform(2 * i + 1), self.uniform(2 * i + 2));
-                ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
-            }
+            InitRule::Normal { std } => self.normal_pair(i / 2, std)[(i % 2) as usize],
             InitRule::LogUniform { lo, hi } => (lo + self.uniform(i + 1) * (hi - lo)).ln() as f32,
             InitRule::Zeros => 0.0,
             InitRule::Ones => 1.0,
         }
     }
 
+    /// Elements 2j and 2j+1 of a normal rule: one Box-Muller pair in f32 from
+    /// draws 2j+1 and 2j+2, `r = std·√(−2 ln u₁)`, `θ = 2π u₂`, giving
+    /// `r cos θ` and `r sin θ` (one logarithm per two values).
+    fn normal_pair(&self, j: u64, std: f64) -> [f32; 2] {
+        let (u1, u2) = (
+            self.uniform(2 * j + 1) as f32,
+            self.uniform(2 * j + 2) as f32,
+        );
+        let r = (-2.0 * u1.ln()).sqrt() * std as f32;
+        let (sin, cos) = (std::f32::consts::TAU * u2).sin_cos();
+        [r * cos, r * sin]
+    }
+
     /// Elements `0..n`, each stored as `cast` of its f32 value.
     fn fill<T: Copy + Default + Send>(&self, n: usize, cast: impl Fn(f32) -> T + Sync) -> Vec<T> {
         use rayon::prelude::*;
+        // Even, so that no normal pair straddles two chunks.
         const CHUNK: usize = 1 << 16;
         let mut v = vec![T::default(); n];
         v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
             let first = (c * CHUNK) as u64;
-            for (j, x) in out.iter_mut().enumerate() {
-                *x = cast(self.value(first + j as u64));
+            match self.init {
+                InitRule::Normal { std } => {
+                    for (p, two) in out.chunks_mut(2).enumerate() {
+                        let pair = self.normal_pair(first / 2 + p as u64, std);
+                        two.iter_mut().zip(pair).for_each(|(x, y)| *x = cast(y));
+                    }
+                }
+                _ => {
+                    for (j, x) in out.iter_mut().enumerate() {
+                        *x = cast(self.value(first + j as u64));
+                    }
+                }
             }
         });
         v
@@ -147,17 +168,22 @@ mod tests {
             z ^= z >> 31;
             ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
         };
-        (0..n)
-            .map(|_| match init {
+        let mut out = Vec::with_capacity(n + 1);
+        while out.len() < n {
+            match init {
                 InitRule::Normal { std } => {
-                    let (u1, u2) = (next(), next());
-                    ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
+                    let (u1, u2) = (next() as f32, next() as f32);
+                    let r = (-2.0 * u1.ln()).sqrt() * std as f32;
+                    let theta = 2.0 * std::f32::consts::PI * u2;
+                    out.extend([r * theta.cos(), r * theta.sin()]);
                 }
-                InitRule::LogUniform { lo, hi } => (lo + next() * (hi - lo)).ln() as f32,
-                InitRule::Zeros => 0.0,
-                InitRule::Ones => 1.0,
-            })
-            .collect()
+                InitRule::LogUniform { lo, hi } => out.push((lo + next() * (hi - lo)).ln() as f32),
+                InitRule::Zeros => out.push(0.0),
+                InitRule::Ones => out.push(1.0),
+            }
+        }
+        out.truncate(n);
+        out
     }
 
     #[test]
@@ -179,6 +205,29 @@ mod tests {
                 .all(|(a, b)| a.to_bits() == b.to_bits()));
             assert!(got.iter().any(|x| *x != got[0]), "{init}: not constant");
         }
+    }
+
+    /// A normal rule's values have its mean and standard deviation, and the
+    /// two values of a Box-Muller pair are uncorrelated (bounds of about six
+    /// standard errors over 2²⁰ values).
+    #[test]
+    fn normal_values_have_the_rules_moments_and_pairs_are_uncorrelated() {
+        let (n, std) = (1usize << 20, 0.02f64);
+        let x = init_tensor("w", InitRule::Normal { std }, &[n], Some(11))
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let z: Vec<f64> = x.iter().map(|&v| f64::from(v) / std).collect();
+        let mean = z.iter().sum::<f64>() / n as f64;
+        let var = z.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+        let corr = z.chunks(2).map(|p| p[0] * p[1]).sum::<f64>() / (n / 2) as f64;
+        let se = 1.0 / (n as f64).sqrt();
+        assert!(mean.abs() < 6.0 * se, "mean {mean}");
+        assert!((var - 1.0).abs() < 6.0 * 2f64.sqrt() * se, "variance {var}");
+        assert!(
+            corr.abs() < 6.0 * 2f64.sqrt() * se,
+            "pair correlation {corr}"
+        );
     }
 
     #[test]
