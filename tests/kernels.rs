@@ -612,6 +612,56 @@ fn held_pairs_are_read_once_until_released() {
     assert_eq!(*e, *a);
 }
 
+/// A resident copy (the drafter's and triage's memory plan when the target
+/// fits) hands out the pairs of every 2-D weight it holds in bf16, whole and
+/// by rows, as the mapped checkpoint does, word for word, without widening;
+/// a weight it holds in another dtype, or does not hold, gives none. And
+/// the words made from bf16 values are those made from the same values
+/// widened, for odd rows too.
+#[test]
+fn resident_pairs_are_the_checkpoints_words() {
+    use hsparity::loading::resident::Resident;
+    use hsparity::loading::WeightSource;
+    let session = bf16_session();
+    let view = &session.paths[0].view;
+    let resident = Resident::load(view, view.names()).unwrap();
+    let mut checked = 0;
+    for name in view.names() {
+        let Some((dims, want)) = view.bf16_pairs(name).unwrap() else {
+            assert!(
+                resident.bf16_pairs(name).unwrap().is_none(),
+                "{name}: pairs where the checkpoint gives none"
+            );
+            continue;
+        };
+        let (got_dims, got) = resident.bf16_pairs(name).unwrap().expect(name);
+        assert_eq!((got_dims, &*got), (dims, &*want), "{name}");
+        let rows = dims[0] / 2;
+        let (_, want) = view.bf16_pair_rows(name, 1, rows).unwrap().unwrap();
+        let (_, got) = resident.bf16_pair_rows(name, 1, rows).unwrap().unwrap();
+        assert_eq!(*got, *want, "{name}: rows 1..{}", 1 + rows);
+        checked += 1;
+    }
+    assert!(checked >= 10, "{checked} bf16 weights");
+    let f32_session = hsparity::session::Session::open(
+        &common::target("fixtures/tiny-qwen3_5", None),
+        &[hsparity::loading::LoadingPath::CausalLm],
+    )
+    .unwrap();
+    let f32_view = &f32_session.paths[0].view;
+    let f32_resident = Resident::load(f32_view, f32_view.names()).unwrap();
+    assert!(f32_view
+        .names()
+        .iter()
+        .all(|n| f32_resident.bf16_pairs(n).unwrap().is_none()));
+    for (n, k) in [(3, 7), (2, 1), (4, 64)] {
+        let x = values(&matrix(n, k, 5 + k as u64, true));
+        let bf: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let words = Pairs::words_of_bf16(&bf, [n, k]).unwrap();
+        assert_eq!(*words, Pairs::of(&x, [n, k]).unwrap().words(), "[{n}, {k}]");
+    }
+}
+
 /// A linear weight a bf16 checkpoint stores, loaded for a model computing
 /// in f32 or f16 (`matrix`: its pairs, read by the f32 kernel), gives
 /// `linear`'s bits on the parameter that model loads (`tensor_in`), on the

@@ -62,6 +62,32 @@ impl Pairs {
         })
     }
 
+    /// The words of a row-major `[n, k]` bf16 weight held as bf16 (a
+    /// resident copy in the stored dtype), rows in parallel: the pairs
+    /// [`Pairs::of`] makes of the same values widened, without widening.
+    ///
+    /// Errors: `values` does not hold `[n, k]`.
+    pub fn words_of_bf16(values: &[half::bf16], [n, k]: [usize; 2]) -> Result<Words> {
+        if values.len() != n * k {
+            return Err(refused(format!(
+                "bf16 pairs: {} values do not hold [{n}, {k}]",
+                values.len()
+            )));
+        }
+        let pairs = k.div_ceil(2);
+        let mut words = vec![0u32; n * pairs];
+        words
+            .par_chunks_mut(pairs.max(1))
+            .zip(values.par_chunks(k.max(1)))
+            .for_each(|(out, row)| {
+                for (o, two) in out.iter_mut().zip(row.chunks(2)) {
+                    let lo = two.get(1).map_or(0, |v| u32::from(v.to_bits()));
+                    *o = u32::from(two[0].to_bits()) << 16 | lo;
+                }
+            });
+        Ok(Arc::new(words))
+    }
+
     /// Pairs as a checkpoint's bf16 bytes give them (`WeightSource::bf16_pairs`).
     ///
     /// Errors: `words` does not hold `dims`.

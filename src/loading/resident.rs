@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use candle_core::{DType, Tensor};
 
 use crate::error::Result;
-use crate::loading::{select_rows, TensorView, WeightSource};
+use crate::kernels::Pairs;
+use crate::loading::{select_rows, PairWords, TensorView, WeightSource};
 use crate::precision::Precision;
 
 /// The stored-dtype tensors of one view, loaded once.
@@ -75,6 +76,21 @@ impl Resident {
         self.bytes
     }
 
+    /// The pairs of `t` when it is a 2-D bf16 tensor on the CPU.
+    fn pairs_of(t: &Tensor) -> Result<PairWords> {
+        let (&[n, k], DType::BF16, true) = (t.dims(), t.dtype(), t.device().is_cpu()) else {
+            return Ok(None);
+        };
+        let t = t.contiguous()?;
+        let (storage, layout) = t.storage_and_layout();
+        let (candle_core::Storage::Cpu(candle_core::CpuStorage::BF16(v)), Some((s, e))) =
+            (&*storage, layout.contiguous_offsets())
+        else {
+            return Ok(None);
+        };
+        Ok(Some(([n, k], Pairs::words_of_bf16(&v[s..e], [n, k])?)))
+    }
+
     /// `t` (stored dtype) as f32 rounded to `prec`: exact widening, then the
     /// rounding `Precision::round` does unless it is the identity.
     fn widen(t: &Tensor, prec: Precision) -> Result<Tensor> {
@@ -116,6 +132,25 @@ impl WeightSource for Resident {
         match self.stored.get(name) {
             Some(t) => Self::widen(&t.narrow(0, start, len)?, prec),
             None => self.view.row_range(name, start, len, prec),
+        }
+    }
+
+    /// A 2-D weight held in bf16 on the CPU: its pairs made from the held
+    /// values (no widening; the NaN/Inf scan was made when it was loaded).
+    /// Anything else, MISSING tensors included: `None`.
+    fn bf16_pairs(&self, name: &str) -> Result<PairWords> {
+        match self.stored.get(name) {
+            Some(t) => Self::pairs_of(t),
+            None => Ok(None),
+        }
+    }
+
+    /// Rows `start .. start+len` of a 2-D weight held in bf16 on the CPU as
+    /// [`Self::bf16_pairs`] gives the whole.
+    fn bf16_pair_rows(&self, name: &str, start: usize, len: usize) -> Result<PairWords> {
+        match self.stored.get(name) {
+            Some(t) if t.dims().len() == 2 => Self::pairs_of(&t.narrow(0, start, len)?),
+            _ => Ok(None),
         }
     }
 
