@@ -34,27 +34,9 @@ impl Pairs {
     ///
     /// Errors: `values` does not hold `[n, k]`, or a value is not bf16.
     pub fn of(values: &[f32], [n, k]: [usize; 2]) -> Result<Self> {
-        if values.len() != n * k {
-            return Err(refused(format!(
-                "bf16 pairs: {} values do not hold [{n}, {k}]",
-                values.len()
-            )));
-        }
-        let pairs = k.div_ceil(2);
-        let mut words = vec![0u32; n * pairs];
-        let ok = words
-            .par_chunks_mut(pairs.max(1))
-            .zip(values.par_chunks(k.max(1)))
-            .all(|(out, row)| {
-                row.chunks(2)
-                    .zip(out.iter_mut())
-                    .all(|(two, o)| pair_of(two).map(|p| *o = p).is_some())
-            });
-        if !ok {
-            return Err(refused(
-                "bf16 dot-product matmul: a weight value is not a bf16 value".into(),
-            ));
-        }
+        let words = words_of(values, [n, k], pair_of)?.ok_or_else(|| {
+            refused("bf16 dot-product matmul: a weight value is not a bf16 value".into())
+        })?;
         Ok(Self {
             n,
             k,
@@ -67,25 +49,13 @@ impl Pairs {
     /// [`Pairs::of`] makes of the same values widened, without widening.
     ///
     /// Errors: `values` does not hold `[n, k]`.
-    pub fn words_of_bf16(values: &[half::bf16], [n, k]: [usize; 2]) -> Result<Words> {
-        if values.len() != n * k {
-            return Err(refused(format!(
-                "bf16 pairs: {} values do not hold [{n}, {k}]",
-                values.len()
-            )));
-        }
-        let pairs = k.div_ceil(2);
-        let mut words = vec![0u32; n * pairs];
-        words
-            .par_chunks_mut(pairs.max(1))
-            .zip(values.par_chunks(k.max(1)))
-            .for_each(|(out, row)| {
-                for (o, two) in out.iter_mut().zip(row.chunks(2)) {
-                    let lo = two.get(1).map_or(0, |v| u32::from(v.to_bits()));
-                    *o = u32::from(two[0].to_bits()) << 16 | lo;
-                }
-            });
-        Ok(Arc::new(words))
+    pub fn words_of_bf16(values: &[half::bf16], dims: [usize; 2]) -> Result<Words> {
+        let bits = |v: &half::bf16| u32::from(v.to_bits());
+        let pair = |two: &[half::bf16]| Some(bits(&two[0]) << 16 | two.get(1).map_or(0, bits));
+        let words = words_of(values, dims, pair)?;
+        Ok(Arc::new(words.ok_or_else(|| {
+            refused("bf16 pairs: a pair refused".into())
+        })?))
     }
 
     /// Pairs as a checkpoint's bf16 bytes give them (`WeightSource::bf16_pairs`).
@@ -139,6 +109,35 @@ impl Pairs {
             word << 16
         })
     }
+}
+
+/// The words of row-major `[n, k]` `values`, rows in parallel, each made by
+/// `pair` of one or two values (the last of an odd row alone); `None` when
+/// `pair` refuses a value.
+///
+/// Errors: `values` does not hold `[n, k]`.
+fn words_of<T: Sync>(
+    values: &[T],
+    [n, k]: [usize; 2],
+    pair: impl Fn(&[T]) -> Option<u32> + Sync,
+) -> Result<Option<Vec<u32>>> {
+    if values.len() != n * k {
+        return Err(refused(format!(
+            "bf16 pairs: {} values do not hold [{n}, {k}]",
+            values.len()
+        )));
+    }
+    let pairs = k.div_ceil(2);
+    let mut words = vec![0u32; n * pairs];
+    let ok = words
+        .par_chunks_mut(pairs.max(1))
+        .zip(values.par_chunks(k.max(1)))
+        .all(|(out, row)| {
+            row.chunks(2)
+                .zip(out.iter_mut())
+                .all(|(two, o)| pair(two).map(|p| *o = p).is_some())
+        });
+    Ok(ok.then_some(words))
 }
 
 /// One or two f32 values holding bf16 values as a swapped pair: the first

@@ -97,8 +97,8 @@ impl InitGenerator {
         ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
 
-    /// Element `i` in f32 of a rule other than a normal: a log-uniform
-    /// takes draw i+1.
+    /// Element `i` in f32: a normal's from pair i/2 ([`Self::normal_pair`],
+    /// as [`Self::fill`] makes them), a log-uniform from draw i+1.
     fn value(&self, i: u64) -> f32 {
         match self.init {
             InitRule::Normal { std } => self.normal_pair(i / 2, std)[(i % 2) as usize],
@@ -126,6 +126,7 @@ impl InitGenerator {
         use rayon::prelude::*;
         // Even, so that no normal pair straddles two chunks.
         const CHUNK: usize = 1 << 16;
+        const _: () = assert!(CHUNK.is_multiple_of(2));
         let mut v = vec![T::default(); n];
         v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
             let first = (c * CHUNK) as u64;
