@@ -11,20 +11,24 @@ under target/bench/ if absent). The drafter is a DFlash drafter shaped for it (2
 randomly initialised by dflash 0.1.0's own `DFlashDraftModel` (seed 0) and saved with
 `save_pretrained` under target/bench/mid-dflash/ (once).
 
-Per prompt length T: one prompt of T token ids (parity_bench.py's rule), then, each under
-/usr/bin/time -v, median of --repeat:
+Per prompt length T: one prompt of T token ids ((17 + 7919 i) mod (vocab - 1): the mask id
+vocab - 1 never appears), written to target/bench/drafter-bench-T.jsonl (and -T-ids.json), then,
+each under /usr/bin/time -v, median of --repeat:
 
-  transformers  `dflash.model.dflash_generate(drafter, target, ids, max_new_tokens=--new,
-                temperature=0)` with the target from AutoModelForCausalLM (dtype "auto": bf16)
-                and the drafter in bf16: one prefill, then a verify forward of the block per
-                round (z-lab's loop: bench/drafter_loop.py);
-  hsparity      `drafter --paths causal-lm --prompt-ids ... --max-new-tokens --new`: the same
-                prefill and DFlash rounds, plus DDTree's drafts of every round and the
-                prefill-vs-incremental facts its report carries.
+  hsparity      `drafter --paths causal-lm --prompts drafter-bench-T.jsonl --max-new-tokens N`:
+                one prefill, then DFlash rounds until N + block tokens follow the prompt (the end
+                rule of z-lab/dflash's GitHub loop, which `drafter` generates with), then every
+                round replayed for its DFlash and DDTree τ (a drafter forward each);
+  transformers  `dflash.model.dflash_generate(drafter, target, ids, max_new_tokens=N + block,
+                temperature=0)` (bench/drafter_loop.py): the target from AutoModelForCausalLM
+                (dtype "auto": bf16), the drafter in bf16; one prefill, then a verify forward and a
+                drafter forward per round, the drafter's context K/V cached.
 
-Random weights accept almost no drafts, so both run about --new rounds: the figures measure the
-cost of a long-context drafter evaluation, not τ (printed for both; z-lab's loop is not lossless
-on Gated DeltaNet targets, whose cache crop keeps rejected tokens in the recurrent state).
+The same tokens are generated on both sides; hsparity's replays (about one more drafter forward
+per round) are its own. Random weights accept almost no drafts, so both run about N + block
+rounds: the figures measure the cost of a long-context drafter evaluation, not τ (printed for
+both; z-lab's loop is not lossless on Gated DeltaNet targets, whose cache crop keeps rejected
+tokens in the recurrent state).
 Standard library only on this side; the transformers side runs in --python. Not part of CI.
 """
 
@@ -74,7 +78,8 @@ def main():
     ap.add_argument("--tokens", default="2048,4000",
                     help="prompt lengths, comma-separated (prompt + new tokens + a block <= 4096, the target's "
                          "max_position_embeddings: hsparity refuses a run past it)")
-    ap.add_argument("--new", type=int, default=32, help="tokens generated per prompt")
+    ap.add_argument("--new", type=int, default=32,
+                    help="N: drafter's --max-new-tokens (both sides then generate N + block tokens)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--python", default=sys.executable)
     a = ap.parse_args()
@@ -83,7 +88,8 @@ def main():
     for line in machine(a.python):
         print(line)
     vocab = json.loads((TARGET / "config.json").read_text())["text_config"]["vocab_size"]
-    threads = os.cpu_count()
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    block = json.loads((DRAFTER / "config.json").read_text())["dflash_config"]["block_size"]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), RAYON_NUM_THREADS=str(threads))
     for t in (int(x) for x in a.tokens.split(",")):
         ids = [(17 + 7919 * i) % (vocab - 1) for i in range(t)]
@@ -91,8 +97,8 @@ def main():
         ids_file.write_text(json.dumps(ids))
         prompts_file = WORK / f"drafter-bench-{t}.jsonl"
         prompts_file.write_text(json.dumps({"input_ids": ids}) + "\n")
-        py_cmd = [a.python, ROOT / "bench" / "drafter_loop.py", TARGET, DRAFTER, ids_file, str(a.new),
-                  str(threads)]
+        py_cmd = [a.python, ROOT / "bench" / "drafter_loop.py", TARGET, DRAFTER, ids_file,
+                  str(a.new + block), str(threads)]
         hs_cmd = [BIN, "drafter", TARGET, "--drafter", DRAFTER, "--paths", "causal-lm", "--prompts",
                   prompts_file, "--max-new-tokens", str(a.new), "--json", "--quiet"]
         load0 = os.getloadavg()[0]
@@ -100,10 +106,10 @@ def main():
         pw, pr, pout, _ = median_run(py_cmd, a.repeat, env)
         hs_tau = json.loads(hout)["paths"][0]["tau_macro"] if hout.strip() else float("nan")
         py_tau = json.loads(pout.strip().splitlines()[-1])["tau"]
-        print(f"[drafter, 1 x {t} tokens, {a.new} new] {threads} threads, median of {a.repeat}, "
+        print(f"[drafter, 1 x {t} tokens, {a.new} + {block} new] {threads} threads, median of {a.repeat}, "
               f"load average {load0:.2f} before / {os.getloadavg()[0]:.2f} after")
         print(f"  transformers + dflash_generate: wall {pw:7.2f} s   peak RSS {gib(pr)}   τ {py_tau:.2f}")
-        print(f"  hsparity drafter (exit {rc}):    wall {hw:7.2f} s   peak RSS {gib(hr)}   τ {hs_tau:.2f}")
+        print(f"  hsparity drafter (exit {rc}):     wall {hw:7.2f} s   peak RSS {gib(hr)}   τ {hs_tau:.2f}")
         print(f"  speed-up {pw / hw:6.2f}x   peak-RSS ratio (hsparity/transformers) {hr / pr:.2f}")
 
 

@@ -640,6 +640,8 @@ fn resident_pairs_are_the_checkpoints_words() {
         let (_, want) = view.bf16_pair_rows(name, 1, rows).unwrap().unwrap();
         let (_, got) = resident.bf16_pair_rows(name, 1, rows).unwrap().unwrap();
         assert_eq!(*got, *want, "{name}: rows 1..{}", 1 + rows);
+        let past = resident.bf16_pair_rows(name, dims[0], 1).unwrap_err();
+        assert!(past.to_string().contains(name.as_str()), "{past}");
         checked += 1;
     }
     assert!(checked >= 10, "{checked} bf16 weights");

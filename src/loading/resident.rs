@@ -1,6 +1,7 @@
 //! A loading path's weights held resident in their stored dtype (bf16, f16
 //! or f32, on the run's device) and widened to f32 — rounded to the compute
-//! dtype — only when a layer asks for them: the "resident" mode of a drafter
+//! dtype — only when a layer asks for them, or handed out as bf16 pairs for
+//! the kernels that read them: the "resident" mode of a drafter
 //! evaluation's memory plan. Numerically the same as reading the mapped
 //! checkpoint each time ([`TensorView`]); the whole model is never widened.
 
@@ -136,8 +137,9 @@ impl WeightSource for Resident {
     }
 
     /// A 2-D weight held in bf16 on the CPU: its pairs made from the held
-    /// values (no widening; the NaN/Inf scan was made when it was loaded).
-    /// Anything else, MISSING tensors included: `None`.
+    /// values (no widening; the NaN/Inf scan was made when the checkpoint was
+    /// read, by this view or the one it shares with). Anything else, MISSING
+    /// tensors included: `None`.
     fn bf16_pairs(&self, name: &str) -> Result<PairWords> {
         match self.stored.get(name) {
             Some(t) => Self::pairs_of(t),
@@ -149,7 +151,16 @@ impl WeightSource for Resident {
     /// [`Self::bf16_pairs`] gives the whole.
     fn bf16_pair_rows(&self, name: &str, start: usize, len: usize) -> Result<PairWords> {
         match self.stored.get(name) {
-            Some(t) if t.dims().len() == 2 => Self::pairs_of(&t.narrow(0, start, len)?),
+            Some(t) if t.dims().len() == 2 => {
+                let rows = t.dim(0)?;
+                if start.checked_add(len).is_none_or(|end| end > rows) {
+                    return Err(crate::error::Error::Checkpoint(format!(
+                        "tensor {name}: rows {start}..{} requested, it has {rows}",
+                        start.saturating_add(len)
+                    )));
+                }
+                Self::pairs_of(&t.narrow(0, start, len)?)
+            }
             _ => Ok(None),
         }
     }
