@@ -176,12 +176,7 @@ impl Weights {
         let (&[rows, k], Some(Stored::Bf16)) = (&t.shape[..], Stored::of(t)) else {
             return Ok(None);
         };
-        if start.checked_add(len).is_none_or(|end| end > rows) {
-            return Err(Error::Checkpoint(format!(
-                "tensor {name}: rows {start}..{} requested, it has {rows}",
-                start.saturating_add(len)
-            )));
-        }
+        check_rows(name, (start, len), rows)?;
         let (n, b) = (len, start * k * 2);
         let src = self.span(t, b, b + n * k * 2)?;
         let pairs = k.div_ceil(2);
@@ -245,12 +240,7 @@ impl Weights {
             .shape
             .first()
             .ok_or_else(|| Error::Checkpoint(format!("tensor {name}: a scalar has no rows")))?;
-        if start + len > rows {
-            return Err(Error::Checkpoint(format!(
-                "tensor {name}: rows {start}..{} requested, it has {rows}",
-                start + len
-            )));
-        }
+        check_rows(name, (start, len), rows)?;
         let v = self.convert_rows(t, start, len, prec)?;
         let mut shape = t.shape.clone();
         shape[0] = len;
@@ -410,6 +400,20 @@ impl Weights {
 }
 
 /// Bytes per element of a floating-point tensor, `None` for other dtypes.
+/// Refuses rows `start .. start+len` of tensor `name` when it has fewer
+/// than their end (the end computed without overflow).
+///
+/// Errors ([`Error::Checkpoint`]): naming the tensor, the range and its rows.
+pub(crate) fn check_rows(name: &str, (start, len): (usize, usize), rows: usize) -> Result<()> {
+    if start.checked_add(len).is_none_or(|end| end > rows) {
+        return Err(Error::Checkpoint(format!(
+            "tensor {name}: rows {start}..{} requested, it has {rows}",
+            start.saturating_add(len)
+        )));
+    }
+    Ok(())
+}
+
 fn dtype_width(t: &TensorHeader) -> Option<usize> {
     match t.dtype.as_str() {
         "BF16" | "F16" => Some(2),

@@ -152,13 +152,7 @@ impl WeightSource for Resident {
     fn bf16_pair_rows(&self, name: &str, start: usize, len: usize) -> Result<PairWords> {
         match self.stored.get(name) {
             Some(t) if t.dims().len() == 2 => {
-                let rows = t.dim(0)?;
-                if start.checked_add(len).is_none_or(|end| end > rows) {
-                    return Err(crate::error::Error::Checkpoint(format!(
-                        "tensor {name}: rows {start}..{} requested, it has {rows}",
-                        start.saturating_add(len)
-                    )));
-                }
+                crate::checkpoint::weights::check_rows(name, (start, len), t.dim(0)?)?;
                 Self::pairs_of(&t.narrow(0, start, len)?)
             }
             _ => Ok(None),
