@@ -1,7 +1,9 @@
-//! Two bitwise refactors of the capture's sweep: independent sequences
-//! stacked through one feed-forward (`DecoderLayer::forward_batch`) give the
-//! bits each gives alone, and the prefill-vs-incremental check run inside
-//! the capture's sweep gives the rows of the separate layer-major pass.
+//! Bitwise refactors of the forward: independent sequences stacked through
+//! one feed-forward (`DecoderLayer::forward_batch`) give the bits each gives
+//! alone, the prefill-vs-incremental check run inside the capture's sweep
+//! gives the rows of the separate layer-major pass, targets swept together
+//! give each its own sweep's bits, and the drafter's cached context keys and
+//! values (`Drafter::forward_cached`) give the whole-context forward's.
 
 use crate::common;
 
@@ -297,6 +299,104 @@ fn targets_swept_together_give_each_the_bits_of_its_own_sweep() {
     assert!(bits(&got[0][0].captures[0]) != bits(&got[1][0].captures[0]));
     let last = dense.spec.num_layers() - 1;
     assert!(bits(&got[0][0].captures[last]) != bits(&got[0][n].captures[last]));
+}
+
+/// A drafter whose products take candle's row-independent route at every
+/// row count (its `fc`, `k_proj` and `v_proj` have more than 64 outputs), one
+/// sliding and one full layer, bf16 weights drawn from `common::uniform`;
+/// written under `dir`.
+fn wide_drafter(dir: &std::path::Path) {
+    use std::collections::HashMap;
+    let (h, k, nh, nkv, hd, inter) = (128usize, 2usize, 4usize, 2usize, 48usize, 96usize);
+    let mut t: HashMap<String, Tensor> = HashMap::new();
+    let mut seed = 0u64;
+    let mut put = |name: String, dims: &[usize], scale: f32, centre: f32| {
+        seed += 1;
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = common::uniform(n, seed)
+            .into_iter()
+            .map(|u| centre + (u - 0.5) * 2.0 * scale)
+            .collect();
+        let w = Tensor::from_vec(v, dims, &candle_core::Device::Cpu).unwrap();
+        t.insert(name, w.to_dtype(candle_core::DType::BF16).unwrap());
+    };
+    put("fc.weight".into(), &[h, k * h], 0.06, 0.0);
+    for n in ["hidden_norm.weight", "norm.weight"] {
+        put(n.into(), &[h], 0.1, 1.0);
+    }
+    for i in 0..2 {
+        let n = |s: &str| format!("layers.{i}.{s}");
+        for (s, dims) in [
+            ("self_attn.q_proj.weight", [nh * hd, h]),
+            ("self_attn.k_proj.weight", [nkv * hd, h]),
+            ("self_attn.v_proj.weight", [nkv * hd, h]),
+            ("self_attn.o_proj.weight", [h, nh * hd]),
+            ("mlp.gate_proj.weight", [inter, h]),
+            ("mlp.up_proj.weight", [inter, h]),
+            ("mlp.down_proj.weight", [h, inter]),
+        ] {
+            put(n(s), &dims, 1.5 / (dims[1] as f32).sqrt(), 0.0);
+        }
+        for (s, d) in [
+            ("input_layernorm.weight", h),
+            ("post_attention_layernorm.weight", h),
+            ("self_attn.q_norm.weight", hd),
+            ("self_attn.k_norm.weight", hd),
+        ] {
+            put(n(s), &[d], 0.1, 1.0);
+        }
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
+    let cfg = serde_json::json!({"architectures": ["DFlashDraftModel"], "hidden_size": h,
+        "intermediate_size": inter, "num_hidden_layers": 2, "num_attention_heads": nh,
+        "num_key_value_heads": nkv, "head_dim": hd, "block_size": 8, "rms_norm_eps": 1e-6,
+        "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 12,
+        "use_sliding_window": true,
+        "dflash_config": {"target_layer_ids": [0, 1], "mask_token_id": 1}});
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+}
+
+/// The drafter's forward with its context keys and values held across the
+/// anchors of a walk (`forward_cached`) gives the whole-context forward's
+/// bits at every anchor: one new row (its `fc` product re-projects a held
+/// row), none, many, an anchor behind those held, in bf16 and f32. The
+/// toy drafter (64-wide products, candle's small-size rule below 65 rows)
+/// runs whole until the context passes 64 rows, then from the cache.
+#[test]
+fn cached_draft_context_gives_the_whole_context_forward() {
+    use hsparity::models::dflash::{DraftContext, Drafter};
+    let dir = std::env::temp_dir().join(format!("hsparity-wide-drafter-{}", std::process::id()));
+    wide_drafter(&dir);
+    let anchors = [5usize, 6, 6, 9, 30, 20, 31, 66, 67, 67, 70, 130, 129];
+    for (what, path, small_until) in [
+        ("wide", dir.clone(), 0usize),
+        ("toy", "fixtures/toy-pair/drafter".into(), 64),
+    ] {
+        for prec in [Precision::Bf16, Precision::F32] {
+            let d = Drafter::load_dir(&path, if what == "wide" { 128 } else { 64 }, prec).unwrap();
+            let (h, k, b) = (
+                d.cfg.hidden_size,
+                d.cfg.target_layer_ids.len(),
+                d.cfg.block_size,
+            );
+            let feats = input(140, k * h, 7, prec);
+            let rows = |a: usize, e: usize| Ok(feats.narrow(0, a, e - a)?);
+            let mut ctx = DraftContext::new();
+            for (j, &start) in anchors.iter().enumerate() {
+                let noise = input(b, h, 100 + j as u64, prec);
+                let whole = d.forward(&noise, &feats.narrow(0, 0, start).unwrap(), 0, start);
+                let cached = d.forward_cached(&noise, start, &mut ctx, &rows).unwrap();
+                assert!(
+                    bits_of(&cached) == bits_of(&whole.unwrap()),
+                    "{what} {prec:?}: anchor {start} (step {j})"
+                );
+                let held = anchors[..=j].iter().filter(|&&a| a > small_until).max();
+                assert_eq!(ctx.len(), held.copied().unwrap_or(0), "{what} {prec:?} {j}");
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The f32 bits of `t`.

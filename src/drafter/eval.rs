@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
-use crate::models::dflash::Drafter;
+use crate::models::dflash::{DraftContext, Drafter};
 use crate::precision::Precision;
 
 /// The end-of-generation rule replayed (named in every report).
@@ -108,15 +108,18 @@ impl PromptTau {
 /// `[start+1 .. start+b)` draft logits `[b-1, V]` at anchor `start` of
 /// `tokens` for a block of `b` slots (the drafter's `block_size`, or fewer
 /// where the wheel's rule shrinks the last blocks), with context rows
-/// `feats[0..start)` (`feats`: `[T, K·H]`).
+/// `feats[0..start)` (`feats`: `[T, K·H]`) whose keys and values `ctx` holds
+/// as far as earlier anchors of the same walk reached ([`DraftContext`]).
 pub fn draft_logits(
     t: &DraftTarget,
     tokens: &[u32],
     feats: &Tensor,
     start: usize,
     b: usize,
+    ctx: &mut DraftContext,
 ) -> Result<Tensor> {
-    let y = draft_output(t, tokens, feats, start, b)?;
+    let rows = |a: usize, e: usize| Ok(feats.narrow(0, a, e - a)?);
+    let y = draft_output(t, tokens, start, b, ctx, &rows)?;
     t.drafter.logits_from(&y, t.head, t.prec)
 }
 
@@ -139,19 +142,21 @@ pub fn greedy_drafts(t: &DraftTarget, outs: &[Tensor]) -> Result<Vec<Vec<u32>>> 
 }
 
 /// The drafter's final-normed outputs `[b-1, H]` of the draft slots
-/// `[start+1 .. start+b)` ([`draft_logits`] before the `lm_head`).
+/// `[start+1 .. start+b)` ([`draft_logits`] before the `lm_head`), the
+/// context's features of positions `a..e` read as `rows(a, e)`
+/// ([`Drafter::forward_cached`]).
 pub(crate) fn draft_output(
     t: &DraftTarget,
     tokens: &[u32],
-    feats: &Tensor,
     start: usize,
     b: usize,
+    ctx: &mut DraftContext,
+    rows: &dyn Fn(usize, usize) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let mut block = vec![t.drafter.cfg.mask_token_id; b];
     block[0] = tokens[start];
     let noise = t.weights.rows("embed_tokens.weight", &block, t.prec)?;
-    let ctx = feats.narrow(0, 0, start)?;
-    let y = t.drafter.forward(&noise, &ctx, 0, start)?;
+    let y = t.drafter.forward_cached(&noise, start, ctx, rows)?;
     Ok(y.narrow(0, 1, b - 1)?)
 }
 
@@ -218,8 +223,9 @@ pub fn replay_dflash(
 ) -> Result<PromptTau> {
     let b = t.drafter.cfg.block_size;
     check_len(tokens, prompt_len, max_new, b, rule)?;
+    let mut ctx = DraftContext::new();
     walk(prompt_len, max_new, b, rule, |start, block| {
-        let drafts = draft_logits(t, tokens, feats, start, block)?
+        let drafts = draft_logits(t, tokens, feats, start, block, &mut ctx)?
             .argmax(D::Minus1)?
             .to_vec1::<u32>()?;
         Ok(rounds::dflash_accepted(&drafts, tokens, start))
@@ -338,8 +344,9 @@ pub fn replay_ddtree(
 ) -> Result<PromptTau> {
     let b = t.drafter.cfg.block_size;
     check_len(tokens, prompt_len, max_new, b, rule)?;
+    let mut ctx = DraftContext::new();
     walk(prompt_len, max_new, b, rule, |start, block| {
-        let logits = draft_logits(t, tokens, feats, start, block)?;
+        let logits = draft_logits(t, tokens, feats, start, block, &mut ctx)?;
         let tree = build_tree(&logits, budget)?;
         Ok(rounds::ddtree_accepted(&tree, tokens, start))
     })

@@ -21,7 +21,7 @@ use super::eval::{draft_output, greedy_drafts, DraftTarget, EndRule};
 use super::faults::Faults;
 use super::target::{argmax_rows, Capture, Sequence, Step, StepOut, TargetModel};
 use crate::error::Result;
-use crate::models::dflash::Drafter;
+use crate::models::dflash::{DraftContext, Drafter};
 use crate::models::GdnForm;
 
 /// What the loop produced per prompt.
@@ -50,6 +50,8 @@ struct Run {
     need: usize,
     rule: EndRule,
     prompt_len: usize,
+    /// The drafter's keys and values of the rows in `feats` so far.
+    ctx: DraftContext,
 }
 
 /// New tokens the loop commits per lane before it stops (what its progress
@@ -100,6 +102,21 @@ impl Run {
 
     fn context(&self) -> Result<Tensor> {
         Ok(Tensor::cat(&self.feats, 0)?)
+    }
+
+    /// The features of positions `a..e`, from the pieces `feats` holds.
+    fn context_rows(feats: &[Tensor], a: usize, e: usize) -> Result<Tensor> {
+        let mut parts = Vec::new();
+        let mut at = 0;
+        for f in feats {
+            let n = f.dim(0)?;
+            let (lo, hi) = (a.max(at), e.min(at + n));
+            if lo < hi {
+                parts.push(f.narrow(0, lo - at, hi - lo)?);
+            }
+            at += n;
+        }
+        Ok(Tensor::cat(&parts, 0)?)
     }
 }
 
@@ -186,6 +203,7 @@ pub fn dflash_loop_with(
             need: p.len() + max_new + b,
             rule,
             prompt_len: p.len(),
+            ctx: DraftContext::new(),
         })
         .collect();
     prefill(target, &mut runs, lanes, &capture)?;
@@ -200,7 +218,7 @@ pub fn dflash_loop_with(
     };
     let mut rounds = 0;
     while runs.iter().any(|r| !r.done()) {
-        let blocks = draft(&dt, &runs, b)?;
+        let blocks = draft(&dt, &mut runs, b)?;
         let outs = verify(target, &mut runs, &blocks, &capture)?;
         rounds += 1;
         sweeps += 1;
@@ -263,24 +281,27 @@ fn prefill(
 }
 
 /// One drafted block per unfinished prompt, from its features: `(run,
-/// [last committed token, drafts…])`; the drafter's forward per prompt
-/// (its context joined for that call alone), then the drafts from one pass
-/// over the `lm_head` per 16 drafts ([`greedy_drafts`]).
-fn draft(dt: &DraftTarget, runs: &[Run], b: usize) -> Result<Vec<(usize, Vec<u32>)>> {
-    let live: Vec<(usize, &Run, usize)> = runs
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| !r.done())
-        .map(|(i, r)| (i, r, r.seq.len()))
-        .collect();
-    let outs: Vec<Tensor> = live
-        .iter()
-        .map(|&(_, r, start)| draft_output(dt, &r.tokens, &r.context()?, start, r.block(start, b)))
-        .collect::<Result<_>>()?;
+/// [last committed token, drafts…])`; the drafter's forward per prompt (its
+/// context's keys and values held across rounds, [`DraftContext`]), then
+/// the drafts from one pass over the `lm_head` per 16 drafts
+/// ([`greedy_drafts`]).
+fn draft(dt: &DraftTarget, runs: &mut [Run], b: usize) -> Result<Vec<(usize, Vec<u32>)>> {
+    let mut live: Vec<(usize, usize)> = Vec::new();
+    let mut outs: Vec<Tensor> = Vec::new();
+    for (i, r) in runs.iter_mut().enumerate().filter(|(_, r)| !r.done()) {
+        let start = r.seq.len();
+        let feats = &r.feats;
+        let rows = |a: usize, e: usize| Run::context_rows(feats, a, e);
+        let block = r.block(start, b);
+        outs.push(draft_output(
+            dt, &r.tokens, start, block, &mut r.ctx, &rows,
+        )?);
+        live.push((i, start));
+    }
     Ok(live
         .iter()
         .zip(greedy_drafts(dt, &outs)?)
-        .map(|(&(i, r, start), drafts)| (i, [&[r.tokens[start]][..], &drafts].concat()))
+        .map(|(&(i, start), drafts)| (i, [&[runs[i].tokens[start]][..], &drafts].concat()))
         .collect())
 }
 

@@ -15,7 +15,7 @@ use candle_core::{Tensor, D};
 
 use super::{build_tree, check_len, DraftTarget, EndRule, PromptTau};
 use crate::error::Result;
-use crate::models::dflash::Drafter;
+use crate::models::dflash::{DraftContext, Drafter};
 
 /// One trajectory to replay DFlash and DDTree on.
 pub struct ReplayJob<'a> {
@@ -141,6 +141,8 @@ pub fn replay_jobs(
     }
     let mut drafted: Vec<HashMap<(usize, usize), Drafted>> =
         jobs.iter().map(|_| HashMap::new()).collect();
+    // Each trajectory's context keys and values, grown as its walks advance.
+    let mut ctxs: Vec<DraftContext> = jobs.iter().map(|_| DraftContext::new()).collect();
     loop {
         let mut wanted: Vec<(usize, (usize, usize))> = Vec::new();
         for (j, pair) in walks.iter_mut().enumerate() {
@@ -169,7 +171,7 @@ pub fn replay_jobs(
             d.retain(|&(at, _), _| at >= behind);
         }
         for pass in wanted.chunks(MAX_DRAFTS_PER_PASS) {
-            for ((j, at), d) in pass.iter().zip(draft_each(jobs, pass, budget)?) {
+            for ((j, at), d) in pass.iter().zip(draft_each(jobs, &mut ctxs, pass, budget)?) {
                 drafted[*j].insert(*at, d);
             }
         }
@@ -181,20 +183,28 @@ pub fn replay_jobs(
 }
 
 /// The drafts at `wanted` (job, (anchor, block slots)): the drafter's
-/// forward per draft, then the logits of all drafts through the same
-/// `lm_head` from one pass over it.
+/// forward per draft (job j's context keys and values held in `ctxs[j]`),
+/// then the logits of all drafts through the same `lm_head` from one pass
+/// over it.
 fn draft_each(
     jobs: &[ReplayJob],
+    ctxs: &mut [DraftContext],
     wanted: &[(usize, (usize, usize))],
     budget: usize,
 ) -> Result<Vec<Drafted>> {
-    let outs: Vec<Tensor> = wanted
-        .iter()
-        .map(|&(j, (start, b))| {
-            let job = &jobs[j];
-            super::draft_output(job.target, job.tokens, job.feats, start, b)
-        })
-        .collect::<Result<_>>()?;
+    let mut outs: Vec<Tensor> = Vec::with_capacity(wanted.len());
+    for &(j, (start, b)) in wanted {
+        let job = &jobs[j];
+        let rows = |a: usize, e: usize| Ok(job.feats.narrow(0, a, e - a)?);
+        outs.push(super::draft_output(
+            job.target,
+            job.tokens,
+            start,
+            b,
+            &mut ctxs[j],
+            &rows,
+        )?);
+    }
     let mut logits: Vec<Option<Tensor>> = vec![None; wanted.len()];
     // Drafts through one head (the same source, rounded alike) share a pass.
     let mut left: Vec<usize> = (0..wanted.len()).collect();

@@ -11,6 +11,7 @@
 //! windowed (`_attention_mask` of the wheel).
 
 mod config;
+mod context;
 mod linears;
 mod weights;
 
@@ -25,6 +26,7 @@ use crate::models::layers::rope::Rotary;
 use crate::models::layers::{linear, Matrix};
 use crate::precision::Precision;
 pub use config::{DflashConfig, DraftLayerType};
+pub use context::DraftContext;
 pub use weights::DrafterWeights;
 
 /// Checks that `name` exists with shape `want` (from its header, not read).
@@ -224,20 +226,52 @@ impl Drafter {
         ctx_start: usize,
         block_start: usize,
     ) -> Result<Tensor> {
+        let c_proj = self.project_context(ctx)?;
+        let c = ctx.dim(0)?;
+        let mut whole = |_: usize, k: Tensor, v: Tensor| Ok((k, v));
+        self.run_layers(noise, Some(&c_proj), ctx_start, block_start, c, &mut whole)
+    }
+
+    /// `hidden_norm(fc(ctx))`: the context rows every layer's `k_proj` and
+    /// `v_proj` read.
+    fn project_context(&self, ctx: &Tensor) -> Result<Tensor> {
         let p = self.prec;
-        let (b, c) = (noise.dim(0)?, ctx.dim(0)?);
+        let hidden_norm =
+            PlainRmsNorm::load(&self.weights, "hidden_norm", self.cfg.rms_norm_eps, p)?;
+        hidden_norm.forward(&self.mat("fc.weight")?.linear(ctx, p)?)
+    }
+
+    /// The layers and the final norm over the block `noise` at positions
+    /// `block_start..`, with the projected context rows `c_proj` (positions
+    /// `ctx_start..`, none when `None`) projected by each layer's `k_proj`
+    /// and `v_proj` in one product with the block. `keys(i, k, v)` turns
+    /// layer i's keys and values of those rows (`[1, kv heads, rows,
+    /// head_dim]`, `k_norm` and RoPE applied) into the `keys_before` context
+    /// keys and values followed by the block's that the block attends to.
+    fn run_layers(
+        &self,
+        noise: &Tensor,
+        c_proj: Option<&Tensor>,
+        ctx_start: usize,
+        block_start: usize,
+        keys_before: usize,
+        keys: &mut dyn FnMut(usize, Tensor, Tensor) -> Result<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let p = self.prec;
+        let b = noise.dim(0)?;
+        let c = match c_proj {
+            Some(t) => t.dim(0)?,
+            None => 0,
+        };
         let (nh, nkv, hd) = (
             self.cfg.num_attention_heads,
             self.cfg.num_key_value_heads,
             self.cfg.head_dim,
         );
-        let hidden_norm =
-            PlainRmsNorm::load(&self.weights, "hidden_norm", self.cfg.rms_norm_eps, p)?;
-        let c_proj = hidden_norm.forward(&self.mat("fc.weight")?.linear(ctx, p)?)?;
         let positions: Vec<usize> = (ctx_start..ctx_start + c)
             .chain(block_start..block_start + b)
             .collect();
-        let (cos, sin) = self.rotary.cos_sin(&positions, ctx.device())?;
+        let (cos, sin) = self.rotary.cos_sin(&positions, noise.device())?;
         let (cos_q, sin_q) = (cos.narrow(0, c, b)?, sin.narrow(0, c, b)?);
         let scale = (hd as f64).powf(-0.5);
         // One sliding-window mask per forward, shared by the sliding layers.
@@ -246,7 +280,7 @@ impl Drafter {
             .layer_types
             .contains(&DraftLayerType::SlidingAttention)
         {
-            Some(self.sliding_mask(b, c, ctx.device())?)
+            Some(self.sliding_mask(b, keys_before, noise.device())?)
         } else {
             None
         };
@@ -257,7 +291,10 @@ impl Drafter {
             let q = layer
                 .q_norm
                 .forward(&layer.q_proj.linear(&h, p)?.reshape((b, nh, hd))?)?;
-            let kv_in = Tensor::cat(&[&c_proj, &h], 0)?;
+            let kv_in = match c_proj {
+                Some(c_proj) => Tensor::cat(&[c_proj, &h], 0)?,
+                None => h.clone(),
+            };
             let k = layer
                 .k_norm
                 .forward(&layer.k_proj.linear(&kv_in, p)?.reshape((c + b, nkv, hd))?)?;
@@ -267,6 +304,7 @@ impl Drafter {
             let v = v.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
             let q = self.rotary.apply(&q, &cos_q, &sin_q, p)?;
             let k = self.rotary.apply(&k, &cos, &sin, p)?;
+            let (k, v) = keys(i, k, v)?;
             let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
             let mut scores = p.round(&(p.round(&q.matmul(&k.t()?.contiguous()?)?)? * scale)?)?;
             if let (DraftLayerType::SlidingAttention, Some(mask)) = (layer.layer_type, &sliding) {
