@@ -664,6 +664,65 @@ fn resident_pairs_are_the_checkpoints_words() {
     }
 }
 
+/// A resident copy, which holds a bf16 checkpoint's 2-D weights as their
+/// pairs only, widens them to the values the mapped checkpoint gives: whole,
+/// by rows and by a range of rows, in each compute dtype, bit for bit; an
+/// id or a range past the last row is refused with the tensor's name. (The
+/// fixture's bf16 values are all f16 values too, so its f16 rounding is the
+/// identity here.)
+#[test]
+fn resident_values_are_the_checkpoints_values() {
+    use hsparity::loading::resident::Resident;
+    use hsparity::loading::WeightSource;
+    let session = bf16_session();
+    let view = &session.paths[0].view;
+    let resident = Resident::load(view, view.names()).unwrap();
+    let mut held_as_pairs = 0;
+    for name in view.names() {
+        let two_d = view.shape(name).is_some_and(|s| s.len() == 2);
+        held_as_pairs += usize::from(resident.bf16_pairs(name).unwrap().is_some());
+        for prec in [Precision::F32, Precision::Bf16, Precision::F16] {
+            let (want, got) = (view.tensor_in(name, prec), resident.tensor_in(name, prec));
+            assert!(
+                bits(&got.unwrap()) == bits(&want.unwrap()),
+                "{name} {prec:?}"
+            );
+            if !two_d {
+                continue;
+            }
+            let n = view.shape(name).unwrap()[0];
+            let ids = [2u32.min(n as u32 - 1), 0, 2u32.min(n as u32 - 1)];
+            let (want, got) = (view.rows(name, &ids, prec), resident.rows(name, &ids, prec));
+            assert!(
+                bits(&got.unwrap()) == bits(&want.unwrap()),
+                "{name} {prec:?} rows"
+            );
+            let len = n / 2;
+            let want = view.row_range(name, 1, len, prec).unwrap();
+            let got = resident.row_range(name, 1, len, prec).unwrap();
+            assert!(
+                bits(&got) == bits(&want),
+                "{name} {prec:?} rows 1..{}",
+                1 + len
+            );
+            let e = resident
+                .rows(name, &[n as u32], prec)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(name.as_str()) && e.contains("out of range"),
+                "{e}"
+            );
+            let e = resident
+                .row_range(name, n, 1, prec)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(name.as_str()), "{e}");
+        }
+    }
+    assert!(held_as_pairs >= 10, "{held_as_pairs} weights held as pairs");
+}
+
 /// A linear weight a bf16 checkpoint stores, loaded for a model computing
 /// in f32 or f16 (`matrix`: its pairs, read by the f32 kernel), gives
 /// `linear`'s bits on the parameter that model loads (`tensor_in`), on the

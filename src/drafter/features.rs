@@ -453,7 +453,7 @@ pub fn evaluate(
     quiet: bool,
 ) -> Result<(FeaturesEval, Vec<String>)> {
     let bars = Bars::new(quiet);
-    let plan = super::paths::plan_for(session, drafter, settings.memory_budget);
+    let plan = super::plan::plan_for(session, drafter, settings.memory_budget);
     let run = Run {
         session,
         drafter,

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::eval::{self, CrossTau, DdtreeTau, DrafterInfo, EndRule, PathTau, PromptReplay};
 use super::eval::{HeadUse, LmHeadFrom};
 use super::generate::{dflash_loop, lane_tokens, Lane};
-use super::plan::{MemoryPlan, Residency};
+use super::plan::{plan_for, MemoryPlan, Residency};
 use super::target::{Capture, TargetModel};
 use super::trajectories::{departures_of, Departure, Given, PathDepartures, TrajectoryReport};
 use super::{
@@ -201,14 +201,16 @@ impl Run<'_> {
     ) -> Result<Evaluated> {
         let name = p.path.name();
         let resident;
-        let weights: &dyn WeightSource = match self.plan.mode {
+        let (weights, head): (&dyn WeightSource, &dyn WeightSource) = match self.plan.mode {
             Residency::Resident => {
                 self.generated
                     .set_message(format!("{name}: loading weights"));
                 resident = Resident::load(&p.view, p.view.names())?;
-                &resident
+                // Its own lm_head is held too: every round's logits read it.
+                let own_head = std::ptr::addr_eq(head, &p.view);
+                (&resident, if own_head { &resident } else { head })
             }
-            Residency::Streamed => &p.view,
+            Residency::Streamed => (&p.view, head),
         };
         let target = TargetModel {
             spec: &self.session.spec,
@@ -364,17 +366,6 @@ fn head_of<'a>(
         how: HeadUse::Borrowed,
     };
     Ok((&hp.view, from))
-}
-
-/// The memory plan of evaluating `drafter` on `session`'s paths.
-pub fn plan_for(session: &Session, drafter: &Drafter, budget: Option<u64>) -> MemoryPlan {
-    let target = session
-        .paths
-        .iter()
-        .map(|p| p.view.stored_bytes())
-        .max()
-        .unwrap_or(0);
-    MemoryPlan::new(target, drafter.stored_bytes(), budget)
 }
 
 /// Evaluates `drafter` (computing in `dprec`) on every loading path of

@@ -7,6 +7,9 @@
 
 use serde::Serialize;
 
+use crate::models::dflash::Drafter;
+use crate::session::Session;
+
 /// Where the target's weights live between sweeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -15,6 +18,17 @@ pub enum Residency {
     Resident,
     /// Read from the mapped checkpoint every sweep, one layer at a time.
     Streamed,
+}
+
+/// The memory plan of evaluating `drafter` on `session`'s paths.
+pub fn plan_for(session: &Session, drafter: &Drafter, budget: Option<u64>) -> MemoryPlan {
+    let target = session
+        .paths
+        .iter()
+        .map(|p| p.view.stored_bytes())
+        .max()
+        .unwrap_or(0);
+    MemoryPlan::new(target, drafter.stored_bytes(), budget)
 }
 
 /// Fraction of the available memory the default budget takes.

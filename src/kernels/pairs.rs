@@ -84,11 +84,18 @@ impl Pairs {
     /// The weight widened back to f32, row-major `[N, K]` (exact), rows in
     /// parallel.
     pub fn widen(&self) -> Vec<f32> {
+        self.widen_rows(&(0..self.n).collect::<Vec<_>>())
+    }
+
+    /// Rows `rows` (each below `N`) widened to f32, row-major `[rows, K]`
+    /// (exact), rows in parallel.
+    pub fn widen_rows(&self, rows: &[usize]) -> Vec<f32> {
         let (k, pairs) = (self.k, self.k.div_ceil(2));
-        let mut v = vec![0f32; self.n * k];
+        let mut v = vec![0f32; rows.len() * k];
         v.par_chunks_mut(k.max(1))
-            .zip(self.words.par_chunks(pairs.max(1)))
-            .for_each(|(out, row)| {
+            .zip(rows.par_iter())
+            .for_each(|(out, &j)| {
+                let row = &self.words[j * pairs..(j + 1) * pairs];
                 for (i, &w) in row.iter().enumerate() {
                     out[2 * i] = f32::from_bits(w & 0xffff_0000);
                     if 2 * i + 1 < k {

@@ -27,6 +27,6 @@ pub use inventory::{
 pub use paths::{resolve_dtype, LoadingPath, ModelClass};
 pub use resolve::resolve;
 pub use shadow::NoiseShadow;
-pub use source::{select_rows, PairWords, WeightSource};
+pub use source::{check_ids, select_rows, PairWords, WeightSource};
 pub use spec::{Component, InitRule};
 pub use view::{NonFinite, TensorView, WeightOrigin};

@@ -1,23 +1,42 @@
 //! A loading path's weights held resident in their stored dtype (bf16, f16
 //! or f32, on the run's device) and widened to f32 — rounded to the compute
-//! dtype — only when a layer asks for them, or handed out as bf16 pairs for
-//! the kernels that read them: the "resident" mode of a drafter
-//! evaluation's memory plan. Numerically the same as reading the mapped
-//! checkpoint each time ([`TensorView`]); the whole model is never widened.
+//! dtype — only when a layer asks for them: the "resident" mode of a drafter
+//! evaluation's memory plan. A 2-D bf16 weight on the CPU is held as the
+//! bf16 pairs the kernels read ([`Pairs`], the same bytes), made once from
+//! the mapped bytes, so every sweep's layers take them as they are.
+//! Numerically the same as reading the mapped checkpoint each time
+//! ([`TensorView`]); the whole model is never widened.
 
 use std::collections::HashMap;
 
 use candle_core::{DType, Tensor};
 
 use crate::error::Result;
-use crate::kernels::Pairs;
-use crate::loading::{select_rows, PairWords, TensorView, WeightSource};
+use crate::kernels::{Pairs, Words};
+use crate::loading::{check_ids, select_rows, PairWords, TensorView, WeightSource};
 use crate::precision::Precision;
+
+/// One tensor held: in its stored dtype, or a 2-D bf16 CPU weight as its
+/// pairs' words.
+#[derive(Clone)]
+enum Held {
+    Stored(Tensor),
+    Pairs([usize; 2], Words),
+}
+
+impl Held {
+    fn bytes(&self) -> u64 {
+        match self {
+            Held::Stored(t) => (t.elem_count() * t.dtype().size_in_bytes()) as u64,
+            Held::Pairs(_, w) => (w.len() * 4) as u64,
+        }
+    }
+}
 
 /// The stored-dtype tensors of one view, loaded once.
 pub struct Resident {
     view: TensorView,
-    stored: HashMap<String, Tensor>,
+    stored: HashMap<String, Held>,
     bytes: u64,
 }
 
@@ -42,7 +61,7 @@ impl Resident {
         names: &[String],
         share: Option<&Resident>,
     ) -> Result<Self> {
-        let shared: HashMap<String, &Tensor> = share
+        let shared: HashMap<String, &Held> = share
             .map(|r| {
                 r.stored
                     .iter()
@@ -60,9 +79,14 @@ impl Resident {
                 stored.insert(n.clone(), (*t).clone());
                 continue;
             }
-            if let Some(t) = view.stored(n)? {
-                bytes += (t.elem_count() * t.dtype().size_in_bytes()) as u64;
-                stored.insert(n.clone(), t);
+            // A bf16 weight's pairs straight from the mapped bytes.
+            let held = match view.bf16_pairs(n)? {
+                Some((dims, words)) => Some(Held::Pairs(dims, words)),
+                None => view.stored(n)?.map(Held::Stored),
+            };
+            if let Some(h) = held {
+                bytes += h.bytes();
+                stored.insert(n.clone(), h);
             }
         }
         Ok(Self {
@@ -77,19 +101,21 @@ impl Resident {
         self.bytes
     }
 
-    /// The pairs of `t` when it is a 2-D bf16 tensor on the CPU.
-    fn pairs_of(t: &Tensor) -> Result<PairWords> {
-        let (&[n, k], DType::BF16, true) = (t.dims(), t.dtype(), t.device().is_cpu()) else {
-            return Ok(None);
-        };
-        let t = t.contiguous()?;
-        let (storage, layout) = t.storage_and_layout();
-        let (candle_core::Storage::Cpu(candle_core::CpuStorage::BF16(v)), Some((s, e))) =
-            (&*storage, layout.contiguous_offsets())
-        else {
-            return Ok(None);
-        };
-        Ok(Some(([n, k], Pairs::words_of_bf16(&v[s..e], [n, k])?)))
+    /// Rows `rows` of a weight held as pairs, widened to f32 (exact: the
+    /// values are bf16) and rounded to `prec` as a bf16 tensor would be.
+    fn widen_pairs(
+        dims: [usize; 2],
+        words: &Words,
+        rows: &[usize],
+        prec: Precision,
+    ) -> Result<Tensor> {
+        let v = Pairs::from_words(dims, words.clone())?.widen_rows(rows);
+        let w = Tensor::from_vec(v, (rows.len(), dims[1]), &candle_core::Device::Cpu)?;
+        if prec.is_exact_for("BF16") {
+            Ok(w)
+        } else {
+            Ok(prec.round(&w)?)
+        }
     }
 
     /// `t` (stored dtype) as f32 rounded to `prec`: exact widening, then the
@@ -117,43 +143,57 @@ impl WeightSource for Resident {
 
     fn tensor_in(&self, name: &str, prec: Precision) -> Result<Tensor> {
         match self.stored.get(name) {
-            Some(t) => Self::widen(t, prec),
+            Some(Held::Stored(t)) => Self::widen(t, prec),
+            Some(Held::Pairs(d, w)) => {
+                Self::widen_pairs(*d, w, &(0..d[0]).collect::<Vec<_>>(), prec)
+            }
             None => self.view.tensor_in(name, prec),
         }
     }
 
     fn rows(&self, name: &str, ids: &[u32], prec: Precision) -> Result<Tensor> {
         match self.stored.get(name) {
-            Some(t) => Self::widen(&select_rows(t, name, ids)?, prec),
+            Some(Held::Stored(t)) => Self::widen(&select_rows(t, name, ids)?, prec),
+            Some(Held::Pairs(d, w)) => {
+                check_ids(name, ids, d[0])?;
+                let rows: Vec<usize> = ids.iter().map(|&i| i as usize).collect();
+                Self::widen_pairs(*d, w, &rows, prec)
+            }
             None => self.view.rows(name, ids, prec),
         }
     }
 
     fn row_range(&self, name: &str, start: usize, len: usize, prec: Precision) -> Result<Tensor> {
         match self.stored.get(name) {
-            Some(t) => Self::widen(&t.narrow(0, start, len)?, prec),
+            Some(Held::Stored(t)) => Self::widen(&t.narrow(0, start, len)?, prec),
+            Some(Held::Pairs(d, w)) => {
+                crate::checkpoint::weights::check_rows(name, (start, len), d[0])?;
+                Self::widen_pairs(*d, w, &(start..start + len).collect::<Vec<_>>(), prec)
+            }
             None => self.view.row_range(name, start, len, prec),
         }
     }
 
-    /// A 2-D weight held in bf16 on the CPU: its pairs made from the held
-    /// values (no widening; the NaN/Inf scan was made when the checkpoint was
-    /// read, by this view or the one it shares with). Anything else, MISSING
-    /// tensors included: `None`.
+    /// A 2-D weight held in bf16 on the CPU: the words made when it was
+    /// read (shared, not copied; the NaN/Inf scan was made then, by this
+    /// view or the one it shares with). Anything else, MISSING tensors
+    /// included: `None`.
     fn bf16_pairs(&self, name: &str) -> Result<PairWords> {
         match self.stored.get(name) {
-            Some(t) => Self::pairs_of(t),
-            None => Ok(None),
+            Some(Held::Pairs(dims, words)) => Ok(Some((*dims, words.clone()))),
+            _ => Ok(None),
         }
     }
 
     /// Rows `start .. start+len` of a 2-D weight held in bf16 on the CPU as
-    /// [`Self::bf16_pairs`] gives the whole.
+    /// [`Self::bf16_pairs`] gives the whole (their words copied).
     fn bf16_pair_rows(&self, name: &str, start: usize, len: usize) -> Result<PairWords> {
         match self.stored.get(name) {
-            Some(t) if t.dims().len() == 2 => {
-                crate::checkpoint::weights::check_rows(name, (start, len), t.dim(0)?)?;
-                Self::pairs_of(&t.narrow(0, start, len)?)
+            Some(Held::Pairs([n, k], words)) => {
+                crate::checkpoint::weights::check_rows(name, (start, len), *n)?;
+                let per = k.div_ceil(2);
+                let part = words[start * per..(start + len) * per].to_vec();
+                Ok(Some(([len, *k], std::sync::Arc::new(part))))
             }
             _ => Ok(None),
         }

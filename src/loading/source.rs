@@ -128,17 +128,24 @@ pub trait WeightSource {
     fn release(&self) {}
 }
 
+/// Checks that every id of `ids` is a row of `name`'s `v` rows.
+///
+/// Errors: an id out of range ([`crate::error::Error::Input`]).
+pub fn check_ids(name: &str, ids: &[u32], v: usize) -> Result<()> {
+    match ids.iter().find(|&&i| i as usize >= v) {
+        Some(bad) => Err(crate::error::Error::Input(format!(
+            "token id {bad} is out of range for {name} with {v} rows"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Rows `ids` of the loaded 2-D tensor `w` (named `name` in errors), on `w`'s
 /// device: an embedding lookup.
 ///
 /// Errors: an id out of range ([`crate::error::Error::Input`]).
 pub fn select_rows(w: &Tensor, name: &str, ids: &[u32]) -> Result<Tensor> {
-    let v = w.dim(0)?;
-    if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
-        return Err(crate::error::Error::Input(format!(
-            "token id {bad} is out of range for {name} with {v} rows"
-        )));
-    }
+    check_ids(name, ids, w.dim(0)?)?;
     let idx = Tensor::from_slice(ids, ids.len(), w.device())?;
     Ok(w.index_select(&idx, 0)?)
 }

@@ -32,7 +32,7 @@ use serde::Serialize;
 
 use crate::drafter::bootstrap::{Bootstrap, DeltaInterval};
 use crate::drafter::eval::{self, EndRule, PromptTau};
-use crate::drafter::paths::plan_for;
+use crate::drafter::plan::plan_for;
 use crate::drafter::plan::Residency;
 use crate::drafter::target::TargetModel;
 use crate::drafter::trajectories::{Given, GivenFile, PathDepartures, TrajectoryReport};
