@@ -301,13 +301,12 @@ fn targets_swept_together_give_each_the_bits_of_its_own_sweep() {
     assert!(bits(&got[0][0].captures[last]) != bits(&got[0][n].captures[last]));
 }
 
-/// A drafter whose products take candle's row-independent route at every
-/// row count (its `fc`, `k_proj` and `v_proj` have more than 64 outputs), one
-/// sliding and one full layer, bf16 weights drawn from `common::uniform`;
-/// written under `dir`.
-fn wide_drafter(dir: &std::path::Path) {
+/// A drafter of hidden size 128 (its `fc` has 128 outputs) whose `k_proj`
+/// and `v_proj` have `2 × hd` outputs, one sliding and one full layer, bf16
+/// weights drawn from `common::uniform`; written under `dir`.
+fn wide_drafter(dir: &std::path::Path, hd: usize) {
     use std::collections::HashMap;
-    let (h, k, nh, nkv, hd, inter) = (128usize, 2usize, 4usize, 2usize, 48usize, 96usize);
+    let (h, k, nh, nkv, inter) = (128usize, 2usize, 4usize, 2usize, 96usize);
     let mut t: HashMap<String, Tensor> = HashMap::new();
     let mut seed = 0u64;
     let mut put = |name: String, dims: &[usize], scale: f32, centre: f32| {
@@ -359,22 +358,32 @@ fn wide_drafter(dir: &std::path::Path) {
 
 /// The drafter's forward with its context keys and values held across the
 /// anchors of a walk (`forward_cached`) gives the whole-context forward's
-/// bits at every anchor: one new row (its `fc` product re-projects a held
-/// row), none, many, an anchor behind those held, in bf16 and f32. The
-/// toy drafter (64-wide products, candle's small-size rule below 65 rows)
-/// runs whole until the context passes 64 rows, then from the cache.
+/// bits at every anchor: one new row (its `fc` product re-projects held
+/// rows), none, many, an anchor behind those held, in bf16 and f32 (f32
+/// is the one whose bits show a product summed in another order). Products
+/// with 64 outputs or fewer follow candle's small-size rule below 65 rows,
+/// so such a drafter runs whole until its products pass 64 rows: the
+/// 64-wide key/value products of `narrow` once 57 context rows join the
+/// block's 8, and the toy pair's drafter (hidden size 64) once `fc` reads
+/// 65 rows.
 #[test]
 fn cached_draft_context_gives_the_whole_context_forward() {
     use hsparity::models::dflash::{DraftContext, Drafter};
-    let dir = std::env::temp_dir().join(format!("hsparity-wide-drafter-{}", std::process::id()));
-    wide_drafter(&dir);
-    let anchors = [5usize, 6, 6, 9, 30, 20, 31, 66, 67, 67, 70, 130, 129];
-    for (what, path, small_until) in [
-        ("wide", dir.clone(), 0usize),
+    let tmp = tempfile::tempdir().unwrap();
+    let (wide, narrow) = (tmp.path().join("wide"), tmp.path().join("narrow"));
+    wide_drafter(&wide, 48);
+    wide_drafter(&narrow, 32);
+    let anchors = [
+        5usize, 6, 6, 9, 30, 20, 31, 56, 57, 58, 66, 67, 67, 70, 130, 129,
+    ];
+    for (what, path, whole_until) in [
+        ("wide", wide, 0usize),
+        ("narrow", narrow, 56),
         ("toy", "fixtures/toy-pair/drafter".into(), 64),
     ] {
         for prec in [Precision::Bf16, Precision::F32] {
-            let d = Drafter::load_dir(&path, if what == "wide" { 128 } else { 64 }, prec).unwrap();
+            let hidden = if what == "toy" { 64 } else { 128 };
+            let d = Drafter::load_dir(&path, hidden, prec).unwrap();
             let (h, k, b) = (
                 d.cfg.hidden_size,
                 d.cfg.target_layer_ids.len(),
@@ -391,12 +400,11 @@ fn cached_draft_context_gives_the_whole_context_forward() {
                     bits_of(&cached) == bits_of(&whole.unwrap()),
                     "{what} {prec:?}: anchor {start} (step {j})"
                 );
-                let held = anchors[..=j].iter().filter(|&&a| a > small_until).max();
+                let held = anchors[..=j].iter().filter(|&&a| a > whole_until).max();
                 assert_eq!(ctx.len(), held.copied().unwrap_or(0), "{what} {prec:?} {j}");
             }
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The f32 bits of `t`.

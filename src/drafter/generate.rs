@@ -21,7 +21,7 @@ use super::eval::{draft_output, greedy_drafts, DraftTarget, EndRule};
 use super::faults::Faults;
 use super::target::{argmax_rows, Capture, Sequence, Step, StepOut, TargetModel};
 use crate::error::Result;
-use crate::models::dflash::{DraftContext, Drafter};
+use crate::models::dflash::{narrow_pieces, DraftContext, Drafter};
 use crate::models::GdnForm;
 
 /// What the loop produced per prompt.
@@ -106,17 +106,11 @@ impl Run {
 
     /// The features of positions `a..e`, from the pieces `feats` holds.
     fn context_rows(feats: &[Tensor], a: usize, e: usize) -> Result<Tensor> {
-        let mut parts = Vec::new();
-        let mut at = 0;
-        for f in feats {
-            let n = f.dim(0)?;
-            let (lo, hi) = (a.max(at), e.min(at + n));
-            if lo < hi {
-                parts.push(f.narrow(0, lo - at, hi - lo)?);
-            }
-            at += n;
+        let parts = narrow_pieces(feats, 0, a, e)?;
+        match (parts.is_empty(), feats.first()) {
+            (true, Some(f)) => Ok(f.narrow(0, 0, 0)?),
+            _ => Ok(Tensor::cat(&parts, 0)?),
         }
-        Ok(Tensor::cat(&parts, 0)?)
     }
 }
 
@@ -288,7 +282,12 @@ fn prefill(
 fn draft(dt: &DraftTarget, runs: &mut [Run], b: usize) -> Result<Vec<(usize, Vec<u32>)>> {
     let mut live: Vec<(usize, usize)> = Vec::new();
     let mut outs: Vec<Tensor> = Vec::new();
-    for (i, r) in runs.iter_mut().enumerate().filter(|(_, r)| !r.done()) {
+    for (i, r) in runs.iter_mut().enumerate() {
+        if r.done() {
+            // A finished lane drafts no more: its context's keys and values go.
+            r.ctx = DraftContext::new();
+            continue;
+        }
         let start = r.seq.len();
         let feats = &r.feats;
         let rows = |a: usize, e: usize| Run::context_rows(feats, a, e);

@@ -191,11 +191,12 @@ struct Run<'a> {
 
 impl Run<'_> {
     /// Generates `p`'s trajectories with the DFlash loop (lm_head from
-    /// `head`), replays its own features and path 0's (`first`) trajectory.
+    /// `head`: `p`'s own where `from` says so), replays its own features and
+    /// path 0's (`first`) trajectory.
     fn evaluate_path(
         &self,
         p: &ResolvedPath,
-        head: &dyn WeightSource,
+        (head, from): (&dyn WeightSource, LmHeadFrom),
         dtype: Precision,
         first: Option<&PathResult>,
     ) -> Result<Evaluated> {
@@ -207,7 +208,7 @@ impl Run<'_> {
                     .set_message(format!("{name}: loading weights"));
                 resident = Resident::load(&p.view, p.view.names())?;
                 // Its own lm_head is held too: every round's logits read it.
-                let own_head = std::ptr::addr_eq(head, &p.view);
+                let own_head = from.how == HeadUse::Own;
                 (&resident, if own_head { &resident } else { head })
             }
             Residency::Streamed => (&p.view, head),
@@ -464,7 +465,7 @@ pub fn evaluate(
                     departures: r.departures.clone(),
                 }
             }
-            None => run.evaluate_path(p, head, dtype, runs.first())?,
+            None => run.evaluate_path(p, (head, lm_head_from), dtype, runs.first())?,
         };
         runs.push(PathResult {
             name: p.path.name().to_string(),

@@ -111,11 +111,7 @@ impl Resident {
     ) -> Result<Tensor> {
         let v = Pairs::from_words(dims, words.clone())?.widen_rows(rows);
         let w = Tensor::from_vec(v, (rows.len(), dims[1]), &candle_core::Device::Cpu)?;
-        if prec.is_exact_for("BF16") {
-            Ok(w)
-        } else {
-            Ok(prec.round(&w)?)
-        }
+        Self::rounded(w, "BF16", prec)
     }
 
     /// `t` (stored dtype) as f32 rounded to `prec`: exact widening, then the
@@ -127,7 +123,12 @@ impl Resident {
             DType::F32 => "F32",
             _ => "F64",
         };
-        let w = t.to_dtype(DType::F32)?;
+        Self::rounded(t.to_dtype(DType::F32)?, stored, prec)
+    }
+
+    /// `w`, values of the `stored` dtype widened to f32, rounded to `prec`
+    /// unless that is the identity on them.
+    fn rounded(w: Tensor, stored: &str, prec: Precision) -> Result<Tensor> {
         if prec.is_exact_for(stored) {
             Ok(w)
         } else {

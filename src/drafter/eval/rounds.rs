@@ -165,10 +165,14 @@ pub fn replay_jobs(
         if wanted.is_empty() {
             break;
         }
-        // Both walks are past the anchors behind them: their drafts go.
-        for (pair, d) in walks.iter().zip(drafted.iter_mut()) {
+        // Both walks are past the anchors behind them: their drafts go, and
+        // a trajectory whose walks are done drops its context.
+        for ((pair, d), ctx) in walks.iter().zip(drafted.iter_mut()).zip(ctxs.iter_mut()) {
             let behind = pair[0].start.min(pair[1].start);
             d.retain(|&(at, _), _| at >= behind);
+            if pair.iter().all(|w| w.pending().is_none()) {
+                *ctx = DraftContext::new();
+            }
         }
         for pass in wanted.chunks(MAX_DRAFTS_PER_PASS) {
             for ((j, at), d) in pass.iter().zip(draft_each(jobs, &mut ctxs, pass, budget)?) {

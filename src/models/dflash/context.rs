@@ -25,14 +25,17 @@ use crate::models::layers::rows_batchable;
 /// One trajectory's context keys and values of every draft layer, at
 /// positions `0..len` ([`Drafter::forward_cached`]). Start one per
 /// trajectory; it grows as the anchors advance, and a forward at an earlier
-/// anchor reads the rows before it.
+/// anchor reads the rows before it. It holds `layers × 2 × kv heads ×
+/// head_dim` f32 values per row (40 KB at a 27B target's drafter: less than
+/// the row's features); drop it when its trajectory's walks are done.
 #[derive(Default)]
 pub struct DraftContext {
     /// Context rows held.
     len: usize,
-    /// Per layer: keys `[1, kv heads, len, head_dim]` after `k_norm` and
-    /// RoPE, and values of the same shape.
-    kv: Vec<(Tensor, Tensor)>,
+    /// Per layer: keys `[1, kv heads, rows, head_dim]` after `k_norm` and
+    /// RoPE, and values of the same shape, in the pieces the forwards
+    /// added (joined once per forward, with the block's, not per piece).
+    kv: Vec<(Vec<Tensor>, Vec<Tensor>)>,
 }
 
 impl DraftContext {
@@ -50,6 +53,29 @@ impl DraftContext {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
+
+/// The parts of `pieces` (joined along `dim`, in order) that cover the
+/// positions `a..e` along it, each narrowed to its share.
+///
+/// Errors: a piece lacks `dim`.
+pub(crate) fn narrow_pieces(
+    pieces: &[Tensor],
+    dim: usize,
+    a: usize,
+    e: usize,
+) -> Result<Vec<Tensor>> {
+    let mut parts = Vec::new();
+    let mut at = 0;
+    for p in pieces {
+        let n = p.dim(dim)?;
+        let (lo, hi) = (a.max(at), e.min(at + n));
+        if lo < hi {
+            parts.push(p.narrow(dim, lo - at, hi - lo)?);
+        }
+        at += n;
+    }
+    Ok(parts)
 }
 
 impl Drafter {
@@ -80,27 +106,38 @@ impl Drafter {
             None
         };
         let held = ctx.len;
+        // Rows past those held, per layer: kept once the forward succeeds.
+        let mut added: Vec<(Tensor, Tensor)> = Vec::new();
+        let layers = &ctx.kv;
         let mut keys = |i: usize, k: Tensor, v: Tensor| -> Result<(Tensor, Tensor)> {
-            let (k_blk, v_blk) = (k.narrow(2, fresh, b)?, v.narrow(2, fresh, b)?);
+            let (mut ks, mut vs) = match layers.get(i) {
+                Some((kp, vp)) => (
+                    narrow_pieces(kp, 2, 0, start)?,
+                    narrow_pieces(vp, 2, 0, start)?,
+                ),
+                None => (Vec::new(), Vec::new()),
+            };
             if start > held {
-                // The rows past those held join the context.
                 let (a, n) = (held - from, start - held);
                 let (k_new, v_new) = (k.narrow(2, a, n)?, v.narrow(2, a, n)?);
-                match ctx.kv.get_mut(i) {
-                    Some((kc, vc)) => {
-                        *kc = Tensor::cat(&[&*kc, &k_new], 2)?;
-                        *vc = Tensor::cat(&[&*vc, &v_new], 2)?;
-                    }
-                    None => ctx.kv.push((k_new, v_new)),
-                }
+                ks.push(k_new.clone());
+                vs.push(v_new.clone());
+                added.push((k_new, v_new));
             }
-            let (kc, vc) = &ctx.kv[i];
-            Ok((
-                Tensor::cat(&[&kc.narrow(2, 0, start)?, &k_blk], 2)?,
-                Tensor::cat(&[&vc.narrow(2, 0, start)?, &v_blk], 2)?,
-            ))
+            ks.push(k.narrow(2, fresh, b)?);
+            vs.push(v.narrow(2, fresh, b)?);
+            Ok((Tensor::cat(&ks, 2)?, Tensor::cat(&vs, 2)?))
         };
         let y = self.run_layers(noise, c_proj.as_ref(), from, start, start, &mut keys)?;
+        for (i, (k, v)) in added.into_iter().enumerate() {
+            match ctx.kv.get_mut(i) {
+                Some((kp, vp)) => {
+                    kp.push(k);
+                    vp.push(v);
+                }
+                None => ctx.kv.push((vec![k], vec![v])),
+            }
+        }
         ctx.len = ctx.len.max(start);
         Ok(y)
     }

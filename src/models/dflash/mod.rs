@@ -26,6 +26,7 @@ use crate::models::layers::rope::Rotary;
 use crate::models::layers::{linear, Matrix};
 use crate::precision::Precision;
 pub use config::{DflashConfig, DraftLayerType};
+pub(crate) use context::narrow_pieces;
 pub use context::DraftContext;
 pub use weights::DrafterWeights;
 
