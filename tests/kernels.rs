@@ -669,7 +669,7 @@ fn resident_pairs_are_the_checkpoints_words() {
 /// by rows and by a range of rows, in each compute dtype, bit for bit; an
 /// id or a range past the last row is refused with the tensor's name. (The
 /// fixture's bf16 values are all f16 values too, so its f16 rounding is the
-/// identity here.)
+/// identity here.) A second loading path's copy shares the first's words.
 #[test]
 fn resident_values_are_the_checkpoints_values() {
     use hsparity::loading::resident::Resident;
@@ -721,6 +721,36 @@ fn resident_values_are_the_checkpoints_values() {
         }
     }
     assert!(held_as_pairs >= 10, "{held_as_pairs} weights held as pairs");
+    // Another loading path of the same checkpoint shares the held words
+    // (the same allocation) and counts only what it adds.
+    let both = hsparity::session::Session::open(
+        &common::target("fixtures/divergence/bf16-auto", None),
+        &[
+            hsparity::loading::LoadingPath::CausalLm,
+            hsparity::loading::LoadingPath::Vlm,
+        ],
+    )
+    .unwrap();
+    let (a, b) = (&both.paths[0].view, &both.paths[1].view);
+    let first = Resident::load(a, a.names()).unwrap();
+    let second = Resident::load_sharing(b, b.names(), Some(&first)).unwrap();
+    let mut shared = 0;
+    for name in b.names() {
+        if let (Some((_, w1)), Some((_, w2))) = (
+            first.bf16_pairs(name).unwrap(),
+            second.bf16_pairs(name).unwrap(),
+        ) {
+            assert!(std::sync::Arc::ptr_eq(&w1, &w2), "{name}: words copied");
+            shared += 1;
+        }
+    }
+    assert!(shared >= 10, "{shared} weights shared");
+    assert!(
+        second.bytes() < first.bytes() / 10,
+        "{} of {}",
+        second.bytes(),
+        first.bytes()
+    );
 }
 
 /// A linear weight a bf16 checkpoint stores, loaded for a model computing
