@@ -454,6 +454,17 @@ fn bf16_session() -> hsparity::session::Session {
     hsparity::session::Session::open(&common::target(dir, None), &[LoadingPath::CausalLm]).unwrap()
 }
 
+/// [`bf16_session`] and a resident copy of its path's weights.
+fn bf16_resident() -> (
+    hsparity::session::Session,
+    hsparity::loading::resident::Resident,
+) {
+    let session = bf16_session();
+    let view = &session.paths[0].view;
+    let resident = hsparity::loading::resident::Resident::load(view, view.names()).unwrap();
+    (session, resident)
+}
+
 /// A checkpoint stored in bf16 gives its linear weights' pairs straight from
 /// the mapped bytes, equal to the parameter `tensor_in` loads (widened back,
 /// bit for bit), for every linear weight of the model; an f32 checkpoint
@@ -622,9 +633,8 @@ fn held_pairs_are_read_once_until_released() {
 fn resident_pairs_are_the_checkpoints_words() {
     use hsparity::loading::resident::Resident;
     use hsparity::loading::WeightSource;
-    let session = bf16_session();
+    let (session, resident) = bf16_resident();
     let view = &session.paths[0].view;
-    let resident = Resident::load(view, view.names()).unwrap();
     let mut checked = 0;
     for name in view.names() {
         let Some((dims, want)) = view.bf16_pairs(name).unwrap() else {
@@ -674,9 +684,8 @@ fn resident_pairs_are_the_checkpoints_words() {
 fn resident_values_are_the_checkpoints_values() {
     use hsparity::loading::resident::Resident;
     use hsparity::loading::WeightSource;
-    let session = bf16_session();
+    let (session, resident) = bf16_resident();
     let view = &session.paths[0].view;
-    let resident = Resident::load(view, view.names()).unwrap();
     let mut held_as_pairs = 0;
     for name in view.names() {
         let two_d = view.shape(name).is_some_and(|s| s.len() == 2);

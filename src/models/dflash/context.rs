@@ -2,8 +2,8 @@
 //! trajectory ([`DraftContext`], [`Drafter::forward_cached`]), as
 //! `dflash_generate` keeps them in its `past_key_values`: each round projects
 //! only the context rows the last round added, instead of every row since
-//! the prompt's first. At a 2048-token prompt re-projecting the context was
-//! half of the drafter's products.
+//! the prompt's first (at a 2048-token prompt that re-projection took about
+//! a quarter of a `drafter` run: docs/performance.md).
 //!
 //! The cached rows are bitwise the rows [`Drafter::forward`] computes over
 //! the whole context. A row of `fc`, `k_proj` or `v_proj` depends on how
