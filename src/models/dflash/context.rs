@@ -119,7 +119,9 @@ impl Drafter {
             };
             if start > held {
                 let (a, n) = (held - from, start - held);
-                let (k_new, v_new) = (k.narrow(2, a, n)?, v.narrow(2, a, n)?);
+                // Copies: a view would keep this forward's whole K and V alive.
+                let k_new = k.narrow(2, a, n)?.force_contiguous()?;
+                let v_new = v.narrow(2, a, n)?.force_contiguous()?;
                 ks.push(k_new.clone());
                 vs.push(v_new.clone());
                 added.push((k_new, v_new));
