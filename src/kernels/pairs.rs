@@ -34,28 +34,32 @@ impl Pairs {
     ///
     /// Errors: `values` does not hold `[n, k]`, or a value is not bf16.
     pub fn of(values: &[f32], [n, k]: [usize; 2]) -> Result<Self> {
-        let words = words_of(values, [n, k], pair_of)?.ok_or_else(|| {
-            refused("bf16 dot-product matmul: a weight value is not a bf16 value".into())
-        })?;
+        if values.len() != n * k {
+            return Err(refused(format!(
+                "bf16 pairs: {} values do not hold [{n}, {k}]",
+                values.len()
+            )));
+        }
+        let pairs = k.div_ceil(2);
+        let mut words = vec![0u32; n * pairs];
+        let ok = words
+            .par_chunks_mut(pairs.max(1))
+            .zip(values.par_chunks(k.max(1)))
+            .all(|(out, row)| {
+                row.chunks(2)
+                    .zip(out.iter_mut())
+                    .all(|(two, o)| pair_of(two).map(|p| *o = p).is_some())
+            });
+        if !ok {
+            return Err(refused(
+                "bf16 dot-product matmul: a weight value is not a bf16 value".into(),
+            ));
+        }
         Ok(Self {
             n,
             k,
             words: Arc::new(words),
         })
-    }
-
-    /// The words of a row-major `[n, k]` bf16 weight held as bf16 (a
-    /// resident copy in the stored dtype), rows in parallel: the pairs
-    /// [`Pairs::of`] makes of the same values widened, without widening.
-    ///
-    /// Errors: `values` does not hold `[n, k]`.
-    pub fn words_of_bf16(values: &[half::bf16], dims: [usize; 2]) -> Result<Words> {
-        let bits = |v: &half::bf16| u32::from(v.to_bits());
-        let pair = |two: &[half::bf16]| Some(bits(&two[0]) << 16 | two.get(1).map_or(0, bits));
-        let words = words_of(values, dims, pair)?;
-        Ok(Arc::new(words.ok_or_else(|| {
-            refused("bf16 pairs: a pair refused".into())
-        })?))
     }
 
     /// Pairs as a checkpoint's bf16 bytes give them (`WeightSource::bf16_pairs`).
@@ -116,35 +120,6 @@ impl Pairs {
             word << 16
         })
     }
-}
-
-/// The words of row-major `[n, k]` `values`, rows in parallel, each made by
-/// `pair` of one or two values (the last of an odd row alone); `None` when
-/// `pair` refuses a value.
-///
-/// Errors: `values` does not hold `[n, k]`.
-fn words_of<T: Sync>(
-    values: &[T],
-    [n, k]: [usize; 2],
-    pair: impl Fn(&[T]) -> Option<u32> + Sync,
-) -> Result<Option<Vec<u32>>> {
-    if values.len() != n * k {
-        return Err(refused(format!(
-            "bf16 pairs: {} values do not hold [{n}, {k}]",
-            values.len()
-        )));
-    }
-    let pairs = k.div_ceil(2);
-    let mut words = vec![0u32; n * pairs];
-    let ok = words
-        .par_chunks_mut(pairs.max(1))
-        .zip(values.par_chunks(k.max(1)))
-        .all(|(out, row)| {
-            row.chunks(2)
-                .zip(out.iter_mut())
-                .all(|(two, o)| pair(two).map(|p| *o = p).is_some())
-        });
-    Ok(ok.then_some(words))
 }
 
 /// One or two f32 values holding bf16 values as a swapped pair: the first
