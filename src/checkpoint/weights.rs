@@ -399,7 +399,6 @@ impl Weights {
     }
 }
 
-/// Bytes per element of a floating-point tensor, `None` for other dtypes.
 /// Refuses rows `start .. start+len` of tensor `name` when it has fewer
 /// than their end (the end computed without overflow).
 ///
@@ -414,6 +413,7 @@ pub(crate) fn check_rows(name: &str, (start, len): (usize, usize), rows: usize) 
     Ok(())
 }
 
+/// Bytes per element of a floating-point tensor, `None` for other dtypes.
 fn dtype_width(t: &TensorHeader) -> Option<usize> {
     match t.dtype.as_str() {
         "BF16" | "F16" => Some(2),
