@@ -12,7 +12,7 @@ use hsparity::drafter::generate::{dflash_loop_with, Lane};
 use hsparity::drafter::target::TargetModel;
 use hsparity::loading::{self, LoadingPath};
 use hsparity::models::dflash::Drafter;
-use hsparity::models::{CacheCrop, TextModelSpec};
+use hsparity::models::{CacheCrop, GdnForm, TextModelSpec};
 use hsparity::precision::Precision;
 use serde_json::Value;
 use std::path::Path;
@@ -47,6 +47,31 @@ fn run(set: &Value, crop: CacheCrop) -> Vec<(Vec<u32>, Vec<usize>)> {
 
 /// [`run`] under the end-of-generation `rule`.
 fn run_rule(set: &Value, crop: CacheCrop, rule: EndRule) -> Vec<(Vec<u32>, Vec<usize>)> {
+    with_toy(set, |target, drafter, prompts| {
+        let lanes: Vec<Lane> = prompts
+            .iter()
+            .map(|q| Lane {
+                faults: Faults {
+                    crop,
+                    ..Faults::default()
+                },
+                ..Lane::plain(q)
+            })
+            .collect();
+        let max_new = set["max_new_tokens"].as_u64().unwrap() as usize;
+        let g = dflash_loop_with(target, drafter, &lanes, max_new, rule, &|_| {}).unwrap();
+        g.tokens
+            .iter()
+            .zip(prompts)
+            .map(|(t, q)| t[q.len()..].to_vec())
+            .zip(g.acceptance_lengths)
+            .collect()
+    })
+}
+
+/// `f(target, drafter, prompts)` on the toy pair's target and a golden
+/// set's drafter (in the set's dtype) and prompts.
+fn with_toy<R>(set: &Value, f: impl FnOnce(&TargetModel, &Drafter, &[Vec<u32>]) -> R) -> R {
     let c = Checkpoint::open(&format!("{T}/target")).unwrap();
     let p = loading::resolve(&c, LoadingPath::CausalLm).unwrap();
     let spec = TextModelSpec::new(&p.text_config).unwrap();
@@ -66,24 +91,7 @@ fn run_rule(set: &Value, crop: CacheCrop, rule: EndRule) -> Vec<(Vec<u32>, Vec<u
         .iter()
         .map(|q| ids(&q["input_ids"]))
         .collect();
-    let lanes: Vec<Lane> = prompts
-        .iter()
-        .map(|q| Lane {
-            faults: Faults {
-                crop,
-                ..Faults::default()
-            },
-            ..Lane::plain(q)
-        })
-        .collect();
-    let max_new = set["max_new_tokens"].as_u64().unwrap() as usize;
-    let g = dflash_loop_with(&target, &drafter, &lanes, max_new, rule, &|_| {}).unwrap();
-    g.tokens
-        .iter()
-        .zip(&prompts)
-        .map(|(t, q)| t[q.len()..].to_vec())
-        .zip(g.acceptance_lengths)
-        .collect()
+    f(&target, &drafter, &prompts)
 }
 
 /// Every round and every token of `dflash_generate` on the toy pair, with
@@ -239,4 +247,93 @@ fn triage_gdn_crop_variant_is_the_wheels_loop_to_the_last_token() {
     }
     assert_eq!(crop.per_prompt.len(), per.len());
     assert!(departing >= 2);
+}
+
+/// Lanes whose prefill is the same (one prompt and form; a decode shift, a
+/// cache crop or a state reset that acts only past the prompt) share one
+/// prefill in the loop, and every lane still gives what it gives alone, bit
+/// for bit: tokens, rounds and every tap feature. Lanes whose faults act
+/// inside the prompt (fp8 keys and values, a reset at its middle) or with
+/// another form run their own; on the noise set (a random drafter: rejected
+/// drafts every round, so the crop and the shifts act).
+#[test]
+fn lanes_that_differ_after_the_prompt_share_its_prefill() {
+    let g = golden();
+    let set = &g["sets"]["noise"];
+    with_toy(set, |target, drafter, prompts| {
+        let prompts = &prompts[..2];
+        let lanes: Vec<Lane> = prompts
+            .iter()
+            .flat_map(|q| {
+                let plain = Lane::plain(q);
+                let faults = |f: Faults| Lane {
+                    faults: f,
+                    ..plain.clone()
+                };
+                let d = Faults::default();
+                [
+                    plain.clone(),
+                    Lane {
+                        decode_shift: 1,
+                        ..plain.clone()
+                    },
+                    Lane {
+                        decode_shift: 16,
+                        ..plain.clone()
+                    },
+                    faults(Faults {
+                        crop: CacheCrop::ConvOnly,
+                        ..d
+                    }),
+                    faults(Faults {
+                        gdn_reset_at: Some(q.len() + 2),
+                        ..d
+                    }),
+                    faults(Faults { kv_fp8: true, ..d }),
+                    faults(Faults {
+                        gdn_reset_at: Some(q.len() / 2),
+                        ..d
+                    }),
+                    Lane {
+                        form: GdnForm::Recurrent,
+                        ..plain.clone()
+                    },
+                ]
+            })
+            .collect();
+        let max_new = 12;
+        let rule = EndRule::GithubMain;
+        let together = dflash_loop_with(target, drafter, &lanes, max_new, rule, &|_| {}).unwrap();
+        // Per prompt: the plain group of five, fp8, the mid reset, recurrent.
+        assert_eq!(together.prefills, 4 * prompts.len());
+        for (i, lane) in lanes.iter().enumerate() {
+            let alone = dflash_loop_with(
+                target,
+                drafter,
+                std::slice::from_ref(lane),
+                max_new,
+                rule,
+                &|_| {},
+            )
+            .unwrap();
+            assert_eq!(alone.prefills, 1);
+            assert_eq!(together.tokens[i], alone.tokens[0], "lane {i}: tokens");
+            assert_eq!(
+                together.acceptance_lengths[i], alone.acceptance_lengths[0],
+                "lane {i}: rounds"
+            );
+            let bits = |t: &candle_core::Tensor| -> Vec<u32> {
+                let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+                v.iter().map(|x| x.to_bits()).collect()
+            };
+            let (a, b) = (bits(&together.features[i]), bits(&alone.features[0]));
+            let first = a.iter().zip(&b).position(|(x, y)| x != y);
+            assert!(
+                a.len() == b.len() && first.is_none(),
+                "lane {i}: tap features differ ({} against {} values; first at {first:?})",
+                a.len(),
+                b.len()
+            );
+        }
+    });
 }

@@ -38,6 +38,9 @@ pub struct Generation {
     pub rounds: usize,
     /// Sweeps over the target's layers: the prefill plus one per round.
     pub sweeps: usize,
+    /// Lanes whose prefill was swept; the others took a twin's, bit for bit
+    /// the same (a lane that differs only after its prompt).
+    pub prefills: usize,
 }
 
 /// One prompt's progress through the loop.
@@ -200,7 +203,7 @@ pub fn dflash_loop_with(
             ctx: DraftContext::new(),
         })
         .collect();
-    prefill(target, &mut runs, lanes, &capture)?;
+    let prefills = prefill(target, &mut runs, lanes, &capture)?;
     let sweeps_done = |runs: &[Run]| on_progress(runs.iter().map(Run::progress).sum());
     let mut sweeps = 1;
     sweeps_done(&runs);
@@ -229,6 +232,7 @@ pub fn dflash_loop_with(
         acceptance_lengths: Vec::new(),
         rounds,
         sweeps,
+        prefills,
     };
     for r in runs {
         g.features.push(r.context()?);
@@ -247,31 +251,71 @@ fn logits_of(o: &StepOut) -> Result<&Tensor> {
     })
 }
 
+/// Per lane, the earlier lane whose prefill is its own bit for bit, if any:
+/// the same prompt and form, and the same faults that act inside the prompt.
+/// A decode shift moves only positions past the prompt
+/// ([`Sequence`]'s positions), a cache crop acts only when a verified block
+/// is committed, and a Gated DeltaNet reset at or past the prompt's end only
+/// in a later sweep; fp8 keys and values and a reset inside the prompt
+/// change the prefill. Each lane's layers run as if it ran alone
+/// ([`crate::models::decoder::DecoderLayer::forward_batch`]), so a twin's
+/// state and taps are the lane's own.
+fn prefill_twins(lanes: &[Lane]) -> Vec<Option<usize>> {
+    fn key(l: &Lane) -> (&[u32], GdnForm, bool, Option<usize>) {
+        let reset = l.faults.gdn_reset_at.filter(|&k| k < l.prompt.len());
+        (&l.prompt, l.form, l.faults.kv_fp8, reset)
+    }
+    lanes
+        .iter()
+        .enumerate()
+        .map(|(i, l)| lanes[..i].iter().position(|e| key(e) == key(l)))
+        .collect()
+}
+
 /// The prefill: every prompt's taps, and the first new token from its last
-/// row, in one sweep.
+/// row, in one sweep of the lanes whose prefill no earlier lane shares
+/// ([`prefill_twins`]); the others take their twin's state, taps and token.
+/// Returns the prefills swept.
 fn prefill(
     target: &TargetModel,
     runs: &mut [Run],
     lanes: &[Lane],
     capture: &[Capture],
-) -> Result<()> {
+) -> Result<usize> {
+    let twins = prefill_twins(lanes);
     let mut steps: Vec<Step> = runs
         .iter_mut()
         .zip(lanes)
-        .map(|(r, l)| Step {
+        .zip(&twins)
+        .filter(|(_, twin)| twin.is_none())
+        .map(|((r, l), _)| Step {
             seq: &mut r.seq,
             ids: &l.prompt,
             tentative: false,
             logits: l.prompt.len() - 1..l.prompt.len(),
         })
         .collect();
+    let swept = steps.len();
     let outs = target.sweep(&mut steps, capture)?;
-    for (r, o) in runs.iter_mut().zip(outs) {
+    drop(steps);
+    let own = twins.iter().enumerate().filter(|(_, t)| t.is_none());
+    for ((i, _), o) in own.zip(outs) {
+        let r = &mut runs[i];
         r.feats
             .push(Tensor::cat(&o.captures, candle_core::D::Minus1)?);
         r.tokens.push(argmax_rows(logits_of(&o)?)?[0]);
     }
-    Ok(())
+    for (i, twin) in twins.iter().enumerate() {
+        if let Some(j) = *twin {
+            // A twin comes before its lane.
+            let (before, rest) = runs.split_at_mut(i);
+            let (r, t) = (&mut rest[0], &before[j]);
+            r.seq.adopt_state(&t.seq)?;
+            r.feats = t.feats.clone();
+            r.tokens.push(t.tokens[t.prompt_len]);
+        }
+    }
+    Ok(swept)
 }
 
 /// One drafted block per unfinished prompt, from its features: `(run,

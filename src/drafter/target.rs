@@ -130,6 +130,28 @@ impl Sequence {
         Ok(())
     }
 
+    /// Takes the decode state `twin` reached (its caches, as shared tensors,
+    /// and its length), keeping this sequence's own decode shift and faults:
+    /// for a sequence whose feeding so far gives `twin`'s state bit for bit
+    /// (the DFlash loop's shared prefill).
+    ///
+    /// Errors ([`Error::Input`]): `twin` holds a tentative block, or lays out
+    /// another prompt or form.
+    pub fn adopt_state(&mut self, twin: &Sequence) -> Result<()> {
+        if twin.block_start.is_some()
+            || twin.prompt_len != self.prompt_len
+            || twin.form != self.form
+        {
+            return Err(Error::Input(
+                "a sequence can adopt only a committed state of the same prompt and form".into(),
+            ));
+        }
+        self.states = twin.states.clone();
+        self.len = twin.len;
+        self.block_start = None;
+        Ok(())
+    }
+
     /// Absolute positions of `t` new tokens.
     fn positions(&self, t: usize) -> Vec<usize> {
         (self.len..self.len + t)
