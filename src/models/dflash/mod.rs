@@ -19,7 +19,7 @@ use candle_core::{Device, Tensor};
 
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
-use crate::models::layers::attention::repeat_kv;
+use crate::models::layers::gqa::grouped_matmul;
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::PlainRmsNorm;
 use crate::models::layers::rope::Rotary;
@@ -306,13 +306,14 @@ impl Drafter {
             let q = self.rotary.apply(&q, &cos_q, &sin_q, p)?;
             let k = self.rotary.apply(&k, &cos, &sin, p)?;
             let (k, v) = keys(i, k, v)?;
-            let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
-            let mut scores = p.round(&(p.round(&q.matmul(&k.t()?.contiguous()?)?)? * scale)?)?;
+            // repeat_kv's heads without the copies (`gqa`).
+            let kt = k.t()?.contiguous()?;
+            let mut scores = p.round(&(p.round(&grouped_matmul(&q, &kt)?)? * scale)?)?;
             if let (DraftLayerType::SlidingAttention, Some(mask)) = (layer.layer_type, &sliding) {
                 scores = scores.broadcast_add(mask)?;
             }
             let probs = p.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
-            let a = p.round(&probs.matmul(&v)?)?;
+            let a = p.round(&grouped_matmul(&probs, &v)?)?;
             let a = a.squeeze(0)?.transpose(0, 1)?.reshape((b, nh * hd))?;
             x = p.round(&(x + layer.o_proj.linear(&a, p)?)?)?;
             let h2 = layer.post_attention_layernorm.forward(&x)?;

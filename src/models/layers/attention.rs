@@ -6,6 +6,7 @@
 use candle_core::{Device, Tensor};
 
 use super::causal_softmax;
+use super::gqa::grouped_matmul;
 use super::norm::Norm;
 use super::rope::Rotary;
 use super::{matrix, Matrix, Rows};
@@ -256,7 +257,7 @@ impl Attention {
         let g = &self.geo;
         let prec = g.prec;
         let t = q.dim(0)?;
-        let (nh, nkv, hd) = (g.num_heads, g.num_kv_heads, g.head_dim);
+        let (nh, hd) = (g.num_heads, g.head_dim);
         // [1, heads, T, hd]
         let q = q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
         let k = k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
@@ -286,9 +287,9 @@ impl Attention {
             }
             CacheUse::Fresh => 0,
         };
-        let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
         // eager_attention_forward: (q·kᵀ)·scale and the mask in the model
-        // dtype, softmax in f32 cast back, probs·v in the model dtype.
+        // dtype, softmax in f32 cast back, probs·v in the model dtype; the
+        // key/value heads as repeat_kv repeats them (`gqa`).
         let out = eager_attention(&q, &k, &v, past, prec)?;
         Ok(out.squeeze(0)?.transpose(0, 1)?.reshape((t, nh * hd))?)
     }
@@ -335,20 +336,10 @@ pub fn fp8_round_trip(x: &Tensor) -> Result<Tensor> {
     Ok((q.to_dtype(DType::F32)? * FP8_KV_SCALE)?)
 }
 
-/// `repeat_kv` (`modeling_qwen3_5.py`, `modeling_qwen3.py`): `[1, nkv, S, hd]` → `[1, nkv·n_rep, S, hd]`,
-/// kv head j serving q heads j·n_rep .. (j+1)·n_rep−1.
-pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
-    if n_rep == 1 {
-        return Ok(x.clone());
-    }
-    let (one, nkv, s, hd) = x.dims4()?;
-    Ok(x.unsqueeze(2)?
-        .broadcast_as((one, nkv, n_rep, s, hd))?
-        .reshape((one, nkv * n_rep, s, hd))?)
-}
-
 /// `eager_attention_forward` (transformers): `q [1, nh, T, hd]` against
-/// `k`, `v [1, nh, past+T, hd]` (kv heads repeated) → `[1, nh, T, hd]`:
+/// `k`, `v [1, nkv, past+T, hd]` (query head h reading key/value head
+/// `h / (nh / nkv)`, as after `repeat_kv`, without the copies:
+/// [`grouped_matmul`]) → `[1, nh, T, hd]`:
 /// (q·kᵀ)·scale and the causal mask in the model dtype, softmax in f32 cast
 /// back, probs·v in the model dtype. A long prompt's queries go in blocks
 /// of rows ([`query_blocks`]), each its own products and softmax, so the
@@ -371,7 +362,7 @@ fn eager_attention(
     let scale = (hd as f64).powf(-0.5);
     // (q·kᵀ)·scale of a block's queries, rounded as the reference rounds.
     let scores = |q: &Tensor, kt: &Tensor| -> Result<Tensor> {
-        prec.round(&(prec.round(&q.matmul(kt)?)? * scale)?)
+        prec.round(&(prec.round(&grouped_matmul(q, kt)?)? * scale)?)
     };
     let rows = |i0: usize, len: usize| q.narrow(2, i0, len)?.contiguous();
     let out = if causal_softmax::applies(q) {
@@ -391,7 +382,7 @@ fn eager_attention(
                 let s = scores(&rows(i0, len)?, &kt)?;
                 let mask = causal_mask(i0, len, past + t, past, q.device())?;
                 let probs = candle_nn::ops::softmax_last_dim(&s.broadcast_add(&mask)?)?;
-                prec.round(&prec.round(&probs)?.matmul(v)?)
+                prec.round(&grouped_matmul(&prec.round(&probs)?, v)?)
             })
             .collect::<Result<Vec<_>>>()?
     };
@@ -414,7 +405,7 @@ fn probs_times_v(probs: &Tensor, v: &Tensor) -> Result<Tensor> {
     for c0 in (0..vis).step_by(KEY_CHUNK) {
         let n = KEY_CHUNK.min(vis - c0);
         let p = probs.narrow(probs.rank() - 1, c0, n)?.contiguous()?;
-        let part = p.matmul(&v.narrow(2, c0, n)?.contiguous()?)?;
+        let part = grouped_matmul(&p, &v.narrow(2, c0, n)?.contiguous()?)?;
         acc = Some(match acc {
             Some(a) => (a + part)?,
             None => part,
