@@ -250,12 +250,13 @@ fn triage_gdn_crop_variant_is_the_wheels_loop_to_the_last_token() {
 }
 
 /// Lanes whose prefill is the same (one prompt and form; a decode shift, a
-/// cache crop or a state reset that acts only past the prompt) share one
+/// cache crop or a state reset at or past the prompt's end) share one
 /// prefill in the loop, and every lane still gives what it gives alone, bit
 /// for bit: tokens, rounds and every tap feature. Lanes whose faults act
-/// inside the prompt (fp8 keys and values, a reset at its middle) or with
-/// another form run their own; on the noise set (a random drafter: rejected
-/// drafts every round, so the crop and the shifts act).
+/// inside the prompt (fp8 keys and values, a reset at its middle or on its
+/// last token) or with another form run their own; on the noise set (a
+/// random drafter: rejected drafts every round, so the crop and the shifts
+/// act).
 #[test]
 fn lanes_that_differ_after_the_prompt_share_its_prefill() {
     let g = golden();
@@ -294,6 +295,16 @@ fn lanes_that_differ_after_the_prompt_share_its_prefill() {
                         gdn_reset_at: Some(q.len() / 2),
                         ..d
                     }),
+                    // On the prompt's last token: inside it, its own prefill.
+                    faults(Faults {
+                        gdn_reset_at: Some(q.len() - 1),
+                        ..d
+                    }),
+                    // At the first new token: past the prompt, shared.
+                    faults(Faults {
+                        gdn_reset_at: Some(q.len()),
+                        ..d
+                    }),
                     Lane {
                         form: GdnForm::Recurrent,
                         ..plain.clone()
@@ -304,8 +315,9 @@ fn lanes_that_differ_after_the_prompt_share_its_prefill() {
         let max_new = 12;
         let rule = EndRule::GithubMain;
         let together = dflash_loop_with(target, drafter, &lanes, max_new, rule, &|_| {}).unwrap();
-        // Per prompt: the plain group of five, fp8, the mid reset, recurrent.
-        assert_eq!(together.prefills, 4 * prompts.len());
+        // Per prompt: the plain group of six, fp8, the mid reset, the reset
+        // on the last prompt token, recurrent.
+        assert_eq!(together.prefills, 5 * prompts.len());
         for (i, lane) in lanes.iter().enumerate() {
             let alone = dflash_loop_with(
                 target,

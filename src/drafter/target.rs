@@ -130,25 +130,33 @@ impl Sequence {
         Ok(())
     }
 
-    /// Takes the decode state `twin` reached (its caches, as shared tensors,
-    /// and its length), keeping this sequence's own decode shift and faults:
-    /// for a sequence whose feeding so far gives `twin`'s state bit for bit
-    /// (the DFlash loop's shared prefill).
+    /// Takes the decode state `twin` reached over the same prompt (its KV
+    /// caches' tensors shared, its Gated DeltaNet states copied) and its
+    /// length. The adopting sequence keeps its own decode shift, cache crop
+    /// and a reset past the prompt; those act only after the prefill. For a
+    /// fresh sequence whose prefill gives `twin`'s state bit for bit (the
+    /// DFlash loop's shared prefill).
     ///
-    /// Errors ([`Error::Input`]): `twin` holds a tentative block, or lays out
-    /// another prompt or form.
-    pub fn adopt_state(&mut self, twin: &Sequence) -> Result<()> {
-        if twin.block_start.is_some()
+    /// Errors ([`Error::Input`]): this sequence was fed; `twin` holds a
+    /// tentative block; the two differ in prompt length, form, fp8 keys
+    /// and values, or a reset inside the prompt.
+    pub(crate) fn adopt_state(&mut self, twin: &Sequence) -> Result<()> {
+        let reset_inside = |s: &Sequence| s.faults.gdn_reset_at.filter(|&k| k < s.prompt_len);
+        if self.len != 0
+            || twin.block_start.is_some()
             || twin.prompt_len != self.prompt_len
             || twin.form != self.form
+            || twin.faults.kv_fp8 != self.faults.kv_fp8
+            || reset_inside(twin) != reset_inside(self)
         {
             return Err(Error::Input(
-                "a sequence can adopt only a committed state of the same prompt and form".into(),
+                "a fresh sequence can adopt only the committed prefill state of a sequence \
+                 with the same prompt length, form and faults inside the prompt"
+                    .into(),
             ));
         }
         self.states = twin.states.clone();
         self.len = twin.len;
-        self.block_start = None;
         Ok(())
     }
 

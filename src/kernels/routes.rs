@@ -1,8 +1,9 @@
 //! Which kernel candle's CPU matmul runs for `x [m, k] · w [n, k]ᵀ`, and so
 //! in which order it sums each output: the one place hsparity encodes
 //! gemm-common 0.19's route choice, for [`super::plan`] (every kernel
-//! reproduces one of those orders) and for the stacking of independent
-//! sequences (`models::layers::rows_batchable`).
+//! reproduces one of those orders), for the stacking of independent
+//! sequences (`models::layers::rows_batchable`) and of a key/value group's
+//! query heads (`models::layers::gqa`).
 //!
 //! candle calls gemm 0.19's `gemm`, which transposes a row-major destination
 //! (`do_transpose`), so gemm-common's `gemm_basic_generic` sees `n` rows of

@@ -5,13 +5,14 @@
 //! rows alone, the group's heads go in one product over the shared head
 //! instead, with the same bits.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use crate::error::Result;
 use crate::kernels::routes::{route, Route};
 
-/// `repeat_kv` (`modeling_qwen3_5.py`, `modeling_qwen3.py`): `[1, nkv, S, hd]` → `[1, nkv·n_rep, S, hd]`,
-/// kv head j serving q heads j·n_rep .. (j+1)·n_rep−1.
+/// `repeat_kv` (`modeling_qwen3_5.py`, `modeling_qwen3.py`):
+/// `[1, nkv, S, hd]` → `[1, nkv·n_rep, S, hd]`, kv head j serving q heads
+/// j·n_rep .. (j+1)·n_rep−1.
 ///
 /// Errors: `x` is not 4-D; a tensor failure.
 pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
@@ -38,11 +39,12 @@ fn stacks_exactly(m: usize, r: usize, n: usize, k: usize) -> bool {
 
 /// `x [1, nh, m, k] · y [1, nkv, k, n]` → `[1, nh, m, n]`, query head h
 /// reading head `h / (nh / nkv)` of `y` (`repeat_kv`'s layout): the bits
-/// of `x.matmul(repeat_kv(y))`. On the CPU, when the stacked product sums
-/// as the per-head one ([`stacks_exactly`]), each group's `nh / nkv`
-/// heads are one product of their stacked rows against the shared head;
-/// otherwise (a single row, candle's small-size routes, another device)
-/// `y` is repeated.
+/// of `x.matmul(repeat_kv(y))`. On the CPU in f32 (the kernel whose routes
+/// `kernels::routes` describes), when the stacked product sums as the
+/// per-head one ([`stacks_exactly`]), each group's `nh / nkv` heads are one
+/// product of their stacked rows against the shared head (both operands
+/// contiguous); otherwise (a single row, candle's small-size routes,
+/// another dtype or device) `y` is repeated.
 ///
 /// Errors: `x` or `y` not 4-D, `nh` not a multiple of `nkv`; a tensor failure.
 pub fn grouped_matmul(x: &Tensor, y: &Tensor) -> Result<Tensor> {
@@ -58,9 +60,10 @@ pub fn grouped_matmul(x: &Tensor, y: &Tensor) -> Result<Tensor> {
     if r == 1 {
         return Ok(x.matmul(y)?);
     }
-    if x.device().is_cpu() && stacks_exactly(m, r, n, k) {
+    let f32s = x.dtype() == DType::F32 && y.dtype() == DType::F32;
+    if x.device().is_cpu() && f32s && stacks_exactly(m, r, n, k) {
         let stacked = x.contiguous()?.reshape((one, nkv, r * m, k))?;
-        return Ok(stacked.matmul(y)?.reshape((one, nh, m, n))?);
+        return Ok(stacked.matmul(&y.contiguous()?)?.reshape((one, nh, m, n))?);
     }
     Ok(x.matmul(&repeat_kv(y, r)?.contiguous()?)?)
 }
