@@ -41,7 +41,7 @@ fn stacks_exactly(m: usize, r: usize, n: usize, k: usize) -> bool {
 /// reading head `h / (nh / nkv)` of `y` (`repeat_kv`'s layout): the bits
 /// of `x.matmul(repeat_kv(y))`. On the CPU in f32 (the kernel whose routes
 /// `kernels::routes` describes), when the stacked product sums as the
-/// per-head one ([`stacks_exactly`]), each group's `nh / nkv` heads are one
+/// per-head one (`stacks_exactly`), each group's `nh / nkv` heads are one
 /// product of their stacked rows against the shared head (both operands
 /// contiguous); otherwise (a single row, candle's small-size routes,
 /// another dtype or device) `y` is repeated.
