@@ -450,11 +450,16 @@ fn causal_mask(i0: usize, len: usize, s: usize, past: usize, device: &Device) ->
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    /// Deterministic values in about [-2, 2], rounded to `prec`.
-    fn values(dims: (usize, usize, usize, usize), seed: u64, prec: Precision) -> Tensor {
+    /// Deterministic values in about [-2, 2], rounded to `prec` (also the
+    /// inputs of `gqa`'s tests).
+    pub(in crate::models::layers) fn values(
+        dims: (usize, usize, usize, usize),
+        seed: u64,
+        prec: Precision,
+    ) -> Tensor {
         let n = dims.0 * dims.1 * dims.2 * dims.3;
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let v: Vec<f32> = (0..n)
@@ -480,7 +485,7 @@ mod tests {
         prec.round(&probs_times_v(&probs, v).unwrap()).unwrap()
     }
 
-    fn bits(t: &Tensor) -> Vec<u32> {
+    pub(in crate::models::layers) fn bits(t: &Tensor) -> Vec<u32> {
         let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
         v.iter().map(|x| x.to_bits()).collect()
     }

@@ -71,29 +71,8 @@ pub fn grouped_matmul(x: &Tensor, y: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::layers::attention::tests::{bits, values};
     use crate::precision::Precision;
-    use candle_core::Device;
-
-    /// Deterministic values in about [-2, 2], rounded to `prec`.
-    fn values(dims: (usize, usize, usize, usize), seed: u64, prec: Precision) -> Tensor {
-        let n = dims.0 * dims.1 * dims.2 * dims.3;
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 22) as f32 - 2.0
-            })
-            .collect();
-        let t = Tensor::from_vec(v, dims, &Device::Cpu).unwrap();
-        prec.round(&t).unwrap()
-    }
-
-    fn bits(t: &Tensor) -> Vec<u32> {
-        let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
-        v.iter().map(|x| x.to_bits()).collect()
-    }
 
     /// The grouped product gives `repeat_kv`'s bits on the shapes attention
     /// makes: a decode row (single-row route: repeated), a drafter block
