@@ -252,23 +252,16 @@ fn logits_of(o: &StepOut) -> Result<&Tensor> {
 }
 
 /// Per lane, the earlier lane whose prefill is its own bit for bit, if any:
-/// the same prompt and form, and the same faults that act inside the prompt.
-/// A decode shift moves only positions past the prompt
-/// ([`Sequence`]'s positions), a cache crop acts only when a verified block
-/// is committed, and a Gated DeltaNet reset at or past the prompt's end only
-/// in a later sweep; fp8 keys and values and a reset inside the prompt
-/// change the prefill. Each lane's layers run as if it ran alone
+/// the same prompt, and fresh sequences a prefill leaves in the same state
+/// ([`Sequence::same_prefill`]). Each lane's layers run as if it ran alone
 /// ([`crate::models::decoder::DecoderLayer::forward_batch`]), so a twin's
 /// state and taps are the lane's own.
-fn prefill_twins(lanes: &[Lane]) -> Vec<Option<usize>> {
-    fn key(l: &Lane) -> (&[u32], GdnForm, bool, Option<usize>) {
-        let reset = l.faults.gdn_reset_at.filter(|&k| k < l.prompt.len());
-        (&l.prompt, l.form, l.faults.kv_fp8, reset)
-    }
-    lanes
-        .iter()
-        .enumerate()
-        .map(|(i, l)| lanes[..i].iter().position(|e| key(e) == key(l)))
+fn prefill_twins(runs: &[Run], lanes: &[Lane]) -> Vec<Option<usize>> {
+    let same = |i: usize, j: usize| {
+        lanes[i].prompt == lanes[j].prompt && runs[i].seq.same_prefill(&runs[j].seq)
+    };
+    (0..lanes.len())
+        .map(|i| (0..i).find(|&j| same(i, j)))
         .collect()
 }
 
@@ -282,7 +275,7 @@ fn prefill(
     lanes: &[Lane],
     capture: &[Capture],
 ) -> Result<usize> {
-    let twins = prefill_twins(lanes);
+    let twins = prefill_twins(runs, lanes);
     let mut steps: Vec<Step> = runs
         .iter_mut()
         .zip(lanes)

@@ -130,25 +130,30 @@ impl Sequence {
         Ok(())
     }
 
+    /// True when a prefill of one prompt leaves this sequence in `other`'s
+    /// state, bit for bit: the same prompt length and form, fp8 keys and
+    /// values, and Gated DeltaNet reset inside the prompt. A decode shift
+    /// moves only positions past the prompt ([`Self::positions`]), a cache
+    /// crop acts only when a verified block is committed, and a reset at or
+    /// past the prompt's end only in a later sweep.
+    pub(crate) fn same_prefill(&self, other: &Sequence) -> bool {
+        let reset_inside = |s: &Sequence| s.faults.gdn_reset_at.filter(|&k| k < s.prompt_len);
+        self.prompt_len == other.prompt_len
+            && self.form == other.form
+            && self.faults.kv_fp8 == other.faults.kv_fp8
+            && reset_inside(self) == reset_inside(other)
+    }
+
     /// Takes the decode state `twin` reached over the same prompt (its KV
     /// caches' tensors shared, its Gated DeltaNet states copied) and its
-    /// length. The adopting sequence keeps its own decode shift, cache crop
-    /// and a reset past the prompt; those act only after the prefill. For a
-    /// fresh sequence whose prefill gives `twin`'s state bit for bit (the
-    /// DFlash loop's shared prefill).
+    /// length, keeping this sequence's own decode shift, cache crop and
+    /// reset past the prompt: the DFlash loop's shared prefill.
     ///
-    /// Errors ([`Error::Input`]): this sequence was fed; `twin` holds a
-    /// tentative block; the two differ in prompt length, form, fp8 keys
-    /// and values, or a reset inside the prompt.
+    /// Errors ([`Error::Input`]): this sequence was fed, `twin` holds a
+    /// tentative block, or a prefill would not give the two the same state
+    /// ([`Self::same_prefill`]).
     pub(crate) fn adopt_state(&mut self, twin: &Sequence) -> Result<()> {
-        let reset_inside = |s: &Sequence| s.faults.gdn_reset_at.filter(|&k| k < s.prompt_len);
-        if self.len != 0
-            || twin.block_start.is_some()
-            || twin.prompt_len != self.prompt_len
-            || twin.form != self.form
-            || twin.faults.kv_fp8 != self.faults.kv_fp8
-            || reset_inside(twin) != reset_inside(self)
-        {
+        if self.len != 0 || twin.block_start.is_some() || !self.same_prefill(twin) {
             return Err(Error::Input(
                 "a fresh sequence can adopt only the committed prefill state of a sequence \
                  with the same prompt length, form and faults inside the prompt"
