@@ -452,6 +452,7 @@ fn causal_mask(i0: usize, len: usize, s: usize, past: usize, device: &Device) ->
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::models::layers::gqa::repeat_kv;
 
     /// Deterministic values in about [-2, 2], rounded to `prec` (also the
     /// inputs of `gqa`'s tests).
@@ -541,8 +542,10 @@ pub(super) mod tests {
     }
 
     /// Blocks of query rows give the bits of one product over all rows:
-    /// two blocks and a remainder, several, a past (a cache), head sizes
-    /// under and over 64 (candle's small-size rule), f32 and bf16.
+    /// two blocks and a remainder, several, a past (a cache), a single
+    /// decode row, head sizes under and over 64 (candle's small-size rule),
+    /// one, two and four query heads per key/value head against repeated
+    /// heads, f32 and bf16.
     #[test]
     fn query_blocks_give_the_bits_of_one_block() {
         assert_eq!(query_blocks(512).collect::<Vec<_>>(), vec![(0, 512)]);
@@ -550,15 +553,28 @@ pub(super) mod tests {
             query_blocks(700).collect::<Vec<_>>(),
             vec![(0, 256), (256, 444)]
         );
-        for (t, past, hd) in [(700, 0, 16), (1100, 0, 128), (600, 37, 64), (513, 0, 8)] {
+        let cases = [
+            (700, 0, 16),
+            (1100, 0, 128),
+            (600, 37, 64),
+            (513, 0, 8),
+            (1, 37, 64),
+        ];
+        // Four query heads over four, two or one key/value heads: the
+        // reference repeats them (`repeat_kv`), the blocks group them.
+        for ((t, past, hd), nkv) in cases.into_iter().flat_map(|c| [4, 2, 1].map(|n| (c, n))) {
             for prec in [Precision::F32, Precision::Bf16] {
-                let q = values((1, 2, t, hd), 1, prec);
-                let k = values((1, 2, past + t, hd), 2, prec);
-                let v = values((1, 2, past + t, hd), 3, prec);
+                let q = values((1, 4, t, hd), 1, prec);
+                let k = values((1, nkv, past + t, hd), 2, prec);
+                let v = values((1, nkv, past + t, hd), 3, prec);
                 let got = eager_attention(&q, &k, &v, past, prec).unwrap();
+                let (kr, vr) = (
+                    repeat_kv(&k, 4 / nkv).unwrap(),
+                    repeat_kv(&v, 4 / nkv).unwrap(),
+                );
                 assert!(
-                    bits(&got) == bits(&one_block(&q, &k, &v, past, prec)),
-                    "t {t}, past {past}, hd {hd}, {prec:?}"
+                    bits(&got) == bits(&one_block(&q, &kr, &vr, past, prec)),
+                    "t {t}, past {past}, hd {hd}, {nkv} kv heads, {prec:?}"
                 );
             }
         }
