@@ -217,6 +217,7 @@ fn targets_swept_together_give_each_the_bits_of_its_own_sweep() {
                 form: GdnForm::Chunked,
                 decode_shift: 0,
                 faults: Default::default(),
+                resume: None,
             })
             .collect()
     }

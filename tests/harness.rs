@@ -59,7 +59,7 @@ fn run_rule(set: &Value, crop: CacheCrop, rule: EndRule) -> Vec<(Vec<u32>, Vec<u
             })
             .collect();
         let max_new = set["max_new_tokens"].as_u64().unwrap() as usize;
-        let g = dflash_loop_with(target, drafter, &lanes, max_new, rule, &|_| {}).unwrap();
+        let g = dflash_loop_with(target, drafter, &lanes, max_new, rule, &[], &|_| {}).unwrap();
         g.tokens
             .iter()
             .zip(prompts)
@@ -314,7 +314,8 @@ fn lanes_that_differ_after_the_prompt_share_its_prefill() {
             .collect();
         let max_new = 12;
         let rule = EndRule::GithubMain;
-        let together = dflash_loop_with(target, drafter, &lanes, max_new, rule, &|_| {}).unwrap();
+        let together =
+            dflash_loop_with(target, drafter, &lanes, max_new, rule, &[], &|_| {}).unwrap();
         // Per prompt: the plain group of six, fp8, the mid reset, the reset
         // on the last prompt token, recurrent.
         assert_eq!(together.prefills, 5 * prompts.len());
@@ -325,6 +326,7 @@ fn lanes_that_differ_after_the_prompt_share_its_prefill() {
                 std::slice::from_ref(lane),
                 max_new,
                 rule,
+                &[],
                 &|_| {},
             )
             .unwrap();

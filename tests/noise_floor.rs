@@ -528,6 +528,7 @@ fn a_shadowed_step_in_a_shared_sweep_is_the_shadow_targets() {
                 form: hsparity::models::GdnForm::Chunked,
                 decode_shift: 0,
                 faults: Default::default(),
+                resume: None,
             })
             .collect();
         let n = session.spec.num_layers();

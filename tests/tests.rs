@@ -45,6 +45,7 @@ mod drafter_audit;
 mod faults;
 mod harness;
 mod moe_drafter;
+mod resume;
 mod trajectories;
 mod triage;
 

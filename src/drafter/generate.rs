@@ -19,7 +19,7 @@ use candle_core::Tensor;
 
 use super::eval::{draft_output, greedy_drafts, DraftTarget, EndRule};
 use super::faults::Faults;
-use super::target::{argmax_rows, Capture, Sequence, Step, StepOut, TargetModel};
+use super::target::{argmax_rows, Capture, Resume, Sequence, Step, StepOut, TargetModel};
 use crate::error::Result;
 use crate::models::dflash::{narrow_pieces, DraftContext, Drafter};
 use crate::models::GdnForm;
@@ -41,6 +41,9 @@ pub struct Generation {
     /// Lanes whose prefill was swept; the others took a twin's, bit for bit
     /// the same (a lane that differs only after its prompt).
     pub prefills: usize,
+    /// Per lane, its prefill's resume point when one was asked for and the
+    /// lane has one ([`Sequence::resume_at`]).
+    pub resumes: Vec<Option<Resume>>,
 }
 
 /// One prompt's progress through the loop.
@@ -55,6 +58,8 @@ struct Run {
     prompt_len: usize,
     /// The drafter's keys and values of the rows in `feats` so far.
     ctx: DraftContext,
+    /// The prefill's resume point.
+    resume: Option<Resume>,
 }
 
 /// New tokens the loop commits per lane before it stops (what its progress
@@ -161,6 +166,7 @@ pub fn dflash_loop(
         lanes,
         max_new,
         EndRule::GithubMain,
+        &[],
         on_progress,
     )
 }
@@ -172,6 +178,12 @@ pub fn dflash_loop(
 /// loop runs while `start + 1 < max_length`, and the tokens stop at
 /// `prompt_len + max_new` (too few for a GitHub-main replay).
 ///
+/// With captures to `keep`, a lane whose prompt has a resume point
+/// ([`Sequence::resume_at`]) is prefilled in two sweeps split there, bit
+/// for bit the one sweep, and [`Generation::resumes`] holds the state
+/// between them with the rows of `keep` before it: a teacher-forced sweep
+/// of the same tokens can start there ([`super::Forced::resume`]).
+///
 /// Errors: a tap outside the target; a tensor failure.
 pub fn dflash_loop_with(
     target: &TargetModel,
@@ -179,6 +191,7 @@ pub fn dflash_loop_with(
     lanes: &[Lane],
     max_new: usize,
     rule: EndRule,
+    keep: &[Capture],
     on_progress: &dyn Fn(u64),
 ) -> Result<Generation> {
     let b = drafter.cfg.block_size;
@@ -201,11 +214,13 @@ pub fn dflash_loop_with(
             rule,
             prompt_len: p.len(),
             ctx: DraftContext::new(),
+            resume: None,
         })
         .collect();
-    let prefills = prefill(target, &mut runs, lanes, &capture)?;
+    let prefills = prefill(target, &mut runs, lanes, (&capture, keep))?;
     let sweeps_done = |runs: &[Run]| on_progress(runs.iter().map(Run::progress).sum());
-    let mut sweeps = 1;
+    // A split prefill is two sweeps.
+    let mut sweeps = 1 + usize::from(runs.iter().any(|r| r.resume.is_some()));
     sweeps_done(&runs);
     let dt = DraftTarget {
         drafter,
@@ -233,11 +248,13 @@ pub fn dflash_loop_with(
         rounds,
         sweeps,
         prefills,
+        resumes: Vec::new(),
     };
     for r in runs {
         g.features.push(r.context()?);
         g.tokens.push(r.tokens);
         g.acceptance_lengths.push(r.lens);
+        g.resumes.push(r.resume);
     }
     Ok(g)
 }
@@ -267,25 +284,35 @@ fn prefill_twins(runs: &[Run], lanes: &[Lane]) -> Vec<Option<usize>> {
 
 /// The prefill: every prompt's taps, and the first new token from its last
 /// row, in one sweep of the lanes whose prefill no earlier lane shares
-/// ([`prefill_twins`]); the others take their twin's state, taps and token.
-/// Returns the prefills swept.
+/// ([`prefill_twins`]); the others take their twin's state, taps, token and
+/// resume point. With captures to `keep`, the lanes with a resume point
+/// ([`Sequence::resume_at`]) first feed the tokens before it in a sweep of
+/// their own. Returns the prefills swept.
 fn prefill(
     target: &TargetModel,
     runs: &mut [Run],
     lanes: &[Lane],
-    capture: &[Capture],
+    (capture, keep): (&[Capture], &[Capture]),
 ) -> Result<usize> {
     let twins = prefill_twins(runs, lanes);
+    let at: Vec<Option<usize>> = runs
+        .iter()
+        .zip(&twins)
+        .map(|(r, t)| t.is_none().then(|| r.seq.resume_at(target.spec)).flatten())
+        .map(|a| a.filter(|_| !keep.is_empty()))
+        .collect();
+    resume_points(target, runs, lanes, &at, (capture, keep))?;
     let mut steps: Vec<Step> = runs
         .iter_mut()
         .zip(lanes)
         .zip(&twins)
-        .filter(|(_, twin)| twin.is_none())
-        .map(|((r, l), _)| Step {
+        .zip(&at)
+        .filter(|((_, twin), _)| twin.is_none())
+        .map(|(((r, l), _), at)| Step {
             seq: &mut r.seq,
-            ids: &l.prompt,
+            ids: &l.prompt[at.unwrap_or(0)..],
             tentative: false,
-            logits: l.prompt.len() - 1..l.prompt.len(),
+            logits: l.prompt.len() - 1 - at.unwrap_or(0)..l.prompt.len() - at.unwrap_or(0),
         })
         .collect();
     let swept = steps.len();
@@ -305,10 +332,53 @@ fn prefill(
             let (r, t) = (&mut rest[0], &before[j]);
             r.seq.adopt_state(&t.seq)?;
             r.feats = t.feats.clone();
+            r.resume = t.resume.clone();
             r.tokens.push(t.tokens[t.prompt_len]);
         }
     }
     Ok(swept)
+}
+
+/// The first part of a split prefill: the lanes with a resume point `at`
+/// feed their prompt's tokens before it, keeping the taps (`capture`, their
+/// first features) and `keep`, and hold the state there as their resume
+/// point.
+///
+/// Errors: a tensor failure.
+fn resume_points(
+    target: &TargetModel,
+    runs: &mut [Run],
+    lanes: &[Lane],
+    at: &[Option<usize>],
+    (capture, keep): (&[Capture], &[Capture]),
+) -> Result<()> {
+    let both: Vec<Capture> = capture.iter().chain(keep).copied().collect();
+    let mut steps: Vec<Step> = runs
+        .iter_mut()
+        .zip(lanes)
+        .zip(at)
+        .filter_map(|((r, l), at)| at.map(|a| (r, l, a)))
+        .map(|(r, l, a)| Step {
+            seq: &mut r.seq,
+            ids: &l.prompt[..a],
+            tentative: false,
+            logits: 0..0,
+        })
+        .collect();
+    if steps.is_empty() {
+        return Ok(());
+    }
+    let outs = target.sweep(&mut steps, &both)?;
+    drop(steps);
+    let split = runs.iter_mut().zip(lanes).zip(at);
+    for (((r, l), a), mut o) in split.filter(|(_, a)| a.is_some()).zip(outs) {
+        let kept = o.captures.split_off(capture.len());
+        r.feats
+            .push(Tensor::cat(&o.captures, candle_core::D::Minus1)?);
+        let kept = keep.iter().copied().zip(kept).collect();
+        r.resume = Some(r.seq.resume_point(&l.prompt[..a.unwrap_or(0)], kept)?);
+    }
+    Ok(())
 }
 
 /// One drafted block per unfinished prompt, from its features: `(run,

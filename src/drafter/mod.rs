@@ -27,7 +27,7 @@ use crate::precision::Precision;
 use crate::session::Session;
 use candle_core::Tensor;
 use eval::{DraftTarget, EndRule, PromptTau};
-use target::{Capture, Sequence, Step, StepOut, TargetModel};
+use target::{Capture, Resume, Sequence, Step, StepOut, TargetModel};
 use trajectories::{Given, GivenFile};
 
 /// What a replay walks: new tokens per prompt, the DDTree node budget, and
@@ -363,6 +363,9 @@ pub struct Forced<'a> {
     pub decode_shift: usize,
     /// Harness or engine faults emulated (none normally).
     pub faults: faults::Faults,
+    /// Where the sweep starts instead of token 0: a prefill of the same
+    /// tokens that serves it ([`Resume::serves`]); the outputs are the same.
+    pub resume: Option<&'a Resume>,
 }
 
 /// Feeds every sequence whole in one layer-major sweep, keeping `capture`
@@ -417,12 +420,16 @@ pub fn teacher_forced_together(jobs: &[ForcedJob]) -> Result<Vec<Vec<StepOut>>> 
             j.seqs
                 .iter()
                 .map(|f| {
-                    Sequence::new(j.target.spec, f.prompt_len, f.form, f.decode_shift)
-                        .with_faults(f.faults)
+                    let mut s = Sequence::new(j.target.spec, f.prompt_len, f.form, f.decode_shift)
+                        .with_faults(f.faults);
+                    if let Some(r) = f.resume {
+                        r.start(&mut s)?;
+                    }
+                    Ok(s)
                 })
-                .collect()
+                .collect::<Result<_>>()
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let mut steps: Vec<Vec<Step>> = states
         .iter_mut()
         .zip(jobs)
@@ -431,14 +438,17 @@ pub fn teacher_forced_together(jobs: &[ForcedJob]) -> Result<Vec<Vec<StepOut>>> 
                 .iter_mut()
                 .zip(job.seqs)
                 .enumerate()
-                .map(|(k, (seq, f))| Step {
-                    seq,
-                    ids: f.tokens,
-                    tentative: false,
-                    logits: match job.logits.get(k).copied().unwrap_or(false) {
-                        true => f.prompt_len.saturating_sub(1)..f.tokens.len(),
-                        false => 0..0,
-                    },
+                .map(|(k, (seq, f))| {
+                    let at = f.resume.map_or(0, Resume::at);
+                    Step {
+                        seq,
+                        ids: &f.tokens[at..],
+                        tentative: false,
+                        logits: match job.logits.get(k).copied().unwrap_or(false) {
+                            true => f.prompt_len.saturating_sub(1) - at..f.tokens.len() - at,
+                            false => 0..0,
+                        },
+                    }
                 })
                 .collect()
         })
@@ -453,7 +463,20 @@ pub fn teacher_forced_together(jobs: &[ForcedJob]) -> Result<Vec<Vec<StepOut>>> 
             shadowed: job.shadowed,
         })
         .collect();
-    target::sweep_together(&mut parts)
+    let done = target::sweep_together(&mut parts)?;
+    // A sequence that started at a resume point gets the rows before it.
+    done.into_iter()
+        .zip(jobs)
+        .map(|(outs, job)| {
+            outs.into_iter()
+                .zip(job.seqs.iter().zip(job.capture))
+                .map(|(o, (f, capture))| match f.resume {
+                    Some(r) => r.prepend(capture, o),
+                    None => Ok(o),
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// The drafter's features `[T, K·H]` from a step's tap captures.
@@ -485,6 +508,7 @@ pub fn features(
             form,
             decode_shift,
             faults: faults::Faults::default(),
+            resume: None,
         })
         .collect();
     let capture: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();

@@ -298,6 +298,7 @@ impl Run<'_> {
                 form: GdnForm::Chunked,
                 decode_shift: 0,
                 faults: super::faults::Faults::default(),
+                resume: None,
             })
             .collect();
         let caps: Vec<Capture> = self

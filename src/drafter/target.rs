@@ -19,6 +19,9 @@ use crate::models::{
 };
 use crate::precision::Precision;
 
+mod resume;
+pub use resume::{Resume, MIN_ROWS};
+
 /// A target model as a drafter evaluation runs it: geometry, where its
 /// weights and its lm_head come from, the dtype it computes in.
 #[derive(Clone, Copy)]
@@ -45,6 +48,7 @@ pub enum Capture {
 
 /// One sequence's decode state across sweeps: the per-layer caches and how
 /// its positions are laid out.
+#[derive(Clone)]
 pub struct Sequence {
     /// Tokens of the prompt (positions past it carry `decode_shift`).
     pub prompt_len: usize,
@@ -137,11 +141,13 @@ impl Sequence {
     /// crop acts only when a verified block is committed, and a reset at or
     /// past the prompt's end only in a later sweep.
     pub(crate) fn same_prefill(&self, other: &Sequence) -> bool {
-        let reset_inside = |s: &Sequence| s.faults.gdn_reset_at.filter(|&k| k < s.prompt_len);
-        self.prompt_len == other.prompt_len
-            && self.form == other.form
-            && self.faults.kv_fp8 == other.faults.kv_fp8
-            && reset_inside(self) == reset_inside(other)
+        self.prefill_key() == other.prefill_key()
+    }
+
+    /// What of this sequence's settings a prefill's state depends on
+    /// ([`Self::same_prefill`]).
+    fn prefill_key(&self) -> PrefillKey {
+        PrefillKey::of(self.prompt_len, self.form, &self.faults)
     }
 
     /// Takes the decode state `twin` reached over the same prompt (its KV
@@ -176,6 +182,18 @@ impl Sequence {
                 }
             })
             .collect()
+    }
+}
+
+/// The settings of a sequence a prefill's state depends on: prompt length,
+/// form, fp8 keys and values, a Gated DeltaNet reset inside the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PrefillKey(usize, GdnForm, bool, Option<usize>);
+
+impl PrefillKey {
+    fn of(prompt_len: usize, form: GdnForm, faults: &Faults) -> Self {
+        let reset_inside = faults.gdn_reset_at.filter(|&k| k < prompt_len);
+        Self(prompt_len, form, faults.kv_fp8, reset_inside)
     }
 }
 

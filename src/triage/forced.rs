@@ -9,7 +9,7 @@ use candle_core::Tensor;
 
 use super::groups::Group;
 use super::lanes::Forcing;
-use crate::drafter::target::{Capture, StepOut};
+use crate::drafter::target::{Capture, Resume, StepOut};
 use crate::drafter::{teacher_forced_together, Forced, ForcedJob};
 use crate::error::Result;
 
@@ -28,6 +28,9 @@ pub struct Share<'g, 'a> {
     pub forcings: &'g [Forcing],
     /// The baseline's own group: its baseline lane keeps every hidden state.
     pub own_base: bool,
+    /// Per lane × prompt, its loop's prefill resume point (empty: none):
+    /// the sweep starts there where it serves ([`Resume::serves`]).
+    pub resumes: &'g [Option<Resume>],
 }
 
 /// Runs `forcings` (lane-major, as the group's lanes × prompts) through
@@ -35,12 +38,14 @@ pub struct Share<'g, 'a> {
 /// baseline's own group, `own_base`: every hidden state) and, with
 /// `logits`, the logits of its continuation rows. Returns the lanes' step
 /// outputs and, where [`Group::shadow_taps`] asks (the baseline's own
-/// group), the taps of the baseline lane's noise shadow per prompt.
+/// group), the taps of the baseline lane's noise shadow per prompt. A lane
+/// × prompt with a resume point in `resumes` (its loop's prefill) starts
+/// there where that serves, with the same outputs.
 ///
 /// Errors: as [`teacher_forced_together`]; a head that cannot be read.
 pub fn sweep(
     g: &Group,
-    forcings: &[Forcing],
+    (forcings, resumes): (&[Forcing], &[Option<Resume>]),
     taps: &[usize],
     own_base: bool,
     logits: bool,
@@ -49,6 +54,7 @@ pub fn sweep(
         group: g,
         forcings,
         own_base,
+        resumes,
     };
     let mut done = sweep_groups(&[share], taps, logits)?;
     Ok(done.pop().expect("one result per group"))
@@ -92,6 +98,20 @@ pub fn sweep_groups(shares: &[Share], taps: &[usize], logits: bool) -> Result<Ve
         .collect()
 }
 
+/// What a group's sweep keeps of each lane it runs (not the shadow): every
+/// hidden state (`hidden_states[0..=N]`, then the raw last-layer output) in
+/// the baseline's own group (`own_base`), else the drafter's `taps` of an
+/// `n`-layer target.
+pub fn kept(own_base: bool, n: usize, taps: &[usize]) -> Vec<Capture> {
+    match own_base {
+        true => (0..=n)
+            .map(Capture::Hidden)
+            .chain([Capture::Tap(n - 1)])
+            .collect(),
+        false => taps.iter().map(|&l| Capture::Tap(l)).collect(),
+    }
+}
+
 /// A group's sequences as its sweep feeds them.
 struct Prepared<'f> {
     /// The lanes × prompts that run (lanes with a head of their own take
@@ -124,33 +144,42 @@ impl<'f> Prepared<'f> {
         let runs: Vec<bool> = (0..s.forcings.len())
             .map(|j| g.lanes[j / np.max(1)].head.is_none())
             .collect();
+        let keeps = kept(s.own_base, n, taps);
         let mut seqs: Vec<Forced> = s
             .forcings
             .iter()
             .zip(g.lanes.iter().flat_map(|l| std::iter::repeat_n(l, np)))
             .enumerate()
             .filter(|(j, _)| runs[*j])
-            .map(|(_, (f, l))| Forced {
-                tokens: &f.tokens,
-                prompt_len: f.prompt_len,
-                form: l.form,
-                decode_shift: l.decode_shift,
-                faults: f.faults,
+            .map(|(j, (f, l))| {
+                let mut forced = Forced {
+                    tokens: &f.tokens,
+                    prompt_len: f.prompt_len,
+                    form: l.form,
+                    decode_shift: l.decode_shift,
+                    faults: f.faults,
+                    resume: None,
+                };
+                let resume = s.resumes.get(j).and_then(Option::as_ref);
+                forced.resume = resume.filter(|r| r.serves(&forced, &keeps));
+                forced
             })
             .collect();
         let ran = seqs.len();
         // The baseline lane's noise shadow (its lanes come first), taps only,
         // no logits.
         if s.own_base && g.shadow_taps {
-            seqs.extend_from_within(..np);
+            // From token 0: no prefill ran through the shadow.
+            let shadow: Vec<Forced> = seqs[..np]
+                .iter()
+                .map(|f| Forced { resume: None, ..*f })
+                .collect();
+            seqs.extend(shadow);
         }
         Prepared {
             seqs,
             ran,
-            all: (0..=n)
-                .map(Capture::Hidden)
-                .chain([Capture::Tap(n - 1)])
-                .collect(),
+            all: kept(true, n, taps),
             tap_caps: taps.iter().map(|&l| Capture::Tap(l)).collect(),
             own_base: s.own_base,
             runs,

@@ -198,12 +198,17 @@ pub fn run_group(
     let np = prompts.len();
     let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
     let lanes = lanes_of(g, prompts);
-    let gen = dflash_loop_with(
+    let own_base = base.is_none();
+    let taps = &drafter.cfg.target_layer_ids;
+    // The loop's prefills leave resume points for the sweep below.
+    let keep = forced::kept(own_base, g.target.spec.num_layers(), taps);
+    let mut gen = dflash_loop_with(
         &g.target,
         drafter,
         &lanes,
         replay.max_new,
         replay.rule,
+        &keep,
         on_progress,
     )?;
     let base_tokens = match base {
@@ -211,9 +216,10 @@ pub fn run_group(
         None => gen.tokens[..np].to_vec(),
     };
     let forcings = forcings_of(g, &base_tokens, &lens, Some(&gen.tokens));
-    let own_base = base.is_none();
-    let taps = &drafter.cfg.target_layer_ids;
-    let swept = forced::sweep(g, &forcings, taps, own_base, false)?;
+    // The resume points (their rows kept) go once the sweep has read them.
+    let resumes = std::mem::take(&mut gen.resumes);
+    let swept = forced::sweep(g, (&forcings, &resumes), taps, own_base, false)?;
+    drop(resumes);
     let swept = AfterSweep {
         run: Source::Generated(gen),
         base_tokens,
@@ -262,6 +268,7 @@ pub fn run_given(
             group,
             forcings,
             own_base: i == 0,
+            resumes: &[],
         })
         .collect();
     let taps = &drafter.cfg.target_layer_ids;

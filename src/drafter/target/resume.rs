@@ -1,0 +1,152 @@
+//! Where a teacher-forced sweep over a prompt the DFlash loop has already
+//! prefilled can start instead of at token 0: the prefill's state after a
+//! Gated DeltaNet chunk boundary of its prompt, and the rows it kept before
+//! it ([`Resume`]). triage feeds each lane's prompt twice, once in its loop
+//! and once teacher-forced on the baseline's tokens; from a resume point the
+//! second feed sweeps only the last chunk of the prompt and the
+//! continuation, with the bits of the whole sweep.
+//!
+//! Why the bits agree. Where [`Sequence::resume_at`] places a point (a dense
+//! model on the CPU, no Gated DeltaNet reset), a row of a forward is
+//! computed from that row and the rows before it alone, the same way
+//! whatever follows, as long as every sweep feeds more than [`MIN_ROWS`]
+//! rows: a linear map of that many rows takes candle's blocked route
+//! outside its small-size and horizontal rules whatever its output width,
+//! and sums in k-blocks that depend on `k` alone (`kernels::routes`,
+//! `models::layers::rows_batchable`); attention on the CPU takes a row's
+//! visible keys and no more (`models::layers::attention`,
+//! `eager_attention`); the chunked delta rule runs chunks of 64 tokens
+//! from token 0, and a chunk boundary is where one call of its kernel can
+//! end and the next begin with the same state
+//! (`GatedDeltaNet::forward_snapshot`). So the first `at` rows of a prefill
+//! of `P` tokens are those of a forward over `P + n` tokens, a prefill split
+//! at `at` leaves the state the whole one passes through there, and feeding
+//! the rest from that state gives the rest of the whole forward's rows.
+
+use candle_core::Tensor;
+
+use super::{Capture, PrefillKey, Sequence, StepOut};
+use crate::drafter::Forced;
+use crate::error::{Error, Result};
+use crate::models::qwen3_5::gated_delta_net::CHUNK_SIZE;
+use crate::models::TextModelSpec;
+
+/// Rows every part of a split sweep feeds at least: more than candle's
+/// horizontal rule covers for any output width (`m·n <= 256`), so more than
+/// its small-size rule (`m, n <= 64`) too.
+pub const MIN_ROWS: usize = 257;
+
+/// A prefill's state after its first `at` tokens and what it kept of those
+/// rows: where a teacher-forced sweep of the same tokens can start.
+#[derive(Clone)]
+pub struct Resume {
+    /// The prefill's sequence after its first `at` tokens.
+    seq: Sequence,
+    /// Those tokens.
+    ids: Vec<u32>,
+    /// The rows `0..at` of each capture the prefill kept.
+    kept: Vec<(Capture, Tensor)>,
+}
+
+impl Sequence {
+    /// Where a prefill of this fresh sequence's prompt can leave a
+    /// [`Resume`]: the last Gated DeltaNet chunk boundary with at least
+    /// [`MIN_ROWS`] prompt tokens after it, when at least as many lie before
+    /// it; on the CPU, for a dense model, with no Gated DeltaNet reset.
+    /// `None` otherwise: a prompt of fewer than 577 tokens, a sparse MoE
+    /// block (its expert products take as many rows as the router sends),
+    /// a reset (it starts the chunks anew).
+    pub(crate) fn resume_at(&self, spec: &TextModelSpec) -> Option<usize> {
+        let plain = spec.moe.is_none() && spec.device.is_cpu();
+        let at = self.prompt_len.checked_sub(MIN_ROWS)? / CHUNK_SIZE * CHUNK_SIZE;
+        let fits = at >= MIN_ROWS;
+        (plain && fits && self.is_empty() && self.faults.gdn_reset_at.is_none()).then_some(at)
+    }
+
+    /// This sequence's resume point: its state (it holds exactly the first
+    /// tokens of its prompt, `ids`, none of them tentative) and the rows of
+    /// `kept` the sweeps that fed them kept.
+    ///
+    /// Errors ([`Error::Input`]): a tentative block, or a state that is not
+    /// `ids`'s.
+    pub(crate) fn resume_point(&self, ids: &[u32], kept: Vec<(Capture, Tensor)>) -> Result<Resume> {
+        if self.block_start.is_some() || self.len != ids.len() || ids.len() >= self.prompt_len {
+            return Err(Error::Input(format!(
+                "a resume point needs a committed state inside the prompt: {} tokens held, {} \
+                 given, a {}-token prompt",
+                self.len,
+                ids.len(),
+                self.prompt_len
+            )));
+        }
+        Ok(Resume {
+            seq: self.clone(),
+            ids: ids.to_vec(),
+            kept,
+        })
+    }
+}
+
+impl Resume {
+    /// Tokens the state holds.
+    pub fn at(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// True when the teacher-forced sweep `f`, keeping `capture`, can start
+    /// here with the bits of the same sweep from token 0: the same first
+    /// tokens, settings a prefill leaves in the same state
+    /// ([`Sequence::same_prefill`]) with no Gated DeltaNet reset anywhere,
+    /// at least [`MIN_ROWS`] tokens left to feed, and every capture kept
+    /// here.
+    pub fn serves(&self, f: &Forced, capture: &[Capture]) -> bool {
+        f.faults.gdn_reset_at.is_none()
+            && PrefillKey::of(f.prompt_len, f.form, &f.faults) == self.seq.prefill_key()
+            && f.tokens.len() >= self.at() + MIN_ROWS
+            && f.tokens.starts_with(&self.ids)
+            && capture
+                .iter()
+                .all(|c| self.kept.iter().any(|(k, _)| k == c))
+    }
+
+    /// `seq` (fresh) takes this state; feed it `tokens[self.at()..]`.
+    ///
+    /// Errors ([`Error::Input`]): as [`Sequence::adopt_state`].
+    pub fn start(&self, seq: &mut Sequence) -> Result<()> {
+        if !seq.is_empty() || !seq.same_prefill(&self.seq) {
+            return Err(Error::Input(
+                "a sequence can start only from the resume point of the same prefill".into(),
+            ));
+        }
+        seq.states = self.seq.states.clone();
+        seq.len = self.seq.len;
+        Ok(())
+    }
+
+    /// `out` of a sweep started here, keeping `capture`, with the kept rows
+    /// `0..at` before each capture's rows.
+    ///
+    /// Errors: a capture not kept here; a tensor failure.
+    pub fn prepend(&self, capture: &[Capture], mut out: StepOut) -> Result<StepOut> {
+        for (c, t) in capture.iter().zip(out.captures.iter_mut()) {
+            let (_, head) =
+                self.kept.iter().find(|(k, _)| k == c).ok_or_else(|| {
+                    Error::Input(format!("{c:?} is not kept at this resume point"))
+                })?;
+            *t = Tensor::cat(&[head, &*t], 0)?;
+        }
+        Ok(out)
+    }
+}
+
+impl std::fmt::Debug for Resume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resume")
+            .field("at", &self.at())
+            .field(
+                "kept",
+                &self.kept.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
