@@ -35,8 +35,9 @@ fn same_bits(a: &Tensor, b: &Tensor, what: &str) {
 }
 
 /// The lanes of one prompt: plain, shifted positions, the crop that leaves
-/// the recurrent state, fp8 keys and values, the recurrent form, and a
-/// Gated DeltaNet reset (no resume point: its chunks start anew).
+/// the recurrent state, fp8 keys and values, the recurrent form, a Gated
+/// DeltaNet reset mid-prompt (its chunks start anew there) and one past the
+/// prompt.
 fn lanes(q: &[u32]) -> Vec<Lane> {
     let plain = Lane::plain(q);
     let faults = |f: Faults| Lane {
@@ -63,6 +64,10 @@ fn lanes(q: &[u32]) -> Vec<Lane> {
             gdn_reset_at: Some(q.len() / 2),
             ..d
         }),
+        faults(Faults {
+            gdn_reset_at: Some(q.len() + 3),
+            ..d
+        }),
     ]
 }
 
@@ -84,6 +89,23 @@ fn prompts(lens: &[usize]) -> Vec<Vec<u32>> {
         .enumerate()
         .map(|(k, &n)| text.iter().cycle().skip(k * 11).take(n).copied().collect())
         .collect()
+}
+
+/// The resume point of a prompt of `len` tokens: the last chunk boundary
+/// (from token 0, or from the reset at `len / 2` of [`lanes`]) with at
+/// least 257 tokens after it, when at least 257 lie before it.
+fn expected_point(len: usize, reset_mid: bool) -> Option<usize> {
+    let plain = [(577, 320), (640, 320), (641, 384), (700, 384), (1100, 832)];
+    let reset = [
+        (576, 288),
+        (577, 288),
+        (640, 320),
+        (641, 384),
+        (700, 414),
+        (1100, 806),
+    ];
+    let table: &[(usize, usize)] = if reset_mid { &reset } else { &plain };
+    table.iter().find(|(l, _)| *l == len).map(|&(_, at)| at)
 }
 
 #[test]
@@ -146,9 +168,9 @@ fn a_split_prefill_and_a_sweep_from_its_resume_point_give_the_whole_sweeps_bits(
                 &format!("{what}: taps"),
             );
             let len = lane.prompt.len();
-            let point = len.saturating_sub(MIN_ROWS) / 64 * 64;
-            let want = (point >= MIN_ROWS && lane.faults.gdn_reset_at.is_none()).then_some(point);
-            let resume = split.resumes[i].as_ref();
+            let reset_inside = lane.faults.gdn_reset_at.is_some_and(|r| r < len);
+            let want = expected_point(len, reset_inside);
+            let resume = split.resumes[i].as_deref();
             assert_eq!(resume.map(|r| r.at()), want, "{what}: resume point");
             let Some(resume) = resume else {
                 continue;
@@ -163,31 +185,44 @@ fn a_split_prefill_and_a_sweep_from_its_resume_point_give_the_whole_sweeps_bits(
                 faults: lane.faults,
                 resume: None,
             };
-            assert!(resume.serves(&forced, &all), "{what}");
+            assert!(resume.serves(&target, &forced, &all), "{what}");
             let from = Forced {
                 resume: Some(resume),
                 ..forced
             };
+            // Alone, and beside each other in one sweep.
             let whole = teacher_forced(&target, &[forced], &all, true).unwrap();
             let part = teacher_forced(&target, &[from], &all, true).unwrap();
-            for (c, (a, b)) in all
-                .iter()
-                .zip(whole[0].captures.iter().zip(&part[0].captures))
-            {
-                same_bits(a, b, &format!("{what}: {c:?}"));
+            let both = teacher_forced(&target, &[forced, from], &all, true).unwrap();
+            let outs = [&whole[0], &part[0], &both[0], &both[1]];
+            for (k, o) in outs.iter().enumerate().skip(1) {
+                for (c, (a, b)) in all.iter().zip(whole[0].captures.iter().zip(&o.captures)) {
+                    same_bits(a, b, &format!("{what}: {c:?} ({k})"));
+                }
             }
             let logits = |o: &hsparity::drafter::target::StepOut| o.logits.clone().unwrap();
-            same_bits(
-                &logits(&whole[0]),
-                &logits(&part[0]),
-                &format!("{what}: logits"),
-            );
-            // Settings a prefill leaves elsewhere, other tokens, a capture
-            // not kept: not served.
+            for (k, o) in outs.iter().enumerate().skip(1) {
+                same_bits(
+                    &logits(&whole[0]),
+                    &logits(o),
+                    &format!("{what}: logits ({k})"),
+                );
+            }
+            // Settings a prefill leaves elsewhere, a token changed before
+            // the point, too few tokens after it, another form, a capture
+            // not kept, another target: not served, and refused.
             let fp8 = Faults {
                 kv_fp8: !lane.faults.kv_fp8,
                 ..lane.faults
             };
+            let mut changed = split.tokens[i].clone();
+            let swap = changed.iter().position(|&t| t != changed[5]).unwrap();
+            changed[5] = changed[swap];
+            let form = match lane.form {
+                GdnForm::Chunked => GdnForm::Recurrent,
+                GdnForm::Recurrent => GdnForm::Chunked,
+            };
+            let short = &split.tokens[i][..resume.at() + MIN_ROWS - 1];
             let other = [
                 Forced {
                     faults: fp8,
@@ -198,15 +233,42 @@ fn a_split_prefill_and_a_sweep_from_its_resume_point_give_the_whole_sweeps_bits(
                     ..forced
                 },
                 Forced {
-                    tokens: &split.tokens[(i + ls.len() - 6) % ls.len()],
+                    tokens: &changed,
                     ..forced
                 },
+                Forced {
+                    tokens: short,
+                    ..forced
+                },
+                Forced { form, ..forced },
             ];
-            for f in &other {
-                assert!(!resume.serves(f, &all), "{what}: {f:?}");
+            let names = ["fp8", "prompt length", "a token", "too few", "form"];
+            for (f, name) in other.iter().zip(names) {
+                assert!(!resume.serves(&target, f, &all), "{what}: {name}");
+                let refused = teacher_forced(
+                    &target,
+                    &[Forced {
+                        resume: Some(resume),
+                        ..*f
+                    }],
+                    &all,
+                    false,
+                );
+                assert!(refused.is_err(), "{what}: {name} started at the point");
             }
+            let f32_target = TargetModel {
+                prec: match prec {
+                    Precision::F32 => Precision::Bf16,
+                    _ => Precision::F32,
+                },
+                ..target
+            };
+            assert!(
+                !resume.serves(&f32_target, &forced, &all),
+                "{what}: another dtype"
+            );
             let no_such = [Capture::Hidden(n + 1)];
-            assert!(!resume.serves(&forced, &no_such), "{what}");
+            assert!(!resume.serves(&target, &forced, &no_such), "{what}");
         }
     }
 }

@@ -15,6 +15,8 @@
 //! correct form of the crop `dflash_generate` gets wrong on transformers 5.23
 //! (`LinearAttentionLayer.crop` rolls back the conv state only).
 
+use std::sync::Arc;
+
 use candle_core::Tensor;
 
 use super::eval::{draft_output, greedy_drafts, DraftTarget, EndRule};
@@ -42,8 +44,9 @@ pub struct Generation {
     /// the same (a lane that differs only after its prompt).
     pub prefills: usize,
     /// Per lane, its prefill's resume point when one was asked for and the
-    /// lane has one ([`Sequence::resume_at`]).
-    pub resumes: Vec<Option<Resume>>,
+    /// lane has one ([`Sequence::resume_at`]); a lane that took a twin's
+    /// prefill shares its point.
+    pub resumes: Vec<Option<Arc<Resume>>>,
 }
 
 /// One prompt's progress through the loop.
@@ -59,7 +62,7 @@ struct Run {
     /// The drafter's keys and values of the rows in `feats` so far.
     ctx: DraftContext,
     /// The prefill's resume point.
-    resume: Option<Resume>,
+    resume: Option<Arc<Resume>>,
 }
 
 /// New tokens the loop commits per lane before it stops (what its progress
@@ -376,7 +379,8 @@ fn resume_points(
         r.feats
             .push(Tensor::cat(&o.captures, candle_core::D::Minus1)?);
         let kept = keep.iter().copied().zip(kept).collect();
-        r.resume = Some(r.seq.resume_point(&l.prompt[..a.unwrap_or(0)], kept)?);
+        let ids = &l.prompt[..a.unwrap_or(0)];
+        r.resume = Some(Arc::new(r.seq.resume_point(target, ids, kept)?));
     }
     Ok(())
 }

@@ -364,7 +364,8 @@ pub struct Forced<'a> {
     /// Harness or engine faults emulated (none normally).
     pub faults: faults::Faults,
     /// Where the sweep starts instead of token 0: a prefill of the same
-    /// tokens that serves it ([`Resume::serves`]); the outputs are the same.
+    /// tokens that serves it ([`Resume::serves`]; one that does not is an
+    /// error); the outputs are the same.
     pub resume: Option<&'a Resume>,
 }
 
@@ -419,11 +420,12 @@ pub fn teacher_forced_together(jobs: &[ForcedJob]) -> Result<Vec<Vec<StepOut>>> 
         .map(|j| {
             j.seqs
                 .iter()
-                .map(|f| {
+                .zip(j.capture)
+                .map(|(f, capture)| {
                     let mut s = Sequence::new(j.target.spec, f.prompt_len, f.form, f.decode_shift)
                         .with_faults(f.faults);
                     if let Some(r) = f.resume {
-                        r.start(&mut s)?;
+                        r.start(&mut s, (&j.target, f, capture))?;
                     }
                     Ok(s)
                 })

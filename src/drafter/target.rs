@@ -36,6 +36,21 @@ pub struct TargetModel<'a> {
     pub prec: Precision,
 }
 
+/// Which target a state was computed on: its weights source and spec (by
+/// address) and dtype ([`TargetModel::identity`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TargetId(usize, usize, Precision);
+
+impl TargetModel<'_> {
+    /// This target's [`TargetId`]: two targets with the same one compute
+    /// the same states (the head aside).
+    pub(crate) fn identity(&self) -> TargetId {
+        let weights = self.weights as *const dyn WeightSource as *const () as usize;
+        let spec = self.spec as *const TextModelSpec as usize;
+        TargetId(weights, spec, self.prec)
+    }
+}
+
 /// A hidden state a sweep keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Capture {
@@ -188,12 +203,21 @@ impl Sequence {
 /// The settings of a sequence a prefill's state depends on: prompt length,
 /// form, fp8 keys and values, a Gated DeltaNet reset inside the prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PrefillKey(usize, GdnForm, bool, Option<usize>);
+struct PrefillKey {
+    prompt_len: usize,
+    form: GdnForm,
+    kv_fp8: bool,
+    reset_inside: Option<usize>,
+}
 
 impl PrefillKey {
     fn of(prompt_len: usize, form: GdnForm, faults: &Faults) -> Self {
-        let reset_inside = faults.gdn_reset_at.filter(|&k| k < prompt_len);
-        Self(prompt_len, form, faults.kv_fp8, reset_inside)
+        Self {
+            prompt_len,
+            form,
+            kv_fp8: faults.kv_fp8,
+            reset_inside: faults.gdn_reset_at.filter(|&k| k < prompt_len),
+        }
     }
 }
 

@@ -5,6 +5,8 @@
 //! head of their own. On supplied trajectories every group's sweep runs in
 //! one pass over the layers ([`sweep_groups`]).
 
+use std::sync::Arc;
+
 use candle_core::Tensor;
 
 use super::groups::Group;
@@ -30,7 +32,7 @@ pub struct Share<'g, 'a> {
     pub own_base: bool,
     /// Per lane × prompt, its loop's prefill resume point (empty: none):
     /// the sweep starts there where it serves ([`Resume::serves`]).
-    pub resumes: &'g [Option<Resume>],
+    pub resumes: &'g [Option<Arc<Resume>>],
 }
 
 /// Runs `forcings` (lane-major, as the group's lanes × prompts) through
@@ -45,7 +47,7 @@ pub struct Share<'g, 'a> {
 /// Errors: as [`teacher_forced_together`]; a head that cannot be read.
 pub fn sweep(
     g: &Group,
-    (forcings, resumes): (&[Forcing], &[Option<Resume>]),
+    (forcings, resumes): (&[Forcing], &[Option<Arc<Resume>>]),
     taps: &[usize],
     own_base: bool,
     logits: bool,
@@ -160,8 +162,8 @@ impl<'f> Prepared<'f> {
                     faults: f.faults,
                     resume: None,
                 };
-                let resume = s.resumes.get(j).and_then(Option::as_ref);
-                forced.resume = resume.filter(|r| r.serves(&forced, &keeps));
+                let resume = s.resumes.get(j).and_then(Option::as_deref);
+                forced.resume = resume.filter(|r| r.serves(&g.target, &forced, &keeps));
                 forced
             })
             .collect();
