@@ -779,7 +779,8 @@ fn lock_step_replays_give_each_trajectorys_own_replay() {
     let lens = vec![8; tokens.len()];
     let taps = drafter.cfg.target_layer_ids.clone();
     let feats =
-        hsparity::drafter::features(&target, &tokens, &lens, &taps, GdnForm::Chunked, 0).unwrap();
+        hsparity::drafter::features(&target, &tokens, &lens, &taps, (GdnForm::Chunked, 0), &[])
+            .unwrap();
     let t = DraftTarget {
         drafter: &drafter,
         weights: &p.view,

@@ -11,7 +11,7 @@ use hsparity::drafter::eval::EndRule;
 use hsparity::drafter::faults::Faults;
 use hsparity::drafter::generate::{dflash_loop_with, Generation, Lane};
 use hsparity::drafter::target::{Capture, TargetModel, MIN_ROWS};
-use hsparity::drafter::{teacher_forced, Forced};
+use hsparity::drafter::{features, teacher_forced, Forced};
 use hsparity::loading::{self, LoadingPath};
 use hsparity::models::dflash::Drafter;
 use hsparity::models::{CacheCrop, GdnForm, TextModelSpec};
@@ -267,6 +267,16 @@ fn a_split_prefill_and_a_sweep_from_its_resume_point_give_the_whole_sweeps_bits(
                 !resume.serves(&f32_target, &forced, &all),
                 "{what}: another dtype"
             );
+            // The taps of a plain lane as `drafter`'s cross run takes them.
+            if lane.faults.is_none() && lane.form == GdnForm::Chunked && lane.decode_shift == 0 {
+                let toks = std::slice::from_ref(&split.tokens[i]);
+                let taps = [1, n - 1];
+                let point = [split.resumes[i].clone()];
+                let at = |r: &[Option<std::sync::Arc<_>>]| {
+                    features(&target, toks, &[len], &taps, (GdnForm::Chunked, 0), r).unwrap()
+                };
+                same_bits(&at(&[])[0], &at(&point)[0], &format!("{what}: features"));
+            }
             let no_such = [Capture::Hidden(n + 1)];
             assert!(!resume.serves(&target, &forced, &no_such), "{what}");
         }

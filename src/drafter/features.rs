@@ -376,7 +376,7 @@ impl Run<'_> {
             head: head_src,
             prec: d,
         };
-        let own = super::features(&target, &tokens, &lens, taps, GdnForm::Chunked, 0)?;
+        let own = super::features(&target, &tokens, &lens, taps, (GdnForm::Chunked, 0), &[])?;
         let t = DraftTarget {
             drafter: self.drafter,
             weights,

@@ -27,6 +27,7 @@ use crate::precision::Precision;
 use crate::session::Session;
 use candle_core::Tensor;
 use eval::{DraftTarget, EndRule, PromptTau};
+use std::sync::Arc;
 use target::{Capture, Resume, Sequence, Step, StepOut, TargetModel};
 use trajectories::{Given, GivenFile};
 
@@ -491,6 +492,9 @@ pub fn concat_taps(captures: &[Tensor]) -> Result<Tensor> {
 /// Tap features of `target` over each token sequence (`[T, K·H]` each),
 /// teacher-forced in one layer-major sweep; the first `prompt_lens[k]`
 /// tokens of sequence k are its prompt (later tokens carry `decode_shift`).
+/// Sequence k starts at `resumes[k]` where that point serves it
+/// ([`Resume::serves`]; `resumes` may be shorter, or empty), with the same
+/// features.
 ///
 /// Errors: a tap outside the target; a tensor failure.
 pub fn features(
@@ -498,22 +502,30 @@ pub fn features(
     tokens: &[Vec<u32>],
     prompt_lens: &[usize],
     taps: &[usize],
-    form: GdnForm,
-    decode_shift: usize,
+    (form, decode_shift): (GdnForm, usize),
+    resumes: &[Option<Arc<Resume>>],
 ) -> Result<Vec<Tensor>> {
+    let capture: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();
     let seqs: Vec<Forced> = tokens
         .iter()
         .zip(prompt_lens)
-        .map(|(t, &n)| Forced {
-            tokens: t,
-            prompt_len: n,
-            form,
-            decode_shift,
-            faults: faults::Faults::default(),
-            resume: None,
+        .enumerate()
+        .map(|(k, (t, &n))| {
+            let forced = Forced {
+                tokens: t,
+                prompt_len: n,
+                form,
+                decode_shift,
+                faults: faults::Faults::default(),
+                resume: None,
+            };
+            let resume = resumes.get(k).and_then(Option::as_deref);
+            Forced {
+                resume: resume.filter(|r| r.serves(target, &forced, &capture)),
+                ..forced
+            }
         })
         .collect();
-    let capture: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();
     teacher_forced(target, &seqs, &capture, false)?
         .into_iter()
         .map(|o| concat_taps(&o.captures))

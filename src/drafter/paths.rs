@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::eval::{self, CrossTau, DdtreeTau, DrafterInfo, EndRule, PathTau, PromptReplay};
 use super::eval::{HeadUse, LmHeadFrom};
-use super::generate::{dflash_loop, lane_tokens, Lane};
+use super::generate::{dflash_loop_with, lane_tokens, Lane};
 use super::plan::{plan_for, MemoryPlan, Residency};
 use super::target::{Capture, TargetModel};
 use super::trajectories::{departures_of, Departure, Given, PathDepartures, TrajectoryReport};
@@ -235,7 +235,23 @@ impl Run<'_> {
         let max_new = self.settings.replay.max_new;
         let base = self.generated.position();
         let on_progress = |n: u64| self.generated.set_position(base + n.min(self.per_path));
-        let g = dflash_loop(&target, self.drafter, &lanes, max_new, &on_progress)?;
+        // A path with a cross run feeds the prompts again, on path 0's
+        // tokens: its prefills leave resume points for that sweep.
+        let taps = &self.drafter.cfg.target_layer_ids;
+        let keep: Vec<Capture> = match first {
+            Some(_) => taps.iter().map(|&l| Capture::Tap(l)).collect(),
+            None => Vec::new(),
+        };
+        let rule = EndRule::GithubMain;
+        let g = dflash_loop_with(
+            &target,
+            self.drafter,
+            &lanes,
+            max_new,
+            rule,
+            &keep,
+            &on_progress,
+        )?;
         self.replays.set_message(format!("{name}: replaying"));
         let own = replay_all(
             self.drafter,
@@ -251,14 +267,13 @@ impl Run<'_> {
             Some(r0) => {
                 self.replays
                     .set_message(format!("{name} features on {}'s tokens", r0.name));
-                let taps = &self.drafter.cfg.target_layer_ids;
                 let f = features(
                     &target,
                     &r0.tokens,
                     &self.prompt_lens,
                     taps,
-                    GdnForm::Chunked,
-                    0,
+                    (GdnForm::Chunked, 0),
+                    &g.resumes,
                 )?;
                 sweeps += 1;
                 let replayed = replay_all(
