@@ -653,3 +653,83 @@ fn taps_are_read_against_the_baselines_noise_floor() {
     // tokens) does not apply.
     assert!(v("harness-gdn-crop").tap_noise_ratio.is_none());
 }
+
+/// triage on a prompt long enough for resume points (the toy pair's target
+/// with positions up to 1024, 700 tokens: every lane's teacher-forced sweep but the noise shadow's starts
+/// at its loop's prefill, `drafter::target::Resume`) gives the report of the
+/// run with `HSPARITY_NO_RESUME` (every sweep from token 0), field for
+/// field, wall times aside; the split prefills show as one more sweep.
+#[test]
+fn resume_points_leave_the_triage_report_as_it_is() {
+    let ids: Vec<String> = {
+        let g: Value = serde_json::from_str(
+            &std::fs::read_to_string("fixtures/toy-pair/golden/reference_generate_gdn_crop.json")
+                .unwrap(),
+        )
+        .unwrap();
+        let text: Vec<u64> = g["sets"]["held_out"]["per_prompt"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|q| q["input_ids"].as_array().unwrap().clone())
+            .map(|x| x.as_u64().unwrap())
+            .collect();
+        text.iter().cycle().take(700).map(u64::to_string).collect()
+    };
+    // The toy's positions stop at 512: a copy that takes 1024.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = toy_target_copy(tmp.path());
+    let cfg_path = dir.join("config.json");
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["text_config"]["max_position_embeddings"] = 1024.into();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let run = |off: bool| -> Value {
+        let mut c = common::hsparity();
+        c.arg("triage")
+            .arg(&dir)
+            .args(["--drafter", "fixtures/toy-pair/drafter"])
+            .args(["--prompt-ids", &ids.join(","), "--max-new-tokens", "8"])
+            .args(["--json", "-q", "--no-report"]);
+        if off {
+            c.env("HSPARITY_NO_RESUME", "1");
+        }
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{err}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (on, off) = (run(false), run(true));
+    fn strip(v: &Value, sweeps: &mut Vec<u64>) -> Value {
+        match v {
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .filter(|(k, _)| {
+                        !["wall_s", "wall_time_s", "environment", "command"].contains(&k.as_str())
+                    })
+                    .filter_map(|(k, x)| match (k.as_str(), x.as_u64()) {
+                        ("sweeps", Some(n)) => {
+                            sweeps.push(n);
+                            None
+                        }
+                        _ => Some((k.clone(), strip(x, sweeps))),
+                    })
+                    .collect(),
+            ),
+            Value::Array(a) => Value::Array(a.iter().map(|x| strip(x, sweeps)).collect()),
+            _ => v.clone(),
+        }
+    }
+    let (mut s_on, mut s_off) = (Vec::new(), Vec::new());
+    assert_eq!(strip(&on, &mut s_on), strip(&off, &mut s_off));
+    // Every run that generated split its prefill; the tap variants ran none.
+    assert_eq!(s_on.len(), s_off.len());
+    assert!(s_on.iter().any(|&n| n > 0), "{s_on:?}");
+    for (a, b) in s_on.iter().zip(&s_off) {
+        assert_eq!(
+            *a,
+            if *b > 0 { b + 1 } else { 0 },
+            "{s_on:?} against {s_off:?}"
+        );
+    }
+}

@@ -67,9 +67,11 @@ impl Sequence {
     /// from a reset inside the prompt, which starts them anew. `None`
     /// otherwise: a prompt of fewer than 577 tokens (with a reset at K
     /// inside it, fewer than K + 257), a sparse MoE block (its expert
-    /// products take as many rows as the router sends), another device.
+    /// products take as many rows as the router sends), another device,
+    /// `HSPARITY_NO_RESUME` set (any value: every sweep from token 0, the
+    /// same bits, slower).
     pub(crate) fn resume_at(&self, spec: &TextModelSpec) -> Option<usize> {
-        let plain = spec.moe.is_none() && spec.device.is_cpu();
+        let plain = spec.moe.is_none() && spec.device.is_cpu() && !switched_off();
         let first = self.prefill_key().reset_inside.unwrap_or(0);
         let room = self.prompt_len.checked_sub(MIN_ROWS)?.checked_sub(first)?;
         let at = first + room / CHUNK_SIZE * CHUNK_SIZE;
@@ -104,6 +106,12 @@ impl Sequence {
             kept,
         })
     }
+}
+
+/// `HSPARITY_NO_RESUME` is set (read once).
+fn switched_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var_os("HSPARITY_NO_RESUME").is_some())
 }
 
 impl Resume {
