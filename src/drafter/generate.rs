@@ -44,7 +44,7 @@ pub struct Generation {
     /// the same (a lane that differs only after its prompt).
     pub prefills: usize,
     /// Per lane, its prefill's resume point when one was asked for and the
-    /// lane has one ([`Sequence::resume_at`]); a lane that took a twin's
+    /// lane has one (`Sequence::resume_at`); a lane that took a twin's
     /// prefill shares its point.
     pub resumes: Vec<Option<Arc<Resume>>>,
 }
@@ -182,7 +182,7 @@ pub fn dflash_loop(
 /// `prompt_len + max_new` (too few for a GitHub-main replay).
 ///
 /// With captures to `keep`, a lane whose prompt has a resume point
-/// ([`Sequence::resume_at`]) is prefilled in two sweeps split there, bit
+/// (`Sequence::resume_at`) is prefilled in two sweeps split there, bit
 /// for bit the one sweep, and [`Generation::resumes`] holds the state
 /// between them with the rows of `keep` before it: a teacher-forced sweep
 /// of the same tokens can start there ([`super::Forced::resume`]).
@@ -289,7 +289,7 @@ fn prefill_twins(runs: &[Run], lanes: &[Lane]) -> Vec<Option<usize>> {
 /// row, in one sweep of the lanes whose prefill no earlier lane shares
 /// ([`prefill_twins`]); the others take their twin's state, taps, token and
 /// resume point. With captures to `keep`, the lanes with a resume point
-/// ([`Sequence::resume_at`]) first feed the tokens before it in a sweep of
+/// (`Sequence::resume_at`) first feed the tokens before it in a sweep of
 /// their own. Returns the prefills swept.
 fn prefill(
     target: &TargetModel,

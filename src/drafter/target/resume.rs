@@ -123,7 +123,7 @@ impl Resume {
     /// True when the teacher-forced sweep `f` on `target`, keeping
     /// `capture`, can start here with the bits of the same sweep from token
     /// 0: the target that ran the prefill, the same first tokens, settings a
-    /// prefill leaves in the same state ([`Sequence::same_prefill`]: a reset
+    /// prefill leaves in the same state (`Sequence::same_prefill`: a reset
     /// inside the prompt, at or before this point, is the same; one past the
     /// prompt acts in the rest), at least [`MIN_ROWS`] tokens left to feed,
     /// and every capture kept here.
