@@ -238,20 +238,11 @@ impl Run<'_> {
         // A path with a cross run feeds the prompts again, on path 0's
         // tokens: its prefills leave resume points for that sweep.
         let taps = &self.drafter.cfg.target_layer_ids;
-        let keep: Vec<Capture> = match first {
-            Some(_) => taps.iter().map(|&l| Capture::Tap(l)).collect(),
-            None => Vec::new(),
-        };
-        let rule = EndRule::GithubMain;
-        let g = dflash_loop_with(
-            &target,
-            self.drafter,
-            &lanes,
-            max_new,
-            rule,
-            &keep,
-            &on_progress,
-        )?;
+        let keep: Vec<Capture> = first.map_or(Vec::new(), |_| {
+            taps.iter().map(|&l| Capture::Tap(l)).collect()
+        });
+        let (d, rule) = (self.drafter, EndRule::GithubMain);
+        let g = dflash_loop_with(&target, d, &lanes, max_new, rule, &keep, &on_progress)?;
         self.replays.set_message(format!("{name}: replaying"));
         let own = replay_all(
             self.drafter,
@@ -267,14 +258,8 @@ impl Run<'_> {
             Some(r0) => {
                 self.replays
                     .set_message(format!("{name} features on {}'s tokens", r0.name));
-                let f = features(
-                    &target,
-                    &r0.tokens,
-                    &self.prompt_lens,
-                    taps,
-                    (GdnForm::Chunked, 0),
-                    &g.resumes,
-                )?;
+                let (lens, form) = (&self.prompt_lens, (GdnForm::Chunked, 0));
+                let f = features(&target, &r0.tokens, lens, taps, form, &g.resumes)?;
                 sweeps += 1;
                 let replayed = replay_all(
                     self.drafter,
