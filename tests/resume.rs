@@ -5,6 +5,7 @@
 //! target in bf16 and f32, over prompt lengths on both sides of the chunk
 //! boundaries and past the attention's query blocks.
 
+use crate::common::{self, bits};
 use candle_core::Tensor;
 use hsparity::checkpoint::Checkpoint;
 use hsparity::drafter::eval::EndRule;
@@ -19,11 +20,6 @@ use hsparity::precision::Precision;
 use std::path::Path;
 
 const T: &str = "fixtures/toy-pair";
-
-fn bits(t: &Tensor) -> Vec<u32> {
-    let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 /// Asserts `a` and `b` hold the same bits, naming `what` and the first
 /// difference.
@@ -74,21 +70,8 @@ fn lanes(q: &[u32]) -> Vec<Lane> {
 /// Prompts of `lens` tokens: the toy pair's held-out prompts one after
 /// another, from a different one for each length.
 fn prompts(lens: &[usize]) -> Vec<Vec<u32>> {
-    let g: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(format!("{T}/golden/reference_generate_gdn_crop.json")).unwrap(),
-    )
-    .unwrap();
-    let text: Vec<u32> = g["sets"]["held_out"]["per_prompt"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|q| q["input_ids"].as_array().unwrap().clone())
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
-    lens.iter()
-        .enumerate()
-        .map(|(k, &n)| text.iter().cycle().skip(k * 11).take(n).copied().collect())
-        .collect()
+    let at = lens.iter().enumerate();
+    at.map(|(k, &n)| common::toy_pair_text(n, k * 11)).collect()
 }
 
 /// The resume point of a prompt of `len` tokens: the last chunk boundary

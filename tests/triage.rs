@@ -655,27 +655,17 @@ fn taps_are_read_against_the_baselines_noise_floor() {
 }
 
 /// triage on a prompt long enough for resume points (the toy pair's target
-/// with positions up to 1024, 700 tokens: every lane's teacher-forced sweep but the noise shadow's starts
-/// at its loop's prefill, `drafter::target::Resume`) gives the report of the
-/// run with `HSPARITY_NO_RESUME` (every sweep from token 0), field for
-/// field, wall times aside; the split prefills show as one more sweep.
+/// with positions up to 1024, 700 tokens: every lane's teacher-forced sweep
+/// but the noise shadow's starts at its loop's prefill,
+/// `drafter::target::Resume`) gives the report of the run with
+/// `HSPARITY_NO_RESUME` (every sweep from token 0), field for field, wall
+/// times aside; the split prefills show as one more sweep.
 #[test]
 fn resume_points_leave_the_triage_report_as_it_is() {
-    let ids: Vec<String> = {
-        let g: Value = serde_json::from_str(
-            &std::fs::read_to_string("fixtures/toy-pair/golden/reference_generate_gdn_crop.json")
-                .unwrap(),
-        )
-        .unwrap();
-        let text: Vec<u64> = g["sets"]["held_out"]["per_prompt"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|q| q["input_ids"].as_array().unwrap().clone())
-            .map(|x| x.as_u64().unwrap())
-            .collect();
-        text.iter().cycle().take(700).map(u64::to_string).collect()
-    };
+    let ids: Vec<String> = common::toy_pair_text(700, 0)
+        .iter()
+        .map(u32::to_string)
+        .collect();
     // The toy's positions stop at 512: a copy that takes 1024.
     let tmp = tempfile::tempdir().unwrap();
     let dir = toy_target_copy(tmp.path());

@@ -477,3 +477,20 @@ pub fn five_prompts(tmp: &std::path::Path) -> std::path::PathBuf {
     std::fs::write(&f, lines.join("\n")).unwrap();
     f
 }
+
+/// `n` token ids of the toy pair's text: its held-out prompts
+/// (`fixtures/toy-pair/golden/reference_generate_gdn_crop.json`) one after
+/// another, from token `skip` on, over again as often as `n` needs.
+pub fn toy_pair_text(n: usize, skip: usize) -> Vec<u32> {
+    let path = repo_root().join("fixtures/toy-pair/golden/reference_generate_gdn_crop.json");
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let text: Vec<u32> = g["sets"]["held_out"]["per_prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|q| q["input_ids"].as_array().unwrap().clone())
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    text.iter().cycle().skip(skip).take(n).copied().collect()
+}
