@@ -29,17 +29,19 @@
 //! rest of the whole forward's rows; the LM head reads the same rows (the
 //! logits' range moves back by `at`).
 //!
-//! A point holds the kept rows before it in f32 (every hidden state in
-//! triage's baseline group) from the prefill until the teacher-forced sweep
+//! A point holds the kept rows before it (every hidden state in triage's
+//! baseline group; in bf16 for a model computing in bf16, whose states are
+//! bf16 values) from the prefill until the teacher-forced sweep
 //! has read them; lanes that share a prefill share the point.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use super::{Capture, PrefillKey, Sequence, StepOut, TargetId, TargetModel};
 use crate::drafter::Forced;
 use crate::error::{Error, Result};
 use crate::models::qwen3_5::gated_delta_net::CHUNK_SIZE;
 use crate::models::TextModelSpec;
+use crate::precision::Precision;
 
 /// Rows every part of a split sweep feeds at least: more than candle's
 /// horizontal rule covers for any output width (`m·n <= 256`), so more than
@@ -99,6 +101,10 @@ impl Sequence {
                 self.prompt_len
             )));
         }
+        let kept = kept
+            .into_iter()
+            .map(|(c, t)| Ok((c, stored(t, target.prec)?)))
+            .collect::<Result<_>>()?;
         Ok(Resume {
             target: target.identity(),
             seq: self.clone(),
@@ -106,6 +112,25 @@ impl Sequence {
             kept,
         })
     }
+}
+
+/// A kept f32 tensor `t` as a point holds it: in bf16 when the model
+/// computes in bf16 and every value is a bf16 value (half the bytes; read
+/// back exactly), else as it is.
+///
+/// Errors: a tensor failure.
+fn stored(t: Tensor, prec: Precision) -> Result<Tensor> {
+    if prec != Precision::Bf16 || t.dtype() != DType::F32 {
+        return Ok(t);
+    }
+    let half = t.to_dtype(DType::BF16)?;
+    let exact = half
+        .to_dtype(DType::F32)?
+        .eq(&t)?
+        .min_all()?
+        .to_scalar::<u8>()?
+        == 1;
+    Ok(if exact { half } else { t })
 }
 
 /// `HSPARITY_NO_RESUME` is set (read once).
@@ -171,7 +196,7 @@ impl Resume {
                 self.kept.iter().find(|(k, _)| k == c).ok_or_else(|| {
                     Error::Input(format!("{c:?} is not kept at this resume point"))
                 })?;
-            *t = Tensor::cat(&[head, &*t], 0)?;
+            *t = Tensor::cat(&[&head.to_dtype(t.dtype())?, &*t], 0)?;
         }
         Ok(out)
     }
