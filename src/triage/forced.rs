@@ -122,12 +122,11 @@ struct Prepared<'f> {
     seqs: Vec<Forced<'f>>,
     /// How many of `seqs` are not the shadow's.
     ran: usize,
-    /// Every hidden state (`hidden_states[0..=N]`, then the raw last-layer
-    /// output), kept for the baseline lane of the baseline's group.
-    all: Vec<Capture>,
-    /// The drafter's taps.
+    /// What each lane that runs keeps ([`kept`]).
+    lane_caps: Vec<Capture>,
+    /// The drafter's taps (what the noise shadow keeps).
     tap_caps: Vec<Capture>,
-    /// Keep `all` (the baseline's own group).
+    /// The baseline's own group.
     own_base: bool,
     /// Per lane × prompt: it runs (a lane with a head of its own takes the
     /// baseline lane's outputs instead).
@@ -146,7 +145,7 @@ impl<'f> Prepared<'f> {
         let runs: Vec<bool> = (0..s.forcings.len())
             .map(|j| g.lanes[j / np.max(1)].head.is_none())
             .collect();
-        let keeps = kept(s.own_base, n, taps);
+        let lane_caps = kept(s.own_base, n, taps);
         let mut seqs: Vec<Forced> = s
             .forcings
             .iter()
@@ -163,7 +162,7 @@ impl<'f> Prepared<'f> {
                     resume: None,
                 };
                 let resume = s.resumes.get(j).and_then(Option::as_deref);
-                forced.resume = resume.filter(|r| r.serves(&g.target, &forced, &keeps));
+                forced.resume = resume.filter(|r| r.serves(&g.target, &forced, &lane_caps));
                 forced
             })
             .collect();
@@ -181,8 +180,8 @@ impl<'f> Prepared<'f> {
         Prepared {
             seqs,
             ran,
-            all: kept(true, n, taps),
-            tap_caps: taps.iter().map(|&l| Capture::Tap(l)).collect(),
+            lane_caps,
+            tap_caps: kept(false, n, taps),
             own_base: s.own_base,
             runs,
         }
@@ -190,14 +189,9 @@ impl<'f> Prepared<'f> {
 
     /// One capture list per sequence.
     fn captures(&self) -> Vec<&[Capture]> {
-        let caps = if self.own_base {
-            &self.all
-        } else {
-            &self.tap_caps
-        };
         (0..self.seqs.len())
             .map(|j| match j < self.ran {
-                true => caps.as_slice(),
+                true => self.lane_caps.as_slice(),
                 false => self.tap_caps.as_slice(),
             })
             .collect()
