@@ -73,9 +73,12 @@ fn values(t: &Tensor) -> Vec<f32> {
 /// This process's capabilities with the AMX kernel off: the kernels that
 /// give candle's bits (the AMX kernel's sums are its own, tested in
 /// `amx_kernel.rs`).
+/// The bf16 kernel is planned even where its instruction is slow (the f32
+/// kernel would take its products), so that it is tested wherever it can run.
 fn candle_order() -> Capabilities {
     Capabilities {
         no_amx: true,
+        bf16_dot_slow: false,
         ..*kernels::capabilities()
     }
 }
@@ -126,6 +129,22 @@ proptest! {
                 _ => None,
             };
             prop_assert_eq!(got, want, "[{}, {}, {}] {:?}", m, n, k, stored);
+            // Where the bf16 instruction is slow the f32 kernel takes what it
+            // would (the same sums), unless the f32 kernel is switched off.
+            let slow = Capabilities { bf16_dot_slow: true, ..all };
+            let got = kernels::plan(m, n, k, stored, &slow).map(|p| (p.kernel(), p.kc()));
+            let want_slow = want.map(|(kernel, kc)| match kernel {
+                Kernel::Bf16Gemm => (Kernel::F32Gemm, kc),
+                other => (other, kc),
+            });
+            prop_assert_eq!(got, want_slow, "slow dot: [{}, {}, {}] {:?}", m, n, k, stored);
+            let forced = Capabilities { force_bf16_dot: true, ..slow };
+            let got = kernels::plan(m, n, k, stored, &forced).map(|p| (p.kernel(), p.kc()));
+            prop_assert_eq!(got, want, "forced dot: [{}, {}, {}] {:?}", m, n, k, stored);
+            let f32_off = Capabilities { no_avx512_gemm: true, ..slow };
+            let got = kernels::plan(m, n, k, stored, &f32_off).map(|p| p.kernel());
+            let bf16_only = want.filter(|(kernel, _)| *kernel == Kernel::Bf16Gemm);
+            prop_assert_eq!(got, bf16_only.map(|(kernel, _)| kernel), "[{}, {}, {}]", m, n, k);
             prop_assert!(kernels::plan(m, n, k, stored, &Capabilities::none()).is_none());
             let switched = Capabilities { no_avx512_gemm: true, no_bf16_dot: true, ..all };
             prop_assert!(kernels::plan(m, n, k, stored, &switched).is_none());
@@ -419,7 +438,7 @@ fn refuses_what_it_cannot_compute_exactly() {
         return;
     }
     let x = (matrix(300, 8, 2, true) + 1e-3).unwrap(); // not bf16 values
-    let plan = kernels::plan(300, 3, 8, Stored::Bf16, kernels::capabilities()).unwrap();
+    let plan = kernels::plan(300, 3, 8, Stored::Bf16, &candle_order()).unwrap();
     let pairs = pairs_of(&w).unwrap();
     assert!(plan
         .run(&values(&x), Weight::Bf16(&pairs))
@@ -917,29 +936,50 @@ fn linear_each_row_gives_linear_row_by_row_on_every_shape() {
 
 // ---- end to end ----------------------------------------------------------
 
-/// `compare --json`, and the kernels its environment says ran.
-fn report(args: &[&str], candle_only: bool) -> (serde_json::Value, Vec<String>) {
+/// How a test run of `compare` picks its kernels.
+#[derive(Clone, Copy, PartialEq)]
+enum Pick {
+    /// As this CPU and the policy choose.
+    Policy,
+    /// The bf16 kernel even where its instruction is slow
+    /// (`HSPARITY_FORCE_BF16_DOT`).
+    Bf16Dot,
+    /// candle's GEMM everywhere, the delta rule's AVX2 build.
+    CandleOnly,
+}
+
+/// `compare --json` under `pick`: the report without its environment, the
+/// kernels the environment says ran, and the CPU features it lists.
+fn report(args: &[&str], pick: Pick) -> (serde_json::Value, Vec<String>, Vec<String>) {
     let mut cmd = common::hsparity();
     cmd.args(["compare", "--json", "--no-report", "--quiet"])
         .args(args);
     // Both runs in candle's sums (the AMX kernel's are its own:
     // `amx_kernel.rs` compares its runs to the noise floor).
     cmd.env("HSPARITY_NO_AMX", "1");
-    if candle_only {
-        cmd.env("HSPARITY_NO_AVX512_GEMM", "1")
-            .env("HSPARITY_NO_BF16_DOT", "1")
-            .env("HSPARITY_NO_AVX512_DELTA", "1");
+    match pick {
+        Pick::Policy => {}
+        Pick::Bf16Dot => {
+            cmd.env("HSPARITY_FORCE_BF16_DOT", "1");
+        }
+        Pick::CandleOnly => {
+            cmd.env("HSPARITY_NO_AVX512_GEMM", "1")
+                .env("HSPARITY_NO_BF16_DOT", "1")
+                .env("HSPARITY_NO_AVX512_DELTA", "1");
+        }
     }
     let out = cmd.output().unwrap();
     let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let env = v.as_object_mut().unwrap().remove("environment").unwrap();
-    let ran = env["kernels"]["ran"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k.as_str().unwrap().to_string())
-        .collect();
-    (v, ran)
+    let names = |key: &str| -> Vec<String> {
+        env["kernels"][key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap().to_string())
+            .collect()
+    };
+    (v, names("ran"), names("cpu_features"))
 }
 
 /// End to end, every kernel of hsparity's own against candle's GEMM
@@ -949,36 +989,48 @@ fn report(args: &[&str], candle_only: bool) -> (serde_json::Value, Vec<String>) 
 /// kernels (the environment says which).
 #[test]
 fn compare_gives_the_same_report_with_candles_gemm_everywhere() {
-    let cases: [(&[&str], Kernel); 5] = [
+    let cases: [(&[&str], Pick, Kernel); 6] = [
         (
             &["fixtures/tiny-qwen3_5", "--dtype", "f32"],
+            Pick::Policy,
             Kernel::F32Gemm,
+        ),
+        // Where vdpbf16ps is slow the f32 kernel takes the bf16 products
+        // (below); the bf16 kernel is run end to end there too.
+        (
+            &["fixtures/tiny-qwen3_5", "--dtype", "bf16"],
+            Pick::Policy,
+            Kernel::Bf16Gemm,
         ),
         (
             &["fixtures/tiny-qwen3_5", "--dtype", "bf16"],
+            Pick::Bf16Dot,
             Kernel::Bf16Gemm,
         ),
         (
             &["fixtures/divergence/fp16-disk", "--paths", "causal-lm,vlm"],
+            Pick::Policy,
             Kernel::F32Gemm,
         ),
         // A bf16 checkpoint in f32 and f16: the f32 kernel reads its pairs.
         (
             &["fixtures/divergence/bf16-auto", "--dtype", "f32"],
+            Pick::Policy,
             Kernel::F32Gemm,
         ),
         (
             &["fixtures/divergence/bf16-auto", "--dtype", "f16"],
+            Pick::Policy,
             Kernel::F32Gemm,
         ),
     ];
-    for (args, kernel) in cases {
-        let (ours, ran) = report(args, false);
+    for (args, pick, kernel) in cases {
+        let (ours, ran, features) = report(args, pick);
         assert!(
             ours["pairs"].as_array().is_some_and(|p| !p.is_empty()),
             "{args:?}"
         );
-        let (candle, candle_ran) = report(args, true);
+        let (candle, candle_ran, _) = report(args, Pick::CandleOnly);
         assert_eq!(ours, candle, "{args:?}");
         assert!(
             !candle_ran
@@ -999,12 +1051,22 @@ fn compare_gives_the_same_report_with_candles_gemm_everywhere() {
             let avx2 = Kernel::DeltaRuleAvx2.name();
             assert!(candle_ran.iter().any(|k| k == avx2), "{candle_ran:?}");
         }
+        // The run's own timing of vdpbf16ps decided (its CPU features say).
+        let slow = features.iter().any(|f| f == "avx512bf16-slow");
+        let kernel = match (kernel, pick) {
+            (Kernel::Bf16Gemm, Pick::Policy) if slow => Kernel::F32Gemm,
+            _ => kernel,
+        };
         if runs_here(kernel, name) {
             assert!(
                 ran.iter().any(|k| k == kernel.name()),
                 "{args:?}: {} did not run ({ran:?})",
                 kernel.name()
             );
+        }
+        if slow && pick == Pick::Policy {
+            let bf16 = Kernel::Bf16Gemm.name();
+            assert!(!ran.iter().any(|k| k == bf16), "{args:?}: {ran:?}");
         }
     }
 }

@@ -9,9 +9,10 @@
 //!
 //! The policy, in one place:
 //! - [`Capabilities`] is read once per process ([`capabilities`]): the CPU's
-//!   features (CPUID) and the environment switches (`HSPARITY_NO_AVX512_GEMM`,
+//!   features (CPUID; the bf16 instruction's rate timed once,
+//!   [`Capabilities::bf16_dot_slow`]) and the environment switches (`HSPARITY_NO_AVX512_GEMM`,
 //!   `HSPARITY_NO_BF16_DOT`, `HSPARITY_NO_AMX`, `HSPARITY_NO_AVX512_DELTA`,
-//!   set to any value).
+//!   and `HSPARITY_FORCE_BF16_DOT`, set to any value).
 //! - [`plan`] answers "which kernel computes `x [m, k] · w [n, k]ᵀ` exactly
 //!   here?" for every kernel, from candle's route for that shape
 //!   ([`routes::route`]) and the capabilities; `None` means candle's GEMM.
@@ -61,6 +62,13 @@ pub struct Capabilities {
     /// AVX512-BF16 whose `vdpbf16ps` adds as the bf16 kernel assumes
     /// (probed once: odd element first, each addition rounded).
     pub avx512bf16: bool,
+    /// `vdpbf16ps` makes fewer than [`DOT_RATE_PAYS`] times the
+    /// multiply-adds per second of AVX-512 FMAs on this core (measured once
+    /// at start-up; half of them on Sapphire and Emerald Rapids cores): the
+    /// f32 kernel, widening the pairs as it reads them, takes the blocked
+    /// products of bf16 pairs instead of the bf16 kernel, with the same
+    /// sums ([`plan`]).
+    pub bf16_dot_slow: bool,
     /// AMX-BF16 and AMX-TILE, the tile state granted by the OS and a tile
     /// product checked on known values.
     pub amx_bf16: bool,
@@ -76,6 +84,9 @@ pub struct Capabilities {
     /// `HSPARITY_NO_AVX512_DELTA` is set: the delta rule's AVX-512F build off
     /// (its AVX2 build runs).
     pub no_avx512_delta: bool,
+    /// `HSPARITY_FORCE_BF16_DOT` is set: the bf16 kernel takes its products
+    /// even where its instruction is slow (for benchmarks and tests).
+    pub force_bf16_dot: bool,
 }
 
 impl Capabilities {
@@ -90,6 +101,7 @@ impl Capabilities {
             no_bf16_dot: std::env::var_os("HSPARITY_NO_BF16_DOT").is_some(),
             no_amx: std::env::var_os("HSPARITY_NO_AMX").is_some(),
             no_avx512_delta: std::env::var_os("HSPARITY_NO_AVX512_DELTA").is_some(),
+            force_bf16_dot: std::env::var_os("HSPARITY_FORCE_BF16_DOT").is_some(),
             ..cpu
         }
     }
@@ -135,6 +147,7 @@ impl Capabilities {
             (self.avx2, "avx2"),
             (self.avx512f, "avx512f"),
             (self.avx512bf16, "avx512bf16"),
+            (self.avx512bf16 && self.bf16_dot_slow, "avx512bf16-slow"),
             (self.amx_bf16, "amx-bf16"),
         ])
     }
@@ -165,6 +178,29 @@ impl Capabilities {
             })
             .map(Kernel::name)
             .collect()
+    }
+}
+
+/// The multiply-add rate of `vdpbf16ps` over AVX-512 FMAs' below which the
+/// bf16 kernel does not pay ([`Capabilities::bf16_dot_slow`]). The rates
+/// the kernel meets are far apart: 2 where the instruction issues as often
+/// as an FMA (AMD Zen 4), 0.5 on Intel cores that issue it half as often on
+/// one port. On the 27B layout's shapes at a rate of 0.5 the bf16 kernel
+/// reaches 145–167 GFLOP/s and the f32 kernel on the same pairs 170–245
+/// (`examples/gemm_bench.rs`, docs/performance.md).
+pub const DOT_RATE_PAYS: f64 = 1.25;
+
+/// `vdpbf16ps`'s multiply-adds per second over AVX-512 FMAs' on this core,
+/// timed now (about 0.2 ms); `None` without AVX-512F and AVX512-BF16 or off
+/// x86-64. [`Capabilities::detect`] compares it with [`DOT_RATE_PAYS`].
+pub fn bf16_dot_rate() -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86_64::bf16_dot_rate()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
     }
 }
 
@@ -290,8 +326,10 @@ pub struct Plan {
 /// - a single row on candle's gemv route: [`Kernel::Gemv`];
 /// - the blocked route: [`Kernel::Bf16Amx`] for bf16 pairs where AMX may
 ///   run (any k-block: its sums are its own), else [`Kernel::Bf16Gemm`] for
-///   bf16 pairs with an even k-block (or one block), else
-///   [`Kernel::F32Gemm`];
+///   bf16 pairs with an even k-block (or one block) unless its instruction
+///   is slow here and the f32 kernel may run
+///   ([`Capabilities::bf16_dot_slow`]: the f32 kernel makes the same sums
+///   faster), else [`Kernel::F32Gemm`];
 /// - anything else (`m·n <= 256`, `k <= 2`, a single column): none.
 pub fn plan(m: usize, n: usize, k: usize, stored: Stored, caps: &Capabilities) -> Option<Plan> {
     let make = |kernel, kc| Plan {
@@ -305,9 +343,10 @@ pub fn plan(m: usize, n: usize, k: usize, stored: Stored, caps: &Capabilities) -
         Route::Gemv if m == 1 && caps.avx512_gemm() => Some(make(Kernel::Gemv, k)),
         Route::Blocked { kc, .. } => {
             let pairs_fit = kc.is_multiple_of(2) || kc >= k;
+            let dot_pays = !(caps.bf16_dot_slow && caps.avx512_gemm()) || caps.force_bf16_dot;
             if stored == Stored::Bf16 && caps.bf16_amx() {
                 Some(make(Kernel::Bf16Amx, kc))
-            } else if stored == Stored::Bf16 && pairs_fit && caps.bf16_gemm() {
+            } else if stored == Stored::Bf16 && pairs_fit && dot_pays && caps.bf16_gemm() {
                 Some(make(Kernel::Bf16Gemm, kc))
             } else if caps.avx512_gemm() {
                 Some(make(Kernel::F32Gemm, kc))

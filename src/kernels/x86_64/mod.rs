@@ -20,15 +20,24 @@ pub(super) fn detect() -> Capabilities {
         && is_x86_feature_detected!("avx512bf16")
         // SAFETY: the features it needs were just detected.
         && unsafe { bf16_gemm::adds_as_assumed() };
+    let bf16_dot_slow = avx512bf16 && bf16_dot_rate().is_some_and(|r| r < super::DOT_RATE_PAYS);
     let (amx_bf16, amx_refused) = amx::detect();
     Capabilities {
         avx2,
         avx512f,
         avx512bf16,
+        bf16_dot_slow,
         amx_bf16,
         amx_refused,
         ..Capabilities::default()
     }
+}
+
+/// [`super::bf16_dot_rate`].
+pub(super) fn bf16_dot_rate() -> Option<f64> {
+    let here = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16");
+    // SAFETY: the features it needs were just detected.
+    here.then(|| unsafe { bf16_gemm::dot_rate() })
 }
 
 /// Runs `plan` (shapes and operands checked by the caller).
