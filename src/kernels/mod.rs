@@ -64,7 +64,7 @@ pub struct Capabilities {
     pub avx512bf16: bool,
     /// `vdpbf16ps` makes fewer than [`DOT_RATE_PAYS`] times the
     /// multiply-adds per second of AVX-512 FMAs on this core (measured once
-    /// at start-up; half of them on Sapphire and Emerald Rapids cores): the
+    /// at start-up; half of them on an Emerald Rapids VM): the
     /// f32 kernel, widening the pairs as it reads them, takes the blocked
     /// products of bf16 pairs instead of the bf16 kernel, with the same
     /// sums ([`plan`]).
@@ -183,9 +183,9 @@ impl Capabilities {
 
 /// The multiply-add rate of `vdpbf16ps` over AVX-512 FMAs' below which the
 /// bf16 kernel does not pay ([`Capabilities::bf16_dot_slow`]). The rates
-/// the kernel meets are far apart: 2 where the instruction issues as often
-/// as an FMA (AMD Zen 4), 0.5 on Intel cores that issue it half as often on
-/// one port. On the 27B layout's shapes at a rate of 0.5 the bf16 kernel
+/// are far apart: about 2 where the instruction issues as often as an FMA
+/// (AMD Zen 4 and Zen 5, by their instruction tables), 0.50 measured on an
+/// Emerald Rapids VM, where on the 27B layout's shapes the bf16 kernel
 /// reaches 145–167 GFLOP/s and the f32 kernel on the same pairs 170–245
 /// (`examples/gemm_bench.rs`, docs/performance.md).
 pub const DOT_RATE_PAYS: f64 = 1.25;
