@@ -152,6 +152,38 @@ proptest! {
     }
 }
 
+/// The start-up timing of `vdpbf16ps` against the FMA measures something:
+/// a rate between 0.1 and 8 (an instruction of two multiply-adds per lane
+/// against one; a loop optimised away would give 0 or infinity), the same
+/// side of the threshold in repeated timings, and the side this process's
+/// capabilities took. `None` where the CPU lacks the instruction.
+#[test]
+fn the_bf16_dot_rate_is_a_measured_rate() {
+    let caps = kernels::capabilities();
+    let Some(first) = kernels::bf16_dot_rate() else {
+        assert!(!caps.avx512bf16, "the instruction was probed, yet no rate");
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED kernels::the_bf16_dot_rate_is_a_measured_rate: no AVX512-BF16 on this CPU"
+        );
+        return;
+    };
+    let rates: Vec<f64> = std::iter::once(first)
+        .chain((0..4).filter_map(|_| kernels::bf16_dot_rate()))
+        .collect();
+    for r in &rates {
+        assert!(
+            r.is_finite() && (0.1..8.0).contains(r),
+            "rate {r} ({rates:?})"
+        );
+    }
+    let slow: Vec<bool> = rates.iter().map(|r| *r < kernels::DOT_RATE_PAYS).collect();
+    assert!(slow.iter().all(|s| *s == slow[0]), "{rates:?}");
+    if caps.avx512bf16 {
+        assert_eq!(caps.bf16_dot_slow, slow[0], "{rates:?}");
+    }
+}
+
 /// The switches turn kernels off but not the CPU's ability the incremental
 /// check is decided from.
 #[test]
