@@ -987,7 +987,16 @@ fn report(args: &[&str], pick: Pick) -> (serde_json::Value, Vec<String>, Vec<Str
     cmd.args(["compare", "--json", "--no-report", "--quiet"])
         .args(args);
     // Both runs in candle's sums (the AMX kernel's are its own:
-    // `amx_kernel.rs` compares its runs to the noise floor).
+    // `amx_kernel.rs` compares its runs to the noise floor); no switch
+    // inherited from the test's environment.
+    for switch in [
+        "HSPARITY_NO_AVX512_GEMM",
+        "HSPARITY_NO_BF16_DOT",
+        "HSPARITY_NO_AVX512_DELTA",
+        "HSPARITY_FORCE_BF16_DOT",
+    ] {
+        cmd.env_remove(switch);
+    }
     cmd.env("HSPARITY_NO_AMX", "1");
     match pick {
         Pick::Policy => {}

@@ -64,7 +64,7 @@ pub struct Capabilities {
     pub avx512bf16: bool,
     /// `vdpbf16ps` makes fewer than [`DOT_RATE_PAYS`] times the
     /// multiply-adds per second of AVX-512 FMAs on this core (measured once
-    /// at start-up; half of them on an Emerald Rapids VM): the
+    /// at start-up; half of them on an Emerald Rapids Xeon): the
     /// f32 kernel, widening the pairs as it reads them, takes the blocked
     /// products of bf16 pairs instead of the bf16 kernel, with the same
     /// sums ([`plan`]).
@@ -182,13 +182,16 @@ impl Capabilities {
 }
 
 /// The multiply-add rate of `vdpbf16ps` over AVX-512 FMAs' below which the
-/// bf16 kernel does not pay ([`Capabilities::bf16_dot_slow`]). The rates
-/// are far apart: about 2 where the instruction issues as often as an FMA
-/// (AMD Zen 4 and Zen 5, by their instruction tables), 0.50 measured on an
-/// Emerald Rapids VM, where on the 27B layout's shapes the bf16 kernel
-/// reaches 145–167 GFLOP/s and the f32 kernel on the same pairs 170–245
-/// (`examples/gemm_bench.rs`, docs/performance.md).
-pub const DOT_RATE_PAYS: f64 = 1.25;
+/// bf16 kernel does not pay ([`Capabilities::bf16_dot_slow`]). The bf16
+/// kernel runs at about 95 % of its instruction's rate, the f32 kernel on
+/// the same pairs at 50–70 % of the FMA's (it widens them first), so the
+/// two break even at a rate of about 0.6–0.7. Measured: 0.49–0.55 on an
+/// Emerald Rapids Xeon (CPUID model 207) without AMX, where on the 27B
+/// layout's shapes the bf16 kernel reaches 145–167 GFLOP/s and the f32
+/// kernel on the pairs 170–245 (`examples/gemm_bench.rs`,
+/// docs/performance.md); about 2 by AMD Zen 4's and Zen 5's instruction
+/// tables, which issue it as often as an FMA (not measured).
+pub const DOT_RATE_PAYS: f64 = 0.75;
 
 /// `vdpbf16ps`'s multiply-adds per second over AVX-512 FMAs' on this core,
 /// timed now (about 0.2 ms); `None` without AVX-512F and AVX512-BF16 or off

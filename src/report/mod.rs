@@ -310,7 +310,8 @@ pub struct Environment {
 /// candle's GEMM computed everything, with the same results).
 #[derive(Debug, Clone, Serialize)]
 pub struct KernelFacts {
-    /// CPU features (`avx2`, `avx512f`, `avx512bf16`, `amx-bf16`).
+    /// CPU features (`avx2`, `avx512f`, `avx512bf16`, `avx512bf16-slow`,
+    /// `amx-bf16`).
     pub cpu_features: Vec<&'static str>,
     /// What turned kernels off: switches set in the environment
     /// (`HSPARITY_NO_AVX512_GEMM`, `HSPARITY_NO_BF16_DOT`, `HSPARITY_NO_AMX`,

@@ -64,10 +64,11 @@ pub(super) unsafe fn adds_as_assumed() -> bool {
 /// FMAs on this core: the better of 7 alternated timings of 24,000 of each
 /// on 12 independent accumulators (about 0.2 ms in all; an interruption
 /// only lengthens a timing, so the minima hold). Each `vdpbf16ps` makes two
-/// multiply-adds per lane, an FMA one. 0.50 on the Emerald Rapids VM of
-/// docs/performance.md (one `vdpbf16ps` per two cycles against two FMAs a
-/// cycle); about 2 where the instruction issues as often as an FMA, as AMD
-/// Zen 4 and Zen 5 do by their instruction tables (not measured here).
+/// multiply-adds per lane, an FMA one. 0.49–0.55 on the Emerald Rapids Xeon
+/// without AMX of docs/performance.md (one `vdpbf16ps` per two cycles
+/// against two FMAs a cycle); about 2 where the instruction issues as often
+/// as an FMA, as AMD Zen 4 and Zen 5 do by their instruction tables (not
+/// measured).
 ///
 /// # Safety
 /// The CPU has AVX512F and AVX512-BF16.
