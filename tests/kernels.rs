@@ -404,6 +404,58 @@ fn a_bf16_matrix_gives_the_bits_of_linear_on_every_shape() {
             );
         }
     }
+    forced_bf16_kernel_ran();
+}
+
+/// In a process whose bf16 kernel is forced (the child of
+/// [`matrices_run_the_bf16_kernel_where_its_instruction_is_slow`]), that
+/// kernel took products.
+fn forced_bf16_kernel_ran() {
+    let forced = std::env::var_os("HSPARITY_FORCE_BF16_DOT").is_some();
+    if forced && kernels::capabilities().bf16_gemm() && !kernels::capabilities().bf16_amx() {
+        let ran = kernels::ran();
+        assert!(ran.contains(&Kernel::Bf16Gemm.name()), "{ran:?}");
+    }
+}
+
+/// Where the bf16 instruction is slow, the matrices above take their bf16
+/// products on the f32 kernel; they run again in a child process with the
+/// bf16 kernel forced (`HSPARITY_FORCE_BF16_DOT`), so that kernel's path
+/// through `Matrix` (and its way out for inputs that are not bf16 values)
+/// is tested on such a CPU too.
+#[test]
+fn matrices_run_the_bf16_kernel_where_its_instruction_is_slow() {
+    let name = "matrices_run_the_bf16_kernel_where_its_instruction_is_slow";
+    let caps = kernels::capabilities();
+    if !caps.bf16_dot_slow || caps.bf16_amx() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED kernels::{name}: the bf16 products here already take the policy's \
+             kernel in the tests above (CPU features {:?})",
+            caps.cpu_features()
+        );
+        return;
+    }
+    if !runs_here(Kernel::Bf16Gemm, name) {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for test in [
+        "kernels::a_bf16_matrix_gives_the_bits_of_linear_on_every_shape",
+        "kernels::a_candle_sums_matrix_gives_the_bits_of_linear_everywhere",
+    ] {
+        let out = std::process::Command::new(&exe)
+            .args([test, "--exact", "--test-threads", "1"])
+            .env("HSPARITY_FORCE_BF16_DOT", "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{test} with the bf16 kernel forced: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// A matrix made for candle's sums (a drafter's) gives `linear`'s bits on
@@ -436,6 +488,7 @@ fn a_candle_sums_matrix_gives_the_bits_of_linear_everywhere() {
             "a transient widening is never kept"
         );
     }
+    forced_bf16_kernel_ran();
 }
 
 /// Inputs that are not bf16 values leave the bf16 kernel (never rounded
