@@ -10,9 +10,10 @@
 //! The policy, in one place:
 //! - [`Capabilities`] is read once per process ([`capabilities`]): the CPU's
 //!   features (CPUID; the bf16 instruction's rate timed once,
-//!   [`Capabilities::bf16_dot_slow`]) and the environment switches (`HSPARITY_NO_AVX512_GEMM`,
-//!   `HSPARITY_NO_BF16_DOT`, `HSPARITY_NO_AMX`, `HSPARITY_NO_AVX512_DELTA`,
-//!   and `HSPARITY_FORCE_BF16_DOT`, set to any value).
+//!   [`Capabilities::bf16_dot_slow`]) and the environment switches
+//!   (`HSPARITY_NO_AVX512_GEMM`, `HSPARITY_NO_BF16_DOT`, `HSPARITY_NO_AMX`,
+//!   `HSPARITY_NO_AVX512_DELTA` and `HSPARITY_FORCE_BF16_DOT`, set to any
+//!   value).
 //! - [`plan`] answers "which kernel computes `x [m, k] · w [n, k]ᵀ` exactly
 //!   here?" for every kernel, from candle's route for that shape
 //!   ([`routes::route`]) and the capabilities; `None` means candle's GEMM.
@@ -64,10 +65,11 @@ pub struct Capabilities {
     pub avx512bf16: bool,
     /// `vdpbf16ps` makes fewer than [`DOT_RATE_PAYS`] times the
     /// multiply-adds per second of AVX-512 FMAs on this core (measured once
-    /// at start-up; half of them on an Emerald Rapids Xeon): the
-    /// f32 kernel, widening the pairs as it reads them, takes the blocked
-    /// products of bf16 pairs instead of the bf16 kernel, with the same
-    /// sums ([`plan`]).
+    /// at start-up; half of them on an Emerald Rapids Xeon): the f32
+    /// kernel, widening the pairs as it reads them, takes the blocked
+    /// products of bf16 pairs instead of the bf16 kernel, with the same sums,
+    /// unless [`Capabilities::force_bf16_dot`] or the f32 kernel is off
+    /// ([`plan`]).
     pub bf16_dot_slow: bool,
     /// AMX-BF16 and AMX-TILE, the tile state granted by the OS and a tile
     /// product checked on known values.

@@ -370,9 +370,10 @@ impl Matrix {
 /// this CPU — a model computing in bf16 with a bf16 kernel
 /// ([`kernels::Capabilities::keeps_bf16_pairs`]: the AVX512-BF16 or the AMX
 /// one; where the AVX512-BF16 instruction is slow the f32 kernel reads the
-/// same pairs, [`kernels::Capabilities::bf16_dot_slow`]), or in f32 or f16 with the f32 and single-row kernels only (which
-/// widen them, and round them to f16, as they go: the values `param`
-/// gives, candle's sums, never a bf16 kernel's) — so that
+/// same pairs, [`kernels::Capabilities::bf16_dot_slow`]), or in f32 or f16
+/// with the f32 and single-row kernels only (which widen them, and round
+/// them to f16, as they go: the values `param` gives, candle's sums, never
+/// a bf16 kernel's) — so that
 /// [`Matrix::linear`] reads them as stored; f32 otherwise.
 pub fn matrix(src: &dyn WeightSource, name: &str, prec: Precision) -> Result<Matrix> {
     let rounding = src.product_rounding();
