@@ -198,12 +198,7 @@ pub fn dflash_loop_with(
     on_progress: &dyn Fn(u64),
 ) -> Result<Generation> {
     let b = drafter.cfg.block_size;
-    let capture: Vec<Capture> = drafter
-        .cfg
-        .target_layer_ids
-        .iter()
-        .map(|&l| Capture::Tap(l))
-        .collect();
+    let capture = Capture::taps(&drafter.cfg.target_layer_ids);
     let mut runs: Vec<Run> = lanes
         .iter()
         .map(|l| (l, &l.prompt))

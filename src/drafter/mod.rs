@@ -505,7 +505,7 @@ pub fn features(
     (form, decode_shift): (GdnForm, usize),
     resumes: &[Option<Arc<Resume>>],
 ) -> Result<Vec<Tensor>> {
-    let capture: Vec<Capture> = taps.iter().map(|&l| Capture::Tap(l)).collect();
+    let capture = Capture::taps(taps);
     let seqs: Vec<Forced> = tokens
         .iter()
         .zip(prompt_lens)

@@ -238,9 +238,7 @@ impl Run<'_> {
         // A path with a cross run feeds the prompts again, on path 0's
         // tokens: its prefills leave resume points for that sweep.
         let taps = &self.drafter.cfg.target_layer_ids;
-        let keep: Vec<Capture> = first.map_or(Vec::new(), |_| {
-            taps.iter().map(|&l| Capture::Tap(l)).collect()
-        });
+        let keep = first.map_or(Vec::new(), |_| Capture::taps(taps));
         let (d, rule) = (self.drafter, EndRule::GithubMain);
         let g = dflash_loop_with(&target, d, &lanes, max_new, rule, &keep, &on_progress)?;
         self.replays.set_message(format!("{name}: replaying"));
@@ -301,13 +299,7 @@ impl Run<'_> {
                 resume: None,
             })
             .collect();
-        let caps: Vec<Capture> = self
-            .drafter
-            .cfg
-            .target_layer_ids
-            .iter()
-            .map(|&l| Capture::Tap(l))
-            .collect();
+        let caps = Capture::taps(&self.drafter.cfg.target_layer_ids);
         let outs = teacher_forced(target, &seqs, &caps, true)?;
         self.generated.inc(1);
         let departures = departures_of(g, &outs)?;

@@ -61,6 +61,13 @@ pub enum Capture {
     Hidden(usize),
 }
 
+impl Capture {
+    /// The taps `layers` (a drafter's `target_layer_ids`), in order.
+    pub fn taps(layers: &[usize]) -> Vec<Capture> {
+        layers.iter().map(|&l| Capture::Tap(l)).collect()
+    }
+}
+
 /// One sequence's decode state across sweeps: the per-layer caches and how
 /// its positions are laid out.
 #[derive(Clone)]

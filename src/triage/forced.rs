@@ -110,7 +110,7 @@ pub fn kept(own_base: bool, n: usize, taps: &[usize]) -> Vec<Capture> {
             .map(Capture::Hidden)
             .chain([Capture::Tap(n - 1)])
             .collect(),
-        false => taps.iter().map(|&l| Capture::Tap(l)).collect(),
+        false => Capture::taps(taps),
     }
 }
 
