@@ -344,6 +344,98 @@ fn compare_with_drafter_marks_taps_and_fails_on_a_tau_gap() {
     );
 }
 
+/// The toy target as `fixtures/divergence/fp16-disk` is written (public
+/// failure class: the dtype each Auto class resolves): fp16 weights on disk,
+/// `text_config.dtype = bfloat16` and no top-level `dtype`, so `causal-lm`
+/// computes in bf16 and `vlm` in f16 (docs/loading-paths.md). The prompts are
+/// the pair's lines `keep`.
+fn fp16_disk_target(dir: &Path, keep: &[usize]) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(PAIR)
+        .join("target");
+    let t = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    let t: HashMap<String, Tensor> = t
+        .into_iter()
+        .map(|(k, v)| (k, v.to_dtype(DType::F16).unwrap()))
+        .collect();
+    candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg.as_object_mut().unwrap().remove("dtype");
+    cfg["text_config"]["dtype"] = json!("bfloat16");
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(src.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let lines = std::fs::read_to_string(format!("{PAIR}/prompts.jsonl")).unwrap();
+    let lines: Vec<&str> = lines.lines().collect();
+    let kept: Vec<&str> = keep.iter().map(|&i| lines[i]).collect();
+    std::fs::write(dir.join("prompts.jsonl"), kept.join("\n") + "\n").unwrap();
+}
+
+/// `drafter` fails on the τ gap alone: the two paths load every tensor and
+/// the drafter fits the target, but one computes in bf16 and the other in
+/// f16, and over 400 new tokens their greedy outputs part on three of the
+/// pair's prompts (lines 2, 5 and 12; on the others τ is the same). The run
+/// with a limit of 0 fails with the gap as its only finding; the same run
+/// with a limit above the gap passes with the same τs, so the gap decided.
+#[test]
+fn drafter_fails_on_a_tau_gap_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    fp16_disk_target(tmp.path(), &[1, 4, 11]);
+    let run = |limit: &str| {
+        let out = hsparity()
+            .args(["drafter", tmp.path().to_str().unwrap()])
+            .args(["--drafter", &format!("{PAIR}/drafter")])
+            .args(["--paths", "causal-lm,vlm", "--max-new-tokens", "400"])
+            .args([
+                "--prompts",
+                tmp.path().join("prompts.jsonl").to_str().unwrap(),
+            ])
+            .args(["--seed", "0", "--max-tau-gap", limit, "--json", "-q"])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code(), v)
+    };
+    let (code, v) = run("0");
+    assert_eq!(code, Some(1), "{}", v["summary"]);
+    assert_eq!(v["verdict"], "fail");
+    let dtypes: Vec<&str> = v["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["dtype"].as_str().unwrap())
+        .collect();
+    assert_eq!(dtypes, ["bf16", "f16"]);
+    let gap = v["tau_gap"].as_f64().unwrap();
+    assert!(gap > 0.0, "{}", v["summary"]);
+    // The gap is the only finding: no MISSING tensor, no drafter mismatch,
+    // no departure from a supplied trajectory; the summary is τ, the gap
+    // beyond the limit, and the prompts it was measured on.
+    let summary = v["summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("FAIL: drafter τ causal-lm "),
+        "{summary}"
+    );
+    assert!(summary.contains("beyond ±0,"), "{summary}");
+    assert!(
+        !summary.contains("MISSING") && !summary.contains("mismatch"),
+        "{summary}"
+    );
+    gap_carries_its_interval(&v, 0);
+
+    let (code, passed) = run(&format!("{}", gap + 0.01));
+    assert_eq!(code, Some(0), "{}", passed["summary"]);
+    assert_eq!(passed["verdict"], "pass");
+    assert_eq!(passed["tau_gap"], v["tau_gap"]);
+    assert_eq!(passed["tau_gap_interval"], v["tau_gap_interval"]);
+    assert!(
+        passed["summary"].as_str().unwrap().contains(", within ±"),
+        "{}",
+        passed["summary"]
+    );
+}
+
 /// The τ gap's interval (`tau_gap_interval`) is the paired bootstrap, seeded
 /// by `--seed`, of τ(path) − τ(first path) over the prompts, for the path
 /// with the largest gap, and the summary prints it beside the limit.
@@ -381,18 +473,19 @@ fn gap_carries_its_interval(v: &Value, seed: u64) {
     );
     // The reading a gate reads follows the reference interval: whether it
     // excludes 0 depends on the random draw, what is read from it does not.
+    let prompts = paths[0]["per_prompt"].as_array().unwrap().len();
     let (reading, words) = match want.contains_zero {
         true => (
             "not_distinguishable",
-            "not distinguishable with 15 prompts (more prompts tell);",
+            format!("not distinguishable with {prompts} prompts (more prompts tell);"),
         ),
         false => (
             "distinguishable",
-            "distinguishable: the interval excludes 0;",
+            "distinguishable: the interval excludes 0;".to_string(),
         ),
     };
     assert_eq!(g["reading"], reading);
-    assert!(summary.contains(words), "{summary}");
+    assert!(summary.contains(&words), "{summary}");
 }
 
 #[test]
