@@ -106,6 +106,42 @@ fn one_by_one(x: &Tensor, w: &Tensor) -> Tensor {
     Tensor::cat(&rows, 0).unwrap()
 }
 
+// ---- a checkpoint's bf16 bytes as pairs -----------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A row of bf16 bytes becomes its pairs (`w[2p] << 16 | w[2p + 1]`,
+    /// the last `w[K−1] << 16` when K is odd) with its NaN and Inf counts as
+    /// `half` reads the values: on rows long enough for the AVX-512BW body
+    /// (64 bytes a step) and for the scalar tail after it, with every
+    /// exponent-all-ones pattern drawn often.
+    #[test]
+    fn bf16_bytes_become_their_pairs_and_counts(
+        values in prop::collection::vec(
+            prop_oneof![
+                any::<u16>(),
+                (any::<bool>(), 0u16..0x80).prop_map(|(s, m)| u16::from(s) << 15 | 0x7f80 | m),
+            ],
+            0..300,
+        )
+    ) {
+        let k = values.len();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut got = vec![0u32; k.div_ceil(2)];
+        let counts = kernels::words_from_bytes(&mut got, &bytes);
+        let want: Vec<u32> = values
+            .chunks(2)
+            .map(|p| u32::from(p[0]) << 16 | u32::from(p.get(1).copied().unwrap_or(0)))
+            .collect();
+        prop_assert_eq!(got, want);
+        let bf = values.iter().map(|&v| half::bf16::from_bits(v));
+        let nan = bf.clone().filter(|x| x.is_nan()).count();
+        let inf = bf.filter(|x| x.is_infinite()).count();
+        prop_assert_eq!(counts, (nan, inf));
+    }
+}
+
 // ---- the dispatch policy -------------------------------------------------
 
 proptest! {

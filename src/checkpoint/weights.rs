@@ -181,38 +181,10 @@ impl Weights {
         let src = self.span(t, b, b + n * k * 2)?;
         let pairs = k.div_ceil(2);
         let mut words = vec![0u32; n * pairs];
-        // bf16 NaN: exponent all ones, mantissa non-zero; Inf: mantissa zero
-        // (branch-free, so the loop below vectorises).
-        let class = |v: u32| {
-            let ones = usize::from(v & 0x7f80 == 0x7f80);
-            let mant = usize::from(v & 0x007f != 0);
-            (ones & mant, ones & (1 - mant))
-        };
         let (nan, inf) = words
             .par_chunks_mut(pairs.max(1))
             .zip(src.par_chunks(2 * k.max(1)))
-            .map(|(out, row)| {
-                let (mut nan, mut inf) = (0usize, 0usize);
-                let body = row.chunks_exact(4);
-                let odd = body.remainder();
-                for (o, four) in out.iter_mut().zip(body) {
-                    // Little-endian: the pair's first value in the low half.
-                    let w = u32::from_le_bytes([four[0], four[1], four[2], four[3]]);
-                    let (a, b) = class(w & 0xffff);
-                    let (c, d) = class(w >> 16);
-                    nan += a + c;
-                    inf += b + d;
-                    *o = w.rotate_left(16);
-                }
-                if let [lo, hi] = *odd {
-                    let v = u16::from_le_bytes([lo, hi]);
-                    let (a, b) = class(u32::from(v));
-                    nan += a;
-                    inf += b;
-                    out[pairs - 1] = u32::from(v) << 16;
-                }
-                (nan, inf)
-            })
+            .map(|(out, row)| crate::kernels::words_from_bytes(out, row))
             .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
         self.release(t, b, n * k * 2);
         Ok(Some(Bf16Pairs {

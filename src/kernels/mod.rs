@@ -47,7 +47,7 @@ mod x86_64;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-pub use pairs::{Pairs, Words};
+pub use pairs::{words_from_bytes, Pairs, Words};
 pub use routes::{route, Route};
 
 use crate::error::Result;

@@ -122,6 +122,60 @@ impl Pairs {
     }
 }
 
+/// One row of a bf16 tensor as its little-endian bytes (`2K` bytes) into its
+/// [`Pairs`] words (`out`: `K.div_ceil(2)` of them, the last `w[K−1] << 16`
+/// when K is odd), returning its (NaN, Inf) counts: what a checkpoint's
+/// bf16 weight is read as, in one pass over its bytes (AVX-512BW where the
+/// CPU has it, else a scalar loop; the same words and counts).
+///
+/// # Panics
+/// `row` has an odd length or `out` is not `row.len().div_ceil(4)` words.
+pub fn words_from_bytes(out: &mut [u32], row: &[u8]) -> (usize, usize) {
+    assert!(
+        row.len().is_multiple_of(2) && out.len() == row.len().div_ceil(4),
+        "bf16 pairs: {} bytes do not make {} words",
+        row.len(),
+        out.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if let Some(counts) = super::x86_64::words_from_bytes(out, row, scalar_words) {
+        return counts;
+    }
+    scalar_words(out, row)
+}
+
+/// [`words_from_bytes`]' scalar loop (branch-free, so it vectorises).
+fn scalar_words(out: &mut [u32], row: &[u8]) -> (usize, usize) {
+    // bf16 NaN: exponent all ones, mantissa non-zero; Inf: mantissa zero.
+    let class = |v: u32| {
+        let ones = usize::from(v & 0x7f80 == 0x7f80);
+        let mant = usize::from(v & 0x007f != 0);
+        (ones & mant, ones & (1 - mant))
+    };
+    let (mut nan, mut inf) = (0usize, 0usize);
+    let body = row.chunks_exact(4);
+    let odd = body.remainder();
+    for (o, four) in out.iter_mut().zip(body) {
+        // Little-endian: the pair's first value in the low half.
+        let w = u32::from_le_bytes([four[0], four[1], four[2], four[3]]);
+        let (a, b) = class(w & 0xffff);
+        let (c, d) = class(w >> 16);
+        nan += a + c;
+        inf += b + d;
+        *o = w.rotate_left(16);
+    }
+    if let [lo, hi] = *odd {
+        let v = u16::from_le_bytes([lo, hi]);
+        let (a, b) = class(u32::from(v));
+        nan += a;
+        inf += b;
+        if let Some(last) = out.last_mut() {
+            *last = u32::from(v) << 16;
+        }
+    }
+    (nan, inf)
+}
+
 /// One or two f32 values holding bf16 values as a swapped pair: the first
 /// in the high half, the second (0 when absent) in the low half. `None`
 /// when a value is not a bf16 value (its low 16 bits are not zero).

@@ -9,6 +9,7 @@ mod bf16_gemm;
 mod f32_gemm;
 mod gemv;
 mod tiles;
+mod words;
 
 use super::{Capabilities, Kernel, Plan, Weight};
 
@@ -38,6 +39,19 @@ pub(super) fn bf16_dot_rate() -> Option<f64> {
     let here = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16");
     // SAFETY: the features it needs were just detected.
     here.then(|| unsafe { bf16_gemm::dot_rate() })
+}
+
+/// [`super::pairs::words_from_bytes`] with AVX-512BW where this CPU has it
+/// (`None` where it does not: the caller's scalar loop runs).
+pub(super) fn words_from_bytes(
+    out: &mut [u32],
+    row: &[u8],
+    rest: fn(&mut [u32], &[u8]) -> (usize, usize),
+) -> Option<(usize, usize)> {
+    let here = super::capabilities().avx512f && is_x86_feature_detected!("avx512bw");
+    // SAFETY: the features it needs were just detected; the caller passes
+    // `out` of `row.len().div_ceil(4)` words.
+    here.then(|| unsafe { words::words(out, row, rest) })
 }
 
 /// Runs `plan` (shapes and operands checked by the caller).
