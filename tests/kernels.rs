@@ -109,13 +109,17 @@ fn one_by_one(x: &Tensor, w: &Tensor) -> Tensor {
 // ---- a checkpoint's bf16 bytes as pairs -----------------------------------
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     /// A row of bf16 bytes becomes its pairs (`w[2p] << 16 | w[2p + 1]`,
     /// the last `w[K−1] << 16` when K is odd) with its NaN and Inf counts as
     /// `half` reads the values: on rows long enough for the AVX-512BW body
-    /// (64 bytes a step) and for the scalar tail after it, with every
-    /// exponent-all-ones pattern drawn often.
+    /// (64 bytes a step) and for the scalar tail after it, half of the values
+    /// drawn with the exponent all ones (NaN and Inf of either sign).
     #[test]
     fn bf16_bytes_become_their_pairs_and_counts(
         values in prop::collection::vec(

@@ -29,6 +29,11 @@
 //!   the capabilities are all off, no plan is made, and candle's GEMM
 //!   computes everything, with the same results.
 //!
+//! Outside the policy: reading a checkpoint's bf16 bytes as [`Pairs`]
+//! words ([`words_from_bytes`]) takes AVX-512BW wherever the CPU has it,
+//! with no switch and no entry in [`ran`]: it is a copy with a rotate, the
+//! same words and NaN/Inf counts as its scalar loop on every input.
+//!
 //! Every kernel but one gives candle's bits, so those switches change speed
 //! only. The exception is [`Kernel::Bf16Amx`]: on a CPU with AMX-BF16 a
 //! model computing in bf16 takes its products on AMX tiles, whose sums are

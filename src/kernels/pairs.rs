@@ -145,7 +145,7 @@ pub fn words_from_bytes(out: &mut [u32], row: &[u8]) -> (usize, usize) {
 }
 
 /// [`words_from_bytes`]' scalar loop (branch-free, so it vectorises).
-fn scalar_words(out: &mut [u32], row: &[u8]) -> (usize, usize) {
+pub(in crate::kernels) fn scalar_words(out: &mut [u32], row: &[u8]) -> (usize, usize) {
     // bf16 NaN: exponent all ones, mantissa non-zero; Inf: mantissa zero.
     let class = |v: u32| {
         let ones = usize::from(v & 0x7f80 == 0x7f80);

@@ -1,8 +1,9 @@
 //! The x86-64 kernels: AVX-512 FMA for f32 products and single rows,
 //! AVX512-BF16 for bf16 pairs, sharing one tile scheduler ([`tiles`]), and
 //! AMX tiles for bf16 pairs ([`amx`]).
-//! Entered only through [`super::Plan::run`], so every kernel here runs on
-//! a CPU [`detect`] found its features on.
+//! The products are entered only through [`super::Plan::run`], so every
+//! one runs on a CPU [`detect`] found its features on; the conversion of a
+//! checkpoint's bf16 bytes ([`words_from_bytes`]) detects AVX-512BW itself.
 
 mod amx;
 mod bf16_gemm;
