@@ -256,19 +256,20 @@ impl Weights {
         let bytes = self.bytes(name)?;
         // 16 MiB pieces: each piece is counted in parallel, then released.
         let piece = (16 << 20) / width * width;
+        let count = |c: &[u8]| match dtype {
+            Stored::Bf16 => bf16_non_finite(c),
+            Stored::F16 => non_finite_bits(c, |b: [u8; 2]| u32::from(u16::from_le_bytes(b)), 10, 5),
+            Stored::F32 => non_finite_bits(c, u32::from_le_bytes, 23, 8),
+            Stored::F64 => c.chunks_exact(8).fold((0, 0), |n, e| {
+                let x = decode(dtype, e);
+                (n.0 + x.is_nan() as usize, n.1 + x.is_infinite() as usize)
+            }),
+        };
         let mut total = (0usize, 0usize);
         for (k, chunk) in bytes.chunks(piece.max(width)).enumerate() {
             let (nan, inf) = chunk
                 .par_chunks(width * 4096)
-                .map(|c| {
-                    let mut n = (0usize, 0usize);
-                    for e in c.chunks_exact(width) {
-                        let x = decode(dtype, e);
-                        n.0 += x.is_nan() as usize;
-                        n.1 += x.is_infinite() as usize;
-                    }
-                    n
-                })
+                .map(count)
                 .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
             total.0 += nan;
             total.1 += inf;
@@ -477,6 +478,36 @@ fn convert_f16(src: &[u8], prec: Option<Precision>) -> Vec<f32> {
             }
         });
     out
+}
+
+/// NaN and Inf counts of little-endian bf16 values, read through their
+/// pairs ([`crate::kernels::words_from_bytes`]) a few KiB at a time.
+fn bf16_non_finite(bytes: &[u8]) -> (usize, usize) {
+    let mut words = [0u32; 1024];
+    bytes.chunks(4 * words.len()).fold((0, 0), |n, c| {
+        let (nan, inf) = crate::kernels::words_from_bytes(&mut words[..c.len().div_ceil(4)], c);
+        (n.0 + nan, n.1 + inf)
+    })
+}
+
+/// NaN and Inf counts of little-endian IEEE values of `N` bytes with
+/// `frac` fraction bits and `exp` exponent bits (f16, f32), from their bits:
+/// NaN has the exponent all ones and a fraction, Inf all ones and none.
+/// Widening keeps both classes (an f16 NaN or Inf stays one in f32).
+fn non_finite_bits<const N: usize>(
+    bytes: &[u8],
+    bits: impl Fn([u8; N]) -> u32,
+    frac: u32,
+    exp: u32,
+) -> (usize, usize) {
+    let frac_mask = (1u32 << frac) - 1;
+    let exp_mask = ((1u32 << exp) - 1) << frac;
+    bytes.chunks_exact(N).fold((0, 0), |n, e| {
+        let v = bits(e.try_into().expect("chunks_exact(N)"));
+        let ones = usize::from(v & exp_mask == exp_mask);
+        let some = usize::from(v & frac_mask != 0);
+        (n.0 + (ones & some), n.1 + (ones & (1 - some)))
+    })
 }
 
 /// One little-endian element as f32 (exactly `tensor.float()`).
