@@ -260,8 +260,10 @@ impl Weights {
             Stored::Bf16 => bf16_non_finite(c),
             Stored::F16 => non_finite_bits(c, |b: [u8; 2]| u32::from(u16::from_le_bytes(b)), 10, 5),
             Stored::F32 => non_finite_bits(c, u32::from_le_bytes, 23, 8),
+            // As loaded: the cast to f32 turns a finite f64 past f32's
+            // range into Inf.
             Stored::F64 => c.chunks_exact(8).fold((0, 0), |n, e| {
-                let x = decode(dtype, e);
+                let x = f64::from_le_bytes(e.try_into().expect("chunks_exact(8)")) as f32;
                 (n.0 + x.is_nan() as usize, n.1 + x.is_infinite() as usize)
             }),
         };
@@ -508,15 +510,4 @@ fn non_finite_bits<const N: usize>(
         let some = usize::from(v & frac_mask != 0);
         (n.0 + (ones & some), n.1 + (ones & (1 - some)))
     })
-}
-
-/// One little-endian element as f32 (exactly `tensor.float()`).
-#[inline(always)]
-fn decode(dtype: Stored, c: &[u8]) -> f32 {
-    match dtype {
-        Stored::Bf16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f32(),
-        Stored::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f32(),
-        Stored::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
-        Stored::F64 => f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32,
-    }
 }
