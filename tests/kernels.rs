@@ -164,38 +164,28 @@ proptest! {
     ) {
         use candle_core::Device;
         use hsparity::checkpoint::{HeaderIndex, Weights};
-        let (n, dev) = (draws.len(), Device::Cpu);
-        let each = |f: &dyn Fn(u64, bool) -> u64| -> Vec<u64> {
-            draws.iter().map(|&(b, on)| f(b, on)).collect()
-        };
+        let dev = Device::Cpu;
+        // Each draw's bits, with the exponent set to all ones when `on`.
         let ones = |on: bool, mask: u64| if on { mask } else { 0 };
-        let bf16: Vec<_> = each(&|b, on| (b & 0xffff) | ones(on, 0x7f80))
-            .into_iter()
-            .map(|v| half::bf16::from_bits(v as u16))
-            .collect();
-        let f16: Vec<_> = each(&|b, on| (b >> 16 & 0xffff) | ones(on, 0x7c00))
-            .into_iter()
-            .map(|v| half::f16::from_bits(v as u16))
-            .collect();
-        let f32s: Vec<_> = each(&|b, on| (b >> 32) | ones(on, 0x7f80_0000))
-            .into_iter()
-            .map(|v| f32::from_bits(v as u32))
-            .collect();
-        let f64s: Vec<_> = each(&|b, on| b | ones(on, 0x7ff0_0000_0000_0000))
-            .into_iter()
-            .map(f64::from_bits)
-            .collect();
+        let bits = |shift: u32, mask: u64| {
+            draws.iter().map(move |&(b, on)| b >> shift | ones(on, mask))
+        };
+        let bf16 = bits(0, 0x7f80).map(|v| half::bf16::from_bits(v as u16));
+        let f16 = bits(16, 0x7c00).map(|v| half::f16::from_bits(v as u16));
+        let f32s = bits(32, 0x7f80_0000).map(|v| f32::from_bits(v as u32));
+        let f64s = bits(0, 0x7ff0_0000_0000_0000).map(f64::from_bits);
         let tensors = std::collections::HashMap::from([
-            ("bf16".to_string(), Tensor::from_vec(bf16, n, &dev).unwrap()),
-            ("f16".to_string(), Tensor::from_vec(f16, n, &dev).unwrap()),
-            ("f32".to_string(), Tensor::from_vec(f32s, n, &dev).unwrap()),
-            ("f64".to_string(), Tensor::from_vec(f64s, n, &dev).unwrap()),
+            ("bf16".to_string(), Tensor::from_iter(bf16, &dev).unwrap()),
+            ("f16".to_string(), Tensor::from_iter(f16, &dev).unwrap()),
+            ("f32".to_string(), Tensor::from_iter(f32s, &dev).unwrap()),
+            ("f64".to_string(), Tensor::from_iter(f64s, &dev).unwrap()),
         ]);
         let tmp = tempfile::tempdir().unwrap();
         candle_core::safetensors::save(&tensors, tmp.path().join("model.safetensors")).unwrap();
         let w = Weights::new(std::sync::Arc::new(HeaderIndex::read_dir(tmp.path()).unwrap()));
         for name in tensors.keys() {
-            let loaded = w.load_f32_rounded(name, Precision::F32).unwrap().to_vec1::<f32>().unwrap();
+            let loaded = w.load_f32_rounded(name, Precision::F32).unwrap();
+            let loaded = loaded.to_vec1::<f32>().unwrap();
             let want = (
                 loaded.iter().filter(|x| x.is_nan()).count(),
                 loaded.iter().filter(|x| x.is_infinite()).count(),
