@@ -144,7 +144,10 @@ pub fn words_from_bytes(out: &mut [u32], row: &[u8]) -> (usize, usize) {
     scalar_words(out, row)
 }
 
-/// [`words_from_bytes`]' scalar loop (branch-free, so it vectorises).
+/// [`words_from_bytes`]' scalar loop: CPUs without AVX-512BW, and the tail
+/// after the AVX-512BW loop's last whole 64 bytes. Branch-free, but built
+/// for baseline x86-64 it assembles each word from byte loads (11 % of a
+/// 27B triage before the AVX-512BW loop, docs/performance.md).
 pub(in crate::kernels) fn scalar_words(out: &mut [u32], row: &[u8]) -> (usize, usize) {
     // bf16 NaN: exponent all ones, mantissa non-zero; Inf: mantissa zero.
     let class = |v: u32| {
