@@ -1,6 +1,6 @@
 //! Bitwise refactors of the forward: independent sequences stacked through
-//! one feed-forward (`DecoderLayer::forward_batch`) give the bits each gives
-//! alone, the prefill-vs-incremental check run inside the capture's sweep
+//! one product per weight (`DecoderLayer::forward_batch`) give the bits each
+//! gives alone, the prefill-vs-incremental check run inside the capture's sweep
 //! gives the rows of the separate layer-major pass, targets swept together
 //! give each its own sweep's bits, and the drafter's cached context keys and
 //! values (`Drafter::forward_cached`) give the whole-context forward's.
@@ -64,6 +64,96 @@ fn stacked_sequences_give_the_bits_of_each_alone() {
                         common::bits(&alone) == common::bits(o),
                         "layer {l} {prec:?} {form:?}: {} tokens stacked differ from alone",
                         x.dim(0).unwrap()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A batch mixing a fresh sequence, one continuing a prefill's state, one
+/// leaving a snapshot and a short one (whose products are not stacked)
+/// gives each the bits of its own call, and leaves the states those calls
+/// leave (the snapshot: a separate prefill's): steps from each give the same
+/// bits. Every layer of the tiny
+/// fixture, f32 and bf16, both delta-rule forms.
+#[test]
+fn a_batch_of_fresh_continued_and_snapshot_sequences_gives_each_alone() {
+    let session = Session::open(&common::target(TINY, None), &[LoadingPath::CausalLm]).unwrap();
+    let (spec, src) = (&session.spec, &session.paths[0].view);
+    let h = spec.geo.hidden;
+    let (pos65, pos130, pos40) = (
+        spec.positions(0, 65).unwrap(),
+        spec.positions(0, 130).unwrap(),
+        spec.positions(0, 40).unwrap(),
+    );
+    let pos_next = spec.positions(70, 66).unwrap();
+    for prec in [Precision::F32, Precision::Bf16] {
+        for form in [GdnForm::Chunked, GdnForm::Recurrent] {
+            for l in 0..spec.num_layers() {
+                let what = format!("layer {l} {prec:?} {form:?}");
+                let layer = DecoderLayer::load(spec, src, l, prec).unwrap();
+                let x = |t: usize, j: u64| input(t, h, 300 + 10 * l as u64 + j, prec);
+                let (a, b, c, d) = (x(65, 0), x(66, 1), x(130, 2), x(40, 3));
+                let mut prefilled = layer.new_state(spec);
+                let pre = spec.positions(0, 70).unwrap();
+                layer
+                    .forward(&x(70, 4), spec, &pre, form, Some(&mut prefilled))
+                    .unwrap();
+                let (mut cont, mut snap) = (prefilled.clone(), layer.new_state(spec));
+                let seq = |h, pos, state, snapshot| Sequence {
+                    h,
+                    pos,
+                    form,
+                    state,
+                    snapshot,
+                };
+                let mut seqs = vec![
+                    seq(&a, &pos65, None, None),
+                    seq(&b, &pos_next, Some(&mut cont), None),
+                    seq(&c, &pos130, None, Some((100, &mut snap))),
+                    seq(&d, &pos40, None, None),
+                ];
+                let batch = layer.forward_batch(&mut seqs, spec).unwrap();
+                drop(seqs);
+                let (mut cont_alone, mut prefix) = (prefilled.clone(), layer.new_state(spec));
+                let alone = [
+                    layer.forward(&a, spec, &pos65, form, None).unwrap(),
+                    layer
+                        .forward(&b, spec, &pos_next, form, Some(&mut cont_alone))
+                        .unwrap(),
+                    layer.forward(&c, spec, &pos130, form, None).unwrap(),
+                    layer.forward(&d, spec, &pos40, form, None).unwrap(),
+                ];
+                for (j, ((o, _), want)) in batch.iter().zip(&alone).enumerate() {
+                    assert!(
+                        common::bits(o) == common::bits(want),
+                        "{what}: sequence {j}"
+                    );
+                }
+                // The continued sequence read its state; the snapshot is the
+                // state a separate prefill of its first 100 tokens leaves.
+                let fresh_b = layer.forward(&b, spec, &pos_next, form, None).unwrap();
+                assert!(
+                    common::bits(&batch[1].0) != common::bits(&fresh_b),
+                    "{what}"
+                );
+                let c100 = c.narrow(0, 0, 100).unwrap();
+                let pos100 = spec.positions(0, 100).unwrap();
+                layer
+                    .forward(&c100, spec, &pos100, form, Some(&mut prefix))
+                    .unwrap();
+                let steps = input(3, h, 400 + l as u64, prec);
+                for (at, pair) in [(136, [cont, cont_alone]), (100, [snap, prefix])] {
+                    let pos_steps: Vec<_> = (at..at + 3)
+                        .map(|i| spec.positions(i, 1).unwrap())
+                        .collect();
+                    let [mut s0, mut s1] = pair;
+                    let go = |s: &mut _| layer.forward_steps(&steps, spec, &pos_steps, s).unwrap();
+                    let (o0, o1) = (go(&mut s0), go(&mut s1));
+                    assert!(
+                        common::bits(&o0) == common::bits(&o1),
+                        "{what}: state at {at}"
                     );
                 }
             }

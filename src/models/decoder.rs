@@ -10,7 +10,7 @@ use crate::loading::WeightSource;
 use crate::models::layers::attention::{Attention, KvCache};
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::Norm;
-use crate::models::layers::{each_stacked, Rows};
+use crate::models::layers::{each_stacked, Rows, StateUse};
 use crate::models::moe::{Routing, SparseMoeBlock};
 use crate::models::qwen3_5::gated_delta_net::{GatedDeltaNet, GdnForm, GdnState};
 use crate::models::{Positions, TextModelSpec};
@@ -111,6 +111,22 @@ impl LayerState {
         match ty {
             LayerType::LinearAttention => LayerState::Linear(GdnState::zeros(&spec.geo)),
             LayerType::FullAttention => LayerState::Full(KvCache::default()),
+        }
+    }
+
+    /// A Gated DeltaNet layer's state.
+    fn linear(&mut self) -> Option<&mut GdnState> {
+        match self {
+            LayerState::Linear(s) => Some(s),
+            LayerState::Full(_) => None,
+        }
+    }
+
+    /// An attention layer's cache.
+    fn kv(&mut self) -> Option<&mut KvCache> {
+        match self {
+            LayerState::Full(c) => Some(c),
+            LayerState::Linear(_) => None,
         }
     }
 
@@ -233,33 +249,25 @@ impl DecoderLayer {
     }
 
     /// [`Self::forward_routed`] on independent sequences, each as if it ran
-    /// alone, bit for bit. The token mixer runs per sequence (with its own
-    /// form, positions and decode state); a dense feed-forward runs once over
-    /// the stacked rows ([`each_stacked`]) of every sequence long enough that its rows are
-    /// computed exactly as in a call of its own ([`Mlp::rows_batchable`]), so
-    /// each weight matrix is packed once for all of them instead of once per
-    /// sequence. Sparse MoE blocks run per sequence (their routing is
-    /// reported per sequence).
+    /// alone, bit for bit: the token mixer's products over the stacked rows
+    /// of the sequences ([`GatedDeltaNet::forward_each`],
+    /// [`Attention::forward_each`]), its conv, delta rule or attention per
+    /// sequence (with its own form, positions and decode state); a dense
+    /// feed-forward once over the stacked rows ([`each_stacked`]) of every
+    /// sequence long enough that its rows are computed exactly as in a call
+    /// of its own ([`Mlp::rows_batchable`]). So each weight matrix is read
+    /// (and packed) once for all of them instead of once per sequence.
+    /// Sparse MoE blocks run per sequence (their routing is reported per
+    /// sequence).
     ///
-    /// Errors: as [`Self::forward_routed`].
+    /// Errors: a snapshot of a sequence that continues a state, or as
+    /// [`Self::forward_routed`].
     pub fn forward_batch(
         &self,
         seqs: &mut [Sequence<'_>],
         spec: &TextModelSpec,
     ) -> Result<Vec<(Tensor, Option<Routing>)>> {
-        let mixed: Vec<Tensor> = seqs
-            .iter_mut()
-            .map(|s| match s.snapshot.as_mut() {
-                Some((at, into)) if s.state.is_none() => {
-                    self.mix_snapshot(s.h, spec, s.pos, s.form, (*at, into))
-                }
-                Some(_) => Err(candle_core::Error::Msg(
-                    "a snapshot of a sequence that continues a state".into(),
-                )
-                .into()),
-                None => self.mix(s.h, spec, s.pos, s.form, s.state.as_deref_mut()),
-            })
-            .collect::<Result<_>>()?;
+        let mixed = self.mix_each(seqs, spec)?;
         match &self.mlp {
             FeedForward::Dense(m) => {
                 let refs: Vec<&Tensor> = mixed.iter().collect();
@@ -331,35 +339,15 @@ impl DecoderLayer {
         form: GdnForm,
         (at, into): (usize, &mut LayerState),
     ) -> Result<(Tensor, Option<Routing>)> {
-        let h = self.mix_snapshot(h, spec, pos, form, (at, into))?;
-        self.feed_forward(&h, Rows::Tokens)
-    }
-
-    /// [`Self::mix`] of a fresh sequence with the snapshot of [`Self::forward_snapshot`].
-    fn mix_snapshot(
-        &self,
-        h: &Tensor,
-        spec: &TextModelSpec,
-        pos: &Positions,
-        form: GdnForm,
-        (at, into): (usize, &mut LayerState),
-    ) -> Result<Tensor> {
-        let x = self.input_layernorm.forward(h)?;
-        let x = match &self.mixer {
-            Mixer::Linear(m) => {
-                let mut s = GdnState::zeros(&spec.geo);
-                let y = m.forward_snapshot(&x, form, at, &mut s)?;
-                *into = LayerState::Linear(s);
-                y
-            }
-            Mixer::Full(m) => {
-                let mut c = KvCache::default();
-                let y = m.forward_snapshot(&x, &spec.rotary, pos, at, &mut c)?;
-                *into = LayerState::Full(c);
-                y
-            }
+        let seq = Sequence {
+            h,
+            pos,
+            form,
+            state: None,
+            snapshot: Some((at, into)),
         };
-        self.prec.round(&(h + x)?)
+        let h = self.mix_each(&mut [seq], spec)?.remove(0);
+        self.feed_forward(&h, Rows::Tokens)
     }
 
     /// The first half of the layer: `h + mixer(input_layernorm(h))`, rounded.
@@ -371,16 +359,48 @@ impl DecoderLayer {
         form: GdnForm,
         state: Option<&mut LayerState>,
     ) -> Result<Tensor> {
-        let x = self.input_layernorm.forward(h)?;
-        let x = match (&self.mixer, state) {
-            (Mixer::Linear(m), Some(LayerState::Linear(s))) => m.forward(&x, form, Some(s))?,
-            (Mixer::Linear(m), _) => m.forward(&x, form, None)?,
-            (Mixer::Full(m), Some(LayerState::Full(c))) => {
-                m.forward(&x, &spec.rotary, pos, Some(c))?
-            }
-            (Mixer::Full(m), _) => m.forward(&x, &spec.rotary, pos, None)?,
+        let seq = Sequence {
+            h,
+            pos,
+            form,
+            state,
+            snapshot: None,
         };
-        self.prec.round(&(h + x)?)
+        Ok(self.mix_each(&mut [seq], spec)?.remove(0))
+    }
+
+    /// [`Self::mix`] of each of `seqs` (a snapshot's state left in its
+    /// `into`), the mixer's products shared ([`Self::forward_batch`]). A
+    /// state of the other mixer's kind is not continued: that sequence
+    /// starts fresh.
+    fn mix_each(&self, seqs: &mut [Sequence<'_>], spec: &TextModelSpec) -> Result<Vec<Tensor>> {
+        let xs = seqs
+            .iter()
+            .map(|s| self.input_layernorm.forward(s.h))
+            .collect::<Result<Vec<_>>>()?;
+        let xs: Vec<&Tensor> = xs.iter().collect();
+        let ys = match &self.mixer {
+            Mixer::Linear(m) => {
+                let fresh = || LayerState::Linear(GdnState::zeros(&spec.geo));
+                let runs = seqs
+                    .iter_mut()
+                    .map(|s| Ok((s.form, state_use(s, fresh, LayerState::linear)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                m.forward_each(&xs, runs, Rows::Tokens)?
+            }
+            Mixer::Full(m) => {
+                let fresh = || LayerState::Full(KvCache::default());
+                let runs = seqs
+                    .iter_mut()
+                    .map(|s| Ok((s.pos, state_use(s, fresh, LayerState::kv)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                m.forward_each(&xs, &spec.rotary, runs)?
+            }
+        };
+        seqs.iter()
+            .zip(ys)
+            .map(|(s, y)| self.prec.round(&(s.h + y)?))
+            .collect()
     }
 
     /// The second half: `h + mlp(post_attention_layernorm(h))`, rounded
@@ -390,5 +410,30 @@ impl DecoderLayer {
             .mlp
             .forward_rows(&self.post_attention_layernorm.forward(h)?, rows)?;
         Ok((self.prec.round(&(h + y)?)?, routing))
+    }
+}
+
+/// How sequence `s` uses its layer state, as the mixer's own state `S`
+/// (`of` picks it out of a [`LayerState`]): a snapshot's `into` is set to
+/// `fresh()` first; a state of another kind is not continued.
+///
+/// Errors: a snapshot of a sequence that continues a state.
+fn state_use<'s, S>(
+    s: &'s mut Sequence<'_>,
+    fresh: impl Fn() -> LayerState,
+    of: fn(&mut LayerState) -> Option<&mut S>,
+) -> Result<StateUse<'s, S>> {
+    match (s.snapshot.as_mut(), s.state.as_deref_mut()) {
+        (Some(_), Some(_)) => Err(candle_core::Error::Msg(
+            "a snapshot of a sequence that continues a state".into(),
+        )
+        .into()),
+        (Some((at, into)), None) => {
+            **into = fresh();
+            let into = of(into).expect("a fresh state of the mixer's kind");
+            Ok(StateUse::Snapshot { at: *at, into })
+        }
+        (None, Some(state)) => Ok(of(state).map_or(StateUse::Fresh, StateUse::Continue)),
+        (None, None) => Ok(StateUse::Fresh),
     }
 }

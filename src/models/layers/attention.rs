@@ -3,17 +3,17 @@
 //! `q_proj` rows `[query | gate]` per head, output × sigmoid(gate)), or plain
 //! as `Qwen3Attention` (`models/qwen3/modeling_qwen3.py`).
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 
-use super::causal_softmax;
-use super::gqa::grouped_matmul;
 use super::norm::Norm;
 use super::rope::Rotary;
-use super::{matrix, Matrix, Rows};
+use super::{apply_each, matrix, Matrix, Rows, StateUse};
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::{LayerGeometry, Positions};
-use crate::precision::Precision;
+
+mod eager;
+use eager::eager_attention;
 
 /// The scale vLLM quantises K and V with for `--kv-cache-dtype fp8` when the
 /// checkpoint carries no KV scales: 1.0 (`vllm/attention/layer.py`,
@@ -136,21 +136,17 @@ impl Attention {
         pos: &Positions,
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
-        let p = self.project(x, Rows::Tokens)?;
-        let cache = cache.map_or(CacheUse::Fresh, CacheUse::Continue);
-        let out = self.attend(&p.q, &p.k, &p.v, rotary, pos, cache)?;
-        self.output(out, p.gate, Rows::Tokens)
+        let cache = cache.map_or(StateUse::Fresh, StateUse::Continue);
+        Ok(self
+            .forward_each(&[x], rotary, vec![(pos, cache)])?
+            .remove(0))
     }
 
     /// [`Self::forward`] of a fresh sequence (no cache), also leaving in
     /// `snap` the cache a prefill of its first `at` tokens (`1 ≤ at ≤ T`)
-    /// fills: their rotated keys and values. Each is a function of its own
-    /// row, so they are that prefill's, bit for bit, whenever its
-    /// projections sum as this forward's do.
+    /// fills ([`Self::forward_each`] with [`StateUse::Snapshot`]).
     ///
-    /// Errors: `at` is 0 or past `T`, an fp8 `snap` (an fp8 cache changes
-    /// the prefill's own attention, so no forward without one holds it), or
-    /// a tensor failure.
+    /// Errors: as [`Self::forward_each`].
     pub fn forward_snapshot(
         &self,
         x: &Tensor,
@@ -159,18 +155,62 @@ impl Attention {
         at: usize,
         snap: &mut KvCache,
     ) -> Result<Tensor> {
-        let t = x.dim(0)?;
-        if at == 0 || at > t || snap.fp8 {
+        let cache = StateUse::Snapshot { at, into: snap };
+        Ok(self
+            .forward_each(&[x], rotary, vec![(pos, cache)])?
+            .remove(0))
+    }
+
+    /// [`Self::forward`] (or [`Self::forward_snapshot`]) of independent
+    /// sequences `xs` (`[T_j, H]` each) with their positions and caches,
+    /// each output the bits of its own call: the projections over the
+    /// stacked rows where that is bitwise ([`apply_each`]), so each weight
+    /// is read and widened once for all of them; the attention per sequence.
+    ///
+    /// A snapshot ([`StateUse::Snapshot`]) leaves in `into` the rotated
+    /// keys and values of the first `at` tokens. Each is a function of its
+    /// own row, so they are a prefill of those tokens', bit for bit,
+    /// whenever its projections sum as this forward's do.
+    ///
+    /// Errors: `xs` and `runs` differ in length; a snapshot's `at` is 0 or
+    /// past its `T`, or its cache is fp8 (an fp8 cache changes the
+    /// prefill's own attention, so no forward without one holds it); a
+    /// tensor failure.
+    pub fn forward_each(
+        &self,
+        xs: &[&Tensor],
+        rotary: &Rotary,
+        runs: Vec<(&Positions, StateUse<'_, KvCache>)>,
+    ) -> Result<Vec<Tensor>> {
+        if xs.len() != runs.len() {
             return Err(candle_core::Error::Msg(format!(
-                "KV snapshot after token {at} of a {t}-token sequence{}",
-                if snap.fp8 { " into an fp8 cache" } else { "" }
+                "attention: {} sequences with {} caches",
+                xs.len(),
+                runs.len()
             ))
             .into());
         }
-        let p = self.project(x, Rows::Tokens)?;
-        let cache = CacheUse::Snapshot { at, into: snap };
-        let out = self.attend(&p.q, &p.k, &p.v, rotary, pos, cache)?;
-        self.output(out, p.gate, Rows::Tokens)
+        let outs = self
+            .project(xs, Rows::Tokens)?
+            .into_iter()
+            .zip(runs)
+            .map(|(p, (pos, cache))| {
+                if let StateUse::Snapshot { at, into } = &cache {
+                    let t = p.q.dim(0)?;
+                    if *at == 0 || *at > t || into.fp8 {
+                        return Err(candle_core::Error::Msg(format!(
+                            "KV snapshot after token {at} of a {t}-token sequence{}",
+                            if into.fp8 { " into an fp8 cache" } else { "" }
+                        ))
+                        .into());
+                    }
+                }
+                let out = self.attend(&p.q, &p.k, &p.v, rotary, pos, cache)?;
+                self.gate(out, p.gate)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let outs: Vec<&Tensor> = outs.iter().collect();
+        apply_each(&self.o_proj, &outs, self.geo.prec, Rows::Tokens)
     }
 
     /// `S` single-token decode steps from `cache` at once: `x` `[S, H]` (one
@@ -195,7 +235,7 @@ impl Attention {
             ))
             .into());
         }
-        let p = self.project(x, Rows::Steps)?;
+        let p = self.project(&[x], Rows::Steps)?.remove(0);
         let outs = (0..s)
             .map(|i| {
                 let row = |t: &Tensor| t.narrow(0, i, 1);
@@ -205,42 +245,50 @@ impl Attention {
                     &row(&p.v)?,
                     rotary,
                     &pos[i],
-                    CacheUse::Continue(cache),
+                    StateUse::Continue(cache),
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        self.output(Tensor::cat(&outs, 0)?, p.gate, Rows::Steps)
+        let out = self.gate(Tensor::cat(&outs, 0)?, p.gate)?;
+        self.o_proj.apply(&out, self.geo.prec, Rows::Steps)
     }
 
-    /// The projections of `x` `[T, H]`: normed queries `[T, nh, hd]`, the
-    /// output gate `[T, nh·hd]` (gated attention), normed keys and values
-    /// `[T, nkv, hd]`.
-    fn project(&self, x: &Tensor, rows: Rows) -> Result<Projected> {
+    /// The projections of each of `xs` (`[T_j, H]`, independent sequences;
+    /// each weight read once for all of them where that is bitwise,
+    /// [`apply_each`]): normed queries `[T, nh, hd]`, the output gate
+    /// `[T, nh·hd]` (gated attention), normed keys and values `[T, nkv, hd]`.
+    fn project(&self, xs: &[&Tensor], rows: Rows) -> Result<Vec<Projected>> {
         let g = &self.geo;
-        let prec = g.prec;
-        let t = x.dim(0)?;
         let (nh, nkv, hd) = (g.num_heads, g.num_kv_heads, g.head_dim);
-        // Qwen3.5: q_proj rows are [query_h | gate_h] per head; Qwen3: query only.
-        let (q, gate) = if self.gated {
-            let qg = self.q_proj.apply(x, prec, rows)?.reshape((t, nh, 2 * hd))?;
-            (
-                qg.narrow(2, 0, hd)?,
-                Some(qg.narrow(2, hd, hd)?.reshape((t, nh * hd))?),
-            )
-        } else {
-            (
-                self.q_proj.apply(x, prec, rows)?.reshape((t, nh, hd))?,
-                None,
-            )
-        };
-        Ok(Projected {
-            q: self.q_norm.forward(&q.contiguous()?)?,
-            gate,
-            k: self
-                .k_norm
-                .forward(&self.k_proj.apply(x, prec, rows)?.reshape((t, nkv, hd))?)?,
-            v: self.v_proj.apply(x, prec, rows)?.reshape((t, nkv, hd))?,
-        })
+        let each = |m: &Matrix| apply_each(m, xs, g.prec, rows);
+        let (qs, ks, vs) = (
+            each(&self.q_proj)?,
+            each(&self.k_proj)?,
+            each(&self.v_proj)?,
+        );
+        qs.into_iter()
+            .zip(ks)
+            .zip(vs)
+            .map(|((q, k), v)| {
+                let t = q.dim(0)?;
+                // Qwen3.5: q_proj rows are [query_h | gate_h] per head; Qwen3: query only.
+                let (q, gate) = if self.gated {
+                    let qg = q.reshape((t, nh, 2 * hd))?;
+                    (
+                        qg.narrow(2, 0, hd)?,
+                        Some(qg.narrow(2, hd, hd)?.reshape((t, nh * hd))?),
+                    )
+                } else {
+                    (q.reshape((t, nh, hd))?, None)
+                };
+                Ok(Projected {
+                    q: self.q_norm.forward(&q.contiguous()?)?,
+                    gate,
+                    k: self.k_norm.forward(&k.reshape((t, nkv, hd))?)?,
+                    v: v.reshape((t, nkv, hd))?,
+                })
+            })
+            .collect()
     }
 
     /// Rotary embedding, the cache and eager attention for `T` tokens'
@@ -252,7 +300,7 @@ impl Attention {
         v: &Tensor,
         rotary: &Rotary,
         pos: &Positions,
-        cache: CacheUse,
+        cache: StateUse<'_, KvCache>,
     ) -> Result<Tensor> {
         let g = &self.geo;
         let prec = g.prec;
@@ -266,7 +314,7 @@ impl Attention {
         let mut k = rotary.apply(&k, &pos.cos, &pos.sin, prec)?;
         let mut v = v;
         let past = match cache {
-            CacheUse::Continue(c) => {
+            StateUse::Continue(c) => {
                 if c.fp8 {
                     k = fp8_round_trip(&k)?;
                     v = fp8_round_trip(&v)?;
@@ -280,12 +328,12 @@ impl Attention {
                 c.v = Some(v.clone());
                 past
             }
-            CacheUse::Snapshot { at, into } => {
+            StateUse::Snapshot { at, into } => {
                 into.k = Some(k.narrow(2, 0, at)?.contiguous()?);
                 into.v = Some(v.narrow(2, 0, at)?.contiguous()?);
                 0
             }
-            CacheUse::Fresh => 0,
+            StateUse::Fresh => 0,
         };
         // eager_attention_forward: (q·kᵀ)·scale and the mask in the model
         // dtype, softmax in f32 cast back, probs·v in the model dtype; the
@@ -294,29 +342,18 @@ impl Attention {
         Ok(out.squeeze(0)?.transpose(0, 1)?.reshape((t, nh * hd))?)
     }
 
-    /// The output gate (gated attention) and `o_proj` of the attended `[T, nh·hd]`.
-    fn output(&self, out: Tensor, gate: Option<Tensor>, rows: Rows) -> Result<Tensor> {
+    /// The output gate (gated attention) on the attended `[T, nh·hd]`:
+    /// `o_proj`'s input.
+    fn gate(&self, out: Tensor, gate: Option<Tensor>) -> Result<Tensor> {
         let prec = self.geo.prec;
-        let out = match gate {
+        match gate {
             Some(gate) => {
                 let gate = prec.round(&candle_nn::ops::sigmoid(&gate)?)?;
-                prec.round(&(out * gate)?)?
+                prec.round(&(out * gate)?)
             }
-            None => out,
-        };
-        self.o_proj.apply(&out, prec, rows)
+            None => Ok(out),
+        }
     }
-}
-
-/// How a forward uses a KV cache ([`Attention::attend`]).
-enum CacheUse<'c> {
-    /// None: a fresh prefill.
-    Fresh,
-    /// Attend over it too, and extend it.
-    Continue(&'c mut KvCache),
-    /// A fresh prefill that fills `into` with its first `at` tokens' keys
-    /// and values ([`Attention::forward_snapshot`]).
-    Snapshot { at: usize, into: &'c mut KvCache },
 }
 
 /// One forward's projections ([`Attention::project`]).
@@ -336,123 +373,11 @@ pub fn fp8_round_trip(x: &Tensor) -> Result<Tensor> {
     Ok((q.to_dtype(DType::F32)? * FP8_KV_SCALE)?)
 }
 
-/// `eager_attention_forward` (transformers): `q [1, nh, T, hd]` against
-/// `k`, `v [1, nkv, past+T, hd]` (query head h reading key/value head
-/// `h / (nh / nkv)`, as after `repeat_kv`, without the copies:
-/// [`grouped_matmul`]) → `[1, nh, T, hd]`:
-/// (q·kᵀ)·scale and the causal mask in the model dtype, softmax in f32 cast
-/// back, probs·v in the model dtype. A long prompt's queries go in blocks
-/// of rows ([`query_blocks`]), each its own products and softmax, so the
-/// scores never exist for all rows at once; the rows are the same bits.
-///
-/// On the CPU a block takes the keys its rows see and no more, and sums
-/// probs·v in chunks of [`KEY_CHUNK`] keys ([`probs_times_v`]): with the
-/// causal softmax, a row's bits then depend on its visible keys alone, so a
-/// prompt's first rows are those of its prefix's forward at any length
-/// (one product over all keys would sum each row in k-blocks whose size
-/// candle's GEMM picks from the key count).
-fn eager_attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    past: usize,
-    prec: Precision,
-) -> Result<Tensor> {
-    let (t, hd) = (q.dim(2)?, q.dim(3)?);
-    let scale = (hd as f64).powf(-0.5);
-    // (q·kᵀ)·scale of a block's queries, rounded as the reference rounds.
-    let scores = |q: &Tensor, kt: &Tensor| -> Result<Tensor> {
-        prec.round(&(prec.round(&grouped_matmul(q, kt)?)? * scale)?)
-    };
-    let rows = |i0: usize, len: usize| q.narrow(2, i0, len)?.contiguous();
-    let out = if causal_softmax::applies(q) {
-        query_blocks(t)
-            .map(|(i0, len)| {
-                // Keys 0..vis: the last one the block's last row sees.
-                let kt = k.narrow(2, 0, past + i0 + len)?.t()?.contiguous()?;
-                let s = scores(&rows(i0, len)?, &kt)?;
-                let probs = prec.round(&causal_softmax::causal_softmax(&s, i0, past)?)?;
-                prec.round(&probs_times_v(&probs, v)?)
-            })
-            .collect::<Result<Vec<_>>>()?
-    } else {
-        let kt = k.t()?.contiguous()?;
-        query_blocks(t)
-            .map(|(i0, len)| {
-                let s = scores(&rows(i0, len)?, &kt)?;
-                let mask = causal_mask(i0, len, past + t, past, q.device())?;
-                let probs = candle_nn::ops::softmax_last_dim(&s.broadcast_add(&mask)?)?;
-                prec.round(&grouped_matmul(&prec.round(&probs)?, v)?)
-            })
-            .collect::<Result<Vec<_>>>()?
-    };
-    Ok(Tensor::cat(&out, 2)?)
-}
-
-/// Keys per product of [`probs_times_v`]: at most one k-block of candle's
-/// GEMM on any CPU it sizes blocks for (its blocks take at least 256 keys
-/// when the L1 holds 32 KiB; tested in `key_chunks_are_one_k_block`).
-const KEY_CHUNK: usize = 256;
-
-/// `probs [.., len, vis] · v[.., :vis, :]` (`v` `[.., S ≥ vis, hd]`): one
-/// product per chunk of [`KEY_CHUNK`] keys, from key 0, the partial sums
-/// added in key order in f32. A row sums its keys in order within a chunk
-/// (one k-block), and the keys past its last visible one add zeros, so its
-/// bits do not depend on `vis`.
-fn probs_times_v(probs: &Tensor, v: &Tensor) -> Result<Tensor> {
-    let vis = probs.dim(probs.rank() - 1)?;
-    let mut acc: Option<Tensor> = None;
-    for c0 in (0..vis).step_by(KEY_CHUNK) {
-        let n = KEY_CHUNK.min(vis - c0);
-        let p = probs.narrow(probs.rank() - 1, c0, n)?.contiguous()?;
-        let part = grouped_matmul(&p, &v.narrow(2, c0, n)?.contiguous()?)?;
-        acc = Some(match acc {
-            Some(a) => (a + part)?,
-            None => part,
-        });
-    }
-    acc.ok_or_else(|| candle_core::Error::Msg("attention over no keys".into()).into())
-}
-
-/// Query rows per attention block: a prompt of more than twice this many
-/// tokens has its scores computed block by block.
-const QUERY_BLOCK: usize = 256;
-
-/// `(first row, rows)` of each query block of a `t`-token forward: one
-/// block up to `2 · QUERY_BLOCK` rows, else blocks of `QUERY_BLOCK` with the
-/// last taking the remainder. Every block of a split has more than 64 rows,
-/// so candle's GEMM sums each row's products in the k-blocks it uses for
-/// all `t` rows (its blocked route outside the small-size rule,
-/// `kernels::routes`): the rows are bit for bit those of one product.
-fn query_blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
-    let n = if t > 2 * QUERY_BLOCK {
-        t / QUERY_BLOCK
-    } else {
-        1
-    };
-    (0..n).map(move |b| {
-        let i0 = b * QUERY_BLOCK;
-        let len = if b + 1 == n { t - i0 } else { QUERY_BLOCK };
-        (i0, len)
-    })
-}
-
-/// Rows `i0..i0+len` of the additive causal mask `[T, s]` (`s = past + T`):
-/// 0 where key position ≤ query position (`past + i`), −∞ elsewhere.
-fn causal_mask(i0: usize, len: usize, s: usize, past: usize, device: &Device) -> Result<Tensor> {
-    let mut m = vec![0f32; len * s];
-    for (r, row) in m.chunks_mut(s.max(1)).enumerate() {
-        for x in row.iter_mut().skip(past + i0 + r + 1) {
-            *x = f32::NEG_INFINITY;
-        }
-    }
-    Ok(Tensor::from_vec(m, (len, s), device)?)
-}
-
 #[cfg(test)]
 pub(super) mod tests {
-    use super::*;
-    use crate::models::layers::gqa::repeat_kv;
+    use candle_core::{Device, Tensor};
+
+    use crate::precision::Precision;
 
     /// Deterministic values in about [-2, 2], rounded to `prec` (also the
     /// inputs of `gqa`'s tests).
@@ -475,108 +400,8 @@ pub(super) mod tests {
         prec.round(&t).unwrap()
     }
 
-    /// The scores of every row at once, over all keys, as before the
-    /// blocks: the reference.
-    fn one_block(q: &Tensor, k: &Tensor, v: &Tensor, past: usize, prec: Precision) -> Tensor {
-        let hd = q.dim(3).unwrap();
-        let scores = prec.round(&q.matmul(&k.t().unwrap().contiguous().unwrap()).unwrap());
-        let scores = prec.round(&(scores.unwrap() * (hd as f64).powf(-0.5)).unwrap());
-        let probs = causal_softmax::causal_softmax(&scores.unwrap(), 0, past).unwrap();
-        let probs = prec.round(&probs).unwrap();
-        prec.round(&probs_times_v(&probs, v).unwrap()).unwrap()
-    }
-
     pub(in crate::models::layers) fn bits(t: &Tensor) -> Vec<u32> {
         let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
         v.iter().map(|x| x.to_bits()).collect()
-    }
-
-    /// Each key chunk of probs·v is one k-block of candle's GEMM, whatever
-    /// the query rows and head size (so a row sums its keys in order).
-    #[test]
-    fn key_chunks_are_one_k_block() {
-        for m in [2, 16, 64, 65, 256, 511] {
-            for hd in [16, 64, 128, 256] {
-                for k in [KEY_CHUNK, KEY_CHUNK - 1, 17] {
-                    let kc = crate::kernels::routes::blocked_kc(m, hd, k);
-                    assert!(kc.is_none_or(|kc| kc == k), "m {m} hd {hd} k {k}: {kc:?}");
-                }
-            }
-        }
-    }
-
-    /// A prompt's first rows are the bits of its prefix's forward, past
-    /// the lengths where candle's GEMM would split one product over all keys
-    /// into k-blocks sized by the key count (1092 and 1100 keys, 4088 and
-    /// 4096), f32 and bf16.
-    #[test]
-    fn a_prefix_gives_the_bits_of_the_longer_rows() {
-        for (short, long, hd) in [
-            (120, 128, 64),
-            (1092, 1100, 64),
-            (4088, 4096, 16),
-            (300, 4096, 16),
-        ] {
-            for prec in [Precision::F32, Precision::Bf16] {
-                let (q, k, v) = (
-                    values((1, 1, long, hd), 1, prec),
-                    values((1, 1, long, hd), 2, prec),
-                    values((1, 1, long, hd), 3, prec),
-                );
-                let first = |x: &Tensor, n: usize| x.narrow(2, 0, n).unwrap().contiguous().unwrap();
-                let whole = eager_attention(&q, &k, &v, 0, prec).unwrap();
-                let prefix = eager_attention(
-                    &first(&q, short),
-                    &first(&k, short),
-                    &first(&v, short),
-                    0,
-                    prec,
-                )
-                .unwrap();
-                assert!(
-                    bits(&prefix) == bits(&first(&whole, short)),
-                    "{short} of {long}, hd {hd}, {prec:?}"
-                );
-            }
-        }
-    }
-
-    /// Blocks of query rows give the bits of one product over all rows:
-    /// two blocks and a remainder, several, a past (a cache), a single
-    /// decode row, head sizes under and over 64 (candle's small-size rule),
-    /// one, two and four query heads per key/value head against repeated
-    /// heads, f32 and bf16.
-    #[test]
-    fn query_blocks_give_the_bits_of_one_block() {
-        assert_eq!(query_blocks(512).collect::<Vec<_>>(), vec![(0, 512)]);
-        assert_eq!(
-            query_blocks(700).collect::<Vec<_>>(),
-            vec![(0, 256), (256, 444)]
-        );
-        let cases = [
-            (700, 0, 16),
-            (1100, 0, 128),
-            (600, 37, 64),
-            (513, 0, 8),
-            (1, 37, 64),
-        ];
-        // Four query heads over four, two or one key/value heads: the
-        // reference repeats them (`repeat_kv`), the blocks group them.
-        for ((t, past, hd), nkv) in cases.into_iter().flat_map(|c| [4, 2, 1].map(|n| (c, n))) {
-            for prec in [Precision::F32, Precision::Bf16] {
-                let q = values((1, 4, t, hd), 1, prec);
-                let k = values((1, nkv, past + t, hd), 2, prec);
-                let v = values((1, nkv, past + t, hd), 3, prec);
-                let got = eager_attention(&q, &k, &v, past, prec).unwrap();
-                let (kr, vr) = (
-                    repeat_kv(&k, 4 / nkv).unwrap(),
-                    repeat_kv(&v, 4 / nkv).unwrap(),
-                );
-                assert!(
-                    bits(&got) == bits(&one_block(&q, &kr, &vr, past, prec)),
-                    "t {t}, past {past}, hd {hd}, {nkv} kv heads, {prec:?}"
-                );
-            }
-        }
     }
 }

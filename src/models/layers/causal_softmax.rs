@@ -7,7 +7,7 @@
 //! (zeros under the mask): a 120-token forward's rows were not the first 120
 //! rows of the 128-token forward of the same prompt. Here a row's sum runs
 //! over its visible keys only, in lanes fixed by the key index; with
-//! probs·v summed in fixed chunks of keys (`attention::probs_times_v`), a
+//! probs·v summed in fixed chunks of keys (`attention::eager::probs_times_v`), a
 //! prefix of a prompt gives the bits of the longer prompt's first rows
 //! (`capture::decode` reuses the capture's states on that ground).
 //!

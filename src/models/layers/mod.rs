@@ -448,6 +448,38 @@ pub fn each_stacked(
         .collect()
 }
 
+/// [`Matrix::apply`] on each of the independent inputs `xs`, bit for bit
+/// as its own call: one sequence's tokens each ([`Rows::Tokens`]) through
+/// one product over the stacked rows wherever the kernel sums each row as
+/// in a taller stack ([`each_stacked`], [`Matrix::rows_batchable`]), so the
+/// weight is read (and widened) once for them; decode steps
+/// ([`Rows::Steps`]) each alone.
+///
+/// Errors: a tensor failure.
+pub fn apply_each(m: &Matrix, xs: &[&Tensor], prec: Precision, rows: Rows) -> Result<Vec<Tensor>> {
+    match rows {
+        Rows::Tokens => each_stacked(xs, |t| m.rows_batchable(t), |x| m.apply(x, prec, rows)),
+        Rows::Steps => xs.iter().map(|x| m.apply(x, prec, rows)).collect(),
+    }
+}
+
+/// How a token mixer's forward uses its decode state `S` (a Gated
+/// DeltaNet's conv and delta-rule state, an attention layer's KV cache).
+pub enum StateUse<'s, S> {
+    /// None: a fresh prefill.
+    Fresh,
+    /// Continue from it, and leave it at the end of the forward.
+    Continue(&'s mut S),
+    /// A fresh prefill that also leaves in `into` the state a prefill of
+    /// its first `at` tokens hands on.
+    Snapshot {
+        /// Tokens of that prefill (`1 ≤ at ≤ T`).
+        at: usize,
+        /// Where its state goes.
+        into: &'s mut S,
+    },
+}
+
 /// Rows a stack of sequences may hold: enough for the GEMM to pack each
 /// weight once for many sequences, few enough that a long prompt set does
 /// not hold every row's intermediate activations at once.

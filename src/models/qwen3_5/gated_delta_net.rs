@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::layers::norm::RmsNormGated;
-use crate::models::layers::{matrix, param, Matrix, Rows};
+use crate::models::layers::{apply_each, matrix, param, Matrix, Rows, StateUse};
 use crate::models::LayerGeometry;
 
 mod faults;
@@ -234,18 +234,33 @@ impl GatedDeltaNet {
         })
     }
 
-    /// Projections, causal conv + SiLU and gates for `x` (`[T, H]`), giving the
-    /// kernel inputs and `z` (`[T, nv, dv]`). `state.conv` supplies the
-    /// preceding `K-1` raw columns and is updated.
+    /// The input projections of each of `xs` (`[T_j, H]`, independent
+    /// sequences), each weight read once for all of them where that is
+    /// bitwise ([`apply_each`]).
+    fn project(&self, xs: &[&Tensor], rows: Rows) -> Result<Vec<InProj>> {
+        let each = |m: &Matrix| apply_each(m, xs, self.geo.prec, rows);
+        let (qkv, z) = (each(&self.in_proj_qkv)?, each(&self.in_proj_z)?);
+        let (b, a) = (each(&self.in_proj_b)?, each(&self.in_proj_a)?);
+        Ok(qkv
+            .into_iter()
+            .zip(z)
+            .zip(b.into_iter().zip(a))
+            .map(|((qkv, z), (b, a))| InProj { qkv, z, b, a })
+            .collect())
+    }
+
+    /// Causal conv + SiLU and gates from one sequence's projections `p`,
+    /// giving the kernel inputs, `z` (`[T, nv, dv]`) and the conv's padded
+    /// input. `conv_state` supplies the preceding `K-1` raw columns and is
+    /// updated.
     fn prepare(
         &self,
-        x: &Tensor,
+        p: InProj,
         conv_state: &mut [f32],
         reset: Option<usize>,
-        rows: Rows,
     ) -> Result<(DeltaRuleInputs, Tensor, Vec<f32>)> {
         let geo = &self.geo;
-        let t = x.dim(0)?;
+        let t = p.qkv.dim(0)?;
         let c = geo.conv_dim();
         let kk = geo.conv_kernel;
         let (nk, nv, dk, dv) = (
@@ -255,11 +270,7 @@ impl GatedDeltaNet {
             geo.lin_v_dim,
         );
         let prec = geo.prec;
-        let mixed = self
-            .in_proj_qkv
-            .apply(x, prec, rows)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
+        let mixed = p.qkv.flatten_all()?.to_vec1::<f32>()?;
         // Causal depthwise conv: out[t,c] = Σ_j w[c,j]·x[t−K+1+j, c], history
         // from state; f32 accumulation rounded once, then SiLU rounded again
         // (`causal_conv1d_fn`: F.conv1d then ACT2FN["silu"], both in the model dtype).
@@ -304,16 +315,8 @@ impl GatedDeltaNet {
             }
             v.extend_from_slice(&row[2 * kd..2 * kd + nv * dv]);
         }
-        let b = self
-            .in_proj_b
-            .apply(x, prec, rows)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let a = self
-            .in_proj_a
-            .apply(x, prec, rows)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
+        let b = p.b.flatten_all()?.to_vec1::<f32>()?;
+        let a = p.a.flatten_all()?.to_vec1::<f32>()?;
         // beta = b.sigmoid() in the model dtype; g = -exp(A_log)·softplus(a + dt_bias) in f32.
         let beta = b
             .iter()
@@ -324,7 +327,7 @@ impl GatedDeltaNet {
             .enumerate()
             .map(|(i, &a)| self.neg_a[i % nv] * softplus(a + self.dt_bias[i % nv]))
             .collect();
-        let z = self.in_proj_z.apply(x, prec, rows)?.reshape((t, nv, dv))?;
+        let z = p.z.reshape((t, nv, dv))?;
         Ok((
             DeltaRuleInputs {
                 t,
@@ -351,7 +354,8 @@ impl GatedDeltaNet {
     /// Errors: a tensor failure.
     pub fn delta_rule_inputs(&self, x: &Tensor) -> Result<DeltaRuleInputs> {
         let mut st = GdnState::zeros(&self.geo);
-        Ok(self.prepare(x, &mut st.conv, None, Rows::Tokens)?.0)
+        let p = self.project(&[x], Rows::Tokens)?.remove(0);
+        Ok(self.prepare(p, &mut st.conv, None)?.0)
     }
 
     /// `x`: `[T, H]` (already `input_layernorm`-ed) → `[T, H]`. With `state`
@@ -363,7 +367,8 @@ impl GatedDeltaNet {
         form: GdnForm,
         state: Option<&mut GdnState>,
     ) -> Result<Tensor> {
-        self.forward_rows(x, form, state, Rows::Tokens)
+        let state = state.map_or(StateUse::Fresh, StateUse::Continue);
+        self.one(x, form, state, Rows::Tokens)
     }
 
     /// `S` single-token decode steps from `state` at once: `x` `[S, H]` (one
@@ -379,28 +384,90 @@ impl GatedDeltaNet {
                 .collect::<Result<Vec<_>>>()?;
             return Ok(Tensor::cat(&rows, 0)?);
         }
-        self.forward_rows(x, GdnForm::Recurrent, Some(state), Rows::Steps)
+        let state = StateUse::Continue(state);
+        self.one(x, GdnForm::Recurrent, state, Rows::Steps)
     }
 
-    /// [`Self::forward`] on rows that are `rows`.
-    fn forward_rows(
+    /// [`Self::forward`] of a fresh sequence `x` (`[T, H]`, `T ≥ at ≥ 1`),
+    /// also leaving in `snap` the state a prefill of its first `at` tokens
+    /// hands on ([`Self::forward_each`] with [`StateUse::Snapshot`]).
+    ///
+    /// Errors: `at` is 0 or past `T`, or a tensor failure.
+    pub fn forward_snapshot(
         &self,
         x: &Tensor,
         form: GdnForm,
-        state: Option<&mut GdnState>,
+        at: usize,
+        snap: &mut GdnState,
+    ) -> Result<Tensor> {
+        self.one(x, form, StateUse::Snapshot { at, into: snap }, Rows::Tokens)
+    }
+
+    /// [`Self::forward`] (or [`Self::forward_snapshot`]) of independent
+    /// sequences `xs` (`[T_j, H]` each) with their forms and states, each
+    /// output the bits of its own call: the products over the stacked rows
+    /// where that is bitwise ([`apply_each`]), so each weight is read and
+    /// widened once for all of them; the conv and the delta rule per
+    /// sequence.
+    ///
+    /// A snapshot ([`StateUse::Snapshot`]): the kernel runs in two calls
+    /// split at `at` rounded down to a chunk boundary (at `at` in the
+    /// recurrent form), which is where the one call's chunks end, so the
+    /// outputs are the bits of [`Self::forward`]; the state after the
+    /// boundary's chunks is taken on through the tokens up to `at` as the
+    /// prefill's last (short) chunk takes it. The inputs of every row before
+    /// `at` are those a prefill of `at` tokens computes (each row's
+    /// projections and causal conv read no later row), so `into` is that
+    /// prefill's state, bit for bit, whenever its products sum as this
+    /// forward's do.
+    ///
+    /// Errors: `xs` and `runs` differ in length, a snapshot's `at` is 0 or
+    /// past its `T`, or a tensor failure.
+    pub fn forward_each(
+        &self,
+        xs: &[&Tensor],
+        runs: Vec<(GdnForm, StateUse<'_, GdnState>)>,
+        rows: Rows,
+    ) -> Result<Vec<Tensor>> {
+        if xs.len() != runs.len() {
+            return Err(candle_core::Error::Msg(format!(
+                "delta rule: {} sequences with {} states",
+                xs.len(),
+                runs.len()
+            ))
+            .into());
+        }
+        let ys = self
+            .project(xs, rows)?
+            .into_iter()
+            .zip(runs)
+            .map(|(p, (form, state))| match state {
+                StateUse::Fresh => self.mixed(p, form, &mut GdnState::zeros(&self.geo)),
+                StateUse::Continue(st) => self.mixed(p, form, st),
+                StateUse::Snapshot { at, into } => self.mixed_snapshot(p, form, at, into),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let ys: Vec<&Tensor> = ys.iter().collect();
+        apply_each(&self.out_proj, &ys, self.geo.prec, rows)
+    }
+
+    /// [`Self::forward_each`] of one sequence.
+    fn one(
+        &self,
+        x: &Tensor,
+        form: GdnForm,
+        s: StateUse<'_, GdnState>,
         rows: Rows,
     ) -> Result<Tensor> {
-        let mut fresh;
-        let st = match state {
-            Some(s) => s,
-            None => {
-                fresh = GdnState::zeros(&self.geo);
-                &mut fresh
-            }
-        };
+        Ok(self.forward_each(&[x], vec![(form, s)], rows)?.remove(0))
+    }
+
+    /// One sequence's projections through the conv, the delta rule from
+    /// `st` and the gated norm: `[T, nv·dv]`, before `out_proj`.
+    fn mixed(&self, p: InProj, form: GdnForm, st: &mut GdnState) -> Result<Tensor> {
         let before = st.keep_block.then(|| st.recurrent.clone());
         let reset = st.reset_row.take();
-        let (inp, z, padded) = self.prepare(x, &mut st.conv, reset, rows)?;
+        let (inp, z, padded) = self.prepare(p, &mut st.conv, reset)?;
         let o = faults::kernel(&inp, form, &mut st.recurrent, reset);
         if let Some(recurrent) = before {
             st.keep_block = false;
@@ -411,31 +478,19 @@ impl GatedDeltaNet {
                 channels: self.geo.conv_dim(),
             }));
         }
-        self.output(o, &inp, &z, rows)
+        self.gated(o, &inp, &z)
     }
 
-    /// [`Self::forward`] of a fresh sequence `x` (`[T, H]`, `T ≥ at ≥ 1`),
-    /// also leaving in `snap` the state a prefill of its first `at` tokens
-    /// hands on: the conv history of the raw inputs before token `at`, and
-    /// the delta rule's state after it. The kernel runs in two calls split
-    /// at `at` rounded down to a chunk boundary (at `at` in the recurrent
-    /// form), which is where the one call's chunks end, so the outputs are
-    /// the bits of [`Self::forward`]; the state after the boundary's chunks
-    /// is taken on through the tokens up to `at` as the prefill's last
-    /// (short) chunk takes it. The inputs of every row before `at` are those
-    /// a prefill of `at` tokens computes (each row's projections and causal
-    /// conv read no later row), so `snap` is that prefill's state, bit for
-    /// bit, whenever its products sum as this forward's do.
-    ///
-    /// Errors: `at` is 0 or past `T`, or a tensor failure.
-    pub fn forward_snapshot(
+    /// [`Self::mixed`] of a fresh sequence, leaving in `snap` the state
+    /// after its first `at` tokens ([`Self::forward_each`]).
+    fn mixed_snapshot(
         &self,
-        x: &Tensor,
+        p: InProj,
         form: GdnForm,
         at: usize,
         snap: &mut GdnState,
     ) -> Result<Tensor> {
-        let t = x.dim(0)?;
+        let t = p.qkv.dim(0)?;
         if at == 0 || at > t {
             return Err(candle_core::Error::Msg(format!(
                 "delta-rule snapshot after token {at} of a {t}-token sequence"
@@ -443,7 +498,7 @@ impl GatedDeltaNet {
             .into());
         }
         let mut st = GdnState::zeros(&self.geo);
-        let (inp, z, padded) = self.prepare(x, &mut st.conv, None, Rows::Tokens)?;
+        let (inp, z, padded) = self.prepare(p, &mut st.conv, None)?;
         let c = self.geo.conv_dim();
         *snap = GdnState::zeros(&self.geo);
         let hist = snap.conv.len() / c.max(1);
@@ -464,23 +519,28 @@ impl GatedDeltaNet {
         if t > split {
             o.extend(run(&inp.suffix(split), &mut st.recurrent));
         }
-        self.output(o, &inp, &z, Rows::Tokens)
+        self.gated(o, &inp, &z)
     }
 
     /// The delta rule's outputs `o` (`[T, nv, dv]`, f32) cast back to the
-    /// input dtype, the gated norm with `z` and `out_proj`.
-    fn output(
-        &self,
-        mut o: Vec<f32>,
-        inp: &DeltaRuleInputs,
-        z: &Tensor,
-        rows: Rows,
-    ) -> Result<Tensor> {
+    /// input dtype and the gated norm with `z`: `[T, nv·dv]`, `out_proj`'s input.
+    fn gated(&self, mut o: Vec<f32>, inp: &DeltaRuleInputs, z: &Tensor) -> Result<Tensor> {
         // The kernel runs in f32 and casts its output back to the input dtype.
         self.geo.prec.round_slice(&mut o);
         let (t, nv, dv) = (inp.t, inp.heads, inp.dv);
         let o = Tensor::from_vec(o, (t, nv, dv), z.device())?;
-        let y = self.norm.forward(&o, z)?.reshape((t, nv * dv))?;
-        self.out_proj.apply(&y, self.geo.prec, rows)
+        Ok(self.norm.forward(&o, z)?.reshape((t, nv * dv))?)
     }
+}
+
+/// One sequence's input projections ([`GatedDeltaNet::project`]).
+struct InProj {
+    /// `in_proj_qkv`: `[T, 2Dk+Dv]`.
+    qkv: Tensor,
+    /// `in_proj_z`: `[T, Dv]`.
+    z: Tensor,
+    /// `in_proj_b`: `[T, nv]`.
+    b: Tensor,
+    /// `in_proj_a`: `[T, nv]`.
+    a: Tensor,
 }
