@@ -10,6 +10,7 @@ use crate::common;
 use candle_core::Tensor;
 use hsparity::commands::compare::{self, CompareOptions};
 use hsparity::loading::LoadingPath;
+use hsparity::models::layers::rows_batchable;
 use hsparity::models::{DecoderLayer, FeedForward, GdnForm, Sequence};
 use hsparity::parity::incremental;
 use hsparity::precision::Precision;
@@ -71,35 +72,39 @@ fn stacked_sequences_give_the_bits_of_each_alone() {
     }
 }
 
-/// A batch mixing a fresh sequence, one continuing a prefill's state, one
-/// leaving a snapshot and a short one (whose products are not stacked)
-/// gives each the bits of its own call, and leaves the states those calls
-/// leave (the snapshot: a separate prefill's): steps from each give the same
-/// bits. Every layer of the tiny
-/// fixture, f32 and bf16, both delta-rule forms.
+/// A batch mixing two fresh sequences of one length, one continuing a
+/// prefill's state tentatively (a speculative block, committed in part
+/// after), one leaving a snapshot and a short one (whose narrow products
+/// are not stacked) gives each the bits of its own call, and leaves the
+/// states those calls leave (the snapshot: a separate prefill's): steps from
+/// each give the same bits. Every layer of the tiny fixture, f32 and bf16,
+/// both delta-rule forms; the mixers' wide products stack at these lengths.
 #[test]
 fn a_batch_of_fresh_continued_and_snapshot_sequences_gives_each_alone() {
     let session = Session::open(&common::target(TINY, None), &[LoadingPath::CausalLm]).unwrap();
     let (spec, src) = (&session.spec, &session.paths[0].view);
-    let h = spec.geo.hidden;
-    let (pos65, pos130, pos40) = (
-        spec.positions(0, 65).unwrap(),
-        spec.positions(0, 130).unwrap(),
-        spec.positions(0, 40).unwrap(),
-    );
-    let pos_next = spec.positions(70, 66).unwrap();
+    let (g, h) = (&spec.geo, spec.geo.hidden);
+    for n in [g.conv_dim(), 2 * g.num_heads * g.head_dim] {
+        assert!(
+            rows_batchable(65, h, n) && rows_batchable(40, h, n),
+            "[{h}, {n}]"
+        );
+    }
+    assert!(rows_batchable(65, g.lin_v_heads * g.lin_v_dim, h) && !rows_batchable(40, h, h));
+    let pos = |at, t| spec.positions(at, t).unwrap();
+    let (pos65, pos130, pos40, pos_next) = (pos(0, 65), pos(0, 130), pos(0, 40), pos(70, 66));
     for prec in [Precision::F32, Precision::Bf16] {
         for form in [GdnForm::Chunked, GdnForm::Recurrent] {
             for l in 0..spec.num_layers() {
                 let what = format!("layer {l} {prec:?} {form:?}");
                 let layer = DecoderLayer::load(spec, src, l, prec).unwrap();
                 let x = |t: usize, j: u64| input(t, h, 300 + 10 * l as u64 + j, prec);
-                let (a, b, c, d) = (x(65, 0), x(66, 1), x(130, 2), x(40, 3));
+                let (a, b, c, d, e) = (x(65, 0), x(66, 1), x(130, 2), x(40, 3), x(65, 5));
                 let mut prefilled = layer.new_state(spec);
-                let pre = spec.positions(0, 70).unwrap();
                 layer
-                    .forward(&x(70, 4), spec, &pre, form, Some(&mut prefilled))
+                    .forward(&x(70, 4), spec, &pos(0, 70), form, Some(&mut prefilled))
                     .unwrap();
+                prefilled.begin_tentative();
                 let (mut cont, mut snap) = (prefilled.clone(), layer.new_state(spec));
                 let seq = |h, pos, state, snapshot| Sequence {
                     h,
@@ -113,6 +118,7 @@ fn a_batch_of_fresh_continued_and_snapshot_sequences_gives_each_alone() {
                     seq(&b, &pos_next, Some(&mut cont), None),
                     seq(&c, &pos130, None, Some((100, &mut snap))),
                     seq(&d, &pos40, None, None),
+                    seq(&e, &pos65, None, None),
                 ];
                 let batch = layer.forward_batch(&mut seqs, spec).unwrap();
                 drop(seqs);
@@ -124,6 +130,7 @@ fn a_batch_of_fresh_continued_and_snapshot_sequences_gives_each_alone() {
                         .unwrap(),
                     layer.forward(&c, spec, &pos130, form, None).unwrap(),
                     layer.forward(&d, spec, &pos40, form, None).unwrap(),
+                    layer.forward(&e, spec, &pos65, form, None).unwrap(),
                 ];
                 for (j, ((o, _), want)) in batch.iter().zip(&alone).enumerate() {
                     assert!(
@@ -139,25 +146,99 @@ fn a_batch_of_fresh_continued_and_snapshot_sequences_gives_each_alone() {
                     "{what}"
                 );
                 let c100 = c.narrow(0, 0, 100).unwrap();
-                let pos100 = spec.positions(0, 100).unwrap();
                 layer
-                    .forward(&c100, spec, &pos100, form, Some(&mut prefix))
+                    .forward(&c100, spec, &pos(0, 100), form, Some(&mut prefix))
                     .unwrap();
-                let steps = input(3, h, 400 + l as u64, prec);
-                for (at, pair) in [(136, [cont, cont_alone]), (100, [snap, prefix])] {
-                    let pos_steps: Vec<_> = (at..at + 3)
-                        .map(|i| spec.positions(i, 1).unwrap())
-                        .collect();
-                    let [mut s0, mut s1] = pair;
-                    let go = |s: &mut _| layer.forward_steps(&steps, spec, &pos_steps, s).unwrap();
-                    let (o0, o1) = (go(&mut s0), go(&mut s1));
-                    assert!(
-                        common::bits(&o0) == common::bits(&o1),
-                        "{what}: state at {at}"
-                    );
+                for s in [&mut cont, &mut cont_alone] {
+                    s.commit(70, 100).unwrap();
                 }
+                same_steps(
+                    &layer,
+                    spec,
+                    l,
+                    &what,
+                    [(100, [cont, cont_alone]), (100, [snap, prefix])],
+                );
             }
         }
+    }
+}
+
+/// Three decode steps from each pair of states (at position `at`) give the
+/// same bits.
+fn same_steps<const N: usize>(
+    layer: &DecoderLayer,
+    spec: &hsparity::models::TextModelSpec,
+    l: usize,
+    what: &str,
+    pairs: [(usize, [hsparity::models::LayerState; 2]); N],
+) {
+    let steps = input(3, spec.geo.hidden, 400 + l as u64, layer.prec);
+    for (i, (at, [mut s0, mut s1])) in pairs.into_iter().enumerate() {
+        let pos_steps: Vec<_> = (at..at + 3)
+            .map(|i| spec.positions(i, 1).unwrap())
+            .collect();
+        let go = |s: &mut _| layer.forward_steps(&steps, spec, &pos_steps, s).unwrap();
+        let (o0, o1) = (go(&mut s0), go(&mut s1));
+        assert!(
+            common::bits(&o0) == common::bits(&o1),
+            "{what}: state pair {i}"
+        );
+    }
+}
+
+/// A batch refuses a snapshot of a sequence that continues a state, and a
+/// snapshot cut at 0 or past its sequence; a state of the other mixer's
+/// kind is not continued (that sequence runs as a fresh one). Every layer
+/// of the tiny fixture.
+#[test]
+fn a_batch_refuses_bad_snapshots_and_starts_a_foreign_state_fresh() {
+    let session = Session::open(&common::target(TINY, None), &[LoadingPath::CausalLm]).unwrap();
+    let (spec, src) = (&session.spec, &session.paths[0].view);
+    let pos = spec.positions(0, 65).unwrap();
+    for l in 0..spec.num_layers() {
+        let layer = DecoderLayer::load(spec, src, l, Precision::F32).unwrap();
+        let (a, b) = (
+            input(65, spec.geo.hidden, 500 + l as u64, Precision::F32),
+            input(65, spec.geo.hidden, 600 + l as u64, Precision::F32),
+        );
+        let (mut st, mut snaps) = (
+            layer.new_state(spec),
+            [0, 1, 2].map(|_| layer.new_state(spec)),
+        );
+        let seq = |h, state, snapshot| Sequence {
+            h,
+            pos: &pos,
+            form: GdnForm::Chunked,
+            state,
+            snapshot,
+        };
+        let [s10, s0, s66] = &mut snaps;
+        let mut both = [seq(&a, None, None), seq(&b, Some(&mut st), Some((10, s10)))];
+        assert!(
+            layer.forward_batch(&mut both, spec).is_err(),
+            "layer {l}: both"
+        );
+        for (at, snap) in [(0, s0), (66, s66)] {
+            let mut cut = [seq(&a, None, None), seq(&b, None, Some((at, snap)))];
+            assert!(
+                layer.forward_batch(&mut cut, spec).is_err(),
+                "layer {l}: at {at}"
+            );
+        }
+        let kind = |s: &hsparity::models::LayerState| std::mem::discriminant(s);
+        let mine = kind(&layer.new_state(spec));
+        let mut foreign = (0..spec.num_layers())
+            .map(|o| DecoderLayer::load(spec, src, o, Precision::F32).unwrap())
+            .map(|other| other.new_state(spec))
+            .find(|s| kind(s) != mine)
+            .expect("the fixture has mixers of both kinds");
+        let mut batch = [seq(&a, None, None), seq(&b, Some(&mut foreign), None)];
+        let got = layer.forward_batch(&mut batch, spec).unwrap();
+        let fresh = layer
+            .forward(&b, spec, &pos, GdnForm::Chunked, None)
+            .unwrap();
+        assert!(common::bits(&got[1].0) == common::bits(&fresh), "layer {l}");
     }
 }
 

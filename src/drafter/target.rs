@@ -343,8 +343,8 @@ impl TargetModel<'_> {
             let Some(layer) = layer else {
                 continue;
             };
-            // Every sequence's step through the layer at once: the mixers
-            // per sequence, the feed-forward stacked where that is bitwise.
+            // Every sequence's step through the layer at once: the products
+            // stacked where that is bitwise, the mixers' state per sequence.
             let (idx, mut seqs): (Vec<usize>, Vec<crate::models::Sequence>) = steps
                 .iter_mut()
                 .zip(&pass.h)

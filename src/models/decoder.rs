@@ -10,7 +10,7 @@ use crate::loading::WeightSource;
 use crate::models::layers::attention::{Attention, KvCache};
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::Norm;
-use crate::models::layers::{each_stacked, Rows, StateUse};
+use crate::models::layers::{each_stacked, Rows, StateUse, MAX_STACK_ROWS};
 use crate::models::moe::{Routing, SparseMoeBlock};
 use crate::models::qwen3_5::gated_delta_net::{GatedDeltaNet, GdnForm, GdnState};
 use crate::models::{Positions, TextModelSpec};
@@ -261,7 +261,8 @@ impl DecoderLayer {
     /// sequence).
     ///
     /// Errors: a snapshot of a sequence that continues a state, or as
-    /// [`Self::forward_routed`].
+    /// [`Self::forward_routed`]; the sequences' states and snapshots are
+    /// then unspecified.
     pub fn forward_batch(
         &self,
         seqs: &mut [Sequence<'_>],
@@ -320,8 +321,8 @@ impl DecoderLayer {
 
     /// [`Self::forward_routed`] of a fresh sequence, also leaving in `into`
     /// the state a prefill of its first `at` tokens (`1 ≤ at ≤ T`) hands on:
-    /// the conv history and delta-rule state, or the KV cache
-    /// ([`GatedDeltaNet::forward_snapshot`], [`Attention::forward_snapshot`]).
+    /// the conv history and delta-rule state, or the KV cache (the mixers'
+    /// `forward_each` with [`StateUse::Snapshot`]).
     /// The outputs are the bits of [`Self::forward_routed`]; `into` is the
     /// state of a separate prefill of those tokens, bit for bit, whenever
     /// that prefill's products sum as this forward's do (the rows of both
@@ -370,10 +371,33 @@ impl DecoderLayer {
     }
 
     /// [`Self::mix`] of each of `seqs` (a snapshot's state left in its
-    /// `into`), the mixer's products shared ([`Self::forward_batch`]). A
-    /// state of the other mixer's kind is not continued: that sequence
-    /// starts fresh.
+    /// `into`), the mixer's products shared ([`Self::forward_batch`]) within
+    /// runs of consecutive sequences of at most [`MAX_STACK_ROWS`] rows (a
+    /// longer one alone), so that the normed inputs and projections of a
+    /// long prompt set are not all held at once. A state of the other
+    /// mixer's kind is not continued: that sequence starts fresh.
     fn mix_each(&self, seqs: &mut [Sequence<'_>], spec: &TextModelSpec) -> Result<Vec<Tensor>> {
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut rest = seqs;
+        while !rest.is_empty() {
+            let mut rows = 0;
+            let n = rest
+                .iter()
+                .take_while(|s| {
+                    rows += s.h.dim(0).unwrap_or(0);
+                    rows <= MAX_STACK_ROWS
+                })
+                .count()
+                .max(1);
+            let (run, later) = rest.split_at_mut(n);
+            out.extend(self.mix_run(run, spec)?);
+            rest = later;
+        }
+        Ok(out)
+    }
+
+    /// [`Self::mix_each`] of one run of sequences.
+    fn mix_run(&self, seqs: &mut [Sequence<'_>], spec: &TextModelSpec) -> Result<Vec<Tensor>> {
         let xs = seqs
             .iter()
             .map(|s| self.input_layernorm.forward(s.h))

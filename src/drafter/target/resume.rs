@@ -17,7 +17,7 @@
 //!   `models::layers::rows_batchable`); sequences stacked in one sweep keep
 //!   their bits the same way (`DecoderLayer::forward_batch`);
 //! - attention on the CPU takes a row's visible keys and no more
-//!   (`models::layers::attention`, `eager_attention`);
+//!   (`models::layers::attention::eager`, `eager_attention`);
 //! - the chunked delta rule runs chunks of 64 tokens from token 0 (after a
 //!   reset, from the reset), and a chunk boundary is where one call of its
 //!   kernel can end and the next begin with the same state
