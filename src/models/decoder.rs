@@ -402,23 +402,24 @@ impl DecoderLayer {
             .iter()
             .map(|s| self.input_layernorm.forward(s.h))
             .collect::<Result<Vec<_>>>()?;
-        let xs: Vec<&Tensor> = xs.iter().collect();
         let ys = match &self.mixer {
             Mixer::Linear(m) => {
                 let fresh = || LayerState::Linear(GdnState::zeros(&spec.geo));
                 let runs = seqs
                     .iter_mut()
-                    .map(|s| Ok((s.form, state_use(s, fresh, LayerState::linear)?)))
+                    .zip(&xs)
+                    .map(|(s, x)| Ok((x, s.form, state_use(s, fresh, LayerState::linear)?)))
                     .collect::<Result<Vec<_>>>()?;
-                m.forward_each(&xs, runs, Rows::Tokens)?
+                m.forward_each(runs)?
             }
             Mixer::Full(m) => {
                 let fresh = || LayerState::Full(KvCache::default());
                 let runs = seqs
                     .iter_mut()
-                    .map(|s| Ok((s.pos, state_use(s, fresh, LayerState::kv)?)))
+                    .zip(&xs)
+                    .map(|(s, x)| Ok((x, s.pos, state_use(s, fresh, LayerState::kv)?)))
                     .collect::<Result<Vec<_>>>()?;
-                m.forward_each(&xs, &spec.rotary, runs)?
+                m.forward_each(&spec.rotary, runs)?
             }
         };
         seqs.iter()

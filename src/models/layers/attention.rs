@@ -137,9 +137,7 @@ impl Attention {
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         let cache = cache.map_or(StateUse::Fresh, StateUse::Continue);
-        Ok(self
-            .forward_each(&[x], rotary, vec![(pos, cache)])?
-            .remove(0))
+        Ok(self.forward_each(rotary, vec![(x, pos, cache)])?.remove(0))
     }
 
     /// [`Self::forward`] of a fresh sequence (no cache), also leaving in
@@ -156,13 +154,11 @@ impl Attention {
         snap: &mut KvCache,
     ) -> Result<Tensor> {
         let cache = StateUse::Snapshot { at, into: snap };
-        Ok(self
-            .forward_each(&[x], rotary, vec![(pos, cache)])?
-            .remove(0))
+        Ok(self.forward_each(rotary, vec![(x, pos, cache)])?.remove(0))
     }
 
     /// [`Self::forward`] (or [`Self::forward_snapshot`]) of independent
-    /// sequences `xs` (`[T_j, H]` each) with their positions and caches,
+    /// sequences (`[T_j, H]` each) with their positions and caches,
     /// each output the bits of its own call: the projections over the
     /// stacked rows where that is bitwise ([`apply_each`]), so each weight
     /// is read and widened once for all of them; the attention per sequence.
@@ -172,29 +168,20 @@ impl Attention {
     /// own row, so they are a prefill of those tokens', bit for bit,
     /// whenever its projections sum as this forward's do.
     ///
-    /// Errors: `xs` and `runs` differ in length; a snapshot's `at` is 0 or
-    /// past its `T`, or its cache is fp8 (an fp8 cache changes the
-    /// prefill's own attention, so no forward without one holds it); a
-    /// tensor failure.
+    /// Errors: a snapshot's `at` is 0 or past its `T`, or its cache is fp8
+    /// (an fp8 cache changes the prefill's own attention, so no forward
+    /// without one holds it); a tensor failure.
     pub fn forward_each(
         &self,
-        xs: &[&Tensor],
         rotary: &Rotary,
-        runs: Vec<(&Positions, StateUse<'_, KvCache>)>,
+        seqs: Vec<(&Tensor, &Positions, StateUse<'_, KvCache>)>,
     ) -> Result<Vec<Tensor>> {
-        if xs.len() != runs.len() {
-            return Err(candle_core::Error::Msg(format!(
-                "attention: {} sequences with {} caches",
-                xs.len(),
-                runs.len()
-            ))
-            .into());
-        }
+        let xs: Vec<&Tensor> = seqs.iter().map(|s| s.0).collect();
         let outs = self
-            .project(xs, Rows::Tokens)?
+            .project(&xs, Rows::Tokens)?
             .into_iter()
-            .zip(runs)
-            .map(|(p, (pos, cache))| {
+            .zip(seqs)
+            .map(|(p, (_, pos, cache))| {
                 if let StateUse::Snapshot { at, into } = &cache {
                     let t = p.q.dim(0)?;
                     if *at == 0 || *at > t || into.fp8 {

@@ -368,7 +368,7 @@ impl GatedDeltaNet {
         state: Option<&mut GdnState>,
     ) -> Result<Tensor> {
         let state = state.map_or(StateUse::Fresh, StateUse::Continue);
-        self.one(x, form, state, Rows::Tokens)
+        self.run_one(x, form, state, Rows::Tokens)
     }
 
     /// `S` single-token decode steps from `state` at once: `x` `[S, H]` (one
@@ -385,7 +385,7 @@ impl GatedDeltaNet {
             return Ok(Tensor::cat(&rows, 0)?);
         }
         let state = StateUse::Continue(state);
-        self.one(x, GdnForm::Recurrent, state, Rows::Steps)
+        self.run_one(x, GdnForm::Recurrent, state, Rows::Steps)
     }
 
     /// [`Self::forward`] of a fresh sequence `x` (`[T, H]`, `T ≥ at ≥ 1`),
@@ -400,11 +400,12 @@ impl GatedDeltaNet {
         at: usize,
         snap: &mut GdnState,
     ) -> Result<Tensor> {
-        self.one(x, form, StateUse::Snapshot { at, into: snap }, Rows::Tokens)
+        let snap = StateUse::Snapshot { at, into: snap };
+        self.run_one(x, form, snap, Rows::Tokens)
     }
 
     /// [`Self::forward`] (or [`Self::forward_snapshot`]) of independent
-    /// sequences `xs` (`[T_j, H]` each) with their forms and states, each
+    /// sequences (`[T_j, H]` each) with their forms and states, each
     /// output the bits of its own call: the products over the stacked rows
     /// where that is bitwise ([`apply_each`]), so each weight is read and
     /// widened once for all of them; the conv and the delta rule per
@@ -421,50 +422,49 @@ impl GatedDeltaNet {
     /// prefill's state, bit for bit, whenever its products sum as this
     /// forward's do.
     ///
-    /// Errors: `xs` and `runs` differ in length, a snapshot's `at` is 0 or
-    /// past its `T`, or a tensor failure.
+    /// Errors: a snapshot's `at` is 0 or past its `T`, or a tensor failure.
     pub fn forward_each(
         &self,
-        xs: &[&Tensor],
-        runs: Vec<(GdnForm, StateUse<'_, GdnState>)>,
+        seqs: Vec<(&Tensor, GdnForm, StateUse<'_, GdnState>)>,
+    ) -> Result<Vec<Tensor>> {
+        self.run(seqs, Rows::Tokens)
+    }
+
+    /// [`Self::forward_each`] on rows that are `rows`.
+    fn run(
+        &self,
+        seqs: Vec<(&Tensor, GdnForm, StateUse<'_, GdnState>)>,
         rows: Rows,
     ) -> Result<Vec<Tensor>> {
-        if xs.len() != runs.len() {
-            return Err(candle_core::Error::Msg(format!(
-                "delta rule: {} sequences with {} states",
-                xs.len(),
-                runs.len()
-            ))
-            .into());
-        }
+        let xs: Vec<&Tensor> = seqs.iter().map(|s| s.0).collect();
         let ys = self
-            .project(xs, rows)?
+            .project(&xs, rows)?
             .into_iter()
-            .zip(runs)
-            .map(|(p, (form, state))| match state {
-                StateUse::Fresh => self.mixed(p, form, &mut GdnState::zeros(&self.geo)),
-                StateUse::Continue(st) => self.mixed(p, form, st),
-                StateUse::Snapshot { at, into } => self.mixed_snapshot(p, form, at, into),
+            .zip(seqs)
+            .map(|(p, (_, form, state))| match state {
+                StateUse::Fresh => self.recurrence(p, form, &mut GdnState::zeros(&self.geo)),
+                StateUse::Continue(st) => self.recurrence(p, form, st),
+                StateUse::Snapshot { at, into } => self.recurrence_snapshot(p, form, at, into),
             })
             .collect::<Result<Vec<_>>>()?;
         let ys: Vec<&Tensor> = ys.iter().collect();
         apply_each(&self.out_proj, &ys, self.geo.prec, rows)
     }
 
-    /// [`Self::forward_each`] of one sequence.
-    fn one(
+    /// [`Self::run`] of one sequence.
+    fn run_one(
         &self,
         x: &Tensor,
         form: GdnForm,
         s: StateUse<'_, GdnState>,
         rows: Rows,
     ) -> Result<Tensor> {
-        Ok(self.forward_each(&[x], vec![(form, s)], rows)?.remove(0))
+        Ok(self.run(vec![(x, form, s)], rows)?.remove(0))
     }
 
     /// One sequence's projections through the conv, the delta rule from
     /// `st` and the gated norm: `[T, nv·dv]`, before `out_proj`.
-    fn mixed(&self, p: InProj, form: GdnForm, st: &mut GdnState) -> Result<Tensor> {
+    fn recurrence(&self, p: InProj, form: GdnForm, st: &mut GdnState) -> Result<Tensor> {
         let before = st.keep_block.then(|| st.recurrent.clone());
         let reset = st.reset_row.take();
         let (inp, z, padded) = self.prepare(p, &mut st.conv, reset)?;
@@ -481,9 +481,9 @@ impl GatedDeltaNet {
         self.gated(o, &inp, &z)
     }
 
-    /// [`Self::mixed`] of a fresh sequence, leaving in `snap` the state
-    /// after its first `at` tokens ([`Self::forward_each`]).
-    fn mixed_snapshot(
+    /// [`Self::recurrence`] of a fresh sequence, leaving in `snap` the
+    /// state after its first `at` tokens ([`Self::forward_each`]).
+    fn recurrence_snapshot(
         &self,
         p: InProj,
         form: GdnForm,
