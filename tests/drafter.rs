@@ -926,3 +926,47 @@ fn lock_step_replays_give_each_trajectorys_own_replay() {
         );
     }
 }
+
+/// Draft outputs of several drafters through one `lm_head` pass
+/// (`Drafter::logits_from_each`: the outputs of one precision stacked where
+/// the kernel sums each row as alone) are bitwise each output's own pass:
+/// single rows and short drafts (routes a stack would change), drafts long
+/// enough to stack, in bf16 and f32, interleaved.
+#[test]
+fn drafts_through_one_head_pass_give_each_alones_bits() {
+    let ckpt = Checkpoint::open(&format!("{PAIR}/target")).unwrap();
+    let target = loading::resolve(&ckpt, LoadingPath::CausalLm).unwrap();
+    let dir = format!("{PAIR}/drafter");
+    let bf16 = Drafter::load_dir(Path::new(&dir), 64, Precision::Bf16).unwrap();
+    let f32 = Drafter::load_dir(Path::new(&dir), 64, Precision::F32).unwrap();
+    let h = target.view.shape("lm_head.weight").unwrap()[1];
+    use Precision::{Bf16, F32};
+    let cases = [
+        (&bf16, Bf16, 1),
+        (&f32, F32, 70),
+        (&bf16, Bf16, 65),
+        (&bf16, Bf16, 16),
+        (&f32, F32, 1),
+        (&bf16, Bf16, 90),
+        (&f32, F32, 66),
+        (&bf16, Bf16, 7),
+    ];
+    let outs: Vec<Tensor> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (_, prec, rows))| common::hidden_input(*rows, h, 40 + i as u64, *prec))
+        .collect();
+    let each: Vec<(&Drafter, &Tensor)> = cases.iter().map(|(d, ..)| *d).zip(&outs).collect();
+    let together = Drafter::logits_from_each(&each, &target.view, target.dtype).unwrap();
+    assert_eq!(together.len(), each.len());
+    for (i, ((d, y), got)) in each.iter().zip(&together).enumerate() {
+        let alone = d.logits_from(y, &target.view, target.dtype).unwrap();
+        assert_eq!(got.dims(), alone.dims(), "draft {i}");
+        assert!(
+            common::bits(got) == common::bits(&alone),
+            "draft {i} ({} rows, {:?}) is not its own pass's bits",
+            cases[i].2,
+            cases[i].1
+        );
+    }
+}

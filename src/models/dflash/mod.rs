@@ -23,7 +23,7 @@ use crate::models::layers::gqa::grouped_matmul;
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::PlainRmsNorm;
 use crate::models::layers::rope::Rotary;
-use crate::models::layers::{linear, Matrix};
+use crate::models::layers::{apply_each, linear, Matrix, Rows};
 use crate::precision::Precision;
 pub use config::{DflashConfig, DraftLayerType};
 pub(crate) use context::narrow_pieces;
@@ -363,9 +363,11 @@ impl Drafter {
     }
 
     /// [`Self::logits_from`] of several drafters' outputs through one head,
-    /// reading it once for all of them: each chunk is made ready for the
-    /// products once and each output takes its own product with it, so each
-    /// result is bitwise its own call's.
+    /// reading it once for all of them: each chunk is read once, and the
+    /// outputs rounded to one precision go through it in one product over
+    /// their stacked rows wherever the kernel sums each row as alone
+    /// ([`apply_each`]: the chunk widened once, not once per draft), the
+    /// others each alone, so each result is bitwise its own call's.
     ///
     /// Errors: as [`Self::logits_from`].
     pub fn logits_from_each(
@@ -374,6 +376,12 @@ impl Drafter {
         head_prec: Precision,
     ) -> Result<Vec<Tensor>> {
         let mut parts: Vec<Vec<Tensor>> = each.iter().map(|_| Vec::new()).collect();
+        let mut precs: Vec<Precision> = Vec::new();
+        for (d, _) in each {
+            if !precs.contains(&d.prec) {
+                precs.push(d.prec);
+            }
+        }
         crate::models::text_model::for_each_vocab_chunk(
             head,
             "lm_head.weight",
@@ -382,8 +390,14 @@ impl Drafter {
                 // The chunk as bf16 pairs for the bf16 kernel where it
                 // applies; candle's sums on every CPU.
                 let w = w.with_candle_sums();
-                for ((d, y), p) in each.iter().zip(parts.iter_mut()) {
-                    p.push(w.linear(y, d.prec)?);
+                for &prec in &precs {
+                    let at: Vec<usize> = (0..each.len())
+                        .filter(|&i| each[i].0.prec == prec)
+                        .collect();
+                    let ys: Vec<&Tensor> = at.iter().map(|&i| each[i].1).collect();
+                    for (i, l) in at.into_iter().zip(apply_each(&w, &ys, prec, Rows::Tokens)?) {
+                        parts[i].push(l);
+                    }
                 }
                 Ok(())
             },
