@@ -119,12 +119,20 @@ pub fn draft_logits(
     ctx: &mut DraftContext,
 ) -> Result<Tensor> {
     let rows = |a: usize, e: usize| Ok(feats.narrow(0, a, e - a)?);
-    let y = draft_output(t, tokens, start, b, ctx, &rows)?;
+    let draft = DraftAt {
+        t,
+        tokens,
+        start,
+        b,
+        ctx,
+        rows: &rows,
+    };
+    let y = draft_outputs(vec![draft])?.remove(0);
     t.drafter.logits_from(&y, t.head, t.prec)
 }
 
 /// The greedy drafts (the argmax of each row) of several drafts through
-/// `t`'s `lm_head`, from their outputs (`draft_output`): the head read once
+/// `t`'s `lm_head`, from their outputs (`draft_outputs`): the head read once
 /// per 16 drafts instead of once per draft ([`Drafter::logits_from_each`]),
 /// each pass's logits dropped once its argmax is taken; each draft's logits
 /// bitwise [`draft_logits`]'s.
@@ -139,25 +147,6 @@ pub fn greedy_drafts(t: &DraftTarget, outs: &[Tensor]) -> Result<Vec<Vec<u32>>> 
         }
     }
     Ok(drafts)
-}
-
-/// The drafter's final-normed outputs `[b-1, H]` of the draft slots
-/// `[start+1 .. start+b)` ([`draft_logits`] before the `lm_head`), the
-/// context's features of positions `a..e` read as `rows(a, e)`
-/// ([`Drafter::forward_cached`]).
-pub(crate) fn draft_output(
-    t: &DraftTarget,
-    tokens: &[u32],
-    start: usize,
-    b: usize,
-    ctx: &mut DraftContext,
-    rows: &dyn Fn(usize, usize) -> Result<Tensor>,
-) -> Result<Tensor> {
-    let mut block = vec![t.drafter.cfg.mask_token_id; b];
-    block[0] = tokens[start];
-    let noise = t.weights.rows("embed_tokens.weight", &block, t.prec)?;
-    let y = t.drafter.forward_cached(&noise, start, ctx, rows)?;
-    Ok(y.narrow(0, 1, b - 1)?)
 }
 
 /// Tokens after `prompt_len + max_new` a replay under `rule` reads: the
@@ -556,8 +545,10 @@ pub fn tap_features(
     Ok(Tensor::cat(&parts, D::Minus1)?)
 }
 
+mod drafts;
 mod notes;
 mod rounds;
+pub(crate) use drafts::{draft_outputs, DraftAt};
 pub use notes::unread_finding;
 pub use rounds::{replay_jobs, ReplayJob};
 

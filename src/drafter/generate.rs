@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use super::eval::{draft_output, greedy_drafts, DraftTarget, EndRule};
+use super::eval::{draft_outputs, greedy_drafts, DraftAt, DraftTarget, EndRule};
 use super::faults::Faults;
 use super::target::{argmax_rows, Capture, Resume, Sequence, Step, StepOut, TargetModel};
 use crate::error::Result;
@@ -381,13 +381,13 @@ fn resume_points(
 }
 
 /// One drafted block per unfinished prompt, from its features: `(run,
-/// [last committed token, drafts…])`; the drafter's forward per prompt (its
-/// context's keys and values held across rounds, [`DraftContext`]), then
+/// [last committed token, drafts…])`; the drafter's forward of every
+/// prompt's block together (each prompt's context keys and values held
+/// across rounds, [`DraftContext`]; [`draft_outputs`]), then
 /// the drafts from one pass over the `lm_head` per 16 drafts
 /// ([`greedy_drafts`]).
 fn draft(dt: &DraftTarget, runs: &mut [Run], b: usize) -> Result<Vec<(usize, Vec<u32>)>> {
-    let mut live: Vec<(usize, usize)> = Vec::new();
-    let mut outs: Vec<Tensor> = Vec::new();
+    let mut live: Vec<(usize, usize, usize)> = Vec::new();
     for (i, r) in runs.iter_mut().enumerate() {
         if r.done() {
             // A finished lane drafts no more: its context's keys and values go.
@@ -395,14 +395,32 @@ fn draft(dt: &DraftTarget, runs: &mut [Run], b: usize) -> Result<Vec<(usize, Vec
             continue;
         }
         let start = r.seq.len();
-        let feats = &r.feats;
-        let rows = |a: usize, e: usize| Run::context_rows(feats, a, e);
-        let block = r.block(start, b);
-        outs.push(draft_output(
-            dt, &r.tokens, start, block, &mut r.ctx, &rows,
-        )?);
-        live.push((i, start));
+        live.push((i, start, r.block(start, b)));
     }
+    // The features as the drafts read them (the pieces shared, not copied).
+    let feats: Vec<Vec<Tensor>> = live.iter().map(|&(i, ..)| runs[i].feats.clone()).collect();
+    let rows: Vec<_> = feats
+        .iter()
+        .map(|f| move |a: usize, e: usize| Run::context_rows(f, a, e))
+        .collect();
+    let mut lanes: Vec<Option<&mut Run>> = runs.iter_mut().map(Some).collect();
+    let drafts = live
+        .iter()
+        .zip(&rows)
+        .map(|(&(i, start, block), rows)| {
+            let r = lanes[i].take().expect("one draft per lane");
+            DraftAt {
+                t: dt,
+                tokens: &r.tokens,
+                start,
+                b: block,
+                ctx: &mut r.ctx,
+                rows,
+            }
+        })
+        .collect();
+    let outs = draft_outputs(drafts)?;
+    let live: Vec<(usize, usize)> = live.iter().map(|&(i, start, _)| (i, start)).collect();
     Ok(live
         .iter()
         .zip(greedy_drafts(dt, &outs)?)

@@ -186,9 +186,10 @@ pub fn replay_jobs(
         .collect())
 }
 
-/// The drafts at `wanted` (job, (anchor, block slots)): the drafter's
-/// forward per draft (job j's context keys and values held in `ctxs[j]`),
-/// then the logits of all drafts through the same `lm_head` from one pass
+/// The drafts at `wanted` (job, (anchor, block slots)): the drafters'
+/// forwards of a batch's drafts together ([`super::draft_outputs`]; job j's
+/// context keys and values held in `ctxs[j]`, one draft per context in a
+/// batch), then the logits of all drafts through the same `lm_head` from one pass
 /// over it.
 fn draft_each(
     jobs: &[ReplayJob],
@@ -196,19 +197,45 @@ fn draft_each(
     wanted: &[(usize, (usize, usize))],
     budget: usize,
 ) -> Result<Vec<Drafted>> {
-    let mut outs: Vec<Tensor> = Vec::with_capacity(wanted.len());
-    for &(j, (start, b)) in wanted {
-        let job = &jobs[j];
-        let rows = |a: usize, e: usize| Ok(job.feats.narrow(0, a, e - a)?);
-        outs.push(super::draft_output(
-            job.target,
-            job.tokens,
-            start,
-            b,
-            &mut ctxs[j],
-            &rows,
-        )?);
+    let rows: Vec<_> = jobs
+        .iter()
+        .map(|job| move |a: usize, e: usize| Ok(job.feats.narrow(0, a, e - a)?))
+        .collect();
+    // A trajectory's second anchor in the pass waits for its first: each
+    // batch holds one draft per context, the k-th of each trajectory's.
+    let mut outs: Vec<Option<Tensor>> = vec![None; wanted.len()];
+    let mut seen = vec![0usize; jobs.len()];
+    let nth: Vec<usize> = wanted
+        .iter()
+        .map(|&(j, _)| {
+            seen[j] += 1;
+            seen[j] - 1
+        })
+        .collect();
+    for k in 0..nth.iter().max().map_or(0, |m| m + 1) {
+        let mut mine: Vec<Option<&mut DraftContext>> = ctxs.iter_mut().map(Some).collect();
+        let mut at = Vec::new();
+        let mut drafts = Vec::new();
+        for (i, &(j, (start, b))) in wanted.iter().enumerate().filter(|(i, _)| nth[*i] == k) {
+            let ctx = mine[j].take().expect("one draft per context in a batch");
+            drafts.push(super::DraftAt {
+                t: jobs[j].target,
+                tokens: jobs[j].tokens,
+                start,
+                b,
+                ctx,
+                rows: &rows[j],
+            });
+            at.push(i);
+        }
+        for (i, y) in at.into_iter().zip(super::draft_outputs(drafts)?) {
+            outs[i] = Some(y);
+        }
     }
+    let outs: Vec<Tensor> = outs
+        .into_iter()
+        .map(|y| y.expect("every draft is made"))
+        .collect();
     let mut logits: Vec<Option<Tensor>> = vec![None; wanted.len()];
     // Drafts through one head (the same source, rounded alike) share a pass.
     let mut left: Vec<usize> = (0..wanted.len()).collect();

@@ -18,7 +18,7 @@
 
 use candle_core::Tensor;
 
-use super::Drafter;
+use super::{BlockRun, Drafter};
 use crate::error::Result;
 use crate::models::layers::rows_batchable;
 
@@ -78,6 +78,21 @@ pub(crate) fn narrow_pieces(
     Ok(parts)
 }
 
+/// One draft of a batch ([`Drafter::forward_cached_each`]): the block
+/// `noise` (`[B, H]`) at anchor `start`, its trajectory's context `ctx`,
+/// and `rows(a, b)`, the target features `[b − a, K·H]` of positions
+/// `a..b`.
+pub struct CachedDraft<'a> {
+    /// The block's tokens embedded by the target.
+    pub noise: &'a Tensor,
+    /// The anchor's position.
+    pub start: usize,
+    /// The trajectory's context keys and values.
+    pub ctx: &'a mut DraftContext,
+    /// The context's features by positions.
+    pub rows: &'a dyn Fn(usize, usize) -> Result<Tensor>,
+}
+
 impl Drafter {
     /// [`Drafter::forward`] of the block `noise` (`[B, H]`) at anchor `start`
     /// with the context rows `0..start`, reading the keys and values of the
@@ -95,53 +110,74 @@ impl Drafter {
         ctx: &mut DraftContext,
         rows: &dyn Fn(usize, usize) -> Result<Tensor>,
     ) -> Result<Tensor> {
-        let b = noise.dim(0)?;
-        let Some(from) = self.cached_from(ctx.len.min(start), start, b) else {
-            return self.forward(noise, &rows(0, start)?, 0, start);
+        let draft = CachedDraft {
+            noise,
+            start,
+            ctx,
+            rows,
         };
-        let fresh = start - from;
-        let c_proj = if fresh > 0 {
-            Some(self.project_context(&rows(from, start)?)?)
-        } else {
-            None
-        };
-        let held = ctx.len;
-        // Rows past those held, per layer: kept once the forward succeeds.
-        let mut added: Vec<(Tensor, Tensor)> = Vec::new();
-        let layers = &ctx.kv;
-        let mut keys = |i: usize, k: Tensor, v: Tensor| -> Result<(Tensor, Tensor)> {
-            let (mut ks, mut vs) = match layers.get(i) {
-                Some((kp, vp)) => (
-                    narrow_pieces(kp, 2, 0, start)?,
-                    narrow_pieces(vp, 2, 0, start)?,
-                ),
-                None => (Vec::new(), Vec::new()),
-            };
-            if start > held {
-                let (a, n) = (held - from, start - held);
-                // Copies: a view would keep this forward's whole K and V alive.
-                let k_new = k.narrow(2, a, n)?.force_contiguous()?;
-                let v_new = v.narrow(2, a, n)?.force_contiguous()?;
-                ks.push(k_new.clone());
-                vs.push(v_new.clone());
-                added.push((k_new, v_new));
+        Ok(self.forward_cached_each(vec![draft])?.remove(0))
+    }
+
+    /// [`Self::forward_cached`] of several drafts, each bitwise its own
+    /// call's, the drafter's layers read once for all of them
+    /// (`Drafter::run_layers_each`: the products over their stacked rows
+    /// where the kernel sums each row as alone). Each draft reads its
+    /// context as held before the call (each holds its own `&mut`, so no
+    /// two share one). On an error no context changes.
+    ///
+    /// Errors: as [`Self::forward_cached`].
+    pub fn forward_cached_each(&self, mut drafts: Vec<CachedDraft<'_>>) -> Result<Vec<Tensor>> {
+        // Per draft: the first context row it projects and whether it reads
+        // the held ones (else it runs on the whole context, as `forward`).
+        let mut plans = Vec::with_capacity(drafts.len());
+        let mut fresh_rows = Vec::new();
+        for d in &drafts {
+            let plan = self.cached_from(d.ctx.len.min(d.start), d.start, d.noise.dim(0)?);
+            let from = plan.unwrap_or(0);
+            if plan.is_none() || d.start > from {
+                fresh_rows.push((d.rows)(from, d.start)?);
             }
-            ks.push(k.narrow(2, fresh, b)?);
-            vs.push(v.narrow(2, fresh, b)?);
-            Ok((Tensor::cat(&ks, 2)?, Tensor::cat(&vs, 2)?))
-        };
-        let y = self.run_layers(noise, c_proj.as_ref(), from, start, start, &mut keys)?;
-        for (i, (k, v)) in added.into_iter().enumerate() {
-            match ctx.kv.get_mut(i) {
-                Some((kp, vp)) => {
-                    kp.push(k);
-                    vp.push(v);
-                }
-                None => ctx.kv.push((vec![k], vec![v])),
-            }
+            plans.push(plan);
         }
-        ctx.len = ctx.len.max(start);
-        Ok(y)
+        let mut projected = self
+            .project_context_each(&fresh_rows.iter().collect::<Vec<_>>())?
+            .into_iter();
+        let mut c_projs = Vec::with_capacity(drafts.len());
+        for (d, plan) in drafts.iter().zip(&plans) {
+            let projects = plan.is_none_or(|from| d.start > from);
+            c_projs.push(if projects { projected.next() } else { None });
+        }
+        // Rows past those held, per draft and layer: kept once all succeed.
+        let mut added: Vec<Vec<(Tensor, Tensor)>> = drafts.iter().map(|_| Vec::new()).collect();
+        let ys = {
+            let mut runs = Vec::with_capacity(drafts.len());
+            let each = drafts.iter().zip(&plans).zip(c_projs).zip(added.iter_mut());
+            for (((d, plan), c_proj), added) in each {
+                runs.push(match (*plan, c_proj) {
+                    (None, Some(c_proj)) => BlockRun::whole(d.noise, c_proj, 0, d.start)?,
+                    (Some(from), c_proj) => cached_run(d, from, c_proj, added)?,
+                    (None, None) => unreachable!("a whole-context draft projects its rows"),
+                });
+            }
+            self.run_layers_each(&mut runs)?
+        };
+        for ((d, plan), added) in drafts.iter_mut().zip(&plans).zip(added) {
+            if plan.is_none() {
+                continue;
+            }
+            for (i, (k, v)) in added.into_iter().enumerate() {
+                match d.ctx.kv.get_mut(i) {
+                    Some((kp, vp)) => {
+                        kp.push(k);
+                        vp.push(v);
+                    }
+                    None => d.ctx.kv.push((vec![k], vec![v])),
+                }
+            }
+            d.ctx.len = d.ctx.len.max(d.start);
+        }
+        Ok(ys)
     }
 
     /// The first context row a cached forward at anchor `start` projects,
@@ -168,4 +204,48 @@ impl Drafter {
         }
         Some(from)
     }
+}
+
+/// The run of a draft that reads its context's held keys and values
+/// (positions `0..from` of them) and projects the rows `from..start`
+/// (`c_proj`, none when `from == start`): each layer's keys and values are
+/// the held ones before `start`, then the run's; the rows past those held
+/// go to `added` (one entry per layer), for the caller to keep.
+fn cached_run<'k>(
+    d: &'k CachedDraft<'_>,
+    from: usize,
+    c_proj: Option<Tensor>,
+    added: &'k mut Vec<(Tensor, Tensor)>,
+) -> Result<BlockRun<'k>> {
+    let (start, held, layers) = (d.start, d.ctx.len, &d.ctx.kv);
+    let (fresh, b) = (start - from, d.noise.dim(0)?);
+    let keys = move |i: usize, k: Tensor, v: Tensor| -> Result<(Tensor, Tensor)> {
+        let (mut ks, mut vs) = match layers.get(i) {
+            Some((kp, vp)) => (
+                narrow_pieces(kp, 2, 0, start)?,
+                narrow_pieces(vp, 2, 0, start)?,
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
+        if start > held {
+            let (a, n) = (held - from, start - held);
+            // Copies: a view would keep this forward's whole K and V alive.
+            let k_new = k.narrow(2, a, n)?.force_contiguous()?;
+            let v_new = v.narrow(2, a, n)?.force_contiguous()?;
+            ks.push(k_new.clone());
+            vs.push(v_new.clone());
+            added.push((k_new, v_new));
+        }
+        ks.push(k.narrow(2, fresh, b)?);
+        vs.push(v.narrow(2, fresh, b)?);
+        Ok((Tensor::cat(&ks, 2)?, Tensor::cat(&vs, 2)?))
+    };
+    Ok(BlockRun {
+        noise: d.noise.clone(),
+        c_proj,
+        ctx_start: from,
+        block_start: start,
+        keys_before: start,
+        keys: Box::new(keys),
+    })
 }

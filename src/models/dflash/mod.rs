@@ -23,11 +23,11 @@ use crate::models::layers::gqa::grouped_matmul;
 use crate::models::layers::mlp::Mlp;
 use crate::models::layers::norm::PlainRmsNorm;
 use crate::models::layers::rope::Rotary;
-use crate::models::layers::{apply_each, linear, Matrix, Rows};
+use crate::models::layers::{apply_each, each_stacked, linear, Matrix, Rows};
 use crate::precision::Precision;
 pub use config::{DflashConfig, DraftLayerType};
 pub(crate) use context::narrow_pieces;
-pub use context::DraftContext;
+pub use context::{CachedDraft, DraftContext};
 pub use weights::DrafterWeights;
 
 /// Checks that `name` exists with shape `want` (from its header, not read).
@@ -54,6 +54,58 @@ struct DraftLayer {
     post_attention_layernorm: PlainRmsNorm,
     mlp: Mlp,
     layer_type: DraftLayerType,
+}
+
+/// One block through the drafter's layers ([`Drafter::run_layers_each`]).
+struct BlockRun<'k> {
+    /// `[B, H]`: the block's tokens embedded by the target.
+    noise: Tensor,
+    /// `hidden_norm(fc(ctx))` of the context rows this run projects.
+    c_proj: Option<Tensor>,
+    /// Position of `c_proj`'s first row.
+    ctx_start: usize,
+    /// Position of the block's first row.
+    block_start: usize,
+    /// Context keys the block attends to before its own.
+    keys_before: usize,
+    /// Layer i's keys and values of the projected rows → those attended to.
+    #[allow(clippy::type_complexity)]
+    keys: Box<dyn FnMut(usize, Tensor, Tensor) -> Result<(Tensor, Tensor)> + 'k>,
+}
+
+impl BlockRun<'_> {
+    /// A block attending to exactly the context rows `c_proj` projects.
+    fn whole(noise: &Tensor, c_proj: Tensor, ctx_start: usize, block_start: usize) -> Result<Self> {
+        Ok(Self {
+            noise: noise.clone(),
+            keys_before: c_proj.dim(0)?,
+            c_proj: Some(c_proj),
+            ctx_start,
+            block_start,
+            keys: Box::new(|_, k, v| Ok((k, v))),
+        })
+    }
+}
+
+/// A run's RoPE tables and sliding-window mask ([`Drafter::geometry`]).
+struct Geometry {
+    b: usize,
+    c: usize,
+    cos: Tensor,
+    sin: Tensor,
+    cos_q: Tensor,
+    sin_q: Tensor,
+    sliding: Option<Tensor>,
+}
+
+/// `f` on each tensor of `xs`.
+fn each(xs: &[Tensor], f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Vec<Tensor>> {
+    xs.iter().map(f).collect()
+}
+
+/// The tensors as references (the batched products' argument).
+fn refs(xs: &[Tensor]) -> Vec<&Tensor> {
+    xs.iter().collect()
 }
 
 /// A drafter: its config and its weights in their stored dtype, its linear
@@ -227,100 +279,155 @@ impl Drafter {
         ctx_start: usize,
         block_start: usize,
     ) -> Result<Tensor> {
-        let c_proj = self.project_context(ctx)?;
-        let c = ctx.dim(0)?;
-        let mut whole = |_: usize, k: Tensor, v: Tensor| Ok((k, v));
-        self.run_layers(noise, Some(&c_proj), ctx_start, block_start, c, &mut whole)
+        let c_proj = self.project_context_each(&[ctx])?.remove(0);
+        let mut run = BlockRun::whole(noise, c_proj, ctx_start, block_start)?;
+        Ok(self
+            .run_layers_each(std::slice::from_mut(&mut run))?
+            .remove(0))
     }
 
-    /// `hidden_norm(fc(ctx))`: the context rows every layer's `k_proj` and
-    /// `v_proj` read.
-    fn project_context(&self, ctx: &Tensor) -> Result<Tensor> {
+    /// `hidden_norm(fc(ctx))` of each of `ctxs`: the context rows every
+    /// layer's `k_proj` and `v_proj` read; `fc` over the stacked rows where
+    /// the kernel sums each row as alone ([`apply_each`]).
+    fn project_context_each(&self, ctxs: &[&Tensor]) -> Result<Vec<Tensor>> {
         let p = self.prec;
         let hidden_norm =
             PlainRmsNorm::load(&self.weights, "hidden_norm", self.cfg.rms_norm_eps, p)?;
-        hidden_norm.forward(&self.mat("fc.weight")?.linear(ctx, p)?)
+        apply_each(&self.mat("fc.weight")?, ctxs, p, Rows::Tokens)?
+            .iter()
+            .map(|y| hidden_norm.forward(y))
+            .collect()
     }
 
-    /// The layers and the final norm over the block `noise` at positions
-    /// `block_start..`, with the projected context rows `c_proj` (positions
-    /// `ctx_start..`, none when `None`) projected by each layer's `k_proj`
-    /// and `v_proj` in one product with the block. `keys(i, k, v)` turns
+    /// The layers and the final norm over each run's block, every layer
+    /// read once for all of them: its products over the blocks' stacked
+    /// rows where the kernel sums each row as alone ([`apply_each`],
+    /// [`each_stacked`]), the norms, RoPE and attention per block, so each
+    /// output is bitwise its run's alone. A run's context rows `c_proj`
+    /// (positions `ctx_start..`) are projected by each layer's `k_proj` and
+    /// `v_proj` in one product with its block; its `keys(i, k, v)` turns
     /// layer i's keys and values of those rows (`[1, kv heads, rows,
     /// head_dim]`, `k_norm` and RoPE applied) into the `keys_before` context
     /// keys and values followed by the block's that the block attends to.
-    fn run_layers(
-        &self,
-        noise: &Tensor,
-        c_proj: Option<&Tensor>,
-        ctx_start: usize,
-        block_start: usize,
-        keys_before: usize,
-        keys: &mut dyn FnMut(usize, Tensor, Tensor) -> Result<(Tensor, Tensor)>,
-    ) -> Result<Tensor> {
+    fn run_layers_each(&self, runs: &mut [BlockRun<'_>]) -> Result<Vec<Tensor>> {
         let p = self.prec;
-        let b = noise.dim(0)?;
-        let c = match c_proj {
+        let geo = runs
+            .iter()
+            .map(|r| self.geometry(r))
+            .collect::<Result<Vec<_>>>()?;
+        let mut xs: Vec<Tensor> = runs.iter().map(|r| r.noise.clone()).collect();
+        for i in 0..self.cfg.num_hidden_layers {
+            let layer = self.layer(i)?;
+            let hs = each(&xs, |x| layer.input_layernorm.forward(x))?;
+            let qs = apply_each(&layer.q_proj, &refs(&hs), p, Rows::Tokens)?;
+            let kv_in = runs
+                .iter()
+                .zip(&hs)
+                .map(|(r, h)| match &r.c_proj {
+                    Some(c) => Ok(Tensor::cat(&[c, h], 0)?),
+                    None => Ok(h.clone()),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let ks = apply_each(&layer.k_proj, &refs(&kv_in), p, Rows::Tokens)?;
+            let vs = apply_each(&layer.v_proj, &refs(&kv_in), p, Rows::Tokens)?;
+            let mut attn = Vec::with_capacity(runs.len());
+            for (j, r) in runs.iter_mut().enumerate() {
+                let (q, k, v) = (&qs[j], &ks[j], &vs[j]);
+                attn.push(self.attend(&layer, &geo[j], (q, k, v), |k, v| (r.keys)(i, k, v))?);
+            }
+            let os = apply_each(&layer.o_proj, &refs(&attn), p, Rows::Tokens)?;
+            let mid = xs
+                .iter()
+                .zip(os)
+                .map(|(x, o)| p.round(&(x + o)?))
+                .collect::<Result<Vec<_>>>()?;
+            let h2 = each(&mid, |x| layer.post_attention_layernorm.forward(x))?;
+            let ms = each_stacked(
+                &refs(&h2),
+                |t| layer.mlp.rows_batchable(t),
+                |x| layer.mlp.forward(x),
+            )?;
+            xs = mid
+                .iter()
+                .zip(ms)
+                .map(|(x, m)| p.round(&(x + m)?))
+                .collect::<Result<Vec<_>>>()?;
+        }
+        let norm = PlainRmsNorm::load(&self.weights, "norm", self.cfg.rms_norm_eps, p)?;
+        each(&xs, |x| norm.forward(x))
+    }
+
+    /// A run's positions: RoPE's tables over its context and block rows,
+    /// and the sliding-window mask its sliding layers share.
+    fn geometry(&self, r: &BlockRun<'_>) -> Result<Geometry> {
+        let b = r.noise.dim(0)?;
+        let c = match &r.c_proj {
             Some(t) => t.dim(0)?,
             None => 0,
         };
-        let (nh, nkv, hd) = (
-            self.cfg.num_attention_heads,
-            self.cfg.num_key_value_heads,
-            self.cfg.head_dim,
-        );
-        let positions: Vec<usize> = (ctx_start..ctx_start + c)
-            .chain(block_start..block_start + b)
+        let positions: Vec<usize> = (r.ctx_start..r.ctx_start + c)
+            .chain(r.block_start..r.block_start + b)
             .collect();
-        let (cos, sin) = self.rotary.cos_sin(&positions, noise.device())?;
+        let (cos, sin) = self.rotary.cos_sin(&positions, r.noise.device())?;
         let (cos_q, sin_q) = (cos.narrow(0, c, b)?, sin.narrow(0, c, b)?);
-        let scale = (hd as f64).powf(-0.5);
-        // One sliding-window mask per forward, shared by the sliding layers.
         let sliding = if self
             .cfg
             .layer_types
             .contains(&DraftLayerType::SlidingAttention)
         {
-            Some(self.sliding_mask(b, keys_before, noise.device())?)
+            Some(self.sliding_mask(b, r.keys_before, r.noise.device())?)
         } else {
             None
         };
-        let mut x = noise.clone();
-        for i in 0..self.cfg.num_hidden_layers {
-            let layer = self.layer(i)?;
-            let h = layer.input_layernorm.forward(&x)?;
-            let q = layer
-                .q_norm
-                .forward(&layer.q_proj.linear(&h, p)?.reshape((b, nh, hd))?)?;
-            let kv_in = match c_proj {
-                Some(c_proj) => Tensor::cat(&[c_proj, &h], 0)?,
-                None => h.clone(),
-            };
-            let k = layer
-                .k_norm
-                .forward(&layer.k_proj.linear(&kv_in, p)?.reshape((c + b, nkv, hd))?)?;
-            let v = layer.v_proj.linear(&kv_in, p)?.reshape((c + b, nkv, hd))?;
-            let q = q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
-            let k = k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
-            let v = v.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
-            let q = self.rotary.apply(&q, &cos_q, &sin_q, p)?;
-            let k = self.rotary.apply(&k, &cos, &sin, p)?;
-            let (k, v) = keys(i, k, v)?;
-            // repeat_kv's heads without the copies (`gqa`).
-            let kt = k.t()?.contiguous()?;
-            let mut scores = p.round(&(p.round(&grouped_matmul(&q, &kt)?)? * scale)?)?;
-            if let (DraftLayerType::SlidingAttention, Some(mask)) = (layer.layer_type, &sliding) {
-                scores = scores.broadcast_add(mask)?;
-            }
-            let probs = p.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
-            let a = p.round(&grouped_matmul(&probs, &v)?)?;
-            let a = a.squeeze(0)?.transpose(0, 1)?.reshape((b, nh * hd))?;
-            x = p.round(&(x + layer.o_proj.linear(&a, p)?)?)?;
-            let h2 = layer.post_attention_layernorm.forward(&x)?;
-            let m = layer.mlp.forward(&h2)?;
-            x = p.round(&(x + m)?)?;
+        Ok(Geometry {
+            b,
+            c,
+            cos,
+            sin,
+            cos_q,
+            sin_q,
+            sliding,
+        })
+    }
+
+    /// One block's attention in `layer` from its projections `(q, k, v)`
+    /// (`[B, heads·head_dim]`, `[C + B, kv heads·head_dim]` twice): the
+    /// norms and RoPE, `keys(k, v)` for the keys and values it attends to,
+    /// the scores and the weighted values `[B, heads·head_dim]`, before
+    /// `o_proj`.
+    fn attend(
+        &self,
+        layer: &DraftLayer,
+        g: &Geometry,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        mut keys: impl FnMut(Tensor, Tensor) -> Result<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let p = self.prec;
+        let (b, c) = (g.b, g.c);
+        let (nh, nkv, hd) = (
+            self.cfg.num_attention_heads,
+            self.cfg.num_key_value_heads,
+            self.cfg.head_dim,
+        );
+        let scale = (hd as f64).powf(-0.5);
+        let q = layer.q_norm.forward(&q.reshape((b, nh, hd))?)?;
+        let k = layer.k_norm.forward(&k.reshape((c + b, nkv, hd))?)?;
+        let v = v.reshape((c + b, nkv, hd))?;
+        let q = q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
+        let k = k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
+        let v = v.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
+        let q = self.rotary.apply(&q, &g.cos_q, &g.sin_q, p)?;
+        let k = self.rotary.apply(&k, &g.cos, &g.sin, p)?;
+        let (k, v) = keys(k, v)?;
+        // repeat_kv's heads without the copies (`gqa`).
+        let kt = k.t()?.contiguous()?;
+        let mut scores = p.round(&(p.round(&grouped_matmul(&q, &kt)?)? * scale)?)?;
+        if let (DraftLayerType::SlidingAttention, Some(mask)) = (layer.layer_type, &g.sliding) {
+            scores = scores.broadcast_add(mask)?;
         }
-        PlainRmsNorm::load(&self.weights, "norm", self.cfg.rms_norm_eps, p)?.forward(&x)
+        let probs = p.round(&candle_nn::ops::softmax_last_dim(&scores)?)?;
+        let a = p.round(&grouped_matmul(&probs, &v)?)?;
+        Ok(a.squeeze(0)?.transpose(0, 1)?.reshape((b, nh * hd))?)
     }
 
     /// The wheel's `_attention_mask(is_causal=True, sliding_window=W)` over
