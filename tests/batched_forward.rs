@@ -586,7 +586,9 @@ fn cached_draft_context_gives_the_whole_context_forward() {
 /// call does: a fresh context, held ones read in part or re-projected,
 /// ones too short for the cache (the whole-context forward; the shortest
 /// take candle's row-at-a-time route, which a stack would change), full and
-/// shortened blocks, on the drafters of the test above, in bf16 and f32.
+/// shortened blocks, each draft its own features, on the drafters of the
+/// test above, in bf16 and f32; a draft whose features fail fails the
+/// batch and leaves every context of it as it was.
 #[test]
 fn drafts_through_the_layers_together_give_each_alones_bits() {
     use hsparity::models::dflash::{CachedDraft, DraftContext, Drafter};
@@ -613,36 +615,43 @@ fn drafts_through_the_layers_together_give_each_alones_bits() {
             let hidden = if what == "toy" { 64 } else { 128 };
             let d = Drafter::load_dir(&path, hidden, prec).unwrap();
             let (h, k) = (d.cfg.hidden_size, d.cfg.target_layer_ids.len());
-            let feats = input(160, k * h, 7, prec);
-            let rows = |a: usize, e: usize| Ok(feats.narrow(0, a, e - a)?);
+            // Each draft its own features (as each trajectory has).
+            let feats: Vec<Tensor> = (0..cases.len())
+                .map(|i| input(160, k * h, 7 + i as u64, prec))
+                .collect();
+            let rows: Vec<_> = feats
+                .iter()
+                .map(|f| move |a: usize, e: usize| Ok(f.narrow(0, a, e - a)?))
+                .collect();
             let noises: Vec<Tensor> = (0..cases.len())
                 .map(|i| input(cases[i].2, h, 90 + i as u64, prec))
                 .collect();
-            let warm = |held: Option<usize>| {
+            let warm = |i: usize| {
                 let mut ctx = DraftContext::new();
-                if let Some(a) = held {
+                if let Some(a) = cases[i].0 {
                     let noise = input(8, h, 3, prec);
-                    d.forward_cached(&noise, a, &mut ctx, &rows).unwrap();
+                    d.forward_cached(&noise, a, &mut ctx, &rows[i]).unwrap();
                 }
                 ctx
             };
-            let mut together: Vec<DraftContext> = cases.iter().map(|c| warm(c.0)).collect();
-            let mut alone: Vec<DraftContext> = cases.iter().map(|c| warm(c.0)).collect();
+            let mut together: Vec<DraftContext> = (0..cases.len()).map(warm).collect();
+            let mut alone: Vec<DraftContext> = (0..cases.len()).map(warm).collect();
             let drafts = together
                 .iter_mut()
                 .zip(&cases)
                 .zip(&noises)
-                .map(|((ctx, c), noise)| CachedDraft {
+                .zip(&rows)
+                .map(|(((ctx, c), noise), rows)| CachedDraft {
                     noise,
                     start: c.1,
                     ctx,
-                    rows: &rows,
+                    rows,
                 })
                 .collect();
             let ys = d.forward_cached_each(drafts).unwrap();
             let each = cases.iter().zip(&noises).zip(alone.iter_mut());
             for (i, ((c, noise), ctx)) in each.enumerate() {
-                let want = d.forward_cached(noise, c.1, ctx, &rows).unwrap();
+                let want = d.forward_cached(noise, c.1, ctx, &rows[i]).unwrap();
                 assert!(
                     bits_of(&ys[i]) == bits_of(&want),
                     "{what} {prec:?} draft {i} {c:?}: not its own forward's bits"
@@ -654,12 +663,38 @@ fn drafts_through_the_layers_together_give_each_alones_bits() {
                 assert_eq!(t.len(), a.len(), "{what} {prec:?} context {i}");
                 let noise = input(8, h, 5, prec);
                 let (yt, ya) = (
-                    d.forward_cached(&noise, 150, t, &rows).unwrap(),
-                    d.forward_cached(&noise, 150, a, &rows).unwrap(),
+                    d.forward_cached(&noise, 150, t, &rows[i]).unwrap(),
+                    d.forward_cached(&noise, 150, a, &rows[i]).unwrap(),
                 );
                 let same = bits_of(&yt) == bits_of(&ya);
                 assert!(same, "{what} {prec:?} context {i} after");
             }
+            // A draft whose features cannot be read fails the batch, and no
+            // context of it changes.
+            let mut ctxs: Vec<DraftContext> = (0..cases.len()).map(warm).collect();
+            let held: Vec<usize> = ctxs.iter().map(|c| c.len()).collect();
+            let broken = |_: usize, _: usize| -> hsparity::error::Result<Tensor> {
+                Err(hsparity::error::Error::Config("features unreadable".into()))
+            };
+            let drafts = ctxs
+                .iter_mut()
+                .zip(&cases)
+                .zip(&noises)
+                .enumerate()
+                .map(|(i, ((ctx, c), noise))| CachedDraft {
+                    noise,
+                    start: c.1,
+                    ctx,
+                    rows: if i == 4 { &broken } else { &rows[i] },
+                })
+                .collect();
+            let e = d.forward_cached_each(drafts).unwrap_err().to_string();
+            assert!(e.contains("features unreadable"), "{e}");
+            let after: Vec<usize> = ctxs.iter().map(|c| c.len()).collect();
+            assert_eq!(
+                after, held,
+                "{what} {prec:?}: a failed batch changed a context"
+            );
         }
     }
 }

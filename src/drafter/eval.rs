@@ -119,7 +119,7 @@ pub fn draft_logits(
     ctx: &mut DraftContext,
 ) -> Result<Tensor> {
     let rows = |a: usize, e: usize| Ok(feats.narrow(0, a, e - a)?);
-    let draft = DraftAt {
+    let draft = DraftRequest {
         t,
         tokens,
         start,
@@ -548,7 +548,7 @@ pub fn tap_features(
 mod drafts;
 mod notes;
 mod rounds;
-pub(crate) use drafts::{draft_outputs, DraftAt};
+pub(crate) use drafts::{draft_outputs, DraftRequest};
 pub use notes::unread_finding;
 pub use rounds::{replay_jobs, ReplayJob};
 

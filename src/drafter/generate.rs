@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use super::eval::{draft_outputs, greedy_drafts, DraftAt, DraftTarget, EndRule};
+use super::eval::{draft_outputs, greedy_drafts, DraftRequest, DraftTarget, EndRule};
 use super::faults::Faults;
 use super::target::{argmax_rows, Capture, Resume, Sequence, Step, StepOut, TargetModel};
 use crate::error::Result;
@@ -409,7 +409,7 @@ fn draft(dt: &DraftTarget, runs: &mut [Run], b: usize) -> Result<Vec<(usize, Vec
         .zip(&rows)
         .map(|(&(i, start, block), rows)| {
             let r = lanes[i].take().expect("one draft per lane");
-            DraftAt {
+            DraftRequest {
                 t: dt,
                 tokens: &r.tokens,
                 start,

@@ -1,6 +1,7 @@
 //! The drafter's outputs of a round's drafts ([`draft_outputs`]): the
 //! drafts of one drafter through its layers together, so each of its
-//! weights is read (and widened) once per round instead of once per draft.
+//! weights is read (and widened) once per batch of drafts instead of once
+//! per draft.
 
 use candle_core::Tensor;
 
@@ -12,7 +13,7 @@ use crate::models::dflash::{CachedDraft, DraftContext};
 /// trajectory's tokens, the anchor `start` and the block's `b` slots, the
 /// trajectory's context, and the context's features of positions `a..e` as
 /// `rows(a, e)`.
-pub(crate) struct DraftAt<'a> {
+pub(crate) struct DraftRequest<'a> {
     pub(crate) t: &'a DraftTarget<'a>,
     pub(crate) tokens: &'a [u32],
     pub(crate) start: usize,
@@ -22,15 +23,15 @@ pub(crate) struct DraftAt<'a> {
 }
 
 /// Each draft's final-normed outputs `[b-1, H]` of its draft slots
-/// `[start+1 .. start+b)` ([`super::draft_logits`] before the `lm_head`): the
-/// drafts of one drafter through its layers together, each bitwise its own
-/// forward
-/// ([`crate::models::dflash::Drafter::forward_cached_each`]). No two drafts share a
-/// context (each `&mut`).
-pub(crate) fn draft_outputs(drafts: Vec<DraftAt<'_>>) -> Result<Vec<Tensor>> {
+/// `[start+1 .. start+b)` ([`super::draft_logits`] before the
+/// `lm_head`): the drafts of one drafter through its layers together, each
+/// bitwise its own forward
+/// ([`crate::models::dflash::Drafter::forward_cached_each`]). No two
+/// drafts share a context (each holds its own `&mut`).
+pub(crate) fn draft_outputs(drafts: Vec<DraftRequest<'_>>) -> Result<Vec<Tensor>> {
     let n = drafts.len();
     let mut out: Vec<Option<Tensor>> = vec![None; n];
-    let mut left: Vec<(usize, DraftAt)> = drafts.into_iter().enumerate().collect();
+    let mut left: Vec<(usize, DraftRequest)> = drafts.into_iter().enumerate().collect();
     while let Some(first) = left.first() {
         let drafter = first.1.t.drafter;
         let (these, rest): (Vec<_>, Vec<_>) = left

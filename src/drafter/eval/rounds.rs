@@ -2,9 +2,11 @@
 //! ([`replay_jobs`]). Each trajectory's two walks stop at anchors; a round
 //! drafts every anchor some walk waits at (once, however many walks wait
 //! there: DFlash and DDTree start at the same anchor and meet again
-//! wherever their acceptances sum alike), and the drafts of a round through
-//! the same `lm_head` read it in one pass per [`MAX_DRAFTS_PER_PASS`]
-//! ([`Drafter::logits_from_each`]), instead of once per draft. Each draft
+//! wherever their acceptances sum alike). The drafts of a pass (at most
+//! [`MAX_DRAFTS_PER_PASS`]) go through the drafter together, one per
+//! trajectory's context at a time ([`super::draft_outputs`]), and through
+//! the same `lm_head` in one read of it ([`Drafter::logits_from_each`]),
+//! instead of each alone. Each draft
 //! and each logit is the same computation as a replay of its own gives
 //! ([`super::replay_dflash`], [`super::replay_ddtree`]), so the results are
 //! theirs bit for bit.
@@ -213,12 +215,14 @@ fn draft_each(
         })
         .collect();
     for k in 0..nth.iter().max().map_or(0, |m| m + 1) {
-        let mut mine: Vec<Option<&mut DraftContext>> = ctxs.iter_mut().map(Some).collect();
-        let mut at = Vec::new();
+        let mut free_ctxs: Vec<Option<&mut DraftContext>> = ctxs.iter_mut().map(Some).collect();
+        let mut index = Vec::new();
         let mut drafts = Vec::new();
         for (i, &(j, (start, b))) in wanted.iter().enumerate().filter(|(i, _)| nth[*i] == k) {
-            let ctx = mine[j].take().expect("one draft per context in a batch");
-            drafts.push(super::DraftAt {
+            let ctx = free_ctxs[j]
+                .take()
+                .expect("one draft per context in a batch");
+            drafts.push(super::DraftRequest {
                 t: jobs[j].target,
                 tokens: jobs[j].tokens,
                 start,
@@ -226,9 +230,9 @@ fn draft_each(
                 ctx,
                 rows: &rows[j],
             });
-            at.push(i);
+            index.push(i);
         }
-        for (i, y) in at.into_iter().zip(super::draft_outputs(drafts)?) {
+        for (i, y) in index.into_iter().zip(super::draft_outputs(drafts)?) {
             outs[i] = Some(y);
         }
     }

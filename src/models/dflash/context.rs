@@ -20,7 +20,7 @@ use candle_core::Tensor;
 
 use super::{BlockRun, Drafter};
 use crate::error::Result;
-use crate::models::layers::rows_batchable;
+use crate::models::layers::{rows_batchable, MAX_STACK_ROWS};
 
 /// One trajectory's context keys and values of every draft layer, at
 /// positions `0..len` ([`Drafter::forward_cached`]). Start one per
@@ -120,14 +120,44 @@ impl Drafter {
     }
 
     /// [`Self::forward_cached`] of several drafts, each bitwise its own
-    /// call's, the drafter's layers read once for all of them
+    /// call's, the drafter's layers read once for a batch of them
     /// (`Drafter::run_layers_each`: the products over their stacked rows
-    /// where the kernel sums each row as alone). Each draft reads its
-    /// context as held before the call (each holds its own `&mut`, so no
-    /// two share one). On an error no context changes.
+    /// where the kernel sums each row as alone). Batches are consecutive
+    /// drafts whose projected rows (context and block) come to at most
+    /// [`MAX_STACK_ROWS`]; a longer draft, or any draft of a drafter held
+    /// off the CPU (whose products never stack), runs alone. Each draft
+    /// reads its context as held before the call (each holds its own
+    /// `&mut`, so no two share one). On an error the drafts' contexts of
+    /// the failing batch are unchanged; earlier batches' have advanced.
     ///
     /// Errors: as [`Self::forward_cached`].
-    pub fn forward_cached_each(&self, mut drafts: Vec<CachedDraft<'_>>) -> Result<Vec<Tensor>> {
+    pub fn forward_cached_each(&self, drafts: Vec<CachedDraft<'_>>) -> Result<Vec<Tensor>> {
+        let mut out = Vec::with_capacity(drafts.len());
+        let (mut batch, mut rows) = (Vec::new(), 0);
+        for d in drafts {
+            let b = d.noise.dim(0)?;
+            let from = self.cached_from(d.ctx.len.min(d.start), d.start, b);
+            let n = d.start - from.unwrap_or(0) + b;
+            let alone = !self.weights.on_cpu() || n > MAX_STACK_ROWS;
+            if !batch.is_empty() && (alone || rows + n > MAX_STACK_ROWS) {
+                out.extend(self.forward_batch(std::mem::take(&mut batch))?);
+                rows = 0;
+            }
+            batch.push(d);
+            rows += n;
+            if alone {
+                out.extend(self.forward_batch(std::mem::take(&mut batch))?);
+                rows = 0;
+            }
+        }
+        if !batch.is_empty() {
+            out.extend(self.forward_batch(batch)?);
+        }
+        Ok(out)
+    }
+
+    /// One batch of [`Self::forward_cached_each`].
+    fn forward_batch(&self, mut drafts: Vec<CachedDraft<'_>>) -> Result<Vec<Tensor>> {
         // Per draft: the first context row it projects and whether it reads
         // the held ones (else it runs on the whole context, as `forward`).
         let mut plans = Vec::with_capacity(drafts.len());
@@ -154,10 +184,9 @@ impl Drafter {
             let mut runs = Vec::with_capacity(drafts.len());
             let each = drafts.iter().zip(&plans).zip(c_projs).zip(added.iter_mut());
             for (((d, plan), c_proj), added) in each {
-                runs.push(match (*plan, c_proj) {
-                    (None, Some(c_proj)) => BlockRun::whole(d.noise, c_proj, 0, d.start)?,
-                    (Some(from), c_proj) => cached_run(d, from, c_proj, added)?,
-                    (None, None) => unreachable!("a whole-context draft projects its rows"),
+                runs.push(match *plan {
+                    None => BlockRun::whole(d.noise, c_proj, 0, d.start)?,
+                    Some(from) => cached_run(d, from, c_proj, added)?,
                 });
             }
             self.run_layers_each(&mut runs)?

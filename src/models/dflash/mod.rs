@@ -74,12 +74,18 @@ struct BlockRun<'k> {
 }
 
 impl BlockRun<'_> {
-    /// A block attending to exactly the context rows `c_proj` projects.
-    fn whole(noise: &Tensor, c_proj: Tensor, ctx_start: usize, block_start: usize) -> Result<Self> {
+    /// A block attending to exactly the context rows `c_proj` projects
+    /// (none when `None`).
+    fn whole(
+        noise: &Tensor,
+        c_proj: Option<Tensor>,
+        ctx_start: usize,
+        block_start: usize,
+    ) -> Result<Self> {
         Ok(Self {
             noise: noise.clone(),
-            keys_before: c_proj.dim(0)?,
-            c_proj: Some(c_proj),
+            keys_before: c_proj.as_ref().map_or(Ok(0), |c| c.dim(0))?,
+            c_proj,
             ctx_start,
             block_start,
             keys: Box::new(|_, k, v| Ok((k, v))),
@@ -98,13 +104,13 @@ struct Geometry {
     sliding: Option<Tensor>,
 }
 
-/// `f` on each tensor of `xs`.
-fn each(xs: &[Tensor], f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Vec<Tensor>> {
+/// `f` on each tensor of `xs` (one per draft).
+fn map_each(xs: &[Tensor], f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Vec<Tensor>> {
     xs.iter().map(f).collect()
 }
 
 /// The tensors as references (the batched products' argument).
-fn refs(xs: &[Tensor]) -> Vec<&Tensor> {
+fn as_refs(xs: &[Tensor]) -> Vec<&Tensor> {
     xs.iter().collect()
 }
 
@@ -279,7 +285,7 @@ impl Drafter {
         ctx_start: usize,
         block_start: usize,
     ) -> Result<Tensor> {
-        let c_proj = self.project_context_each(&[ctx])?.remove(0);
+        let c_proj = self.project_context_each(&[ctx])?.pop();
         let mut run = BlockRun::whole(noise, c_proj, ctx_start, block_start)?;
         Ok(self
             .run_layers_each(std::slice::from_mut(&mut run))?
@@ -290,6 +296,9 @@ impl Drafter {
     /// layer's `k_proj` and `v_proj` read; `fc` over the stacked rows where
     /// the kernel sums each row as alone ([`apply_each`]).
     fn project_context_each(&self, ctxs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        if ctxs.is_empty() {
+            return Ok(Vec::new());
+        }
         let p = self.prec;
         let hidden_norm =
             PlainRmsNorm::load(&self.weights, "hidden_norm", self.cfg.rms_norm_eps, p)?;
@@ -318,8 +327,8 @@ impl Drafter {
         let mut xs: Vec<Tensor> = runs.iter().map(|r| r.noise.clone()).collect();
         for i in 0..self.cfg.num_hidden_layers {
             let layer = self.layer(i)?;
-            let hs = each(&xs, |x| layer.input_layernorm.forward(x))?;
-            let qs = apply_each(&layer.q_proj, &refs(&hs), p, Rows::Tokens)?;
+            let hs = map_each(&xs, |x| layer.input_layernorm.forward(x))?;
+            let qs = apply_each(&layer.q_proj, &as_refs(&hs), p, Rows::Tokens)?;
             let kv_in = runs
                 .iter()
                 .zip(&hs)
@@ -328,22 +337,22 @@ impl Drafter {
                     None => Ok(h.clone()),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let ks = apply_each(&layer.k_proj, &refs(&kv_in), p, Rows::Tokens)?;
-            let vs = apply_each(&layer.v_proj, &refs(&kv_in), p, Rows::Tokens)?;
+            let ks = apply_each(&layer.k_proj, &as_refs(&kv_in), p, Rows::Tokens)?;
+            let vs = apply_each(&layer.v_proj, &as_refs(&kv_in), p, Rows::Tokens)?;
             let mut attn = Vec::with_capacity(runs.len());
             for (j, r) in runs.iter_mut().enumerate() {
                 let (q, k, v) = (&qs[j], &ks[j], &vs[j]);
                 attn.push(self.attend(&layer, &geo[j], (q, k, v), |k, v| (r.keys)(i, k, v))?);
             }
-            let os = apply_each(&layer.o_proj, &refs(&attn), p, Rows::Tokens)?;
+            let os = apply_each(&layer.o_proj, &as_refs(&attn), p, Rows::Tokens)?;
             let mid = xs
                 .iter()
                 .zip(os)
                 .map(|(x, o)| p.round(&(x + o)?))
                 .collect::<Result<Vec<_>>>()?;
-            let h2 = each(&mid, |x| layer.post_attention_layernorm.forward(x))?;
+            let h2 = map_each(&mid, |x| layer.post_attention_layernorm.forward(x))?;
             let ms = each_stacked(
-                &refs(&h2),
+                &as_refs(&h2),
                 |t| layer.mlp.rows_batchable(t),
                 |x| layer.mlp.forward(x),
             )?;
@@ -354,7 +363,7 @@ impl Drafter {
                 .collect::<Result<Vec<_>>>()?;
         }
         let norm = PlainRmsNorm::load(&self.weights, "norm", self.cfg.rms_norm_eps, p)?;
-        each(&xs, |x| norm.forward(x))
+        map_each(&xs, |x| norm.forward(x))
     }
 
     /// A run's positions: RoPE's tables over its context and block rows,
