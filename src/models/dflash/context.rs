@@ -133,21 +133,22 @@ impl Drafter {
     /// Errors: as [`Self::forward_cached`].
     pub fn forward_cached_each(&self, drafts: Vec<CachedDraft<'_>>) -> Result<Vec<Tensor>> {
         let mut out = Vec::with_capacity(drafts.len());
-        let (mut batch, mut rows) = (Vec::new(), 0);
+        let (mut batch, mut batch_rows) = (Vec::new(), 0);
         for d in drafts {
             let b = d.noise.dim(0)?;
+            // The first context row it projects; `None`: the whole context.
             let from = self.cached_from(d.ctx.len.min(d.start), d.start, b);
             let n = d.start - from.unwrap_or(0) + b;
             let alone = !self.weights.on_cpu() || n > MAX_STACK_ROWS;
-            if !batch.is_empty() && (alone || rows + n > MAX_STACK_ROWS) {
+            if !batch.is_empty() && (alone || batch_rows + n > MAX_STACK_ROWS) {
                 out.extend(self.forward_batch(std::mem::take(&mut batch))?);
-                rows = 0;
+                batch_rows = 0;
             }
-            batch.push(d);
-            rows += n;
+            batch.push((d, from));
+            batch_rows += n;
             if alone {
                 out.extend(self.forward_batch(std::mem::take(&mut batch))?);
-                rows = 0;
+                batch_rows = 0;
             }
         }
         if !batch.is_empty() {
@@ -156,33 +157,32 @@ impl Drafter {
         Ok(out)
     }
 
-    /// One batch of [`Self::forward_cached_each`].
-    fn forward_batch(&self, mut drafts: Vec<CachedDraft<'_>>) -> Result<Vec<Tensor>> {
-        // Per draft: the first context row it projects and whether it reads
-        // the held ones (else it runs on the whole context, as `forward`).
-        let mut plans = Vec::with_capacity(drafts.len());
+    /// One batch of [`Self::forward_cached_each`], each draft with the first
+    /// context row it projects (`None`: it runs on the whole context, as
+    /// `forward` does).
+    fn forward_batch(
+        &self,
+        mut drafts: Vec<(CachedDraft<'_>, Option<usize>)>,
+    ) -> Result<Vec<Tensor>> {
+        let projects = |d: &CachedDraft, plan: Option<usize>| plan.is_none_or(|f| d.start > f);
         let mut fresh_rows = Vec::new();
-        for d in &drafts {
-            let plan = self.cached_from(d.ctx.len.min(d.start), d.start, d.noise.dim(0)?);
-            let from = plan.unwrap_or(0);
-            if plan.is_none() || d.start > from {
-                fresh_rows.push((d.rows)(from, d.start)?);
+        for (d, plan) in &drafts {
+            if projects(d, *plan) {
+                fresh_rows.push((d.rows)(plan.unwrap_or(0), d.start)?);
             }
-            plans.push(plan);
         }
         let mut projected = self
             .project_context_each(&fresh_rows.iter().collect::<Vec<_>>())?
             .into_iter();
-        let mut c_projs = Vec::with_capacity(drafts.len());
-        for (d, plan) in drafts.iter().zip(&plans) {
-            let projects = plan.is_none_or(|from| d.start > from);
-            c_projs.push(if projects { projected.next() } else { None });
-        }
+        let c_projs: Vec<Option<Tensor>> = drafts
+            .iter()
+            .map(|(d, plan)| projects(d, *plan).then(|| projected.next()).flatten())
+            .collect();
         // Rows past those held, per draft and layer: kept once all succeed.
         let mut added: Vec<Vec<(Tensor, Tensor)>> = drafts.iter().map(|_| Vec::new()).collect();
         let ys = {
             let mut runs = Vec::with_capacity(drafts.len());
-            let each = drafts.iter().zip(&plans).zip(c_projs).zip(added.iter_mut());
+            let each = drafts.iter().zip(c_projs).zip(added.iter_mut());
             for (((d, plan), c_proj), added) in each {
                 runs.push(match *plan {
                     None => BlockRun::whole(d.noise, c_proj, 0, d.start)?,
@@ -191,7 +191,7 @@ impl Drafter {
             }
             self.run_layers_each(&mut runs)?
         };
-        for ((d, plan), added) in drafts.iter_mut().zip(&plans).zip(added) {
+        for ((d, plan), added) in drafts.iter_mut().zip(added) {
             if plan.is_none() {
                 continue;
             }
