@@ -528,6 +528,20 @@ fn wide_drafter(dir: &std::path::Path, hd: usize) {
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
 }
 
+/// The drafters the cached-context tests run, with their hidden sizes:
+/// `wide` (key/value products of 96 outputs) and `narrow` (64, candle's
+/// small-size rule below 65 rows) written under `dir`, and the toy pair's.
+fn test_drafters(dir: &std::path::Path) -> [(&'static str, std::path::PathBuf, usize); 3] {
+    let (wide, narrow) = (dir.join("wide"), dir.join("narrow"));
+    wide_drafter(&wide, 48);
+    wide_drafter(&narrow, 32);
+    [
+        ("wide", wide, 128),
+        ("narrow", narrow, 128),
+        ("toy", "fixtures/toy-pair/drafter".into(), 64),
+    ]
+}
+
 /// The drafter's forward with its context keys and values held across the
 /// anchors of a walk (`forward_cached`) gives the whole-context forward's
 /// bits at every anchor: one new row (its `fc` product re-projects held
@@ -542,19 +556,13 @@ fn wide_drafter(dir: &std::path::Path, hd: usize) {
 fn cached_draft_context_gives_the_whole_context_forward() {
     use hsparity::models::dflash::{DraftContext, Drafter};
     let tmp = tempfile::tempdir().unwrap();
-    let (wide, narrow) = (tmp.path().join("wide"), tmp.path().join("narrow"));
-    wide_drafter(&wide, 48);
-    wide_drafter(&narrow, 32);
     let anchors = [
         5usize, 6, 6, 9, 30, 20, 31, 56, 57, 58, 66, 67, 67, 70, 130, 129,
     ];
-    for (what, path, whole_until) in [
-        ("wide", wide, 0usize),
-        ("narrow", narrow, 56),
-        ("toy", "fixtures/toy-pair/drafter".into(), 64),
-    ] {
+    for ((what, path, hidden), whole_until) in
+        test_drafters(tmp.path()).into_iter().zip([0, 56, 64])
+    {
         for prec in [Precision::Bf16, Precision::F32] {
-            let hidden = if what == "toy" { 64 } else { 128 };
             let d = Drafter::load_dir(&path, hidden, prec).unwrap();
             let (h, k, b) = (
                 d.cfg.hidden_size,
@@ -593,9 +601,6 @@ fn cached_draft_context_gives_the_whole_context_forward() {
 fn drafts_through_the_layers_together_give_each_alones_bits() {
     use hsparity::models::dflash::{CachedDraft, DraftContext, Drafter};
     let tmp = tempfile::tempdir().unwrap();
-    let (wide, narrow) = (tmp.path().join("wide"), tmp.path().join("narrow"));
-    wide_drafter(&wide, 48);
-    wide_drafter(&narrow, 32);
     // (anchor held before, anchor, block slots)
     let cases = [
         (None, 100, 8),
@@ -606,13 +611,8 @@ fn drafts_through_the_layers_together_give_each_alones_bits() {
         (Some(20), 30, 3),
         (None, 4, 3),
     ];
-    for (what, path) in [
-        ("wide", wide),
-        ("narrow", narrow),
-        ("toy", "fixtures/toy-pair/drafter".into()),
-    ] {
+    for (what, path, hidden) in test_drafters(tmp.path()) {
         for prec in [Precision::Bf16, Precision::F32] {
-            let hidden = if what == "toy" { 64 } else { 128 };
             let d = Drafter::load_dir(&path, hidden, prec).unwrap();
             let (h, k) = (d.cfg.hidden_size, d.cfg.target_layer_ids.len());
             // Each draft its own features (as each trajectory has).
