@@ -44,10 +44,10 @@ pub(crate) fn draft_outputs(drafts: Vec<DraftRequest<'_>>) -> Result<Vec<Tensor>
             block[0] = d.tokens[d.start];
             noises.push(d.t.weights.rows("embed_tokens.weight", &block, d.t.prec)?);
         }
-        let mut at = Vec::with_capacity(these.len());
+        let mut slots = Vec::with_capacity(these.len());
         let mut cached = Vec::with_capacity(these.len());
         for ((i, d), noise) in these.into_iter().zip(&noises) {
-            at.push((i, d.b));
+            slots.push((i, d.b));
             cached.push(CachedDraft {
                 noise,
                 start: d.start,
@@ -55,7 +55,7 @@ pub(crate) fn draft_outputs(drafts: Vec<DraftRequest<'_>>) -> Result<Vec<Tensor>
                 rows: d.rows,
             });
         }
-        for ((i, b), y) in at.into_iter().zip(drafter.forward_cached_each(cached)?) {
+        for ((i, b), y) in slots.into_iter().zip(drafter.forward_cached_each(cached)?) {
             out[i] = Some(y.narrow(0, 1, b - 1)?);
         }
     }
