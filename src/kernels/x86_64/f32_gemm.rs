@@ -4,9 +4,10 @@
 //! 8-lane ones, twice the multiply-adds per instruction on a CPU that
 //! executes 512-bit FMAs at full width, and no per-call packing of an f32
 //! weight (read in place, one row per output column). A weight held as
-//! bf16 pairs is widened (and rounded to f16 for an f16 model) a column
-//! tile at a time into a per-thread panel, which the same register tiles
-//! read: the values of the f32 copy, so the same sums.
+//! bf16 pairs is widened (and rounded to f16 for an f16 model) into a
+//! per-thread panel, a column tile or a run of them at a time (once per
+//! product: [`super::tiles::product_by_columns`]), which the same register
+//! tiles read: the values of the f32 copy, so the same sums.
 //!
 //! Why the bits agree. candle's blocked kernel sums each output in k-blocks
 //! of `kc` values ([`crate::kernels::Route::Blocked`]): within a block one
@@ -32,8 +33,8 @@ use crate::kernels::Weight;
 
 /// `x [m, k] · w [n, k]ᵀ` → `[m, n]` in k-blocks of `kc`: bitwise candle's
 /// blocked route on `w`'s f32 values. An f32 weight is read in place; bf16
-/// pairs (read as they are, or as their f16 roundings) are widened a column
-/// tile at a time into a per-thread panel before its register tiles run.
+/// pairs (read as they are, or as their f16 roundings) are widened into a
+/// per-thread panel before the register tiles of those columns run.
 ///
 /// # Safety
 /// AVX-512F; `x` holds `m·k` values and `w` is `[n, k]`.
@@ -56,11 +57,24 @@ pub(super) unsafe fn matmul_nt(
             _ => tiles::product_by_columns(
                 dims,
                 kc,
-                |panel: &mut Vec<f32>, n0, nc| widen_columns(w, k, n0..n0 + nc, panel),
-                |panel, t, c| tiles::by_shape!(kernel, &a, panel.as_ptr(), c, t),
+                |p: &mut Panel, n0, nc| {
+                    p.n0 = n0;
+                    widen_columns(w, k, n0..n0 + nc, &mut p.values)
+                },
+                |p, t, c| {
+                    let b = p.values.as_ptr().add((t.n0 - p.n0) * k);
+                    tiles::by_shape!(kernel, &a, b, c, t)
+                },
             ),
         }
     }
+}
+
+/// A thread's widened weight columns: those from `n0` on, `k` values each.
+#[derive(Default)]
+struct Panel {
+    n0: usize,
+    values: Vec<f32>,
 }
 
 /// Rows `rows` of weight `w` (`k` values each) as f32 into `panel`, one

@@ -86,9 +86,12 @@ pub(super) unsafe fn product(
 }
 
 /// [`product`] with a per-thread scratch `S` that `column(s, n0, nc)` fills
-/// for a column tile before its register tiles run (on the thread that runs
-/// them, once per cache block of rows) and that each of them reads: the
-/// weight's columns widened into a panel, for a weight not held in f32.
+/// for a run of `nc` columns from `n0` before the register tiles of those
+/// columns run (on the thread that runs them) and that each of them reads:
+/// the weight's columns widened into a panel, for a weight not held in f32.
+/// A run is one column tile when the rows fit one cache block, and else as
+/// many as fit [`PANEL_BYTES`] (`k` f32 values per column), so that each
+/// value is widened once per product, not once per block of rows.
 ///
 /// # Safety
 /// As [`product`].
@@ -106,10 +109,15 @@ pub(super) unsafe fn product_by_columns<S: Default>(
     c
 }
 
+/// The most bytes of widened columns a thread holds at once where the rows
+/// take more than one cache block ([`product_by_columns`]): with a block of
+/// packed rows, about what a core's L2 holds.
+const PANEL_BYTES: usize = 1 << 20;
+
 /// Calls `tile` on every register tile of an `[m, n]` output, column tiles
 /// split over the threads (each thread's tiles write only its columns),
-/// after `column(s, n0, nc)` on the thread's scratch for the tile's column
-/// tile, once per cache block of rows.
+/// after `column(s, n0, nc)` on the thread's scratch for the run of column
+/// tiles holding the tile ([`product_by_columns`]).
 fn each_tile<S: Default>(
     (m, n, k): (usize, usize, usize),
     kc: usize,
@@ -121,29 +129,37 @@ fn each_tile<S: Default>(
     let threads = rayon::current_num_threads().max(1);
     let per = tiles.div_ceil(threads).max(1);
     let groups = m.div_ceil(16);
+    let run = if groups <= MB / 16 {
+        1
+    } else {
+        (PANEL_BYTES / (NR * k.max(1) * 4)).max(1)
+    };
     (0..tiles.div_ceil(per)).into_par_iter().for_each(|chunk| {
         let (t0, t1) = (chunk * per, ((chunk + 1) * per).min(tiles));
         let mut s = S::default();
-        for g0 in (0..groups).step_by(MB / 16) {
-            let g1 = (g0 + MB / 16).min(groups);
-            for t in t0..t1 {
-                let (n0, nc) = (t * NR, NR.min(n - t * NR));
-                column(&mut s, n0, nc);
-                for g in (g0..g1).step_by(MV) {
-                    let gv = MV.min(g1 - g);
-                    tile(
-                        &s,
-                        Tile {
-                            m,
-                            n,
-                            k,
-                            kc,
-                            g,
-                            gv,
-                            n0,
-                            nc,
-                        },
-                    );
+        for r0 in (t0..t1).step_by(run) {
+            let r1 = (r0 + run).min(t1);
+            column(&mut s, r0 * NR, (r1 * NR).min(n) - r0 * NR);
+            for g0 in (0..groups).step_by(MB / 16) {
+                let g1 = (g0 + MB / 16).min(groups);
+                for t in r0..r1 {
+                    let (n0, nc) = (t * NR, NR.min(n - t * NR));
+                    for g in (g0..g1).step_by(MV) {
+                        let gv = MV.min(g1 - g);
+                        tile(
+                            &s,
+                            Tile {
+                                m,
+                                n,
+                                k,
+                                kc,
+                                g,
+                                gv,
+                                n0,
+                                nc,
+                            },
+                        );
+                    }
                 }
             }
         }
