@@ -331,7 +331,7 @@ pub struct Plan {
 /// GEMM (the route no kernel here reproduces, or a CPU or switch without
 /// it). For a bf16 weight on the blocked route where the bf16 kernel cannot
 /// sum as candle does (an odd k-block) the plan is the f32 kernel, which
-/// reads the pairs too, widening them a column tile at a time.
+/// reads the pairs too, widening each value once per product.
 ///
 /// - a single row on candle's gemv route: [`Kernel::Gemv`];
 /// - the blocked route: [`Kernel::Bf16Amx`] for bf16 pairs where AMX may

@@ -59,7 +59,7 @@ pub enum Rows {
 /// the f32 copy) — a model computing in bf16 on a CPU with the bf16 dot
 /// product, or a bf16 checkpoint in a model computing in f32 or f16 on a
 /// CPU with the f32 kernel, which widens the pairs (and rounds them to f16)
-/// a column tile at a time. The f32 widening is made on first need for the
+/// once per product, into per-thread panels. The f32 widening is made on first need for the
 /// products no kernel computes (tiny shapes), kept until the layer is
 /// dropped.
 #[derive(Debug, Clone)]
