@@ -59,9 +59,9 @@ pub enum Rows {
 /// the f32 copy) — a model computing in bf16 on a CPU with the bf16 dot
 /// product, or a bf16 checkpoint in a model computing in f32 or f16 on a
 /// CPU with the f32 kernel, which widens the pairs (and rounds them to f16)
-/// once per product, into per-thread panels. The f32 widening is made on first need for the
-/// products no kernel computes (tiny shapes), kept until the layer is
-/// dropped.
+/// into per-thread panels, once per product. The f32 widening is made on
+/// first need for the products no kernel computes (tiny shapes), kept until
+/// the layer is dropped.
 #[derive(Debug, Clone)]
 pub struct Matrix {
     dims: [usize; 2],
