@@ -71,6 +71,43 @@ impl DumpPrompt {
     }
 }
 
+/// `tensors` and `meta` as a safetensors file on `out`, in the layout
+/// safetensors' `serialize_to_file` writes (tensors by descending dtype
+/// alignment, then name; the header padded with spaces to 8 bytes) but with
+/// every header key in sorted order, where that function writes the
+/// metadata in a `HashMap`'s (random) order: the same dump, the same bytes.
+fn write_safetensors(
+    out: &mut impl std::io::Write,
+    tensors: &[(String, Tensor)],
+    meta: &BTreeMap<String, String>,
+) -> std::io::Result<()> {
+    use safetensors::View;
+    let mut order: Vec<&(String, Tensor)> = tensors.iter().collect();
+    let dtype = |t: &Tensor| <Tensor as View>::dtype(t);
+    order.sort_by(|(a, x), (b, y)| dtype(y).cmp(&dtype(x)).then(a.cmp(b)));
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!(meta));
+    let mut offset = 0;
+    for (name, t) in &order {
+        let n = <Tensor as View>::data_len(t);
+        let info = serde_json::json!({
+            "dtype": dtype(t),
+            "shape": <Tensor as View>::shape(t),
+            "data_offsets": [offset, offset + n],
+        });
+        header.insert(name.clone(), info);
+        offset += n;
+    }
+    let mut bytes = serde_json::to_vec(&header)?;
+    bytes.resize(bytes.len().next_multiple_of(8), b' ');
+    out.write_all(&(bytes.len() as u64).to_le_bytes())?;
+    out.write_all(&bytes)?;
+    for (_, t) in order {
+        out.write_all(&<Tensor as View>::data(t))?;
+    }
+    Ok(())
+}
+
 /// `t` as f32 on the host (captures may live on a GPU).
 fn host_f32(t: &Tensor) -> Result<Tensor> {
     Ok(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
@@ -162,7 +199,7 @@ impl Dump {
 
     /// The tensors a dump file holds (hidden states, outputs and logits as
     /// F32, ids and masks as I64), and the metadata.
-    fn tensors(&self) -> Result<(NamedTensors, HashMap<String, String>)> {
+    fn tensors(&self) -> Result<(NamedTensors, BTreeMap<String, String>)> {
         let mut tensors: Vec<(String, Tensor)> = Vec::new();
         let ints = |v: &Vec<i64>| Tensor::from_slice(v, v.len(), &Device::Cpu);
         for (k, p) in self.prompts.iter().enumerate() {
@@ -192,21 +229,21 @@ impl Dump {
             }
             tensors.extend(routing::to_tensors(k, &p.routing)?);
         }
-        let meta: HashMap<String, String> = self.metadata.clone().into_iter().collect();
-        Ok((tensors, meta))
+        Ok((tensors, self.metadata.clone()))
     }
 
     /// Writes the dump atomically to `path` (see
     /// [`crate::output::write_atomic_with`]) as safetensors, streamed tensor
-    /// by tensor (the file's bytes are not held in memory at once).
+    /// by tensor (the file's bytes are not held in memory at once); the same
+    /// dump gives the same bytes ([`write_safetensors`]).
     pub fn write(&self, path: &Path, force: bool) -> Result<()> {
         let (tensors, meta) = self.tensors()?;
         crate::output::write_atomic_with(path, force, |tmp| {
-            let views = tensors.iter().map(|(n, t)| (n.as_str(), t));
-            safetensors::serialize_to_file(views, Some(meta), tmp).map_err(|e| match e {
-                safetensors::SafeTensorError::IoError(e) => Error::io(path, e),
-                e => Error::Format(format!("writing dump {}: {e}", path.display())),
-            })
+            let file = std::fs::File::create(tmp).map_err(|e| Error::io(tmp, e))?;
+            let mut out = std::io::BufWriter::new(file);
+            write_safetensors(&mut out, &tensors, &meta)
+                .and_then(|()| std::io::Write::flush(&mut out))
+                .map_err(|e| Error::io(path, e))
         })
     }
 

@@ -246,8 +246,12 @@ fn dump_writes_the_design_format_and_refuses_overwrite() {
     assert_eq!(d.prompts[0].input_ids, Some(vec![1, 2, 3, 4, 5]));
     assert_eq!(d.prompts[0].hidden_states.len(), 7);
     assert!(d.prompts[0].logits.is_none(), "AutoModel has no lm_head");
+    let first = std::fs::read(&f).unwrap();
     assert_eq!(run(&[]).status.code(), Some(2));
     assert_eq!(run(&["--force"]).status.code(), Some(0));
+    // The same dump, the same bytes: the header's keys (the metadata's
+    // among them) in one order, not a hash map's.
+    assert!(std::fs::read(&f).unwrap() == first, "a second run wrote other bytes");
 }
 
 fn assert_bad_input(args: &[&str], needle: &str) {
