@@ -251,7 +251,10 @@ fn dump_writes_the_design_format_and_refuses_overwrite() {
     assert_eq!(run(&["--force"]).status.code(), Some(0));
     // The same dump, the same bytes: the header's keys (the metadata's
     // among them) in one order, not a hash map's.
-    assert!(std::fs::read(&f).unwrap() == first, "a second run wrote other bytes");
+    assert!(
+        std::fs::read(&f).unwrap() == first,
+        "a second run wrote other bytes"
+    );
 }
 
 fn assert_bad_input(args: &[&str], needle: &str) {

@@ -386,27 +386,37 @@ fn the_f32_kernel_reads_bf16_pairs_as_their_f32_or_f16_values() {
     if !runs_here(Kernel::F32Gemm, name) {
         return;
     }
-    for &(m, n, k) in BLOCKED_SHAPES {
-        let x = matrix(m, k, 2 + m as u64, false);
-        let w = bf16_weight_across_f16s_range(n, k, 5 + k as u64);
-        let w16 = Precision::F16.round(&w).unwrap();
-        assert!(bits(&w16) != bits(&w), "[{n}, {k}]: f16 rounds some value");
-        let pairs = pairs_of(&w).unwrap();
-        let plan = kernels::plan(m, n, k, Stored::F32, &candle_order()).unwrap();
-        assert_eq!(plan.kernel(), Kernel::F32Gemm);
-        for (weight, values_of) in [
-            (Weight::Bf16(&pairs), &w),
-            (Weight::Bf16InF16(&pairs), &w16),
-        ] {
-            let got = plan.run(&values(&x), weight).unwrap().unwrap();
-            let got = Tensor::from_vec(got, (m, n), x.device()).unwrap();
-            let want = x.matmul(&values_of.t().unwrap()).unwrap();
-            assert!(
-                bits(&got) == bits(&want),
-                "[{m}, {k}] x [{n}, {k}], f16 values {}: bits differ",
-                matches!(weight, Weight::Bf16InF16(_))
-            );
-        }
+    // On pools of 1 to 3 threads, whatever this host has: each thread then
+    // widens several runs of columns of the 140 × 290 × 8192 shape.
+    for threads in 1..=3 {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            for &(m, n, k) in BLOCKED_SHAPES {
+                let x = matrix(m, k, 2 + m as u64, false);
+                let w = bf16_weight_across_f16s_range(n, k, 5 + k as u64);
+                let w16 = Precision::F16.round(&w).unwrap();
+                assert!(bits(&w16) != bits(&w), "[{n}, {k}]: f16 rounds some value");
+                let pairs = pairs_of(&w).unwrap();
+                let plan = kernels::plan(m, n, k, Stored::F32, &candle_order()).unwrap();
+                assert_eq!(plan.kernel(), Kernel::F32Gemm);
+                for (weight, values_of) in [
+                    (Weight::Bf16(&pairs), &w),
+                    (Weight::Bf16InF16(&pairs), &w16),
+                ] {
+                    let got = plan.run(&values(&x), weight).unwrap().unwrap();
+                    let got = Tensor::from_vec(got, (m, n), x.device()).unwrap();
+                    let want = x.matmul(&values_of.t().unwrap()).unwrap();
+                    assert!(
+                        bits(&got) == bits(&want),
+                        "[{m}, {k}] x [{n}, {k}], f16 values {}, {threads} threads: bits differ",
+                        matches!(weight, Weight::Bf16InF16(_))
+                    );
+                }
+            }
+        });
     }
 }
 

@@ -436,7 +436,7 @@ pub const BLOCKED_SHAPES: &[(usize, usize, usize)] = &[
     (65, 19, 1024),    // blocked kernel, several row groups
     (130, 70, 2047),   // odd k over two blocks
     (128, 1024, 3072), // the mid checkpoint's down projection
-    (140, 290, 8192),  // 2 row blocks; runs of 2 column tiles, 2+ per thread on <= 8 threads
+    (140, 290, 8192),  // 2 row blocks; runs of 2 column tiles, several per thread
 ];
 
 /// Deterministic hidden states `[t, h]` in about [-2, 2], rounded to `prec`

@@ -46,9 +46,10 @@ pub(super) unsafe fn matmul_nt(
 ) -> Vec<f32> {
     let a = pack_rows(x, m, k);
     let dims = (m, n, k);
-    // SAFETY: every tile lies inside a, the weight (or its panel: the
-    // tile's columns, k values each) and the output, and `kernel` stores
-    // each element of its tile in the first k-block before reading it.
+    // SAFETY: every tile lies inside a, the weight (or the panel of its
+    // run of columns, k values each; the tile's slice of it is checked) and
+    // the output, and `kernel` stores each element of its tile in the first
+    // k-block before reading it.
     unsafe {
         match w {
             Weight::F32(w) => tiles::product(dims, kc, |t, c| {
@@ -62,7 +63,7 @@ pub(super) unsafe fn matmul_nt(
                     widen_columns(w, k, n0..n0 + nc, &mut p.values)
                 },
                 |p, t, c| {
-                    let b = p.values.as_ptr().add((t.n0 - p.n0) * k);
+                    let b = p.values[(t.n0 - p.n0) * k..][..t.nc * k].as_ptr();
                     tiles::by_shape!(kernel, &a, b, c, t)
                 },
             ),

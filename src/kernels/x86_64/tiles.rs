@@ -82,7 +82,7 @@ pub(super) unsafe fn product(
     tile: impl Fn(Tile, *mut f32) + Sync,
 ) -> Vec<f32> {
     // SAFETY: the caller's contract.
-    unsafe { product_by_columns(dims, kc, |_: &mut (), _, _| (), |_, t, c| tile(t, c)) }
+    unsafe { blocked(dims, kc, false, |_: &mut (), _, _| (), |_, t, c| tile(t, c)) }
 }
 
 /// [`product`] with a per-thread scratch `S` that `column(s, n0, nc)` fills
@@ -101,26 +101,45 @@ pub(super) unsafe fn product_by_columns<S: Default>(
     column: impl Fn(&mut S, usize, usize) + Sync,
     tile: impl Fn(&S, Tile, *mut f32) + Sync,
 ) -> Vec<f32> {
+    // SAFETY: the caller's contract.
+    unsafe { blocked(dims, kc, true, column, tile) }
+}
+
+/// [`product`] (`runs` false: each thread's column tiles in one pass per
+/// block of rows) or [`product_by_columns`] (`runs` true).
+///
+/// # Safety
+/// As [`product`].
+unsafe fn blocked<S: Default>(
+    dims: (usize, usize, usize),
+    kc: usize,
+    runs: bool,
+    column: impl Fn(&mut S, usize, usize) + Sync,
+    tile: impl Fn(&S, Tile, *mut f32) + Sync,
+) -> Vec<f32> {
     let mut c: Vec<f32> = Vec::with_capacity(dims.0 * dims.1);
     let out = Out(c.as_mut_ptr());
-    each_tile(dims, kc, &column, |p, t| tile(p, t, out.ptr()));
+    each_tile(dims, kc, runs, &column, |p, t| tile(p, t, out.ptr()));
     // SAFETY: the tiles cover the output and each stored all its elements.
     unsafe { c.set_len(dims.0 * dims.1) };
     c
 }
 
 /// The most bytes of widened columns a thread holds at once where the rows
-/// take more than one cache block ([`product_by_columns`]): with a block of
-/// packed rows, about what a core's L2 holds.
+/// take more than one cache block ([`product_by_columns`]; at least one
+/// column tile's). Measured, not derived: runs of 512 KiB and of 2 MiB
+/// gave rates within 5 % of these (`examples/gemm_bench.rs`).
 const PANEL_BYTES: usize = 1 << 20;
 
 /// Calls `tile` on every register tile of an `[m, n]` output, column tiles
 /// split over the threads (each thread's tiles write only its columns),
 /// after `column(s, n0, nc)` on the thread's scratch for the run of column
-/// tiles holding the tile ([`product_by_columns`]).
+/// tiles holding the tile (`runs`: [`product_by_columns`]'s runs; else one
+/// run of all the thread's tiles, each row block over all of them).
 fn each_tile<S: Default>(
     (m, n, k): (usize, usize, usize),
     kc: usize,
+    runs: bool,
     column: &(impl Fn(&mut S, usize, usize) + Sync),
     tile: impl Fn(&S, Tile) + Sync,
 ) {
@@ -129,7 +148,9 @@ fn each_tile<S: Default>(
     let threads = rayon::current_num_threads().max(1);
     let per = tiles.div_ceil(threads).max(1);
     let groups = m.div_ceil(16);
-    let run = if groups <= MB / 16 {
+    let run = if !runs {
+        per
+    } else if groups <= MB / 16 {
         1
     } else {
         (PANEL_BYTES / (NR * k.max(1) * 4)).max(1)
