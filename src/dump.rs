@@ -235,7 +235,7 @@ impl Dump {
     /// Writes the dump atomically to `path` (see
     /// [`crate::output::write_atomic_with`]) as safetensors, streamed tensor
     /// by tensor (the file's bytes are not held in memory at once); the same
-    /// dump gives the same bytes ([`write_safetensors`]).
+    /// dump gives the same bytes (the header's keys in sorted order).
     pub fn write(&self, path: &Path, force: bool) -> Result<()> {
         let (tensors, meta) = self.tensors()?;
         crate::output::write_atomic_with(path, force, |tmp| {
