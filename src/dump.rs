@@ -85,8 +85,9 @@ fn write_safetensors(
     let mut order: Vec<&(String, Tensor)> = tensors.iter().collect();
     let dtype = |t: &Tensor| <Tensor as View>::dtype(t);
     order.sort_by(|(a, x), (b, y)| dtype(y).cmp(&dtype(x)).then(a.cmp(b)));
-    let mut header = serde_json::Map::new();
-    header.insert("__metadata__".into(), serde_json::json!(meta));
+    // A BTreeMap, so the keys are sorted whatever serde_json's features.
+    let mut header = BTreeMap::new();
+    header.insert("__metadata__".to_string(), serde_json::json!(meta));
     let mut offset = 0;
     for (name, t) in &order {
         let n = <Tensor as View>::data_len(t);

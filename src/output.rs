@@ -105,7 +105,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
 /// file's path (for a writer that streams a large file instead of holding
 /// its bytes). The temporary file lies in a temporary folder of its own
 /// beside `path`, so a writer that stages its own sibling and renames it
-/// over the path (safetensors' `serialize_to_file`) leaves nothing else
+/// over the path (as some libraries' file writers do) leaves nothing else
 /// beside `path` if the run is killed. Whatever the path holds after
 /// `fill` gets the temporary file's mode (the umask's), is flushed, and is
 /// renamed to `path`.
