@@ -8,14 +8,14 @@
 //! live in `super::delta_rule` ([`chunked`], [`recurrent`]).
 
 use candle_core::Tensor;
-use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::loading::WeightSource;
 use crate::models::layers::norm::RmsNormGated;
-use crate::models::layers::{apply_each, matrix, param, Matrix, Rows, StateUse};
+use crate::models::layers::{apply_each, matrix, param, with_f32, Matrix, Rows, StateUse};
 use crate::models::LayerGeometry;
 
+mod conv;
 mod faults;
 pub use super::delta_rule::{chunked, recurrent};
 
@@ -186,8 +186,9 @@ pub struct GatedDeltaNet {
     in_proj_b: Matrix,
     /// `[nv, H]`.
     in_proj_a: Matrix,
-    /// Depthwise causal conv weight `[C, K]` (checkpoint `[C, 1, K]`), row-major.
-    conv_w: Vec<f32>,
+    /// Depthwise causal conv weight `[K, C]` (checkpoint `[C, 1, K]`,
+    /// transposed), row-major.
+    conv_w_t: Vec<f32>,
     /// `-exp(A_log)`, `[nv]`.
     neg_a: Vec<f32>,
     /// `[nv]`.
@@ -217,14 +218,23 @@ impl GatedDeltaNet {
     pub fn load(src: &dyn WeightSource, prefix: &str, geo: LayerGeometry) -> Result<Self> {
         let p = geo.prec;
         let conv = param(src, &format!("{prefix}.conv1d.weight"), p)?;
+        let (c, kk) = (geo.conv_dim(), geo.conv_kernel);
         let conv_w = conv.flatten_all()?.to_vec1::<f32>()?;
+        if conv_w.len() != c * kk {
+            return Err(candle_core::Error::Msg(format!(
+                "{prefix}.conv1d.weight holds {} values where the config gives {c} channels × {kk} taps",
+                conv_w.len()
+            ))
+            .into());
+        }
+        let conv_w_t = (0..kk * c).map(|i| conv_w[(i % c) * kk + i / c]).collect();
         let a_log = param(src, &format!("{prefix}.A_log"), p)?.to_vec1::<f32>()?;
         Ok(Self {
             in_proj_qkv: matrix(src, &format!("{prefix}.in_proj_qkv.weight"), p)?,
             in_proj_z: matrix(src, &format!("{prefix}.in_proj_z.weight"), p)?,
             in_proj_b: matrix(src, &format!("{prefix}.in_proj_b.weight"), p)?,
             in_proj_a: matrix(src, &format!("{prefix}.in_proj_a.weight"), p)?,
-            conv_w,
+            conv_w_t,
             // -A_log.float().exp(): f32 from the dtype-rounded parameter.
             neg_a: a_log.iter().map(|a| -a.exp()).collect(),
             dt_bias: param(src, &format!("{prefix}.dt_bias"), p)?.to_vec1::<f32>()?,
@@ -250,19 +260,20 @@ impl GatedDeltaNet {
     }
 
     /// Causal conv + SiLU and gates from one sequence's projections `p`,
-    /// giving the kernel inputs, `z` (`[T, nv, dv]`) and the conv's padded
-    /// input. `conv_state` supplies the preceding `K-1` raw columns and is
-    /// updated.
+    /// giving the kernel inputs, `z` (`[T, nv, dv]`) and rows `keep` of the
+    /// conv's padded input (`[K-1+T, C]`; empty without). `conv_state`
+    /// supplies the preceding `K-1` raw columns and is updated.
     fn prepare(
         &self,
         p: InProj,
         conv_state: &mut [f32],
         reset: Option<usize>,
+        keep: Option<std::ops::Range<usize>>,
     ) -> Result<(DeltaRuleInputs, Tensor, Vec<f32>)> {
         let geo = &self.geo;
         let t = p.qkv.dim(0)?;
         let c = geo.conv_dim();
-        let kk = geo.conv_kernel;
+        let hist = geo.conv_kernel - 1;
         let (nk, nv, dk, dv) = (
             geo.lin_k_heads,
             geo.lin_v_heads,
@@ -270,50 +281,22 @@ impl GatedDeltaNet {
             geo.lin_v_dim,
         );
         let prec = geo.prec;
-        let mixed = p.qkv.flatten_all()?.to_vec1::<f32>()?;
-        // Causal depthwise conv: out[t,c] = Σ_j w[c,j]·x[t−K+1+j, c], history
-        // from state; f32 accumulation rounded once, then SiLU rounded again
-        // (`causal_conv1d_fn`: F.conv1d then ACT2FN["silu"], both in the model dtype).
-        let hist = kk - 1;
-        let mut padded = Vec::with_capacity((hist + t) * c);
-        padded.extend_from_slice(conv_state);
-        padded.extend_from_slice(&mixed);
-        // Rows are independent (each reads the padded input only): in parallel.
-        let mut conv = vec![0f32; t * c];
-        conv.par_chunks_mut(c.max(1))
-            .enumerate()
-            .for_each(|(i, out)| {
-                // Rows from a reset on see no column before it (padded row
-                // i + j is position i + j − hist of this forward).
-                let first = reset
-                    .filter(|&r| i >= r)
-                    .map_or(0, |r| (r + hist).saturating_sub(i));
-                for (ch, o) in out.iter_mut().enumerate() {
-                    let mut acc = 0f32;
-                    for j in first.min(kk)..kk {
-                        acc += self.conv_w[ch * kk + j] * padded[(i + j) * c + ch];
-                    }
-                    let acc = prec.round_f32(acc);
-                    *o = prec.round_f32(acc / (1.0 + (-acc).exp()));
-                }
-            });
-        conv_state.copy_from_slice(&padded[t * c..(t + hist) * c]);
+        let ((q, k, v), kept, next) = with_f32(&p.qkv, |mixed| {
+            let x = conv::Padded {
+                hist: conv_state,
+                new: mixed,
+                c,
+            };
+            let qkv = conv::conv_split(&x, &self.conv_w_t, reset, prec, (nk, nv, dk, dv));
+            (
+                qkv,
+                keep.map(|r| x.rows(r)).unwrap_or_default(),
+                x.rows(t..t + hist),
+            )
+        })?;
+        conv_state.copy_from_slice(&next);
         if let Some(r) = reset {
             faults::clear_before_reset(conv_state, c, t, r);
-        }
-        // Split [q | k | v] and expand key heads to value heads.
-        let (kd, rep) = (nk * dk, nv / nk);
-        let mut q = Vec::with_capacity(t * nv * dk);
-        let mut k = Vec::with_capacity(t * nv * dk);
-        let mut v = Vec::with_capacity(t * nv * dv);
-        for i in 0..t {
-            let row = &conv[i * c..(i + 1) * c];
-            for h in 0..nv {
-                let kh = h / rep;
-                q.extend_from_slice(&row[kh * dk..(kh + 1) * dk]);
-                k.extend_from_slice(&row[kd + kh * dk..kd + (kh + 1) * dk]);
-            }
-            v.extend_from_slice(&row[2 * kd..2 * kd + nv * dv]);
         }
         let b = p.b.flatten_all()?.to_vec1::<f32>()?;
         let a = p.a.flatten_all()?.to_vec1::<f32>()?;
@@ -341,7 +324,7 @@ impl GatedDeltaNet {
                 beta,
             },
             z,
-            padded,
+            kept,
         ))
     }
 
@@ -355,7 +338,7 @@ impl GatedDeltaNet {
     pub fn delta_rule_inputs(&self, x: &Tensor) -> Result<DeltaRuleInputs> {
         let mut st = GdnState::zeros(&self.geo);
         let p = self.project(&[x], Rows::Tokens)?.remove(0);
-        Ok(self.prepare(p, &mut st.conv, None)?.0)
+        Ok(self.prepare(p, &mut st.conv, None, None)?.0)
     }
 
     /// `x`: `[T, H]` (already `input_layernorm`-ed) → `[T, H]`. With `state`
@@ -467,7 +450,9 @@ impl GatedDeltaNet {
     fn recurrence(&self, p: InProj, form: GdnForm, st: &mut GdnState) -> Result<Tensor> {
         let before = st.keep_block.then(|| st.recurrent.clone());
         let reset = st.reset_row.take();
-        let (inp, z, padded) = self.prepare(p, &mut st.conv, reset)?;
+        let t = p.qkv.dim(0)?;
+        let keep = before.is_some().then(|| 0..t + self.geo.conv_kernel - 1);
+        let (inp, z, padded) = self.prepare(p, &mut st.conv, reset, keep)?;
         let o = faults::kernel(&inp, form, &mut st.recurrent, reset);
         if let Some(recurrent) = before {
             st.keep_block = false;
@@ -498,11 +483,10 @@ impl GatedDeltaNet {
             .into());
         }
         let mut st = GdnState::zeros(&self.geo);
-        let (inp, z, padded) = self.prepare(p, &mut st.conv, None)?;
-        let c = self.geo.conv_dim();
+        let hist = self.geo.conv_kernel - 1;
+        let (inp, z, rows) = self.prepare(p, &mut st.conv, None, Some(at..at + hist))?;
         *snap = GdnState::zeros(&self.geo);
-        let hist = snap.conv.len() / c.max(1);
-        snap.conv.copy_from_slice(&padded[at * c..(at + hist) * c]);
+        snap.conv.copy_from_slice(&rows);
         let run = |i: &DeltaRuleInputs, s: &mut [f32]| faults::kernel(i, form, s, None);
         let split = match form {
             GdnForm::Chunked => at - at % CHUNK_SIZE,
