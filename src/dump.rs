@@ -104,9 +104,30 @@ fn write_safetensors(
     out.write_all(&(bytes.len() as u64).to_le_bytes())?;
     out.write_all(&bytes)?;
     for (_, t) in order {
-        out.write_all(&<Tensor as View>::data(t))?;
+        write_data(out, t)?;
     }
     Ok(())
+}
+
+/// `t`'s bytes as safetensors stores them (little-endian): an f32 CPU
+/// tensor's straight from its storage through a small buffer, others
+/// through safetensors' `View` (a copy of the whole tensor).
+fn write_data(out: &mut impl std::io::Write, t: &Tensor) -> std::io::Result<()> {
+    if t.dtype() == DType::F32 && t.device().is_cpu() {
+        let written = crate::models::layers::with_f32(t, |v| {
+            let mut buf = Vec::with_capacity(1 << 20);
+            for chunk in v.chunks(1 << 18) {
+                buf.clear();
+                buf.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
+                out.write_all(&buf)?;
+            }
+            Ok(())
+        });
+        if let Ok(written) = written {
+            return written;
+        }
+    }
+    out.write_all(&<Tensor as safetensors::View>::data(t))
 }
 
 /// `t` as f32 on the host (captures may live on a GPU).

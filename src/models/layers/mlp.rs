@@ -3,6 +3,7 @@
 
 use candle_core::Tensor;
 
+use super::elementwise::{silu, zip_map};
 use super::{matrix, Matrix, Rows};
 use crate::error::Result;
 use crate::loading::WeightSource;
@@ -88,8 +89,13 @@ impl Mlp {
     /// [`Self::forward`] on rows that are `rows`.
     pub fn forward_rows(&self, x: &Tensor, rows: Rows) -> Result<Tensor> {
         let p = self.prec;
-        let g = p.round(&self.gate_proj.apply(x, p, rows)?.silu()?)?;
+        let g = self.gate_proj.apply(x, p, rows)?;
         let u = self.up_proj.apply(x, p, rows)?;
-        self.down_proj.apply(&p.round(&(g * u)?)?, p, rows)
+        // round(round(silu(g)) · u), as candle's silu, round, mul, round.
+        let h = match zip_map(&g, &u, |g, u, _| p.round_f32(p.round_f32(silu(g)) * u))? {
+            Some(h) => h,
+            None => p.round(&(p.round(&g.silu()?)? * u)?)?,
+        };
+        self.down_proj.apply(&h, p, rows)
     }
 }

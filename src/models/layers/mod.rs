@@ -11,6 +11,7 @@
 
 pub mod attention;
 pub mod causal_softmax;
+pub mod elementwise;
 pub mod gqa;
 pub mod mlp;
 pub mod norm;

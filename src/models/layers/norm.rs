@@ -3,6 +3,7 @@
 
 use candle_core::{DType, Tensor, D};
 
+use super::elementwise::{silu, zip_map};
 use super::param;
 use crate::error::Result;
 use crate::loading::WeightSource;
@@ -54,6 +55,8 @@ impl RmsNorm {
 pub struct RmsNormGated {
     /// `w`, `[dv]`, rounded to the compute dtype.
     weight: Tensor,
+    /// Its values.
+    w: Vec<f32>,
     eps: f64,
     prec: Precision,
 }
@@ -61,8 +64,10 @@ pub struct RmsNormGated {
 impl RmsNormGated {
     /// Loads `{prefix}.weight` (`[dv]`).
     pub fn load(src: &dyn WeightSource, prefix: &str, eps: f64, prec: Precision) -> Result<Self> {
+        let weight = param(src, &format!("{prefix}.weight"), prec)?;
         Ok(Self {
-            weight: param(src, &format!("{prefix}.weight"), prec)?,
+            w: weight.flatten_all()?.to_vec1::<f32>()?,
+            weight,
             eps,
             prec,
         })
@@ -72,8 +77,22 @@ impl RmsNormGated {
     pub fn forward(&self, x: &Tensor, z: &Tensor) -> Result<Tensor> {
         let p = self.prec;
         let n = p.round(&rms_normalize(x, self.eps)?)?;
-        let n = p.round(&n.broadcast_mul(&self.weight)?)?;
-        p.round(&(n * z.to_dtype(DType::F32)?.silu()?)?)
+        // round(round(n · w) · silu(z)), as candle's broadcast_mul, round,
+        // silu, mul, round.
+        let (w, d) = (&self.w, self.w.len());
+        let fused = match n.dim(D::Minus1)? == d && d > 0 {
+            true => zip_map(&n, z, |n, z, i| {
+                p.round_f32(p.round_f32(n * w[i % d]) * silu(z))
+            })?,
+            false => None,
+        };
+        match fused {
+            Some(y) => Ok(y),
+            None => {
+                let n = p.round(&n.broadcast_mul(&self.weight)?)?;
+                p.round(&(n * z.to_dtype(DType::F32)?.silu()?)?)
+            }
+        }
     }
 }
 
