@@ -50,3 +50,70 @@ pub fn zip_map(
     })??;
     Ok(Some(Tensor::from_vec(out, a.shape(), a.device())?))
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::precision::Precision;
+
+    /// Values of the dtype from tiny to past `exp`'s overflow, signed zeros included.
+    fn values(n: usize, p: Precision, seed: u64) -> Vec<f32> {
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..n)
+            .map(|i| match i % 50 {
+                0 => 0.0,
+                1 => -0.0,
+                2 => r.gen_range(-120.0..120.0),
+                _ => r.gen_range(-1.0f32..1.0) * 10f32.powi(r.gen_range(-6..2)),
+            })
+            .map(|x| p.round_f32(x))
+            .collect()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn the_fused_tails_give_candles_ops_bits() {
+        let dev = Device::Cpu;
+        // More than one rayon piece, and a last piece short of one.
+        let (rows, d) = (37, 1000);
+        for p in [Precision::F32, Precision::Bf16, Precision::F16] {
+            let t = |seed| Tensor::from_vec(values(rows * d, p, seed), (rows, d), &dev).unwrap();
+            let (a, b) = (t(1), t(2));
+            let w = Tensor::from_vec(values(d, p, 3), d, &dev).unwrap();
+            let wv = w.to_vec1::<f32>().unwrap();
+            // The SwiGLU: round(round(silu(g)) · u).
+            let want = p
+                .round(&(p.round(&a.silu().unwrap()).unwrap() * &b).unwrap())
+                .unwrap();
+            let got = zip_map(&a, &b, |g, u, _| p.round_f32(p.round_f32(silu(g)) * u));
+            assert!(bits(&got.unwrap().unwrap()) == bits(&want), "swiglu {p:?}");
+            // The gated norm's tail: round(round(n · w) · silu(z)).
+            let nw = p.round(&a.broadcast_mul(&w).unwrap()).unwrap();
+            let want = p.round(&(nw * b.silu().unwrap()).unwrap()).unwrap();
+            let got = zip_map(&a, &b, |n, z, i| {
+                p.round_f32(p.round_f32(n * wv[i % d]) * silu(z))
+            });
+            assert!(
+                bits(&got.unwrap().unwrap()) == bits(&want),
+                "gated norm {p:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_shapes_and_dtypes_are_left_to_candle() {
+        let dev = Device::Cpu;
+        let a = Tensor::zeros((2, 3), DType::F32, &dev).unwrap();
+        let b = Tensor::zeros((3, 2), DType::F32, &dev).unwrap();
+        assert!(zip_map(&a, &b, |x, _, _| x).unwrap().is_none());
+        let h = Tensor::zeros((2, 3), DType::F16, &dev).unwrap();
+        assert!(zip_map(&a, &h, |x, _, _| x).unwrap().is_none());
+    }
+}

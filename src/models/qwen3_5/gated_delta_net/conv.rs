@@ -101,3 +101,104 @@ pub(super) fn conv_split(
         );
     (q, k, v)
 }
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// transformers' order, as hsparity computed it before the fused pass:
+    /// the padded input copied out, each channel's taps summed from +0 in
+    /// increasing `j`, rounded, SiLU rounded, then q, k, v cut per row.
+    fn reference(
+        x: &Padded,
+        w_t: &[f32],
+        reset: Option<usize>,
+        p: Precision,
+        h: Heads,
+    ) -> [Vec<f32>; 3] {
+        let (c, (nk, nv, dk, dv)) = (x.c, h);
+        let kk = w_t.len() / c;
+        let t = x.new.len() / c;
+        let padded = x.rows(0..t + kk - 1);
+        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..t {
+            let first = reset
+                .filter(|&r| i >= r)
+                .map_or(0, |r| (r + kk - 1).saturating_sub(i));
+            let row: Vec<f32> = (0..c)
+                .map(|ch| {
+                    let mut acc = 0f32;
+                    for j in first.min(kk)..kk {
+                        acc += w_t[j * c + ch] * padded[(i + j) * c + ch];
+                    }
+                    let acc = p.round_f32(acc);
+                    p.round_f32(acc / (1.0 + (-acc).exp()))
+                })
+                .collect();
+            for hv in 0..nv {
+                let kh = hv / (nv / nk);
+                q.extend_from_slice(&row[kh * dk..(kh + 1) * dk]);
+                k.extend_from_slice(&row[nk * dk + kh * dk..nk * dk + (kh + 1) * dk]);
+            }
+            v.extend_from_slice(&row[2 * nk * dk..2 * nk * dk + nv * dv]);
+        }
+        [q, k, v]
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn the_fused_conv_gives_the_per_channel_sums_bits() {
+        let heads = (2, 4, 8, 12);
+        let c = 2 * 2 * 8 + 4 * 12;
+        let mut r = rand::rngs::StdRng::seed_from_u64(7);
+        let kk = 4;
+        // Large enough products that the sum's order and the roundings show.
+        let w_t: Vec<f32> = (0..kk * c).map(|_| r.gen_range(-3.0..3.0)).collect();
+        let hist: Vec<f32> = (0..(kk - 1) * c).map(|_| r.gen_range(-8.0..8.0)).collect();
+        for t in [1, 2, 3, 5, 70] {
+            let new: Vec<f32> = (0..t * c).map(|_| r.gen_range(-8.0..8.0)).collect();
+            let x = Padded {
+                hist: &hist,
+                new: &new,
+                c,
+            };
+            for p in [Precision::F32, Precision::Bf16, Precision::F16] {
+                for reset in [None, Some(0), Some(1), Some(t / 2), Some(t - 1)] {
+                    let (q, k, v) = conv_split(&x, &w_t, reset, p, heads);
+                    let want = reference(&x, &w_t, reset, p, heads);
+                    for (name, got, want) in [
+                        ("q", &q, &want[0]),
+                        ("k", &k, &want[1]),
+                        ("v", &v, &want[2]),
+                    ] {
+                        assert!(
+                            bits(got) == bits(want),
+                            "{name}: t={t} {p:?} reset={reset:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn padded_rows_run_from_the_history_into_the_forward() {
+        let (hist, new) = ([1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0, 9.0, 10.0]);
+        let x = Padded {
+            hist: &hist,
+            new: &new,
+            c: 2,
+        };
+        assert_eq!(
+            x.rows(0..5),
+            [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
+        );
+        assert_eq!(x.rows(1..3), [3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(x.rows(3..5), [7.0, 8.0, 9.0, 10.0]);
+    }
+}
