@@ -155,7 +155,9 @@ impl Precision {
         })
     }
 
-    /// Rounds one value.
+    /// Rounds one value (inlined, so that a loop over values whose
+    /// precision it knows can vectorise).
+    #[inline]
     pub fn round_f32(self, x: f32) -> f32 {
         match self {
             Precision::F32 => x,
