@@ -162,9 +162,9 @@ unsafe fn kernel<const V: usize, const C: usize>(a: &[u32], b: &[u32], c: *mut f
     let pairs = t.k.div_ceil(2);
     let ap: [*const u32; V] = std::array::from_fn(|v| a.as_ptr().add((t.g + v) * pairs * 16));
     let bp: [*const u32; C] = std::array::from_fn(|j| b.as_ptr().add((t.n0 + j) * pairs));
-    let mut block = 0;
-    while block < t.k {
-        let end = (block + t.kc).min(t.k);
+    let mut block = t.k0;
+    while block < t.k1 {
+        let end = (block + t.kc).min(t.k1);
         let mut acc = [[_mm512_setzero_ps(); C]; V];
         for p in block / 2..end.div_ceil(2) {
             let va: [__m512bh; V] = std::array::from_fn(|v| {

@@ -140,9 +140,9 @@ unsafe fn kernel<const V: usize, const C: usize>(a: &[f32], b: *const f32, c: *m
     use std::arch::x86_64::*;
     let ap: [*const f32; V] = std::array::from_fn(|v| a.as_ptr().add((t.g + v) * t.k * 16));
     let bp: [*const f32; C] = std::array::from_fn(|j| b.add(j * t.k));
-    let mut block = 0;
-    while block < t.k {
-        let end = (block + t.kc).min(t.k);
+    let mut block = t.k0;
+    while block < t.k1 {
+        let end = (block + t.kc).min(t.k1);
         let mut acc = [[_mm512_setzero_ps(); C]; V];
         for kk in block..end {
             let va: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(ap[v].add(kk * 16)));

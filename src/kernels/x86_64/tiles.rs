@@ -42,13 +42,16 @@ macro_rules! cols {
 pub(super) use {by_shape, cols};
 
 /// One register tile's place: row groups `g..g+gv`, columns `n0..n0+nc`,
-/// of an `[m, k] · [n, k]ᵀ` product summed in k-blocks of `kc`.
+/// of an `[m, k] · [n, k]ᵀ` product summed in k-blocks of `kc`; the call
+/// sums the blocks from `k0` (a block's start) to `k1`.
 #[derive(Clone, Copy)]
 pub(super) struct Tile {
     pub(super) m: usize,
     pub(super) n: usize,
     pub(super) k: usize,
     pub(super) kc: usize,
+    pub(super) k0: usize,
+    pub(super) k1: usize,
     pub(super) g: usize,
     pub(super) gv: usize,
     pub(super) n0: usize,
@@ -131,11 +134,21 @@ unsafe fn blocked<S: Default>(
 /// gave rates within 5 % of these (`examples/gemm_bench.rs`).
 const PANEL_BYTES: usize = 1 << 20;
 
+/// The most bytes of a row block's packed input (`MB` rows, or fewer, ×
+/// `k`, as f32) that one call per tile reads whole; past it each k-block
+/// is a call of its own ([`each_tile`]). Half this VM's 2 MiB L2.
+const ROWS_BYTES: usize = 1 << 20;
+
 /// Calls `tile` on every register tile of an `[m, n]` output, column tiles
 /// split over the threads (each thread's tiles write only its columns),
 /// after `column(s, n0, nc)` on the thread's scratch for the run of column
 /// tiles holding the tile (`runs`: [`product_by_columns`]'s runs; else one
-/// run of all the thread's tiles, each row block over all of them).
+/// run of all the thread's tiles, each row block over all of them). Where a
+/// row block's packed values take more than [`ROWS_BYTES`], it passes over
+/// the run's tiles once per k-block, a call per tile and block, so that
+/// the values of one block (`MB × kc`) stay in L2 while the tiles read
+/// them. Each thread makes a tile's blocks in increasing order, so the
+/// first one is stored before the later ones are added.
 fn each_tile<S: Default>(
     (m, n, k): (usize, usize, usize),
     kc: usize,
@@ -155,6 +168,13 @@ fn each_tile<S: Default>(
     } else {
         (PANEL_BYTES / (NR * k.max(1) * 4)).max(1)
     };
+    // A call per k-block where a row block's packed values would not stay
+    // in L2 whole; one call for all of k where they would.
+    let step = if m.min(MB) * k * 4 > ROWS_BYTES {
+        kc.max(1)
+    } else {
+        k.max(1)
+    };
     (0..tiles.div_ceil(per)).into_par_iter().for_each(|chunk| {
         let (t0, t1) = (chunk * per, ((chunk + 1) * per).min(tiles));
         let mut s = S::default();
@@ -163,23 +183,26 @@ fn each_tile<S: Default>(
             column(&mut s, r0 * NR, (r1 * NR).min(n) - r0 * NR);
             for g0 in (0..groups).step_by(MB / 16) {
                 let g1 = (g0 + MB / 16).min(groups);
-                for t in r0..r1 {
-                    let (n0, nc) = (t * NR, NR.min(n - t * NR));
-                    for g in (g0..g1).step_by(MV) {
-                        let gv = MV.min(g1 - g);
-                        tile(
-                            &s,
-                            Tile {
+                for k0 in (0..k.max(1)).step_by(step) {
+                    let k1 = (k0 + step).min(k);
+                    for t in r0..r1 {
+                        let (n0, nc) = (t * NR, NR.min(n - t * NR));
+                        for g in (g0..g1).step_by(MV) {
+                            let gv = MV.min(g1 - g);
+                            let t = Tile {
                                 m,
                                 n,
                                 k,
                                 kc,
+                                k0,
+                                k1,
                                 g,
                                 gv,
                                 n0,
                                 nc,
-                            },
-                        );
+                            };
+                            tile(&s, t);
+                        }
                     }
                 }
             }
