@@ -52,7 +52,7 @@ pub(super) unsafe fn matmul_nt(
     // k-block before reading it.
     unsafe {
         match w {
-            Weight::F32(w) => tiles::product(dims, kc, |t, c| {
+            Weight::F32(w) => tiles::product(dims, kc, true, |t, c| {
                 tiles::by_shape!(kernel, &a, w.as_ptr().add(t.n0 * k), c, t)
             }),
             _ => tiles::product_by_columns(

@@ -72,20 +72,38 @@ impl Out {
     }
 }
 
+/// How [`each_tile`] walks a product's tiles.
+#[derive(Clone, Copy)]
+struct Walk {
+    /// Runs of widened columns ([`product_by_columns`]); else each row
+    /// block passes over all of a thread's column tiles.
+    runs: bool,
+    /// A pass per k-block where a row block's packed input takes more than
+    /// [`ROWS_BYTES`].
+    k_passes: bool,
+}
+
 /// The `[m, n]` output of a product, made by `tile(t, c)` on every
 /// register tile `t` of it (`c`: the output), column tiles split over the
-/// threads.
+/// threads; `k_passes`: each k-block a pass of its own where a row
+/// block's packed input would not stay in L2 ([`each_tile`]).
 ///
 /// # Safety
-/// `tile(t, c)` writes only tile `t` of `c`, and stores each of its
-/// elements (its first k-block) before reading any.
+/// `tile(t, c)` writes only tile `t` of `c`, sums the k-blocks from
+/// `t.k0` to `t.k1`, and stores each of its elements (its first k-block)
+/// before reading any.
 pub(super) unsafe fn product(
     dims: (usize, usize, usize),
     kc: usize,
+    k_passes: bool,
     tile: impl Fn(Tile, *mut f32) + Sync,
 ) -> Vec<f32> {
+    let walk = Walk {
+        runs: false,
+        k_passes,
+    };
     // SAFETY: the caller's contract.
-    unsafe { blocked(dims, kc, false, |_: &mut (), _, _| (), |_, t, c| tile(t, c)) }
+    unsafe { blocked(dims, kc, walk, |_: &mut (), _, _| (), |_, t, c| tile(t, c)) }
 }
 
 /// [`product`] with a per-thread scratch `S` that `column(s, n0, nc)` fills
@@ -94,7 +112,8 @@ pub(super) unsafe fn product(
 /// the weight's columns widened into a panel, for a weight not held in f32.
 /// A run is one column tile when the rows fit one cache block, and else as
 /// many as fit [`PANEL_BYTES`] (`k` f32 values per column), so that each
-/// value is widened once per product, not once per block of rows.
+/// value is widened once per product, not once per block of rows; k-blocks
+/// in passes of their own as [`product`]'s `k_passes`.
 ///
 /// # Safety
 /// As [`product`].
@@ -105,24 +124,28 @@ pub(super) unsafe fn product_by_columns<S: Default>(
     tile: impl Fn(&S, Tile, *mut f32) + Sync,
 ) -> Vec<f32> {
     // SAFETY: the caller's contract.
-    unsafe { blocked(dims, kc, true, column, tile) }
+    let walk = Walk {
+        runs: true,
+        k_passes: true,
+    };
+    // SAFETY: the caller's contract.
+    unsafe { blocked(dims, kc, walk, column, tile) }
 }
 
-/// [`product`] (`runs` false: each thread's column tiles in one pass per
-/// block of rows) or [`product_by_columns`] (`runs` true).
+/// [`product`] or [`product_by_columns`], as `walk` says.
 ///
 /// # Safety
 /// As [`product`].
 unsafe fn blocked<S: Default>(
     dims: (usize, usize, usize),
     kc: usize,
-    runs: bool,
+    walk: Walk,
     column: impl Fn(&mut S, usize, usize) + Sync,
     tile: impl Fn(&S, Tile, *mut f32) + Sync,
 ) -> Vec<f32> {
     let mut c: Vec<f32> = Vec::with_capacity(dims.0 * dims.1);
     let out = Out(c.as_mut_ptr());
-    each_tile(dims, kc, runs, &column, |p, t| tile(p, t, out.ptr()));
+    each_tile(dims, kc, walk, &column, |p, t| tile(p, t, out.ptr()));
     // SAFETY: the tiles cover the output and each stored all its elements.
     unsafe { c.set_len(dims.0 * dims.1) };
     c
@@ -152,7 +175,7 @@ const ROWS_BYTES: usize = 1 << 20;
 fn each_tile<S: Default>(
     (m, n, k): (usize, usize, usize),
     kc: usize,
-    runs: bool,
+    walk: Walk,
     column: &(impl Fn(&mut S, usize, usize) + Sync),
     tile: impl Fn(&S, Tile) + Sync,
 ) {
@@ -161,7 +184,7 @@ fn each_tile<S: Default>(
     let threads = rayon::current_num_threads().max(1);
     let per = tiles.div_ceil(threads).max(1);
     let groups = m.div_ceil(16);
-    let run = if !runs {
+    let run = if !walk.runs {
         per
     } else if groups <= MB / 16 {
         1
@@ -170,7 +193,7 @@ fn each_tile<S: Default>(
     };
     // A call per k-block where a row block's packed values would not stay
     // in L2 whole; one call for all of k where they would.
-    let step = if m.min(MB) * k * 4 > ROWS_BYTES {
+    let step = if walk.k_passes && m.min(MB) * k * 4 > ROWS_BYTES {
         kc.max(1)
     } else {
         k.max(1)
