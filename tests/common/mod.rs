@@ -437,6 +437,7 @@ pub const BLOCKED_SHAPES: &[(usize, usize, usize)] = &[
     (130, 70, 2047),   // odd k over two blocks
     (128, 1024, 3072), // the mid checkpoint's down projection
     (140, 290, 8192),  // 2 row blocks; runs of 2 column tiles, several per thread
+    (130, 70, 2500),   // k-block passes (rows over 1 MiB), the last block shorter
 ];
 
 /// Deterministic hidden states `[t, h]` in about [-2, 2], rounded to `prec`

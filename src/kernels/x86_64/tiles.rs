@@ -89,9 +89,9 @@ struct Walk {
 /// block's packed input would not stay in L2 ([`each_tile`]).
 ///
 /// # Safety
-/// `tile(t, c)` writes only tile `t` of `c`, sums the k-blocks from
-/// `t.k0` to `t.k1`, and stores each of its elements (its first k-block)
-/// before reading any.
+/// `k ≥ 1`; `tile(t, c)` writes only tile `t` of `c`, sums the k-blocks
+/// from `t.k0` to `t.k1`, and stores each of its elements (its first
+/// k-block) before reading any.
 pub(super) unsafe fn product(
     dims: (usize, usize, usize),
     kc: usize,
@@ -112,8 +112,8 @@ pub(super) unsafe fn product(
 /// the weight's columns widened into a panel, for a weight not held in f32.
 /// A run is one column tile when the rows fit one cache block, and else as
 /// many as fit [`PANEL_BYTES`] (`k` f32 values per column), so that each
-/// value is widened once per product, not once per block of rows; k-blocks
-/// in passes of their own as [`product`]'s `k_passes`.
+/// value is widened once per product, not once per block of rows; always
+/// with [`product`]'s `k_passes` on.
 ///
 /// # Safety
 /// As [`product`].
@@ -123,7 +123,6 @@ pub(super) unsafe fn product_by_columns<S: Default>(
     column: impl Fn(&mut S, usize, usize) + Sync,
     tile: impl Fn(&S, Tile, *mut f32) + Sync,
 ) -> Vec<f32> {
-    // SAFETY: the caller's contract.
     let walk = Walk {
         runs: true,
         k_passes: true,
@@ -143,6 +142,9 @@ unsafe fn blocked<S: Default>(
     column: impl Fn(&mut S, usize, usize) + Sync,
     tile: impl Fn(&S, Tile, *mut f32) + Sync,
 ) -> Vec<f32> {
+    // With k = 0 no tile would store its elements (no plan has it: the
+    // blocked route takes k > 2).
+    debug_assert!(dims.2 > 0, "a blocked product over k = 0");
     let mut c: Vec<f32> = Vec::with_capacity(dims.0 * dims.1);
     let out = Out(c.as_mut_ptr());
     each_tile(dims, kc, walk, &column, |p, t| tile(p, t, out.ptr()));

@@ -220,10 +220,12 @@ impl GatedDeltaNet {
         let conv = param(src, &format!("{prefix}.conv1d.weight"), p)?;
         let (c, kk) = (geo.conv_dim(), geo.conv_kernel);
         let conv_w = conv.flatten_all()?.to_vec1::<f32>()?;
+        // The loader checks the shape against the spec too; the transpose
+        // below must not index past a short weight whatever the source.
         if conv_w.len() != c * kk {
+            let n = conv_w.len();
             return Err(candle_core::Error::Msg(format!(
-                "{prefix}.conv1d.weight holds {} values where the config gives {c} channels × {kk} taps",
-                conv_w.len()
+                "{prefix}.conv1d.weight holds {n} values; the config gives {c} channels × {kk} taps"
             ))
             .into());
         }

@@ -160,7 +160,7 @@ mod tests {
         // Large enough products that the sum's order and the roundings show.
         let w_t: Vec<f32> = (0..kk * c).map(|_| r.gen_range(-3.0..3.0)).collect();
         let hist: Vec<f32> = (0..(kk - 1) * c).map(|_| r.gen_range(-8.0..8.0)).collect();
-        for t in [1, 2, 3, 5, 70] {
+        for t in [0, 1, 2, 3, 5, 70] {
             let new: Vec<f32> = (0..t * c).map(|_| r.gen_range(-8.0..8.0)).collect();
             let x = Padded {
                 hist: &hist,
@@ -168,7 +168,13 @@ mod tests {
                 c,
             };
             for p in [Precision::F32, Precision::Bf16, Precision::F16] {
-                for reset in [None, Some(0), Some(1), Some(t / 2), Some(t - 1)] {
+                for reset in [
+                    None,
+                    Some(0),
+                    Some(1),
+                    Some(t / 2),
+                    Some(t.saturating_sub(1)),
+                ] {
                     let (q, k, v) = conv_split(&x, &w_t, reset, p, heads);
                     let want = reference(&x, &w_t, reset, p, heads);
                     for (name, got, want) in [
