@@ -7,6 +7,7 @@ use candle_core::Tensor;
 
 use crate::error::{Error, Result};
 use crate::loading::WeightSource;
+use crate::models::layers::elementwise::cat_columns;
 use crate::models::layers::norm::Norm;
 use crate::models::layers::{each_stacked, linear, matrix_rows, param, Matrix};
 use crate::models::{DecoderLayer, GdnForm, LayerState, Positions, TextModelSpec};
@@ -116,11 +117,7 @@ impl LmHead {
         })?;
         parts
             .into_iter()
-            .map(|per| {
-                per.into_iter()
-                    .map(|chunks| Ok(Tensor::cat(&chunks, 1)?))
-                    .collect()
-            })
+            .map(|per| per.into_iter().map(|chunks| cat_columns(&chunks)).collect())
             .collect()
     }
 }
