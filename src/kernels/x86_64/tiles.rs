@@ -161,7 +161,8 @@ const PANEL_BYTES: usize = 1 << 20;
 
 /// The most bytes of a row block's packed input (`MB` rows, or fewer, ×
 /// `k`, as f32) that one call per tile reads whole; past it each k-block
-/// is a call of its own ([`each_tile`]). Half this VM's 2 MiB L2.
+/// is a call of its own ([`each_tile`]). Half the 2 MiB L2 of the Xeon
+/// it was measured on (`examples/gemm_bench.rs`); not tuned for others.
 const ROWS_BYTES: usize = 1 << 20;
 
 /// Calls `tile` on every register tile of an `[m, n]` output, column tiles

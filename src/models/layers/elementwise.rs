@@ -1,9 +1,10 @@
 //! Elementwise tails of a layer (the SwiGLU's `silu(g) · u`, the gated
 //! norm's `w · n · silu(z)`) in one parallel pass over f32 CPU tensors,
-//! where candle's ops make a pass and a fresh tensor per operation (a
-//! tenth of a 4096-token forward went to faulting in those tensors' pages).
-//! Each element gets the operations candle's ops give it, in their order,
-//! so the values are the same bits.
+//! where candle's ops make a pass and a fresh tensor per operation, whose
+//! pages Linux zeroes first at long prompts (`docs/performance.md`, "Fewer
+//! passes over a long prompt's memory"). Each element gets the operations
+//! candle's ops give it, in their order, so the values are the same bits;
+//! and a parallel join of column blocks ([`cat_columns`]).
 
 use candle_core::{DType, Tensor};
 use rayon::prelude::*;

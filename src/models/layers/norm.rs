@@ -80,11 +80,12 @@ impl RmsNormGated {
         // round(round(n · w) · silu(z)), as candle's broadcast_mul, round,
         // silu, mul, round.
         let (w, d) = (&self.w, self.w.len());
-        let fused = match n.dim(D::Minus1)? == d && d > 0 {
-            true => zip_map(&n, z, |n, z, i| {
+        let fused = if d > 0 && n.dim(D::Minus1)? == d {
+            zip_map(&n, z, |n, z, i| {
                 p.round_f32(p.round_f32(n * w[i % d]) * silu(z))
-            })?,
-            false => None,
+            })?
+        } else {
+            None
         };
         match fused {
             Some(y) => Ok(y),
