@@ -60,30 +60,32 @@ pub fn zip_map(
 ///
 /// Errors: the parts' rows differ, or a tensor failure.
 pub fn cat_columns(parts: &[Tensor]) -> Result<Tensor> {
+    let rows = parts.first().map(|p| p.dim(0)).transpose()?;
     let fits = |t: &Tensor| {
-        t.device().is_cpu() && t.dtype() == DType::F32 && t.rank() == 2 && t.is_contiguous()
+        t.device().is_cpu()
+            && t.dtype() == DType::F32
+            && t.rank() == 2
+            && t.is_contiguous()
+            && t.dim(0).ok() == rows
     };
-    let rows = match parts.first() {
-        Some(p) if parts.iter().all(fits) => p.dim(0)?,
-        _ => return Ok(Tensor::cat(parts, 1)?),
+    let Some(rows) = rows.filter(|_| parts.iter().all(fits)) else {
+        return Ok(Tensor::cat(parts, 1)?);
     };
     let guards: Vec<_> = parts.iter().map(|p| p.storage_and_layout()).collect();
-    let mut slices: Vec<(&[f32], usize)> = Vec::with_capacity(parts.len());
-    for (storage, layout) in &guards {
-        let cols = layout.dims()[1];
-        match (&**storage, layout.contiguous_offsets()) {
-            (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b)))
-                if layout.dims()[0] == rows =>
-            {
-                slices.push((&v[a..b], cols))
-            }
-            _ => {
-                drop(slices);
-                drop(guards);
-                return Ok(Tensor::cat(parts, 1)?);
-            }
-        }
-    }
+    let slices: Option<Vec<(&[f32], usize)>> = guards
+        .iter()
+        .map(
+            |(storage, layout)| match (&**storage, layout.contiguous_offsets()) {
+                (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) => {
+                    Some((&v[a..b], layout.dims()[1]))
+                }
+                _ => None,
+            },
+        )
+        .collect();
+    let Some(slices) = slices else {
+        return Ok(Tensor::cat(parts, 1)?);
+    };
     let width: usize = slices.iter().map(|s| s.1).sum();
     let mut out = vec![0f32; rows * width];
     out.par_chunks_mut(width.max(1))
@@ -95,10 +97,7 @@ pub fn cat_columns(parts: &[Tensor]) -> Result<Tensor> {
                 at += cols;
             }
         });
-    let device = parts[0].device().clone();
-    drop(slices);
-    drop(guards);
-    Ok(Tensor::from_vec(out, (rows, width), &device)?)
+    Ok(Tensor::from_vec(out, (rows, width), parts[0].device())?)
 }
 
 #[cfg(test)]
