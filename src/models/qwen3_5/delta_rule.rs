@@ -27,6 +27,10 @@ const _: () = assert!(CHUNK_SIZE <= rows::KEY_STRIDE);
 /// One head's q, k, v, g, β (see [`per_head`]).
 type Head = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
 
+/// Per row, the coefficient magnitudes whose products with it take an
+/// assist ([`rows::ranges`]).
+type Ranges = Vec<(f32, f32)>;
+
 /// `(T, dk, dv)`.
 type Dims = (usize, usize, usize);
 
@@ -256,12 +260,13 @@ unsafe fn chunked_head<O: RowOps>(
     // row, the coefficient rows whole); kt's columns past a short chunk's
     // length are read by the dot blocks and never used.
     let mut kt = vec![0f32; dk * rows::KEY_STRIDE];
-    let (mut gam_buf, mut f_buf) = (vec![0f32; c], vec![0f32; c]);
+    let (mut gam_buf, mut f_buf) = (vec![0f32; c], vec![0f32; dk]);
     let (mut decay_buf, mut l_buf) = (vec![0f32; c * c], vec![0f32; c * c]);
     let mut dots_buf = vec![0f32; c * rows::KEY_STRIDE];
     let (mut u_buf, mut w_buf) = (vec![0f32; c * dv], vec![0f32; c * dk]);
     let mut coef = vec![0f32; c * dk];
-    let mut terms: Vec<(usize, f32)> = Vec::with_capacity(c);
+    // Per row of U and W: where its products may take an assist.
+    let (mut u_rng, mut w_rng) = (Vec::with_capacity(c), Vec::with_capacity(c));
     let mut start = 0;
     while start < t {
         let n = CHUNK_SIZE.min(t - start);
@@ -286,31 +291,12 @@ unsafe fn chunked_head<O: RowOps>(
         // SAFETY: the CPU runs O's instruction set (this function's contract).
         unsafe { O::dots_lower(dots, kc, dk, &kt, n) };
         let (decay, l) = (&mut decay_buf[..n * n], &mut l_buf[..n * n]);
-        decay_and_l(gam, dots, bc, decay, l);
-        // Forward substitution: U = (I+L)^{-1} βV, W = (I+L)^{-1} βK e^γ.
+        // SAFETY: as below.
+        unsafe { decay_and_l::<O>(gam, dots, bc, decay, l) };
         let u = &mut u_buf[..n * dv];
         let w = &mut w_buf[..n * dk];
-        for i in 0..n {
-            let eg = gam[i].exp();
-            for c in 0..dv {
-                u[i * dv + c] = bc[i] * vc[i * dv + c];
-            }
-            for c in 0..dk {
-                w[i * dk + c] = bc[i] * kc[i * dk + c] * eg;
-            }
-            // The earlier rows with a non-zero L[i][j] (a zero one is skipped:
-            // adding its product could turn a −0 into +0).
-            terms.clear();
-            terms.extend(
-                (0..i)
-                    .filter(|&j| l[i * n + j] != 0.0)
-                    .map(|j| (j, -l[i * n + j])),
-            );
-            let (ub, ui) = u.split_at_mut(i * dv);
-            rows::axpy_terms(&mut ui[..dv], terms.iter().copied(), ub);
-            let (wb, wi) = w.split_at_mut(i * dk);
-            rows::axpy_terms(&mut wi[..dk], terms.iter().copied(), wb);
-        }
+        // SAFETY: the CPU runs O's instruction set (this function's contract).
+        unsafe { substitute::<O>((u, w), (vc, kc, bc, gam), l, (&mut u_rng, &mut w_rng)) };
         // v_new = U − W S: row i's terms are (a, −W[i][a]).
         let v_new = u;
         let cw = &mut coef[..n * dk];
@@ -321,11 +307,14 @@ unsafe fn chunked_head<O: RowOps>(
         // (a, Q[i][a] e^{γ_i}) on S, then (j, (q_i·k_j) Γ_ij) on v_new.
         let o = &mut oh[start * dv..(start + n) * dv];
         let cq = &mut coef[..n * dk];
-        for i in 0..n {
-            let eg = gam[i].exp();
-            for a in 0..dk {
-                cq[i * dk + a] = qc[i * dk + a] * eg;
-            }
+        for ((cr, qr), &gi) in cq
+            .chunks_exact_mut(dk)
+            .zip(qc.chunks_exact(dk))
+            .zip(gam.iter())
+        {
+            cr.copy_from_slice(qr);
+            // SAFETY: as above.
+            unsafe { O::scale(cr, gi.exp()) };
         }
         // SAFETY: as above. The query·key dot products take the place of
         // the key·key ones, which L has used.
@@ -333,24 +322,31 @@ unsafe fn chunked_head<O: RowOps>(
             O::dense_rows(o, dv, cq, dk, s);
             O::dots_lower(dots, qc, dk, &kt, n);
         }
+        let vn_rng = if O::GUARDS {
+            rows::ranges(v_new, dv, n)
+        } else {
+            Vec::new()
+        };
         for i in 0..n {
             let d = &dots[i * rows::KEY_STRIDE..];
-            let terms = (0..=i).map(|j| (j, d[j] * decay[i * n + j]));
-            rows::axpy_terms(&mut o[i * dv..(i + 1) * dv], terms, v_new);
+            // SAFETY (`mul`): as above.
+            let terms = (0..=i).map(|j| (j, unsafe { O::mul(d[j], decay[i * n + j]) }));
+            // SAFETY: as above.
+            unsafe { O::axpy_terms(&mut o[i * dv..(i + 1) * dv], terms, v_new, &vn_rng) };
         }
         // S ← e^{γ_last} S + Σ_i (k_i e^{γ_last−γ_i}) ⊗ v_new_i: row a's
         // terms are (i, K[i][a] e^{γ_last−γ_i}).
         let glast = gam[n - 1];
-        let el = glast.exp();
-        s.iter_mut().for_each(|x| *x *= el);
-        let f = &mut f_buf[..n];
-        for (fi, &gi) in f.iter_mut().zip(gam.iter()) {
-            *fi = (glast - gi).exp();
-        }
+        // SAFETY: as above.
+        unsafe { O::scale(s, glast.exp()) };
         let cs = &mut coef[..dk * n];
-        for a in 0..dk {
-            for i in 0..n {
-                cs[a * n + i] = kc[i * dk + a] * f[i];
+        let kf = &mut f_buf[..dk];
+        for (i, (kr, &gi)) in kc.chunks_exact(dk).zip(gam.iter()).enumerate() {
+            kf.copy_from_slice(kr);
+            // SAFETY: as above.
+            unsafe { O::scale(kf, (glast - gi).exp()) };
+            for (a, &x) in kf.iter().enumerate() {
+                cs[a * n + i] = x;
             }
         }
         // SAFETY: as above.
@@ -360,11 +356,68 @@ unsafe fn chunked_head<O: RowOps>(
     oh
 }
 
+/// Forward substitution: `U = (I+L)^{-1} βV` and `W = (I+L)^{-1} βK e^γ`
+/// into `u` `[n, dv]` and `w` `[n, dk]`, row by row, from the chunk's values,
+/// keys, β and γ and its `L` (`[n, n]`); where `O` guards, `rng` gets each
+/// finished row's [`rows::ranges`].
+///
+/// # Safety
+/// The CPU runs `O`'s instruction set.
+#[inline(always)]
+unsafe fn substitute<O: RowOps>(
+    (u, w): (&mut [f32], &mut [f32]),
+    (vc, kc, bc, gam): (&[f32], &[f32], &[f32], &[f32]),
+    l: &[f32],
+    (u_rng, w_rng): (&mut Ranges, &mut Ranges),
+) {
+    let n = gam.len();
+    let (dv, dk) = (u.len() / n, w.len() / n);
+    u_rng.clear();
+    w_rng.clear();
+    let mut terms: Vec<(usize, f32)> = Vec::with_capacity(n);
+    for i in 0..n {
+        let bi = bc[i];
+        let (ur, vr) = (&mut u[i * dv..(i + 1) * dv], &vc[i * dv..(i + 1) * dv]);
+        ur.iter_mut().zip(vr).for_each(|(x, &vx)| *x = bi * vx);
+        let (wr, kr) = (&mut w[i * dk..(i + 1) * dk], &kc[i * dk..(i + 1) * dk]);
+        wr.iter_mut().zip(kr).for_each(|(x, &kx)| *x = bi * kx);
+        // SAFETY: the CPU runs O's instruction set (this function's contract).
+        unsafe { O::scale(wr, gam[i].exp()) };
+        // The earlier rows with a non-zero L[i][j] (a zero one is skipped:
+        // adding its product could turn a −0 into +0).
+        terms.clear();
+        terms.extend(
+            (0..i)
+                .filter(|&j| l[i * n + j] != 0.0)
+                .map(|j| (j, -l[i * n + j])),
+        );
+        let (ub, ui) = u.split_at_mut(i * dv);
+        // SAFETY: as above.
+        unsafe { O::axpy_terms(&mut ui[..dv], terms.iter().copied(), ub, u_rng) };
+        let (wb, wi) = w.split_at_mut(i * dk);
+        // SAFETY: as above.
+        unsafe { O::axpy_terms(&mut wi[..dk], terms.iter().copied(), wb, w_rng) };
+        if O::GUARDS {
+            u_rng.push(rows::row_range(&ui[..dv]));
+            w_rng.push(rows::row_range(&wi[..dk]));
+        }
+    }
+}
+
 /// `decay[i][j] = exp(γ_i − γ_j)` for j ≤ i, and
 /// `L[i][j] = β_i (k_i·k_j) Γ_ij` for j < i from the keys' dot products
 /// (rows of [`rows::KEY_STRIDE`]); both `[n, n]` for a chunk of `n = γ.len()`.
+///
+/// # Safety
+/// The CPU runs `O`'s instruction set.
 #[inline(always)]
-fn decay_and_l(gam: &[f32], dots: &[f32], bc: &[f32], decay: &mut [f32], l: &mut [f32]) {
+unsafe fn decay_and_l<O: RowOps>(
+    gam: &[f32],
+    dots: &[f32],
+    bc: &[f32],
+    decay: &mut [f32],
+    l: &mut [f32],
+) {
     let n = gam.len();
     for i in 0..n {
         for j in 0..=i {
@@ -373,7 +426,13 @@ fn decay_and_l(gam: &[f32], dots: &[f32], bc: &[f32], decay: &mut [f32], l: &mut
     }
     for i in 0..n {
         for j in 0..i {
-            l[i * n + j] = bc[i] * dots[i * rows::KEY_STRIDE + j] * decay[i * n + j];
+            // SAFETY: the CPU runs O's instruction set (this function's contract).
+            l[i * n + j] = unsafe {
+                O::mul(
+                    O::mul(bc[i], dots[i * rows::KEY_STRIDE + j]),
+                    decay[i * n + j],
+                )
+            };
         }
     }
 }

@@ -6,7 +6,9 @@
 //! - [`Zmm`]: AVX-512F registers holding blocks of four output rows, so that
 //!   each load of a source row serves four of them. A head's state is
 //!   64 KiB, past L1, and the row-at-a-time form waits on L2 for it. Only the
-//!   AVX-512F head build uses it (off x86-64 it is [`Lanes`]).
+//!   AVX-512F head build uses it (off x86-64 it is [`Lanes`]). It also
+//!   computes in f64 the terms, scalings and products that would take a
+//!   microcode assist in f32 ([`subnormal`]), to the same bits.
 //!
 //! In both, every element adds its terms in the same order, with one
 //! rounding per product and per addition (no fused multiply-add).
@@ -37,11 +39,7 @@ fn axpy(y: &mut [f32], c: f32, x: &[f32]) {
 /// and per addition), with a block of `y` held in registers across the
 /// terms instead of stored and loaded once per term.
 #[inline(always)]
-pub(super) fn axpy_terms(
-    y: &mut [f32],
-    terms: impl Iterator<Item = (usize, f32)> + Clone,
-    rows: &[f32],
-) {
+fn axpy_terms(y: &mut [f32], terms: impl Iterator<Item = (usize, f32)> + Clone, rows: &[f32]) {
     let w = y.len();
     let mut x0 = 0;
     while x0 + L <= w {
@@ -63,8 +61,37 @@ pub(super) fn axpy_terms(
     }
 }
 
-/// The chunked head's two dense updates, in one build.
+/// The chunked head's row updates, in one build.
 pub(super) trait RowOps {
+    /// Whether the build computes the terms that would take an assist in
+    /// f64 (and so reads the rows' [`ranges`]).
+    const GUARDS: bool;
+
+    /// `y += c·rows[j]` for each term `(j, c)` in order (`rows` row-major,
+    /// `y.len()` wide), bitwise the plain [`axpy_terms`]. `ranges[j]` is row
+    /// j's [`ranges`] where the build [`GUARDS`](Self::GUARDS) (else unread).
+    ///
+    /// # Safety
+    /// The CPU runs the build's instruction set.
+    unsafe fn axpy_terms(
+        y: &mut [f32],
+        terms: impl Iterator<Item = (usize, f32)> + Clone,
+        rows: &[f32],
+        ranges: &[(f32, f32)],
+    );
+
+    /// `a · b`, bitwise f32 multiplication.
+    ///
+    /// # Safety
+    /// The CPU runs the build's instruction set.
+    unsafe fn mul(a: f32, b: f32) -> f32;
+
+    /// `y[i] *= c` for every element, bitwise f32 multiplication.
+    ///
+    /// # Safety
+    /// The CPU runs the build's instruction set.
+    unsafe fn scale(y: &mut [f32], c: f32);
+
     /// `y[r] += Σ_t c[r·k + t] · src[t]` for every row `r` of `y` (rows `w`
     /// wide, `src` `k` rows of `w`), the terms `t = 0..k` in order: bitwise
     /// [`axpy_terms`] on each row with the terms `(t, c[r·k + t])`.
@@ -103,6 +130,28 @@ fn fits(m: usize, n: usize, len: usize) -> bool {
 pub(super) struct Lanes;
 
 impl RowOps for Lanes {
+    const GUARDS: bool = false;
+
+    #[inline(always)]
+    unsafe fn axpy_terms(
+        y: &mut [f32],
+        terms: impl Iterator<Item = (usize, f32)> + Clone,
+        rows: &[f32],
+        _ranges: &[(f32, f32)],
+    ) {
+        axpy_terms(y, terms, rows);
+    }
+
+    #[inline(always)]
+    unsafe fn mul(a: f32, b: f32) -> f32 {
+        a * b
+    }
+
+    #[inline(always)]
+    unsafe fn scale(y: &mut [f32], c: f32) {
+        y.iter_mut().for_each(|x| *x *= c);
+    }
+
     #[inline(always)]
     unsafe fn dense_rows(y: &mut [f32], w: usize, c: &[f32], k: usize, src: &[f32]) {
         for (r, yr) in y.chunks_exact_mut(w).enumerate() {
@@ -135,6 +184,50 @@ pub(super) type Zmm = Lanes;
 
 #[cfg(target_arch = "x86_64")]
 impl RowOps for Zmm {
+    const GUARDS: bool = true;
+
+    #[inline(always)]
+    unsafe fn axpy_terms(
+        y: &mut [f32],
+        terms: impl Iterator<Item = (usize, f32)> + Clone,
+        rows: &[f32],
+        ranges: &[(f32, f32)],
+    ) {
+        let w = y.len();
+        let full = w / L * L;
+        for x0 in (0..full).step_by(L) {
+            // SAFETY: AVX-512F (the caller's contract); lanes x0..x0 + L ≤ w.
+            unsafe { zmm::axpy_block(&mut y[x0..x0 + L], terms.clone(), (rows, w, x0), ranges) };
+        }
+        if full < w {
+            for (j, c) in terms {
+                axpy(&mut y[full..], c, &rows[j * w + full..(j + 1) * w]);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn mul(a: f32, b: f32) -> f32 {
+        // SAFETY: AVX-512F implies SSE2 (the caller's contract).
+        unsafe { zmm::mul_f64_scalar(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn scale(y: &mut [f32], c: f32) {
+        if !subnormal::is_tiny(c, subnormal::row_range(y)) {
+            y.iter_mut().for_each(|x| *x *= c);
+            return;
+        }
+        let mut parts = y.chunks_exact_mut(16);
+        for part in &mut parts {
+            // SAFETY: AVX-512F (the caller's contract); the part holds 16.
+            unsafe { zmm::scale_f64(part, c) };
+        }
+        for x in parts.into_remainder() {
+            // SAFETY: as above.
+            *x = unsafe { zmm::mul_f64_scalar(*x, c) };
+        }
+    }
     #[inline(always)]
     unsafe fn dense_rows(y: &mut [f32], w: usize, c: &[f32], k: usize, src: &[f32]) {
         let rows = y.len() / w;
@@ -203,8 +296,9 @@ impl RowOps for Zmm {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
 mod subnormal;
+
+pub(super) use subnormal::{ranges, row_range};
 
 #[cfg(target_arch = "x86_64")]
 mod zmm {
@@ -213,10 +307,10 @@ mod zmm {
         _mm512_castpd_ps, _mm512_castps256_ps512, _mm512_castps512_ps256, _mm512_castps_pd,
         _mm512_cvtpd_ps, _mm512_cvtps_pd, _mm512_extractf64x4_pd, _mm512_insertf64x4,
         _mm512_loadu_ps, _mm512_mul_pd, _mm512_mul_ps, _mm512_set1_pd, _mm512_set1_ps,
-        _mm512_storeu_ps,
+        _mm512_storeu_ps, _mm_cvtsd_ss, _mm_cvtss_f32, _mm_set_sd, _mm_setzero_ps,
     };
 
-    use super::{KEY_STRIDE, L};
+    use super::{subnormal, KEY_STRIDE, L};
 
     /// Vectors of 16 lanes in a block of [`L`].
     const V: usize = L / 16;
@@ -248,6 +342,43 @@ mod zmm {
             _mm256_castps_pd(hi),
             1,
         ))
+    }
+
+    /// `a · b` rounded to f32 as f32 multiplication rounds it, computed in
+    /// f64 (exact) and converted once by `cvtsd2ss`, an instruction LLVM
+    /// keeps (a plain `(a as f64 * b as f64) as f32` it folds back into an
+    /// f32 multiply, assist included).
+    ///
+    /// # Safety
+    /// SSE2.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(super) unsafe fn mul_f64_scalar(a: f32, b: f32) -> f32 {
+        let p = _mm_set_sd(f64::from(a) * f64::from(b));
+        _mm_cvtss_f32(_mm_cvtsd_ss(_mm_setzero_ps(), p))
+    }
+
+    /// The 16 values of `y` times `c`, each rounded to f32 as f32
+    /// multiplication rounds it, computed in f64 as [`add_mul_f64`]'s product.
+    ///
+    /// # Safety
+    /// AVX-512F; `y` holds 16 values.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scale_f64(y: &mut [f32], c: f32) {
+        assert!(y.len() >= 16, "scale_f64 lanes");
+        let cd = _mm512_set1_pd(f64::from(c));
+        // SAFETY: y holds 16 values.
+        let (lo, hi) = widen(unsafe { _mm512_loadu_ps(y.as_ptr()) });
+        let lo = _mm512_cvtpd_ps(_mm512_mul_pd(cd, lo));
+        let hi = _mm512_cvtpd_ps(_mm512_mul_pd(cd, hi));
+        let out = _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castps_pd(_mm512_castps256_ps512(lo)),
+            _mm256_castps_pd(hi),
+            1,
+        ));
+        // SAFETY: as above.
+        unsafe { _mm512_storeu_ps(y.as_mut_ptr(), out) };
     }
 
     /// 16 f32 lanes as two vectors of 8 f64, low and high (exact).
@@ -306,6 +437,47 @@ mod zmm {
                 for (v, &a) in ar.iter().enumerate() {
                     _mm512_storeu_ps(yp.add(r * w + x0 + 16 * v), a);
                 }
+            }
+        }
+    }
+
+    /// Lanes `x0..x0+L` of row-major `rows` (`w` wide): `y` (those `L`
+    /// lanes of one output row) gains `c·rows[j]` for each term `(j, c)` in
+    /// order; a term with [`subnormal::is_tiny`] on `ranges[j]` is computed
+    /// in f64 ([`add_mul_f64`]), to the same bits.
+    ///
+    /// # Safety
+    /// AVX-512F; `y` holds `L` values; every term's row lies inside `rows`,
+    /// `x0 + L ≤ w`, and `ranges` has an entry per row a term names.
+    #[inline(always)]
+    pub(super) unsafe fn axpy_block(
+        y: &mut [f32],
+        terms: impl Iterator<Item = (usize, f32)>,
+        (rows, w, x0): (&[f32], usize, usize),
+        ranges: &[(f32, f32)],
+    ) {
+        assert!(y.len() >= L && x0 + L <= w, "axpy_block lanes");
+        let yp = y.as_mut_ptr();
+        // SAFETY: the caller's contract bounds the row offsets; y holds L.
+        unsafe {
+            let mut acc: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(yp.add(16 * v)));
+            for (j, c) in terms {
+                let r = &rows[j * w + x0..j * w + x0 + L];
+                let s: [__m512; V] =
+                    std::array::from_fn(|v| _mm512_loadu_ps(r.as_ptr().add(16 * v)));
+                if subnormal::is_tiny(c, ranges[j]) {
+                    for (a, &sv) in acc.iter_mut().zip(&s) {
+                        *a = add_mul_f64(*a, c, sv);
+                    }
+                } else {
+                    let cv = _mm512_set1_ps(c);
+                    for (a, &sv) in acc.iter_mut().zip(&s) {
+                        *a = _mm512_add_ps(*a, _mm512_mul_ps(cv, sv));
+                    }
+                }
+            }
+            for (v, &a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(yp.add(16 * v), a);
             }
         }
     }

@@ -108,7 +108,8 @@ fn wide(n: usize, r: &mut rand::rngs::StdRng, (lo, hi): (i32, i32)) -> Vec<f32> 
                 return sign * 0.0;
             }
             let m: f32 = r.gen_range(1.0..2.0);
-            sign * m * 2f32.powi(r.gen_range(lo..hi))
+            // In f64: `2f32.powi(e)` is 0 below e = −127 (it divides by 2^−e).
+            (f64::from(sign * m) * 2f64.powi(r.gen_range(lo..hi))) as f32
         })
         .collect()
 }
@@ -262,4 +263,98 @@ fn row_builds_are_bitwise_one_term_at_a_time() {
             }
         }
     }
+}
+
+/// Row updates, scalings and products whose operands are subnormal (the
+/// coefficients, the rows, or both), zero or large give plain f32
+/// arithmetic's bits in both row builds: the terms `Zmm` takes through f64 to
+/// spare the assists round as the f32 operations do.
+#[test]
+fn guarded_updates_are_bitwise_through_subnormal_operands() {
+    let mut r = rand::rngs::StdRng::seed_from_u64(31);
+    let avx512 = runs("delta-rule-avx512", crate::kernels::capabilities().avx512f);
+    let (mut subnormal_operands, mut operands) = (0, 0);
+    for (w, n) in [(64, 5), (128, 40), (200, 9), (16, 3)] {
+        for _ in 0..10 {
+            // Rows of subnormal and tiny values, then rows of ordinary ones.
+            let mut src = wide(n * w, &mut r, (-149, -100));
+            let half = n / 2 * w;
+            src[half..].copy_from_slice(&wide(n * w - half, &mut r, (-10, 10)));
+            let y0 = wide(w, &mut r, (-140, -110));
+            let c = wide(n, &mut r, (-149, 40));
+            let terms: Vec<(usize, f32)> = c.iter().copied().enumerate().collect();
+            let mut want = y0.clone();
+            for &(j, cj) in &terms {
+                for (y, &x) in want.iter_mut().zip(&src[j * w..(j + 1) * w]) {
+                    *y += cj * x;
+                }
+            }
+            let ranges = rows::ranges(&src, w, n);
+            let mut got = y0.clone();
+            // SAFETY: `Lanes` is plain Rust.
+            unsafe { rows::Lanes::axpy_terms(&mut got, terms.iter().copied(), &src, &ranges) };
+            assert_eq!(bits(&got), bits(&want), "lanes axpy w={w} n={n}");
+            for (j, &cj) in c.iter().enumerate() {
+                let mut want_row = src[j * w..(j + 1) * w].to_vec();
+                want_row.iter_mut().for_each(|x| *x *= cj);
+                let mut got_row = src[j * w..(j + 1) * w].to_vec();
+                // SAFETY: the CPU has AVX-512F where `avx512` is set.
+                if avx512 {
+                    unsafe { zmm_scale(&mut got_row, cj) };
+                    assert_eq!(bits(&got_row), bits(&want_row), "zmm scale w={w} c={cj:e}");
+                }
+                for &x in &src[j * w..(j + 1) * w] {
+                    // SAFETY: as above.
+                    if avx512 {
+                        let got = unsafe { zmm_mul(x, cj) };
+                        assert_eq!(got.to_bits(), (x * cj).to_bits(), "zmm mul {x:e}·{cj:e}");
+                    }
+                    let sub = |v: f32| v.is_subnormal() && cj != 0.0 && x != 0.0;
+                    subnormal_operands += usize::from(sub(x) || sub(cj) || (x * cj).is_subnormal());
+                    operands += 1;
+                }
+            }
+            if avx512 {
+                let mut got = y0.clone();
+                // SAFETY: the CPU has AVX-512F.
+                unsafe { zmm_axpy(&mut got, &terms, &src, &ranges) };
+                assert_eq!(bits(&got), bits(&want), "zmm axpy w={w} n={n}");
+            }
+        }
+    }
+    // The inputs reach what the test is about: products that take an assist.
+    assert!(
+        subnormal_operands * 4 > operands,
+        "{subnormal_operands} of {operands} products with a subnormal operand or result"
+    );
+}
+
+/// [`rows::Zmm::axpy_terms`] compiled as the AVX-512F head build inlines it.
+///
+/// # Safety
+/// AVX-512F.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
+unsafe fn zmm_axpy(y: &mut [f32], terms: &[(usize, f32)], src: &[f32], ranges: &[(f32, f32)]) {
+    // SAFETY: AVX-512F (this function's contract).
+    unsafe { rows::Zmm::axpy_terms(y, terms.iter().copied(), src, ranges) }
+}
+
+/// [`rows::Zmm::scale`] compiled as the AVX-512F head build inlines it.
+///
+/// # Safety
+/// AVX-512F.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
+unsafe fn zmm_scale(y: &mut [f32], c: f32) {
+    // SAFETY: AVX-512F (this function's contract).
+    unsafe { rows::Zmm::scale(y, c) }
+}
+
+/// [`rows::Zmm::mul`] compiled as the AVX-512F head build inlines it.
+///
+/// # Safety
+/// AVX-512F.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
+unsafe fn zmm_mul(a: f32, b: f32) -> f32 {
+    // SAFETY: AVX-512F (this function's contract).
+    unsafe { rows::Zmm::mul(a, b) }
 }
