@@ -180,15 +180,40 @@ impl Precision {
         }
     }
 
-    /// [`Self::round_slice`] on at most [`ROUND_PIECE`] values.
+    /// [`Self::round_slice`] on at most [`ROUND_PIECE`] values: the loop
+    /// compiled for AVX-512F where the CPU has it (16 lanes; the crate's
+    /// baseline build has SSE2's 4), the same bit operations either way.
     fn round_piece(self, c: &mut [f32]) {
-        match self {
-            Precision::F32 => {}
-            Precision::Bf16 => c.iter_mut().for_each(|x| *x = round_bf16(*x)),
-            Precision::F16 => c.iter_mut().for_each(|x| *x = round_f16(*x)),
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::capabilities().avx512f {
+            // SAFETY: the CPU has AVX-512F (read from CPUID with the capabilities).
+            return unsafe { round_piece_avx512(self, c) };
         }
+        round_piece_lanes(self, c);
     }
+}
 
+/// [`Precision::round_piece`]'s loop, inlined into each build.
+#[inline(always)]
+fn round_piece_lanes(p: Precision, c: &mut [f32]) {
+    match p {
+        Precision::F32 => {}
+        Precision::Bf16 => c.iter_mut().for_each(|x| *x = round_bf16(*x)),
+        Precision::F16 => c.iter_mut().for_each(|x| *x = round_f16(*x)),
+    }
+}
+
+/// [`round_piece_lanes`] compiled for AVX-512F.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn round_piece_avx512(p: Precision, c: &mut [f32]) {
+    round_piece_lanes(p, c);
+}
+
+impl Precision {
     /// `src` rounded to this dtype into `dst` (same length).
     fn round_into(self, src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
@@ -232,7 +257,7 @@ impl Precision {
         let (shape, device) = (t.shape().clone(), t.device().clone());
         let mut v = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
         v.par_chunks_mut(ROUND_PIECE).for_each(|c| match self {
-            Precision::Bf16 => c.iter_mut().for_each(|x| *x = flip_bf16(*x, zone)),
+            Precision::Bf16 => flip_bf16_piece(c, zone),
             _ => c
                 .iter_mut()
                 .for_each(|x| *x = self.round_flipping(*x, zone)),
@@ -275,6 +300,30 @@ impl Precision {
             r
         }
     }
+}
+
+/// [`flip_bf16`] on every value of `c`, compiled for AVX-512F where the CPU
+/// has it (as [`Precision::round_piece`]).
+fn flip_bf16_piece(c: &mut [f32], zone: f64) {
+    #[inline(always)]
+    fn lanes(c: &mut [f32], zone: f64) {
+        c.iter_mut().for_each(|x| *x = flip_bf16(*x, zone));
+    }
+    /// `lanes` compiled for AVX-512F.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn lanes_avx512(c: &mut [f32], zone: f64) {
+        lanes(c, zone);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::capabilities().avx512f {
+        // SAFETY: the CPU has AVX-512F (read from CPUID with the capabilities).
+        return unsafe { lanes_avx512(c, zone) };
+    }
+    lanes(c, zone);
 }
 
 /// [`Precision::round_flipping`] for bf16 on the bits: a finite `x`'s
@@ -495,7 +544,20 @@ mod tests {
     #[test]
     fn bf16_flip_on_the_bits_is_the_reference() {
         for zone in [0.5, 4.0, 100.0] {
-            for b in patterns(99991) {
+            let bits = patterns(99991);
+            let mut pieces: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+            pieces
+                .chunks_mut(ROUND_PIECE)
+                .for_each(|c| flip_bf16_piece(c, zone));
+            for (b, piece) in bits.iter().zip(&pieces) {
+                let one = flip_bf16(f32::from_bits(*b), zone);
+                assert_eq!(
+                    piece.to_bits(),
+                    one.to_bits(),
+                    "{b:#010x}: the piece's build"
+                );
+            }
+            for b in bits {
                 let x = f32::from_bits(b);
                 let (fast, slow) = (flip_bf16(x, zone), Precision::Bf16.round_flipping(x, zone));
                 assert!(
@@ -581,6 +643,17 @@ mod tests {
         for p in [Precision::Bf16, Precision::F16] {
             let mut got = xs.clone();
             p.round_slice(&mut got);
+            // The baseline build too, where the CPU runs the AVX-512F one.
+            let mut lanes = xs.clone();
+            lanes
+                .chunks_mut(ROUND_PIECE)
+                .for_each(|c| round_piece_lanes(p, c));
+            assert!(
+                got.iter()
+                    .zip(&lanes)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{p}"
+            );
             for (x, g) in xs.iter().zip(&got) {
                 let want = match p {
                     Precision::Bf16 => half::bf16::from_f32(*x).to_f32(),
