@@ -5,12 +5,14 @@
 //! AVX-512F, and the widest build the CPU has runs
 //! ([`crate::kernels::capabilities`], recorded as `delta-rule-avx512` or
 //! `delta-rule-avx2`; `HSPARITY_NO_AVX512_DELTA` keeps it to AVX2). Every
-//! build makes the same operations in the same order on each element (rustc
-//! never lets LLVM contract a multiply and an add into an FMA, even where the
-//! target feature has one, and no sum is reassociated), so every build gives
-//! bitwise the same values, NaNs' payloads aside (tested in
-//! `delta_rule/tests.rs`; a disassembly of the AVX-512F build shows zmm
-//! arithmetic and no `vfmadd`). In the AVX-512F build the chunked head's
+//! build gives each element the same operations in the same order, each
+//! rounded to f32 once (rustc never lets LLVM contract a multiply and an add
+//! into an FMA, even where the target feature has one, and no sum is
+//! reassociated), so every build gives bitwise the same values, NaNs'
+//! payloads aside (tested in `delta_rule/tests.rs`; a disassembly of the
+//! AVX-512F build shows zmm arithmetic and no `vfmadd`). The AVX-512F build
+//! computes the operations that would take a microcode assist in f64, each
+//! rounded to f32 as the f32 operation rounds it ([`rows`]). In the AVX-512F build the chunked head's
 //! dense updates (`U − W S`, `(Q e^γ) S`, the state's) and its dot products
 //! with the chunk's keys run on blocks of four output rows ([`rows::Zmm`]):
 //! each element gets the same terms in the same order as one row at a time,
@@ -260,13 +262,15 @@ unsafe fn chunked_head<O: RowOps>(
     // row, the coefficient rows whole); kt's columns past a short chunk's
     // length are read by the dot blocks and never used.
     let mut kt = vec![0f32; dk * rows::KEY_STRIDE];
-    let (mut gam_buf, mut f_buf) = (vec![0f32; c], vec![0f32; dk]);
+    let (mut gam_buf, mut kf_buf) = (vec![0f32; c], vec![0f32; dk]);
     let (mut decay_buf, mut l_buf) = (vec![0f32; c * c], vec![0f32; c * c]);
     let mut dots_buf = vec![0f32; c * rows::KEY_STRIDE];
     let (mut u_buf, mut w_buf) = (vec![0f32; c * dv], vec![0f32; c * dk]);
     let mut coef = vec![0f32; c * dk];
-    // Per row of U and W: where its products may take an assist.
+    // Per row of U and W, where its products may take an assist; a row's
+    // substitution terms.
     let (mut u_rng, mut w_rng) = (Vec::with_capacity(c), Vec::with_capacity(c));
+    let mut terms = Vec::with_capacity(c);
     let mut start = 0;
     while start < t {
         let n = CHUNK_SIZE.min(t - start);
@@ -296,7 +300,8 @@ unsafe fn chunked_head<O: RowOps>(
         let u = &mut u_buf[..n * dv];
         let w = &mut w_buf[..n * dk];
         // SAFETY: the CPU runs O's instruction set (this function's contract).
-        unsafe { substitute::<O>((u, w), (vc, kc, bc, gam), l, (&mut u_rng, &mut w_rng)) };
+        let scratch = (&mut u_rng, &mut w_rng, &mut terms);
+        unsafe { substitute::<O>((u, w), (vc, kc, bc, gam), l, scratch) };
         // v_new = U − W S: row i's terms are (a, −W[i][a]).
         let v_new = u;
         let cw = &mut coef[..n * dk];
@@ -340,7 +345,7 @@ unsafe fn chunked_head<O: RowOps>(
         // SAFETY: as above.
         unsafe { O::scale(s, glast.exp()) };
         let cs = &mut coef[..dk * n];
-        let kf = &mut f_buf[..dk];
+        let kf = &mut kf_buf[..dk];
         for (i, (kr, &gi)) in kc.chunks_exact(dk).zip(gam.iter()).enumerate() {
             kf.copy_from_slice(kr);
             // SAFETY: as above.
@@ -358,8 +363,8 @@ unsafe fn chunked_head<O: RowOps>(
 
 /// Forward substitution: `U = (I+L)^{-1} βV` and `W = (I+L)^{-1} βK e^γ`
 /// into `u` `[n, dv]` and `w` `[n, dk]`, row by row, from the chunk's values,
-/// keys, β and γ and its `L` (`[n, n]`); where `O` guards, `rng` gets each
-/// finished row's [`rows::ranges`].
+/// keys, β and γ and its `L` (`[n, n]`); where `O` guards, the two
+/// [`Ranges`] get each finished row's [`rows::ranges`]. `terms` is scratch.
 ///
 /// # Safety
 /// The CPU runs `O`'s instruction set.
@@ -368,13 +373,12 @@ unsafe fn substitute<O: RowOps>(
     (u, w): (&mut [f32], &mut [f32]),
     (vc, kc, bc, gam): (&[f32], &[f32], &[f32], &[f32]),
     l: &[f32],
-    (u_rng, w_rng): (&mut Ranges, &mut Ranges),
+    (u_rng, w_rng, terms): (&mut Ranges, &mut Ranges, &mut Vec<(usize, f32)>),
 ) {
     let n = gam.len();
     let (dv, dk) = (u.len() / n, w.len() / n);
     u_rng.clear();
     w_rng.clear();
-    let mut terms: Vec<(usize, f32)> = Vec::with_capacity(n);
     for i in 0..n {
         let bi = bc[i];
         let (ur, vr) = (&mut u[i * dv..(i + 1) * dv], &vc[i * dv..(i + 1) * dv]);

@@ -196,7 +196,7 @@ impl RowOps for Zmm {
         let w = y.len();
         let full = w / L * L;
         for x0 in (0..full).step_by(L) {
-            // SAFETY: AVX-512F (the caller's contract); lanes x0..x0 + L ≤ w.
+            // SAFETY: AVX-512F (the caller's contract).
             unsafe { zmm::axpy_block(&mut y[x0..x0 + L], terms.clone(), (rows, w, x0), ranges) };
         }
         if full < w {
@@ -228,6 +228,7 @@ impl RowOps for Zmm {
             *x = unsafe { zmm::mul_f64_scalar(*x, c) };
         }
     }
+
     #[inline(always)]
     unsafe fn dense_rows(y: &mut [f32], w: usize, c: &[f32], k: usize, src: &[f32]) {
         let rows = y.len() / w;
@@ -322,8 +323,8 @@ mod zmm {
     /// then to f32 is the sum rounded to f32 once (53 ≥ 2·24 + 2: Figueroa,
     /// "When is double rounding innocuous?", 1995; a sum whose result is
     /// subnormal is exact in f64). Conversions to and from f32 take no
-    /// microcode assist on subnormal values, where f32 arithmetic with a
-    /// subnormal result takes one (about 36 ns here, against 0.5).
+    /// microcode assist on subnormal values, where an f32 multiply with a
+    /// subnormal operand or result takes one ([`subnormal`]'s measurements).
     ///
     /// # Safety
     /// AVX-512F.
@@ -394,7 +395,7 @@ mod zmm {
 
     /// Lanes `x0..x0+L` of `N` rows of `y` (`w` wide) gain
     /// `Σ_t c[r·k + t] · src[t]`, `t` in order; a term `t` with `tiny[t]`
-    /// set (one of its products may be subnormal, `subnormal::flag_terms`)
+    /// set (one of its products may take an assist, `subnormal::flag_terms`)
     /// is computed in f64 ([`add_mul_f64`]), to the same bits.
     ///
     /// # Safety
@@ -447,8 +448,11 @@ mod zmm {
     /// in f64 ([`add_mul_f64`]), to the same bits.
     ///
     /// # Safety
-    /// AVX-512F; `y` holds `L` values; every term's row lies inside `rows`,
-    /// `x0 + L ≤ w`, and `ranges` has an entry per row a term names.
+    /// AVX-512F.
+    ///
+    /// # Panics
+    /// When `y` holds fewer than `L` values, `x0 + L > w`, or a term names a
+    /// row past `rows` or `ranges`.
     #[inline(always)]
     pub(super) unsafe fn axpy_block(
         y: &mut [f32],
@@ -458,7 +462,8 @@ mod zmm {
     ) {
         assert!(y.len() >= L && x0 + L <= w, "axpy_block lanes");
         let yp = y.as_mut_ptr();
-        // SAFETY: the caller's contract bounds the row offsets; y holds L.
+        // SAFETY: AVX-512F (the caller's contract); y holds L values (asserted)
+        // and each row's L lanes are a checked slice.
         unsafe {
             let mut acc: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(yp.add(16 * v)));
             for (j, c) in terms {

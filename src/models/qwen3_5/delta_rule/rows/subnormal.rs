@@ -1,9 +1,11 @@
 //! Which terms of a row update would make the CPU take a microcode assist,
-//! so that `Zmm` computes them in f64 (`zmm::add_mul_f64`) to the same bits. On this Intel core
-//! (measured, 64 lanes per term) an f32 multiply takes one, about 360 ns
-//! against 7–9 ns, when its product is subnormal, or when one operand is
-//! subnormal and the other is not zero (even where the product is normal); an
-//! add takes none for a subnormal operand. The chunked delta rule makes many:
+//! so that `Zmm` computes them in f64 (`zmm::add_mul_f64`) to the same bits.
+//! On an Intel Xeon of CPUID model 207 (measured, 64 lanes per term) an f32
+//! multiply takes one, about 360 ns against 7–13 ns, when its product is
+//! subnormal, or when one operand is subnormal and the other is not zero
+//! (even where the product is normal); an add takes none for a subnormal
+//! operand. A product of normal values that rounds to zero takes none and is
+//! not flagged; a sum cancelling to a subnormal takes one and is not guarded. The chunked delta rule makes many:
 //! decays `e^{γ}` far below 2⁻¹²⁶ scale whole rows of its coefficients, and
 //! the rows they scale are then subnormal themselves.
 
@@ -28,7 +30,11 @@ const INF_BITS: u32 = 0x7f80_0000;
 /// the flags need no f32 arithmetic, only comparisons. A row with no
 /// non-zero finite value gets an empty range.
 #[inline(always)]
-pub(crate) fn ranges(src: &[f32], w: usize, k: usize) -> Vec<(f32, f32)> {
+pub(in crate::models::qwen3_5::delta_rule) fn ranges(
+    src: &[f32],
+    w: usize,
+    k: usize,
+) -> Vec<(f32, f32)> {
     // A plain loop: an iterator adapter's `fold` can be left out of line,
     // compiled without the caller's AVX-512F, where the integer min and max
     // do not vectorise.
@@ -41,7 +47,7 @@ pub(crate) fn ranges(src: &[f32], w: usize, k: usize) -> Vec<(f32, f32)> {
 
 /// [`ranges`] of one row.
 #[inline(always)]
-pub(crate) fn row_range(row: &[f32]) -> (f32, f32) {
+pub(in crate::models::qwen3_5::delta_rule) fn row_range(row: &[f32]) -> (f32, f32) {
     // The magnitudes' bit patterns, whose integer order is their order as
     // values: lanes of 16 of integer min and max, which vectorise (the f32
     // min and max, with their NaN rules, did not).
@@ -73,6 +79,7 @@ pub(crate) fn row_range(row: &[f32]) -> (f32, f32) {
 /// and `lo ≤ |c| < hi`, or `c` is subnormal and the row not empty
 /// (`lo < hi`).
 #[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) fn is_tiny(c: f32, (lo, hi): (f32, f32)) -> bool {
     let a = c.abs();
     let in_range = (a >= lo) & (a < hi);
@@ -101,9 +108,10 @@ fn up(x: f64) -> f32 {
 }
 
 /// `tiny[t]`: whether a coefficient of term `t` in the rows of `c`
-/// (`[rows, k]`) may have a product with source row `t` in the subnormal
-/// range, from the rows' [`ranges`].
+/// (`[rows, k]`) times source row `t` may take an assist ([`is_tiny`] on the
+/// rows' [`ranges`]).
 #[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) fn flag_terms(c: &[f32], k: usize, ranges: &[(f32, f32)], tiny: &mut [bool]) {
     tiny.iter_mut().for_each(|f| *f = false);
     if k == 0 {
