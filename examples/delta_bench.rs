@@ -17,19 +17,13 @@ use std::time::Instant;
 
 use hsparity::kernels;
 use hsparity::models::qwen3_5::gated_delta_net::{chunked, DeltaRuleInputs};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 /// Deterministic values in [lo, hi).
 fn values(n: usize, seed: u64, (lo, hi): (f32, f32)) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
-            lo + (hi - lo) * u
-        })
-        .collect()
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| r.gen_range(lo..hi)).collect()
 }
 
 fn main() {
