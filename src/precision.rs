@@ -22,9 +22,7 @@ use crate::error::{Error, Result};
 
 mod bits;
 
-#[cfg(target_arch = "x86_64")]
-use bits::round_piece_avx512;
-use bits::{flip_bf16_piece, round_bf16, round_f16, round_piece_lanes};
+use bits::{flip_bf16_piece, round_bf16, round_f16, round_piece};
 
 /// A floating-point model dtype (`torch.float32`, `torch.bfloat16`,
 /// `torch.float16`): what `from_pretrained(dtype="auto")` resolves a loading
@@ -180,22 +178,10 @@ impl Precision {
         // Elementwise: pieces in parallel once there are several.
         if v.len() > 4 * ROUND_PIECE {
             v.par_chunks_mut(ROUND_PIECE)
-                .for_each(|c| self.round_piece(c));
+                .for_each(|c| round_piece(self, c));
         } else {
-            v.chunks_mut(ROUND_PIECE).for_each(|c| self.round_piece(c));
+            v.chunks_mut(ROUND_PIECE).for_each(|c| round_piece(self, c));
         }
-    }
-
-    /// [`Self::round_slice`] on at most [`ROUND_PIECE`] values: the loop
-    /// compiled for AVX-512F where the CPU has it (16 lanes; the crate's
-    /// baseline build has SSE2's 4), the same bit operations either way.
-    fn round_piece(self, c: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if crate::kernels::capabilities().avx512f {
-            // SAFETY: the CPU has AVX-512F (read from CPUID with the capabilities).
-            return unsafe { round_piece_avx512(self, c) };
-        }
-        round_piece_lanes(self, c);
     }
 }
 

@@ -4,9 +4,21 @@
 
 use super::Precision;
 
-/// [`Precision::round_piece`]'s loop, inlined into each build.
+/// [`Precision::round_slice`] on at most a piece of values: the loop
+/// compiled for AVX-512F where the CPU has it (16 lanes; the crate's
+/// baseline build has SSE2's 4), the same bit operations either way.
+pub(super) fn round_piece(p: Precision, c: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::capabilities().avx512f {
+        // SAFETY: the CPU has AVX-512F (read from CPUID with the capabilities).
+        return unsafe { round_piece_avx512(p, c) };
+    }
+    round_piece_lanes(p, c);
+}
+
+/// [`round_piece`]'s loop, inlined into each build.
 #[inline(always)]
-pub(super) fn round_piece_lanes(p: Precision, c: &mut [f32]) {
+fn round_piece_lanes(p: Precision, c: &mut [f32]) {
     match p {
         Precision::F32 => {}
         Precision::Bf16 => c.iter_mut().for_each(|x| *x = round_bf16(*x)),
@@ -20,12 +32,12 @@ pub(super) fn round_piece_lanes(p: Precision, c: &mut [f32]) {
 /// The CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn round_piece_avx512(p: Precision, c: &mut [f32]) {
+unsafe fn round_piece_avx512(p: Precision, c: &mut [f32]) {
     round_piece_lanes(p, c);
 }
 
 /// [`flip_bf16`] on every value of `c`, compiled for AVX-512F where the CPU
-/// has it (as [`Precision::round_piece`]).
+/// has it (as [`round_piece`]).
 pub(super) fn flip_bf16_piece(c: &mut [f32], zone: f64) {
     #[inline(always)]
     fn lanes(c: &mut [f32], zone: f64) {

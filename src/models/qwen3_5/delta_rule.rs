@@ -12,8 +12,8 @@
 //! payloads aside (tested in `delta_rule/tests.rs`; a disassembly of the
 //! AVX-512F build shows zmm arithmetic and no `vfmadd`). The AVX-512F build
 //! computes the operations that would take a microcode assist in f64, each
-//! rounded to f32 as the f32 operation rounds it ([`rows`]). In the AVX-512F build the chunked head's
-//! dense updates (`U − W S`, `(Q e^γ) S`, the state's) and its dot products
+//! rounded to f32 as the f32 operation rounds it ([`rows`]). In that build
+//! the chunked head's dense updates (`U − W S`, `(Q e^γ) S`, the state's) and its dot products
 //! with the chunk's keys run on blocks of four output rows ([`rows::Zmm`]):
 //! each element gets the same terms in the same order as one row at a time,
 //! and each source row is loaded once per four output rows.
@@ -295,12 +295,12 @@ unsafe fn chunked_head<O: RowOps>(
         // SAFETY: the CPU runs O's instruction set (this function's contract).
         unsafe { O::dots_lower(dots, kc, dk, &kt, n) };
         let (decay, l) = (&mut decay_buf[..n * n], &mut l_buf[..n * n]);
-        // SAFETY: as below.
+        // SAFETY: the CPU runs O's instruction set (this function's contract).
         unsafe { decay_and_l::<O>(gam, dots, bc, decay, l) };
         let u = &mut u_buf[..n * dv];
         let w = &mut w_buf[..n * dk];
-        // SAFETY: the CPU runs O's instruction set (this function's contract).
         let scratch = (&mut u_rng, &mut w_rng, &mut terms);
+        // SAFETY: as above.
         unsafe { substitute::<O>((u, w), (vc, kc, bc, gam), l, scratch) };
         // v_new = U − W S: row i's terms are (a, −W[i][a]).
         let v_new = u;

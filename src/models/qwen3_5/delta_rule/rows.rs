@@ -220,7 +220,7 @@ impl RowOps for Zmm {
         }
         let mut parts = y.chunks_exact_mut(16);
         for part in &mut parts {
-            // SAFETY: AVX-512F (the caller's contract); the part holds 16.
+            // SAFETY: AVX-512F (the caller's contract).
             unsafe { zmm::scale_f64(part, c) };
         }
         for x in parts.into_remainder() {
@@ -363,13 +363,16 @@ mod zmm {
     /// multiplication rounds it, computed in f64 as [`add_mul_f64`]'s product.
     ///
     /// # Safety
-    /// AVX-512F; `y` holds 16 values.
+    /// AVX-512F.
+    ///
+    /// # Panics
+    /// When `y` holds fewer than 16 values.
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn scale_f64(y: &mut [f32], c: f32) {
         assert!(y.len() >= 16, "scale_f64 lanes");
         let cd = _mm512_set1_pd(f64::from(c));
-        // SAFETY: y holds 16 values.
+        // SAFETY: y holds 16 values (asserted).
         let (lo, hi) = widen(unsafe { _mm512_loadu_ps(y.as_ptr()) });
         let lo = _mm512_cvtpd_ps(_mm512_mul_pd(cd, lo));
         let hi = _mm512_cvtpd_ps(_mm512_mul_pd(cd, hi));

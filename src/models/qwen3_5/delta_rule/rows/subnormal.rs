@@ -5,9 +5,10 @@
 //! subnormal, or when one operand is subnormal and the other is not zero
 //! (even where the product is normal); an add takes none for a subnormal
 //! operand. A product of normal values that rounds to zero takes none and is
-//! not flagged; a sum cancelling to a subnormal takes one and is not guarded. The chunked delta rule makes many:
-//! decays `e^{γ}` far below 2⁻¹²⁶ scale whole rows of its coefficients, and
-//! the rows they scale are then subnormal themselves.
+//! not flagged; a sum cancelling to a subnormal takes one and is not
+//! guarded. The chunked delta rule makes many: decays `e^{γ}` far below
+//! 2⁻¹²⁶ scale whole rows of its coefficients, and the rows they scale are
+//! then subnormal themselves.
 
 /// The smallest normal f32, 2⁻¹²⁶, in f64.
 const MIN_NORMAL: f64 = 1.0 / (1u128 << 126) as f64;
