@@ -268,7 +268,7 @@ unsafe fn chunked_head<O: RowOps>(
     let (mut u_buf, mut w_buf) = (vec![0f32; c * dv], vec![0f32; c * dk]);
     let mut coef = vec![0f32; c * dk];
     // Per row of U and W, where its products may take an assist; a row's
-    // substitution terms.
+    // terms (its substitution's, then its v_new terms in o).
     let (mut u_rng, mut w_rng) = (Vec::with_capacity(c), Vec::with_capacity(c));
     let mut terms = Vec::with_capacity(c);
     let mut start = 0;
@@ -333,11 +333,14 @@ unsafe fn chunked_head<O: RowOps>(
             Vec::new()
         };
         for i in 0..n {
+            // Row i's coefficients once (each lane block of the row reads them).
             let d = &dots[i * rows::KEY_STRIDE..];
+            terms.clear();
             // SAFETY (`mul`): as above.
-            let terms = (0..=i).map(|j| (j, unsafe { O::mul(d[j], decay[i * n + j]) }));
+            terms.extend((0..=i).map(|j| (j, unsafe { O::mul(d[j], decay[i * n + j]) })));
+            let row = &mut o[i * dv..(i + 1) * dv];
             // SAFETY: as above.
-            unsafe { O::axpy_terms(&mut o[i * dv..(i + 1) * dv], terms, v_new, &vn_rng) };
+            unsafe { O::axpy_terms(row, terms.iter().copied(), v_new, &vn_rng) };
         }
         // S ← e^{γ_last} S + Σ_i (k_i e^{γ_last−γ_i}) ⊗ v_new_i: row a's
         // terms are (i, K[i][a] e^{γ_last−γ_i}).

@@ -298,14 +298,14 @@ fn guarded_updates_are_bitwise_through_subnormal_operands() {
                 let mut want_row = src[j * w..(j + 1) * w].to_vec();
                 want_row.iter_mut().for_each(|x| *x *= cj);
                 let mut got_row = src[j * w..(j + 1) * w].to_vec();
-                // SAFETY: the CPU has AVX-512F where `avx512` is set.
                 if avx512 {
+                    // SAFETY: the CPU has AVX-512F (`avx512` is set).
                     unsafe { zmm_scale(&mut got_row, cj) };
                     assert_eq!(bits(&got_row), bits(&want_row), "zmm scale w={w} c={cj:e}");
                 }
                 for &x in &src[j * w..(j + 1) * w] {
-                    // SAFETY: as above.
                     if avx512 {
+                        // SAFETY: as above.
                         let got = unsafe { zmm_mul(x, cj) };
                         assert_eq!(got.to_bits(), (x * cj).to_bits(), "zmm mul {x:e}·{cj:e}");
                     }
