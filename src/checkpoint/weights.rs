@@ -17,6 +17,10 @@ use crate::checkpoint::headers::{HeaderIndex, TensorHeader};
 use crate::error::{Error, Result};
 use crate::precision::Precision;
 
+mod decode;
+
+use decode::Stored;
+
 /// Shared, lazily mapped tensor data of one checkpoint.
 #[derive(Debug)]
 pub struct Weights {
@@ -173,7 +177,7 @@ impl Weights {
     ) -> Result<Option<Bf16Pairs>> {
         use rayon::prelude::*;
         let t = self.header(name)?;
-        let (&[rows, k], Some(Stored::Bf16)) = (&t.shape[..], Stored::of(t)) else {
+        let (&[rows, k], Some(Stored::Bf16)) = (&t.shape[..], Stored::of(&t.dtype)) else {
             return Ok(None);
         };
         check_rows(name, (start, len), rows)?;
@@ -252,7 +256,7 @@ impl Weights {
     pub fn count_non_finite(&self, name: &str) -> Result<(usize, usize)> {
         let t = self.header(name)?;
         let width = dtype_width(t).ok_or_else(|| self.not_float(t))?;
-        let dtype = Stored::of(t).ok_or_else(|| self.not_float(t))?;
+        let dtype = Stored::of(&t.dtype).ok_or_else(|| self.not_float(t))?;
         let bytes = self.bytes(name)?;
         // 16 MiB pieces: each piece is counted in parallel, then released.
         let piece = (16 << 20) / width * width;
@@ -295,15 +299,8 @@ impl Weights {
         let src = self.span(t, b, e)?;
         // A value that is already exact in the compute dtype needs no rounding.
         let prec = prec.filter(|p| !p.is_exact_for(&t.dtype));
-        let dtype = Stored::of(t).ok_or_else(|| self.not_float(t))?;
-        let v = match dtype {
-            Stored::Bf16 => convert(src, prec, |c: [u8; 2]| {
-                half::bf16::from_le_bytes(c).to_f32()
-            }),
-            Stored::F16 => convert_f16(src, prec),
-            Stored::F32 => convert(src, prec, f32::from_le_bytes),
-            Stored::F64 => convert(src, prec, |c: [u8; 8]| f64::from_le_bytes(c) as f32),
-        };
+        let dtype = Stored::of(&t.dtype).ok_or_else(|| self.not_float(t))?;
+        let v = decode::convert(src, dtype, prec);
         self.release(t, b, e - b);
         Ok(v)
     }
@@ -409,77 +406,6 @@ pub struct Bf16Pairs {
     pub nan: usize,
     /// Inf values in the tensor.
     pub inf: usize,
-}
-
-/// Floating-point storage dtypes the weights come in.
-#[derive(Debug, Clone, Copy)]
-enum Stored {
-    Bf16,
-    F16,
-    F32,
-    F64,
-}
-
-impl Stored {
-    fn of(t: &TensorHeader) -> Option<Self> {
-        match t.dtype.as_str() {
-            "BF16" => Some(Stored::Bf16),
-            "F16" => Some(Stored::F16),
-            "F32" => Some(Stored::F32),
-            "F64" => Some(Stored::F64),
-            _ => None,
-        }
-    }
-}
-
-/// Decodes `src` (little-endian elements of `N` bytes) to f32 with `dec`,
-/// rounding to `prec`, in parallel pieces of 64 Ki elements; each piece is a
-/// plain loop the compiler can vectorise.
-fn convert<const N: usize>(
-    src: &[u8],
-    prec: Option<Precision>,
-    dec: impl Fn([u8; N]) -> f32 + Sync,
-) -> Vec<f32> {
-    let n = src.len() / N;
-    let mut out = vec![0f32; n];
-    const PIECE: usize = 1 << 16;
-    out.par_chunks_mut(PIECE)
-        .zip(src.par_chunks(PIECE * N))
-        .for_each(|(o, s)| {
-            for (x, c) in o.iter_mut().zip(s.chunks_exact(N)) {
-                *x = dec(c.try_into().expect("chunks_exact(N)"));
-            }
-            if let Some(p) = prec {
-                p.round_slice(o);
-            }
-        });
-    out
-}
-
-/// [`convert`] of little-endian f16 elements, widened by half's slice
-/// conversion (F16C where the CPU has it, detected at run time), which is
-/// bitwise the per-element `f16::to_f32` and vectorised.
-fn convert_f16(src: &[u8], prec: Option<Precision>) -> Vec<f32> {
-    use half::slice::HalfFloatSliceExt;
-    let n = src.len() / 2;
-    let mut out = vec![0f32; n];
-    const PIECE: usize = 1 << 16;
-    out.par_chunks_mut(PIECE)
-        .zip(src.par_chunks(PIECE * 2))
-        .for_each(|(o, s)| {
-            let mut h = [half::f16::ZERO; 4096];
-            for (oc, sc) in o.chunks_mut(h.len()).zip(s.chunks(h.len() * 2)) {
-                let h = &mut h[..oc.len()];
-                for (x, c) in h.iter_mut().zip(sc.chunks_exact(2)) {
-                    *x = half::f16::from_le_bytes([c[0], c[1]]);
-                }
-                h.convert_to_f32_slice(oc);
-            }
-            if let Some(p) = prec {
-                p.round_slice(o);
-            }
-        });
-    out
 }
 
 /// NaN and Inf counts of little-endian bf16 values, read through their

@@ -1,0 +1,240 @@
+//! A tensor's little-endian bytes as f32 values, rounded to the compute
+//! dtype where asked: each piece widened and rounded while it is in cache,
+//! written once into the output (not zeroed first), pieces in parallel, the
+//! loops compiled for AVX-512F where the CPU has it.
+
+use std::mem::MaybeUninit;
+
+use rayon::prelude::*;
+
+use crate::precision::Precision;
+
+/// Floating-point storage dtypes the weights come in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stored {
+    Bf16,
+    F16,
+    F32,
+    F64,
+}
+
+impl Stored {
+    /// The dtype a safetensors header names, if floating point.
+    pub(super) fn of(dtype: &str) -> Option<Self> {
+        match dtype {
+            "BF16" => Some(Stored::Bf16),
+            "F16" => Some(Stored::F16),
+            "F32" => Some(Stored::F32),
+            "F64" => Some(Stored::F64),
+            _ => None,
+        }
+    }
+
+    /// Bytes per value.
+    pub(super) fn width(self) -> usize {
+        match self {
+            Stored::Bf16 | Stored::F16 => 2,
+            Stored::F32 => 4,
+            Stored::F64 => 8,
+        }
+    }
+}
+
+/// Values per piece: 64 KiB of f32, rounded while still in L2.
+const PIECE: usize = 1 << 14;
+
+/// The values of `src` (stored as `dtype`, little-endian) as f32, each
+/// rounded to `prec` where given (`Precision::round_slice`); bytes past the
+/// last whole value are ignored. bf16 and f16 widen exactly (a NaN gets
+/// its quiet bit, as the half crate's `to_f32` gives it); f64 narrows with
+/// `as f32`.
+pub(super) fn convert(src: &[u8], dtype: Stored, prec: Option<Precision>) -> Vec<f32> {
+    let width = dtype.width();
+    let n = src.len() / width;
+    let mut out: Vec<f32> = Vec::with_capacity(n);
+    out.spare_capacity_mut()[..n]
+        .par_chunks_mut(PIECE)
+        .zip(src[..n * width].par_chunks(PIECE * width))
+        .for_each(|(o, s)| {
+            let o = widen(dtype, s, o);
+            if let Some(p) = prec {
+                p.round_slice(o);
+            }
+        });
+    // SAFETY: the pieces cover the first n values and `widen` wrote each.
+    unsafe { out.set_len(n) };
+    out
+}
+
+/// `o.len()` values decoded from `s` (`o.len()` values of `dtype`) into `o`,
+/// returned as written.
+fn widen<'o>(dtype: Stored, s: &[u8], o: &'o mut [MaybeUninit<f32>]) -> &'o mut [f32] {
+    assert_eq!(
+        s.len(),
+        o.len() * dtype.width(),
+        "a piece's bytes hold its values"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::capabilities().avx512f {
+        // SAFETY: the CPU has AVX-512F (read from CPUID with the capabilities).
+        unsafe { widen_avx512(dtype, s, o) };
+        // SAFETY: `widen_avx512` wrote every value of `o`.
+        return unsafe { assume_init(o) };
+    }
+    widen_lanes(dtype, s, o);
+    // SAFETY: `widen_lanes` wrote every value of `o`.
+    unsafe { assume_init(o) }
+}
+
+/// `o` as the f32 values it holds.
+///
+/// # Safety
+/// Every value of `o` is written.
+unsafe fn assume_init(o: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    // SAFETY: MaybeUninit<f32> has f32's layout; the caller wrote every value.
+    unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) }
+}
+
+/// [`widen`]'s loops, inlined into each build; f16 through the half crate's
+/// slice conversion here (F16C where the CPU has it, 8 values at a time;
+/// the AVX-512F build converts 16 at a time).
+#[inline(always)]
+fn widen_lanes(dtype: Stored, s: &[u8], o: &mut [MaybeUninit<f32>]) {
+    match dtype {
+        Stored::Bf16 => {
+            for (x, c) in o.iter_mut().zip(s.chunks_exact(2)) {
+                let b = u32::from(u16::from_le_bytes([c[0], c[1]])) << 16;
+                // A NaN gets its quiet bit, as `half::bf16::to_f32` gives it.
+                let quiet = if b & 0x7FFF_FFFF > 0x7F80_0000 {
+                    0x0040_0000
+                } else {
+                    0
+                };
+                x.write(f32::from_bits(b | quiet));
+            }
+        }
+        Stored::F16 => {
+            use half::slice::HalfFloatSliceExt;
+            let (mut h, mut f) = ([half::f16::ZERO; 1024], [0f32; 1024]);
+            for (oc, sc) in o.chunks_mut(h.len()).zip(s.chunks(2 * h.len())) {
+                let (h, f) = (&mut h[..oc.len()], &mut f[..oc.len()]);
+                for (x, c) in h.iter_mut().zip(sc.chunks_exact(2)) {
+                    *x = half::f16::from_le_bytes([c[0], c[1]]);
+                }
+                h.convert_to_f32_slice(f);
+                for (x, &v) in oc.iter_mut().zip(f.iter()) {
+                    x.write(v);
+                }
+            }
+        }
+        Stored::F32 => {
+            for (x, c) in o.iter_mut().zip(s.chunks_exact(4)) {
+                x.write(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            }
+        }
+        Stored::F64 => {
+            for (x, c) in o.iter_mut().zip(s.chunks_exact(8)) {
+                x.write(f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32);
+            }
+        }
+    }
+}
+
+/// [`widen_lanes`] compiled for AVX-512F, f16 through `vcvtph2ps` 16 values
+/// at a time (the instruction half's slice conversion uses 8 at a time
+/// where the CPU has F16C).
+///
+/// # Safety
+/// The CPU has AVX-512F; `s` holds `o.len()` values of `dtype`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn widen_avx512(dtype: Stored, s: &[u8], o: &mut [MaybeUninit<f32>]) {
+    use std::arch::x86_64::*;
+    if dtype != Stored::F16 {
+        return widen_lanes(dtype, s, o);
+    }
+    let whole = o.len() / 16 * 16;
+    for i in (0..whole).step_by(16) {
+        // SAFETY: values i..i+16 lie inside `o` and their 32 bytes inside `s`.
+        unsafe {
+            let h = _mm256_loadu_si256(s.as_ptr().add(2 * i) as *const __m256i);
+            _mm512_storeu_ps(o.as_mut_ptr().add(i) as *mut f32, _mm512_cvtph_ps(h));
+        }
+    }
+    widen_lanes(dtype, &s[2 * whole..], &mut o[whole..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every bf16 and f16 bit pattern, in an order that puts NaN, Inf,
+    /// subnormals and zeros at every lane and piece position.
+    fn all_halves() -> Vec<u16> {
+        (0..=u16::MAX).map(|i| i.wrapping_mul(40503)).collect()
+    }
+
+    /// The per-value reference: the half crate's widening, then the
+    /// compute dtype's rounding of one value.
+    fn reference(dtype: Stored, bits: u16, prec: Option<Precision>) -> f32 {
+        let x = match dtype {
+            Stored::Bf16 => half::bf16::from_bits(bits).to_f32(),
+            _ => half::f16::from_bits(bits).to_f32(),
+        };
+        let mut one = [x];
+        if let Some(p) = prec {
+            p.round_slice(&mut one);
+        }
+        one[0]
+    }
+
+    /// Each bf16 and f16 pattern converts, in every compute dtype, to the
+    /// bits of the per-value widening and rounding; on lengths that leave a
+    /// partial 16-value vector and a partial piece.
+    #[test]
+    fn halves_widen_and_round_as_each_value_alone() {
+        let halves = all_halves();
+        // One byte past the last value, which no length uses whole.
+        let mut bytes: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+        bytes.push(0x7F);
+        for dtype in [Stored::Bf16, Stored::F16] {
+            for prec in [
+                None,
+                Some(Precision::F32),
+                Some(Precision::Bf16),
+                Some(Precision::F16),
+            ] {
+                for n in [halves.len(), PIECE + 17, 15, 1] {
+                    let got = convert(&bytes[..2 * n + 1], dtype, prec);
+                    assert_eq!(got.len(), n, "{dtype:?}: the odd trailing byte is ignored");
+                    for (i, (g, &h)) in got.iter().zip(&halves).enumerate() {
+                        let want = reference(dtype, h, prec);
+                        assert_eq!(
+                            g.to_bits(),
+                            want.to_bits(),
+                            "{dtype:?} {h:#06x} to {prec:?} at {i} of {n}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// f32 values pass through and f64 values narrow as `as f32` does.
+    #[test]
+    fn wide_values_convert_as_casts() {
+        let xs = [0.0f64, -0.0, 1.5, 1e-40, 3.4e39, f64::NAN, -1e-310, 0.1];
+        let b64: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let got = convert(&b64, Stored::F64, None);
+        for (g, x) in got.iter().zip(xs) {
+            assert_eq!(g.to_bits(), (x as f32).to_bits(), "{x}");
+        }
+        let b32: Vec<u8> = xs.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect();
+        let got = convert(&b32, Stored::F32, Some(Precision::Bf16));
+        for (g, x) in got.iter().zip(xs) {
+            let mut one = [x as f32];
+            Precision::Bf16.round_slice(&mut one);
+            assert_eq!(g.to_bits(), one[0].to_bits(), "{x}");
+        }
+    }
+}
