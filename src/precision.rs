@@ -186,10 +186,32 @@ impl Precision {
 }
 
 impl Precision {
-    /// `src` rounded to this dtype into `dst` (same length).
-    fn round_into(self, src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-        self.round_slice(dst);
+    /// `src` rounded to this dtype, in a new vector written once (not
+    /// zeroed first): each piece copied and rounded while in cache, pieces
+    /// in parallel once there are several.
+    fn rounded(self, src: &[f32]) -> Vec<f32> {
+        use rayon::prelude::*;
+        use std::mem::MaybeUninit;
+        let fill = |o: &mut [MaybeUninit<f32>], s: &[f32]| {
+            assert_eq!(o.len(), s.len(), "a piece and its source");
+            // SAFETY: `o` holds `s.len()` values of f32's layout, apart from `s`.
+            unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), o.as_mut_ptr().cast(), s.len()) };
+            // SAFETY: every value of `o` was written just above.
+            self.round_slice(unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) });
+        };
+        let mut out = Vec::with_capacity(src.len());
+        let spare = &mut out.spare_capacity_mut()[..src.len()];
+        if src.len() >= 16 * ROUND_PIECE {
+            spare
+                .par_chunks_mut(16 * ROUND_PIECE)
+                .zip(src.par_chunks(16 * ROUND_PIECE))
+                .for_each(|(o, s)| fill(o, s));
+        } else {
+            fill(spare, src);
+        }
+        // SAFETY: `fill` wrote each of the first `src.len()` values.
+        unsafe { out.set_len(src.len()) };
+        out
     }
 }
 
@@ -293,22 +315,13 @@ impl candle_core::CustomOp1 for RoundOp {
         storage: &candle_core::CpuStorage,
         layout: &candle_core::Layout,
     ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use rayon::prelude::*;
         let candle_core::CpuStorage::F32(v) = storage else {
             candle_core::bail!("precision-round expects f32 storage");
         };
         let Some((a, b)) = layout.contiguous_offsets() else {
             candle_core::bail!("precision-round expects a contiguous tensor");
         };
-        let src = &v[a..b];
-        let mut out = vec![0f32; src.len()];
-        if src.len() >= 16 * ROUND_PIECE {
-            out.par_chunks_mut(16 * ROUND_PIECE)
-                .zip(src.par_chunks(16 * ROUND_PIECE))
-                .for_each(|(o, s)| self.0.round_into(s, o));
-        } else {
-            self.0.round_into(src, &mut out);
-        }
+        let out = self.0.rounded(&v[a..b]);
         Ok((candle_core::CpuStorage::F32(out), layout.shape().clone()))
     }
 }
@@ -344,6 +357,38 @@ mod tests {
         let t = Tensor::new(&[x, 3.0], &candle_core::Device::Cpu).unwrap();
         let r = Precision::Bf16.round(&t).unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(r, vec![1.0, 3.0]);
+    }
+
+    /// A tensor's rounding gives each value's own, on a view that starts
+    /// inside its storage and on lengths that take the parallel pieces with
+    /// a partial last one, or a single piece.
+    #[test]
+    fn tensor_rounding_is_each_values() {
+        let n = 16 * ROUND_PIECE * 3 + 1000;
+        let mut s = 0x9E37_79B9u32;
+        let v: Vec<f32> = (0..n + 7)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                f32::from_bits(s)
+            })
+            .collect();
+        let t = Tensor::new(v.as_slice(), &candle_core::Device::Cpu).unwrap();
+        for len in [n, 100] {
+            let view = t.narrow(0, 7, len).unwrap();
+            for p in [Precision::Bf16, Precision::F16] {
+                let got = p.round(&view).unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(got.len(), len);
+                for (i, (g, x)) in got.iter().zip(&v[7..]).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        p.round_f32(*x).to_bits(),
+                        "{p} at {i} of {len}"
+                    );
+                }
+            }
+        }
     }
 
     /// The shadow's rounding: to nearest away from midpoints; the other
