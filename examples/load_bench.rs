@@ -1,7 +1,7 @@
 //! How fast a checkpoint's tensors become f32 values in each compute dtype
 //! (`Weights::load_f32_rounded`: the bytes read from the page cache, widened,
 //! rounded, written to a fresh buffer), in ns per value (docs/performance.md,
-//! "Weights widened in one pass").
+//! "Buffers written once").
 //!
 //! ```sh
 //! cargo run --release --example load_bench -- target/bench/mid-divergent-qwen3_5
@@ -10,8 +10,10 @@
 //! Every floating-point tensor of over 100 000 values, in the order of the
 //! shards; each row the best of 5 passes over all of them after one warm-up
 //! (which also brings the shards into the page cache), on the rayon pool
-//! (`RAYON_NUM_THREADS`, else all cores); the time is wall time. The heap
-//! is set up as the binary sets it (`mallopt` at start-up).
+//! (`RAYON_NUM_THREADS`, else all cores); the time is wall time. Memory
+//! comes as the binary has it: its allocator (large blocks on huge pages,
+//! `hsparity::memory::LargePages`) and, on glibc, its heap settings
+//! (`mallopt`, as `src/main.rs` sets them).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,7 +22,12 @@ use hsparity::checkpoint::headers::HeaderIndex;
 use hsparity::checkpoint::weights::Weights;
 use hsparity::precision::Precision;
 
+/// The binary's allocator.
+#[global_allocator]
+static ALLOC: hsparity::memory::LargePages = hsparity::memory::LargePages;
+
 fn main() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; no thread runs yet.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);

@@ -194,7 +194,8 @@ impl Precision {
         use std::mem::MaybeUninit;
         let fill = |o: &mut [MaybeUninit<f32>], s: &[f32]| {
             assert_eq!(o.len(), s.len(), "a piece and its source");
-            // SAFETY: `o` holds `s.len()` values of f32's layout, apart from `s`.
+            // SAFETY: `o` holds `s.len()` values of f32's layout and does not
+            // overlap `s`.
             unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), o.as_mut_ptr().cast(), s.len()) };
             // SAFETY: every value of `o` was written just above.
             self.round_slice(unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) });
@@ -375,7 +376,7 @@ mod tests {
             })
             .collect();
         let t = Tensor::new(v.as_slice(), &candle_core::Device::Cpu).unwrap();
-        for len in [n, 100] {
+        for len in [n, 16 * ROUND_PIECE, 100, 0] {
             let view = t.narrow(0, 7, len).unwrap();
             for p in [Precision::Bf16, Precision::F16] {
                 let got = p.round(&view).unwrap().to_vec1::<f32>().unwrap();

@@ -255,8 +255,8 @@ impl Weights {
     /// Errors: as [`Self::load_f32_rounded`].
     pub fn count_non_finite(&self, name: &str) -> Result<(usize, usize)> {
         let t = self.header(name)?;
-        let width = dtype_width(t).ok_or_else(|| self.not_float(t))?;
         let dtype = Stored::of(&t.dtype).ok_or_else(|| self.not_float(t))?;
+        let width = dtype.width();
         let bytes = self.bytes(name)?;
         // 16 MiB pieces: each piece is counted in parallel, then released.
         let piece = (16 << 20) / width * width;
@@ -293,13 +293,13 @@ impl Weights {
         len: usize,
         prec: Option<Precision>,
     ) -> Result<Vec<f32>> {
-        let width = dtype_width(t).ok_or_else(|| self.not_float(t))?;
+        let dtype = Stored::of(&t.dtype).ok_or_else(|| self.not_float(t))?;
+        let width = dtype.width();
         let row_elems: usize = t.shape.iter().skip(1).product();
         let (b, e) = (start * row_elems * width, (start + len) * row_elems * width);
         let src = self.span(t, b, e)?;
         // A value that is already exact in the compute dtype needs no rounding.
         let prec = prec.filter(|p| !p.is_exact_for(&t.dtype));
-        let dtype = Stored::of(&t.dtype).ok_or_else(|| self.not_float(t))?;
         let v = decode::convert(src, dtype, prec);
         self.release(t, b, e - b);
         Ok(v)
@@ -383,16 +383,6 @@ pub(crate) fn check_rows(name: &str, (start, len): (usize, usize), rows: usize) 
         )));
     }
     Ok(())
-}
-
-/// Bytes per element of a floating-point tensor, `None` for other dtypes.
-fn dtype_width(t: &TensorHeader) -> Option<usize> {
-    match t.dtype.as_str() {
-        "BF16" | "F16" => Some(2),
-        "F32" => Some(4),
-        "F64" => Some(8),
-        _ => None,
-    }
 }
 
 /// A bf16 tensor as pairs ([`Weights::load_bf16_pairs`]).

@@ -32,7 +32,11 @@
 //! Outside the policy: reading a checkpoint's bf16 bytes as [`Pairs`]
 //! words ([`words_from_bytes`]) takes AVX-512BW wherever the CPU has it,
 //! with no switch and no entry in [`ran`]: it is a copy with a rotate, the
-//! same words and NaN/Inf counts as its scalar loop on every input.
+//! same words and NaN/Inf counts as its scalar loop on every input. The
+//! same holds for widening a tensor's f16 bytes to f32
+//! (`checkpoint::weights`, `vcvtph2ps` where the CPU has AVX-512F) and for
+//! the roundings' AVX-512F builds (`precision`): exact conversions and bit
+//! operations, the same values in every build.
 //!
 //! Every kernel but one gives candle's bits, so those switches change speed
 //! only. The exception is [`Kernel::Bf16Amx`]: on a CPU with AMX-BF16 a

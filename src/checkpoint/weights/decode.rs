@@ -61,7 +61,10 @@ pub(super) fn convert(src: &[u8], dtype: Stored, prec: Option<Precision>) -> Vec
                 p.round_slice(o);
             }
         });
-    // SAFETY: the pieces cover the first n values and `widen` wrote each.
+    // SAFETY: the two sides split n values into the same pieces (PIECE
+    // values, and PIECE·width of the n·width bytes), so the pieces cover the
+    // first n values, and `widen` wrote each value of its piece. A panic in
+    // a piece leaves `for_each` before this line.
     unsafe { out.set_len(n) };
     out
 }
@@ -76,7 +79,8 @@ fn widen<'o>(dtype: Stored, s: &[u8], o: &'o mut [MaybeUninit<f32>]) -> &'o mut 
     );
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::capabilities().avx512f {
-        // SAFETY: the CPU has AVX-512F (read from CPUID with the capabilities).
+        // SAFETY: the CPU has AVX-512F (read from CPUID with the
+        // capabilities), and `s` holds `o.len()` values (asserted above).
         unsafe { widen_avx512(dtype, s, o) };
         // SAFETY: `widen_avx512` wrote every value of `o`.
         return unsafe { assume_init(o) };
@@ -168,29 +172,56 @@ unsafe fn widen_avx512(dtype: Stored, s: &[u8], o: &mut [MaybeUninit<f32>]) {
 mod tests {
     use super::*;
 
-    /// Every bf16 and f16 bit pattern, in an order that puts NaN, Inf,
-    /// subnormals and zeros at every lane and piece position.
+    /// Every bf16 and f16 bit pattern, in a scrambled order (a bijection of
+    /// the 65 536), so that NaNs, subnormals and zeros fall at many lane and
+    /// piece positions.
     fn all_halves() -> Vec<u16> {
         (0..=u16::MAX).map(|i| i.wrapping_mul(40503)).collect()
     }
 
-    /// The per-value reference: the half crate's widening, then the
-    /// compute dtype's rounding of one value.
-    fn reference(dtype: Stored, bits: u16, prec: Option<Precision>) -> f32 {
-        let x = match dtype {
+    /// The half crate's widening of one value.
+    fn widened(dtype: Stored, bits: u16) -> f32 {
+        match dtype {
             Stored::Bf16 => half::bf16::from_bits(bits).to_f32(),
             _ => half::f16::from_bits(bits).to_f32(),
-        };
-        let mut one = [x];
-        if let Some(p) = prec {
-            p.round_slice(&mut one);
         }
-        one[0]
     }
 
-    /// Each bf16 and f16 pattern converts, in every compute dtype, to the
-    /// bits of the per-value widening and rounding; on lengths that leave a
-    /// partial 16-value vector and a partial piece.
+    /// `build` (a widening loop) on every pattern, against the half crate.
+    fn check_build(name: &str, build: impl Fn(Stored, &[u8], &mut [MaybeUninit<f32>])) {
+        let halves = all_halves();
+        let bytes: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+        for dtype in [Stored::Bf16, Stored::F16] {
+            let mut out = vec![MaybeUninit::new(f32::NAN); halves.len()];
+            build(dtype, &bytes, &mut out);
+            for (o, &h) in out.iter().zip(&halves) {
+                // SAFETY: every value was initialised above.
+                let got = unsafe { o.assume_init() };
+                let want = widened(dtype, h);
+                assert_eq!(got.to_bits(), want.to_bits(), "{name}: {dtype:?} {h:#06x}");
+            }
+        }
+    }
+
+    /// Both builds of the widening, each on all 65 536 bf16 and f16
+    /// patterns: the baseline loops (f16 through the half crate's slice
+    /// conversion) and the AVX-512F one (f16 through `vcvtph2ps`).
+    #[test]
+    fn both_builds_widen_every_half_as_the_half_crate() {
+        check_build("baseline", widen_lanes);
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::capabilities().avx512f {
+            // SAFETY: the CPU has AVX-512F; `check_build` passes `s` holding
+            // `o.len()` values.
+            check_build("avx512f", |d, s, o| unsafe { widen_avx512(d, s, o) });
+        } else {
+            eprintln!("SKIPPED the AVX-512F build's half: no AVX-512F on this CPU");
+        }
+    }
+
+    /// `convert` in every compute dtype gives each pattern's widening, then
+    /// its rounding alone, on lengths that leave a partial 16-value vector
+    /// and a partial piece, and ignores a trailing odd byte.
     #[test]
     fn halves_widen_and_round_as_each_value_alone() {
         let halves = all_halves();
@@ -204,14 +235,17 @@ mod tests {
                 Some(Precision::Bf16),
                 Some(Precision::F16),
             ] {
-                for n in [halves.len(), PIECE + 17, 15, 1] {
+                for n in [halves.len(), PIECE + 17, 15, 1, 0] {
                     let got = convert(&bytes[..2 * n + 1], dtype, prec);
                     assert_eq!(got.len(), n, "{dtype:?}: the odd trailing byte is ignored");
                     for (i, (g, &h)) in got.iter().zip(&halves).enumerate() {
-                        let want = reference(dtype, h, prec);
+                        let mut want = [widened(dtype, h)];
+                        if let Some(p) = prec {
+                            p.round_slice(&mut want);
+                        }
                         assert_eq!(
                             g.to_bits(),
-                            want.to_bits(),
+                            want[0].to_bits(),
                             "{dtype:?} {h:#06x} to {prec:?} at {i} of {n}"
                         );
                     }
@@ -220,21 +254,35 @@ mod tests {
         }
     }
 
-    /// f32 values pass through and f64 values narrow as `as f32` does.
+    /// f32 values pass through (over several pieces) and f64 values narrow
+    /// as `as f32` does, then round as one value alone; no bytes, no values.
     #[test]
     fn wide_values_convert_as_casts() {
-        let xs = [0.0f64, -0.0, 1.5, 1e-40, 3.4e39, f64::NAN, -1e-310, 0.1];
+        let mut s = 0x2545_F491u32;
+        let xs: Vec<f64> = [0.0, -0.0, 1.5, 1e-40, 3.4e39, f64::NAN, -1e-310, 0.1]
+            .into_iter()
+            .chain((0..2 * PIECE + 5).map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                f64::from(f32::from_bits(s))
+            }))
+            .collect();
         let b64: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let got = convert(&b64, Stored::F64, None);
-        for (g, x) in got.iter().zip(xs) {
-            assert_eq!(g.to_bits(), (x as f32).to_bits(), "{x}");
-        }
         let b32: Vec<u8> = xs.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect();
-        let got = convert(&b32, Stored::F32, Some(Precision::Bf16));
-        for (g, x) in got.iter().zip(xs) {
-            let mut one = [x as f32];
-            Precision::Bf16.round_slice(&mut one);
-            assert_eq!(g.to_bits(), one[0].to_bits(), "{x}");
+        for prec in [None, Some(Precision::Bf16)] {
+            for (dtype, bytes) in [(Stored::F64, &b64), (Stored::F32, &b32)] {
+                let got = convert(bytes, dtype, prec);
+                assert_eq!(got.len(), xs.len(), "{dtype:?}");
+                for (i, (g, &x)) in got.iter().zip(&xs).enumerate() {
+                    let mut want = [x as f32];
+                    if let Some(p) = prec {
+                        p.round_slice(&mut want);
+                    }
+                    assert_eq!(g.to_bits(), want[0].to_bits(), "{dtype:?} {x} at {i}");
+                }
+                assert!(convert(&bytes[..dtype.width() - 1], dtype, prec).is_empty());
+            }
         }
     }
 }
