@@ -49,6 +49,16 @@ unsafe impl GlobalAlloc for LargePages {
     }
 }
 
+/// `o` as the f32 values written into it: for buffers filled in place of
+/// being zeroed first (`Vec::spare_capacity_mut`).
+///
+/// # Safety
+/// Every value of `o` is written.
+pub(crate) unsafe fn assume_init(o: &mut [std::mem::MaybeUninit<f32>]) -> &mut [f32] {
+    // SAFETY: MaybeUninit<f32> has f32's layout; the caller wrote every value.
+    unsafe { &mut *(o as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) }
+}
+
 /// The whole huge pages inside `[p, p + len)`: `(start, len)`, `None` for a
 /// block under [`LARGE`] or holding no whole huge page.
 pub fn huge_span(p: usize, len: usize) -> Option<(usize, usize)> {

@@ -198,7 +198,7 @@ impl Precision {
             // overlap `s`.
             unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), o.as_mut_ptr().cast(), s.len()) };
             // SAFETY: every value of `o` was written just above.
-            self.round_slice(unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) });
+            self.round_slice(unsafe { crate::memory::assume_init(o) });
         };
         let mut out = Vec::with_capacity(src.len());
         let spare = &mut out.spare_capacity_mut()[..src.len()];

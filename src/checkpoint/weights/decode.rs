@@ -7,6 +7,7 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
+use crate::memory::assume_init;
 use crate::precision::Precision;
 
 /// Floating-point storage dtypes the weights come in.
@@ -88,15 +89,6 @@ fn widen<'o>(dtype: Stored, s: &[u8], o: &'o mut [MaybeUninit<f32>]) -> &'o mut 
     widen_lanes(dtype, s, o);
     // SAFETY: `widen_lanes` wrote every value of `o`.
     unsafe { assume_init(o) }
-}
-
-/// `o` as the f32 values it holds.
-///
-/// # Safety
-/// Every value of `o` is written.
-unsafe fn assume_init(o: &mut [MaybeUninit<f32>]) -> &mut [f32] {
-    // SAFETY: MaybeUninit<f32> has f32's layout; the caller wrote every value.
-    unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) }
 }
 
 /// [`widen`]'s loops, inlined into each build; f16 through the half crate's
