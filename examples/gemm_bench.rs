@@ -34,46 +34,6 @@ fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-/// One thread's f32 multiply-add rate with operands in registers, in
-/// GFLOP/s (2 per lane): the most any f32 kernel can make here. `None`
-/// without AVX-512F.
-fn fma_peak() -> Option<f64> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::*;
-        const STEPS: usize = 2_000_000;
-        #[target_feature(enable = "avx512f")]
-        unsafe fn chains(a: __m512, b: __m512) -> __m512 {
-            let mut acc = [_mm512_setzero_ps(); 24];
-            for _ in 0..STEPS {
-                for r in acc.iter_mut() {
-                    *r = _mm512_fmadd_ps(*r, a, b);
-                }
-            }
-            acc.iter()
-                .fold(_mm512_setzero_ps(), |s, r| _mm512_add_ps(s, *r))
-        }
-        if !std::is_x86_feature_detected!("avx512f") {
-            return None;
-        }
-        let seconds = best(|| {
-            // SAFETY: AVX-512F was detected above.
-            let r = unsafe {
-                chains(
-                    std::hint::black_box(_mm512_set1_ps(0.999)),
-                    std::hint::black_box(_mm512_set1_ps(1e-3)),
-                )
-            };
-            std::hint::black_box(r);
-        });
-        Some((STEPS * 24 * 16 * 2) as f64 / seconds / 1e9)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        None
-    }
-}
-
 /// The best of 5 timed calls of `f`, after one untimed one, in seconds.
 fn best(mut f: impl FnMut()) -> f64 {
     f();
@@ -103,10 +63,10 @@ fn main() {
         caps.cpu_features(),
         kernels::bf16_dot_rate().map_or("-".into(), |r| format!("{r:.2}"))
     );
-    if let Some(peak) = fma_peak() {
+    if let Some(peak) = kernels::fma_rate() {
         println!(
-            "one thread's register-only FMA rate (24 independent 16-lane chains): {peak:.0} \
-             GFLOP/s; × {} threads: {:.0}",
+            "one thread's register-only FMA rate (kernels::fma_rate): {peak:.0} GFLOP/s; × {} \
+             threads: {:.0}",
             rayon::current_num_threads(),
             peak * rayon::current_num_threads() as f64
         );

@@ -204,6 +204,21 @@ impl Capabilities {
 /// tables, which issue it as often as an FMA (not measured).
 pub const DOT_RATE_PAYS: f64 = 0.75;
 
+/// One thread's f32 multiply-add rate on this core with the operands in
+/// registers, in GFLOP/s (AVX-512F FMAs, two per lane), timed now (about
+/// 1 ms): the ceiling of the f32 kernel per thread. `None` without
+/// AVX-512F or off x86-64.
+pub fn fma_rate() -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86_64::fma_rate()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
 /// `vdpbf16ps`'s multiply-adds per second over AVX-512 FMAs' on this core,
 /// timed now (about 0.2 ms); `None` without AVX-512F and AVX512-BF16 or off
 /// x86-64. [`Capabilities::detect`] compares it with [`DOT_RATE_PAYS`].

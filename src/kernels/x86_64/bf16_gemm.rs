@@ -60,6 +60,61 @@ pub(super) unsafe fn adds_as_assumed() -> bool {
     dp(-1.0, tiny) == 0.0 && dp(tiny, -1.0) == tiny && dp(tiny, tiny) == 1.0
 }
 
+/// Steps of the rate timings: each of 12 independent accumulators takes
+/// this many multiply-adds (about 0.1 ms of FMAs).
+const RATE_STEPS: usize = 2000;
+
+/// [`RATE_STEPS`] FMAs on each of 12 independent accumulators, the
+/// operands in registers.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_chains(a: std::arch::x86_64::__m512, b: std::arch::x86_64::__m512) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_ps(); 12];
+    for _ in 0..RATE_STEPS {
+        for r in acc.iter_mut() {
+            *r = _mm512_fmadd_ps(*r, a, b);
+        }
+    }
+    _mm512_reduce_add_ps(
+        acc.iter()
+            .fold(_mm512_setzero_ps(), |s, r| _mm512_add_ps(s, *r)),
+    )
+}
+
+/// The seconds of one [`fma_chains`] call on normal values (no subnormal
+/// assists).
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[target_feature(enable = "avx512f")]
+unsafe fn time_fmas() -> f64 {
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+    let (a, b) = (_mm512_set1_ps(0.999), _mm512_set1_ps(1e-3));
+    let t = std::time::Instant::now();
+    // SAFETY: this function's feature, which the loop needs.
+    black_box(unsafe { fma_chains(black_box(a), black_box(b)) });
+    t.elapsed().as_secs_f64()
+}
+
+/// One thread's f32 multiply-add rate with the operands in registers, in
+/// GFLOP/s (two per lane): the most an f32 kernel can make per thread on
+/// this core. The best of 7 timings (an interruption only lengthens one).
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn fma_rate() -> f64 {
+    // SAFETY: this function's feature, which the timing needs.
+    let best = (0..7)
+        .map(|_| unsafe { time_fmas() })
+        .fold(f64::INFINITY, f64::min);
+    (RATE_STEPS * 12 * 16 * 2) as f64 / best / 1e9
+}
+
 /// How many multiply-adds per second `vdpbf16ps` makes against AVX-512
 /// FMAs on this core: the better of 7 alternated timings of 24,000 of each
 /// on 12 independent accumulators (about 0.2 ms in all; an interruption
@@ -77,24 +132,12 @@ pub(super) unsafe fn dot_rate() -> f64 {
     use std::arch::x86_64::*;
     use std::hint::black_box;
     use std::time::Instant;
-    const STEPS: usize = 2000;
     #[target_feature(enable = "avx512f,avx512bf16")]
     unsafe fn dots(a: __m512bh, b: __m512bh) -> __m512 {
         let mut acc = [_mm512_setzero_ps(); 12];
-        for _ in 0..STEPS {
+        for _ in 0..RATE_STEPS {
             for r in acc.iter_mut() {
                 *r = _mm512_dpbf16_ps(*r, a, b);
-            }
-        }
-        acc.iter()
-            .fold(_mm512_setzero_ps(), |s, r| _mm512_add_ps(s, *r))
-    }
-    #[target_feature(enable = "avx512f")]
-    unsafe fn fmas(a: __m512, b: __m512) -> __m512 {
-        let mut acc = [_mm512_setzero_ps(); 12];
-        for _ in 0..STEPS {
-            for r in acc.iter_mut() {
-                *r = _mm512_fmadd_ps(*r, a, b);
             }
         }
         acc.iter()
@@ -103,22 +146,14 @@ pub(super) unsafe fn dot_rate() -> f64 {
     // Normal values (no subnormal assists): bf16 pairs of 2⁻⁸ and 1.
     let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3B80_3B80));
     let b: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3F80_3F80));
-    let (fa, fb) = (_mm512_set1_ps(0.999), _mm512_set1_ps(1e-3));
-    let time = |f: &dyn Fn()| {
-        let t = Instant::now();
-        f();
-        t.elapsed().as_secs_f64()
-    };
     let (mut dot, mut fma) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..7 {
-        // SAFETY: this function's features, which the two loops need.
-        dot = dot.min(time(&|| {
-            black_box(unsafe { dots(black_box(a), black_box(b)) });
-        }));
-        // SAFETY: as above.
-        fma = fma.min(time(&|| {
-            black_box(unsafe { fmas(black_box(fa), black_box(fb)) });
-        }));
+        let t = Instant::now();
+        // SAFETY: this function's features, which the loop needs.
+        black_box(unsafe { dots(black_box(a), black_box(b)) });
+        dot = dot.min(t.elapsed().as_secs_f64());
+        // SAFETY: as above (AVX-512F).
+        fma = fma.min(unsafe { time_fmas() });
     }
     // Multiply-adds per second, dot over FMA: 2·n/dot against n/fma.
     2.0 * fma / dot

@@ -35,6 +35,12 @@ pub(super) fn detect() -> Capabilities {
     }
 }
 
+/// [`super::fma_rate`].
+pub(super) fn fma_rate() -> Option<f64> {
+    // SAFETY: AVX-512F is detected first.
+    is_x86_feature_detected!("avx512f").then(|| unsafe { bf16_gemm::fma_rate() })
+}
+
 /// [`super::bf16_dot_rate`].
 pub(super) fn bf16_dot_rate() -> Option<f64> {
     let here = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16");
