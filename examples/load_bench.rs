@@ -13,7 +13,7 @@
 //! (`RAYON_NUM_THREADS`, else all cores); the time is wall time. Memory
 //! comes as the binary has it: its allocator (large blocks on huge pages,
 //! `hsparity::memory::LargePages`) and, on glibc, its heap settings
-//! (`mallopt`, as `src/main.rs` sets them).
+//! (`hsparity::memory::reuse_freed_buffers`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,12 +27,7 @@ use hsparity::precision::Precision;
 static ALLOC: hsparity::memory::LargePages = hsparity::memory::LargePages;
 
 fn main() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets allocator parameters; no thread runs yet.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
-    }
+    hsparity::memory::reuse_freed_buffers();
     let Some(dir) = std::env::args().nth(1) else {
         eprintln!("usage: load_bench CHECKPOINT_DIR");
         std::process::exit(2);

@@ -15,7 +15,7 @@ static ALLOC: hsparity::memory::LargePages = hsparity::memory::LargePages;
 
 fn main() -> ExitCode {
     elementwise_on_the_calling_thread();
-    reuse_freed_buffers();
+    hsparity::memory::reuse_freed_buffers();
     let cli = match parse() {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => {
@@ -69,25 +69,6 @@ fn parse() -> Result<Cli, clap::Error> {
 fn elementwise_on_the_calling_thread() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
-    }
-}
-
-/// glibc returns every freed block above its mmap threshold to the kernel,
-/// and trims the heap's top above twice that, so each op's fresh output of a
-/// few MiB faults in zeroed pages again (a tenth of a bf16 compare's time in
-/// `perf`). Blocks up to 32 MiB (glibc's largest dynamic threshold) come from
-/// the heap and freed memory is kept for reuse up to 512 MiB; layer weights
-/// (larger) are still mapped and returned, so the streamed peak stays one
-/// layer's. No value changes. (Taking every block from the heap,
-/// `M_MMAP_MAX` 0, made a 4096-token dump 8 % faster but raised the 27B
-/// layout's peaks: `compare` 0.84 -> 0.99 GiB, and `triage` reached 8.01 GiB;
-/// docs/performance.md.)
-fn reuse_freed_buffers() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets allocator parameters; called before any thread starts.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
     }
 }
 
