@@ -34,9 +34,11 @@
 //! with no switch and no entry in [`ran`]: it is a copy with a rotate, the
 //! same words and NaN/Inf counts as its scalar loop on every input. The
 //! same holds for widening a tensor's f16 bytes to f32
-//! (`checkpoint::weights`, `vcvtph2ps` where the CPU has AVX-512F) and for
-//! the roundings' AVX-512F builds (`precision`): exact conversions and bit
-//! operations, the same values in every build.
+//! (`checkpoint::weights`, `vcvtph2ps` where the CPU has AVX-512F), for
+//! the roundings' and the layers' elementwise tails' AVX-512F builds
+//! (`precision`, `models::layers::elementwise`, the causal conv): exact
+//! conversions, bit operations and the same IEEE operations in the same
+//! order, the same values in every build.
 //!
 //! Every kernel but one gives candle's bits, so those switches change speed
 //! only. The exception is [`Kernel::Bf16Amx`]: on a CPU with AMX-BF16 a

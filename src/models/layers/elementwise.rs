@@ -3,8 +3,11 @@
 //! where candle's ops make a pass and a fresh tensor per operation, whose
 //! pages Linux zeroes first at long prompts (`docs/performance.md`, "Fewer
 //! passes over a long prompt's memory"). Each element gets the operations
-//! candle's ops give it, in their order, so the values are the same bits;
-//! and a parallel join of column blocks ([`cat_columns`]).
+//! candle's ops give it, in their order, so the values are the same bits.
+//! A row's silu takes libm's `expf` a value at a time, as candle's does,
+//! then the rest of the tail runs in an AVX-512F build where the CPU has it
+//! (`docs/performance.md`, "Elementwise tails in 16 lanes"). Also a
+//! parallel join of column blocks ([`cat_columns`]).
 
 use candle_core::{DType, Tensor};
 use rayon::prelude::*;
@@ -12,44 +15,130 @@ use rayon::prelude::*;
 use super::with_f32;
 use crate::error::Result;
 
-/// Elements per rayon task.
+/// Elements per rayon task (whole rows of at least this many).
 const PIECE: usize = 1 << 14;
+
+/// Columns of a row taken at a time: their `exp` values stay in L1 for the
+/// pass that reads them.
+const BLOCK: usize = 512;
 
 /// candle's f32 `silu` (`candle_core::op::Silu::f32`): `x / (1 + e^{−x})`.
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// `f(a[i], b[i], i)` for every element `i` (row-major) of two f32 CPU
-/// tensors of one shape, in parallel, as a new tensor of that shape;
-/// `None` when either is not an f32 CPU tensor or the shapes differ (the
-/// caller then takes candle's ops).
+/// [`silu`] of each value of `x` into `out`, in two passes: libm's `expf`
+/// (one call per value, as candle's op makes it), then `x / (1 + e)`, which
+/// vectorises. The same operations in the same order as [`silu`], so the
+/// same bits.
+#[inline(always)]
+pub fn silu_into(x: &[f32], out: &mut [f32]) {
+    for (o, &x) in out.iter_mut().zip(x) {
+        *o = (-x).exp();
+    }
+    for (o, &x) in out.iter_mut().zip(x) {
+        *o = x / (1.0 + *o);
+    }
+}
+
+/// The operand whose [`silu`] an elementwise tail takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SiluOf {
+    /// The first (the SwiGLU's gate).
+    First,
+    /// The second (the gated norm's `z`).
+    Second,
+}
+
+/// `f(a[i], b[i], silu(a[i] or b[i]), column of i)` for every element `i`
+/// (row-major, rows of the last dimension) of two f32 CPU tensors of one
+/// shape, in parallel, as a new tensor of that shape; `None` when either
+/// is not an f32 CPU tensor or the shapes differ (the caller then takes
+/// candle's ops). The silu is [`silu_into`]'s, and `f` runs in an AVX-512F
+/// build where the CPU has it ([`tail_piece`]), so that a tail of roundings
+/// and products vectorises.
 ///
 /// Errors: a tensor failure.
-pub fn zip_map(
+pub fn zip_map_silu(
     a: &Tensor,
     b: &Tensor,
-    f: impl Fn(f32, f32, usize) -> f32 + Sync,
+    of: SiluOf,
+    f: impl Fn(f32, f32, f32, usize) -> f32 + Sync,
 ) -> Result<Option<Tensor>> {
     let fits = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
     if !fits(a) || !fits(b) || a.shape() != b.shape() {
         return Ok(None);
     }
+    let d = a.dims().last().copied().unwrap_or(1).max(1);
+    let piece = PIECE.div_ceil(d) * d;
     let out = with_f32(a, |a| {
         with_f32(b, |b| {
             let mut out = vec![0f32; a.len()];
-            out.par_chunks_mut(PIECE)
-                .zip(a.par_chunks(PIECE).zip(b.par_chunks(PIECE)))
-                .enumerate()
-                .for_each(|(c, (o, (a, b)))| {
-                    for (j, ((o, &x), &y)) in o.iter_mut().zip(a).zip(b).enumerate() {
-                        *o = f(x, y, c * PIECE + j);
-                    }
-                });
+            out.par_chunks_mut(piece)
+                .zip(a.par_chunks(piece).zip(b.par_chunks(piece)))
+                .for_each(|(o, (a, b))| tail_piece(o, (a, b), d, of, &f));
             out
         })
     })??;
     Ok(Some(Tensor::from_vec(out, a.shape(), a.device())?))
+}
+
+/// One piece of [`zip_map_silu`]: whole rows of `d` values, in the
+/// AVX-512F build of [`tail_rows`] where the CPU has it (16 lanes; the
+/// crate's baseline build has SSE2's 4), the same operations either way.
+fn tail_piece<F: Fn(f32, f32, f32, usize) -> f32>(
+    o: &mut [f32],
+    ab: (&[f32], &[f32]),
+    d: usize,
+    of: SiluOf,
+    f: &F,
+) {
+    /// [`tail_rows`] compiled for AVX-512F.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512<F: Fn(f32, f32, f32, usize) -> f32>(
+        o: &mut [f32],
+        ab: (&[f32], &[f32]),
+        d: usize,
+        of: SiluOf,
+        f: &F,
+    ) {
+        tail_rows(o, ab, d, of, f);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::capabilities().avx512f {
+        // SAFETY: the CPU has AVX-512F (read from CPUID with the capabilities).
+        return unsafe { avx512(o, ab, d, of, f) };
+    }
+    tail_rows(o, ab, d, of, f);
+}
+
+/// [`tail_piece`]'s loop, inlined into each build: each row's columns a
+/// block at a time, their silu first ([`silu_into`]), then `f`.
+#[inline(always)]
+fn tail_rows<F: Fn(f32, f32, f32, usize) -> f32>(
+    o: &mut [f32],
+    (a, b): (&[f32], &[f32]),
+    d: usize,
+    of: SiluOf,
+    f: &F,
+) {
+    let mut s = [0f32; BLOCK];
+    for (o, (a, b)) in o.chunks_mut(d).zip(a.chunks(d).zip(b.chunks(d))) {
+        for c0 in (0..d).step_by(BLOCK) {
+            let c1 = (c0 + BLOCK).min(d);
+            let (o, a, b) = (&mut o[c0..c1], &a[c0..c1], &b[c0..c1]);
+            let s = &mut s[..c1 - c0];
+            silu_into(if of == SiluOf::First { a } else { b }, s);
+            let values = o.iter_mut().zip(a).zip(b).zip(s.iter());
+            for (j, (((o, &x), &y), &s)) in values.enumerate() {
+                *o = f(x, y, s, c0 + j);
+            }
+        }
+    }
 }
 
 /// `Tensor::cat(parts, 1)` of 2-D tensors with the same rows (a row's
@@ -130,9 +219,14 @@ mod tests {
     #[test]
     fn the_fused_tails_give_candles_ops_bits() {
         let dev = Device::Cpu;
-        // More than one rayon piece, and a last piece short of one.
-        let (rows, d) = (37, 1000);
-        for p in [Precision::F32, Precision::Bf16, Precision::F16] {
+        // More than one rayon piece and a last piece short of one; rows of
+        // more than one column block with a short last one, and rows of
+        // fewer columns than a block.
+        let shapes = [(37, 1000), (3001, 7)];
+        for ((rows, d), p) in shapes
+            .into_iter()
+            .flat_map(|s| Precision::ALL.map(|p| (s, p)))
+        {
             let t = |seed| Tensor::from_vec(values(rows * d, p, seed), (rows, d), &dev).unwrap();
             let (a, b) = (t(1), t(2));
             let w = Tensor::from_vec(values(d, p, 3), d, &dev).unwrap();
@@ -141,13 +235,24 @@ mod tests {
             let want = p
                 .round(&(p.round(&a.silu().unwrap()).unwrap() * &b).unwrap())
                 .unwrap();
-            let got = zip_map(&a, &b, |g, u, _| p.round_f32(p.round_f32(silu(g)) * u));
+            let got = zip_map_silu(&a, &b, SiluOf::First, |_, u, s, _| {
+                p.round_f32(p.round_f32(s) * u)
+            });
             assert!(bits(&got.unwrap().unwrap()) == bits(&want), "swiglu {p:?}");
+            // The baseline build's loop (the AVX-512F one ran above where
+            // the CPU has it).
+            let (av, bv) = (a.flatten_all().unwrap(), b.flatten_all().unwrap());
+            let (av, bv) = (av.to_vec1::<f32>().unwrap(), bv.to_vec1::<f32>().unwrap());
+            let mut o = vec![0f32; rows * d];
+            let tail = |_, u, s, _| p.round_f32(p.round_f32(s) * u);
+            tail_rows(&mut o, (&av, &bv), d, SiluOf::First, &tail);
+            let o = Tensor::from_vec(o, (rows, d), &dev).unwrap();
+            assert!(bits(&o) == bits(&want), "swiglu, baseline build, {p:?}");
             // The gated norm's tail: round(round(n · w) · silu(z)).
             let nw = p.round(&a.broadcast_mul(&w).unwrap()).unwrap();
             let want = p.round(&(nw * b.silu().unwrap()).unwrap()).unwrap();
-            let got = zip_map(&a, &b, |n, z, i| {
-                p.round_f32(p.round_f32(n * wv[i % d]) * silu(z))
+            let got = zip_map_silu(&a, &b, SiluOf::Second, |n, _, s, c| {
+                p.round_f32(p.round_f32(n * wv[c]) * s)
             });
             assert!(
                 bits(&got.unwrap().unwrap()) == bits(&want),
@@ -180,8 +285,12 @@ mod tests {
         let dev = Device::Cpu;
         let a = Tensor::zeros((2, 3), DType::F32, &dev).unwrap();
         let b = Tensor::zeros((3, 2), DType::F32, &dev).unwrap();
-        assert!(zip_map(&a, &b, |x, _, _| x).unwrap().is_none());
+        assert!(zip_map_silu(&a, &b, SiluOf::First, |x, _, _, _| x)
+            .unwrap()
+            .is_none());
         let h = Tensor::zeros((2, 3), DType::F16, &dev).unwrap();
-        assert!(zip_map(&a, &h, |x, _, _| x).unwrap().is_none());
+        assert!(zip_map_silu(&a, &h, SiluOf::First, |x, _, _, _| x)
+            .unwrap()
+            .is_none());
     }
 }

@@ -3,7 +3,7 @@
 
 use candle_core::Tensor;
 
-use super::elementwise::{silu, zip_map};
+use super::elementwise::{zip_map_silu, SiluOf};
 use super::{matrix, Matrix, Rows};
 use crate::error::Result;
 use crate::loading::WeightSource;
@@ -92,7 +92,8 @@ impl Mlp {
         let g = self.gate_proj.apply(x, p, rows)?;
         let u = self.up_proj.apply(x, p, rows)?;
         // round(round(silu(g)) · u), as candle's silu, round, mul, round.
-        let h = match zip_map(&g, &u, |g, u, _| p.round_f32(p.round_f32(silu(g)) * u))? {
+        let tail = |_, u, s, _| p.round_f32(p.round_f32(s) * u);
+        let h = match zip_map_silu(&g, &u, SiluOf::First, tail)? {
             Some(h) => h,
             None => p.round(&(p.round(&g.silu()?)? * u)?)?,
         };

@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Tensor, D};
 
-use super::elementwise::{silu, zip_map};
+use super::elementwise::{zip_map_silu, SiluOf};
 use super::param;
 use crate::error::Result;
 use crate::loading::WeightSource;
@@ -81,8 +81,8 @@ impl RmsNormGated {
         // silu, mul, round.
         let (w, d) = (&self.w, self.w.len());
         let fused = if d > 0 && n.dim(D::Minus1)? == d {
-            zip_map(&n, z, |n, z, i| {
-                p.round_f32(p.round_f32(n * w[i % d]) * silu(z))
+            zip_map_silu(&n, z, SiluOf::Second, |n, _, s, c| {
+                p.round_f32(p.round_f32(n * w[c]) * s)
             })?
         } else {
             None

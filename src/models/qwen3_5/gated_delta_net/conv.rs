@@ -3,10 +3,13 @@
 //! model dtype) and the split of its output into the delta rule's q, k and
 //! v with the key heads expanded to the value heads, in one pass per row
 //! over the layer's input where transformers builds the padded input, the
-//! conv's output and the three slices as tensors of their own.
+//! conv's output and the three slices as tensors of their own. A row's
+//! sums, roundings and silu run in an AVX-512F build where the CPU has it
+//! ([`conv_row`]), with the same operations in the same order.
 
 use rayon::prelude::*;
 
+use crate::models::layers::elementwise::silu_into;
 use crate::precision::Precision;
 
 /// A forward's conv input as transformers pads it: the `K-1` columns of
@@ -72,24 +75,14 @@ pub(super) fn conv_split(
         .zip(v.par_chunks_mut((nv * dv).max(1)))
         .enumerate()
         .for_each_init(
-            || vec![0f32; c],
-            |acc, (i, ((qr, kr), vr))| {
+            || (vec![0f32; c], vec![0f32; c]),
+            |(acc, silu), (i, ((qr, kr), vr))| {
                 // Padded row i + j is position i + j − hist of this forward.
                 let first = reset
                     .filter(|&r| i >= r)
                     .map_or(0, |r| (r + hist).saturating_sub(i))
                     .min(kk);
-                acc.fill(0.0);
-                for j in first..kk {
-                    let (w, src) = (&w_t[j * c..(j + 1) * c], x.row(i + j));
-                    for ((a, &w), &s) in acc.iter_mut().zip(w).zip(src) {
-                        *a += w * s;
-                    }
-                }
-                for a in acc.iter_mut() {
-                    let r = prec.round_f32(*a);
-                    *a = prec.round_f32(r / (1.0 + (-r).exp()));
-                }
+                conv_row(x, w_t, i, first, (acc, silu), prec);
                 for h in 0..nv {
                     let kh = h / rep;
                     qr[h * dk..(h + 1) * dk].copy_from_slice(&acc[kh * dk..(kh + 1) * dk]);
@@ -100,6 +93,69 @@ pub(super) fn conv_split(
             },
         );
     (q, k, v)
+}
+
+/// Row `i` of the conv's output, `round(silu(round(Σ_j w_j · x_{i+j})))`
+/// over the padded rows from `first` on, into `acc` (`silu` is scratch of
+/// the same length), in the AVX-512F build of [`conv_row_lanes`] where the
+/// CPU has it (16 lanes; the crate's baseline build has SSE2's 4), the same
+/// operations either way.
+fn conv_row(
+    x: &Padded<'_>,
+    w_t: &[f32],
+    i: usize,
+    first: usize,
+    out: (&mut [f32], &mut [f32]),
+    prec: Precision,
+) {
+    /// [`conv_row_lanes`] compiled for AVX-512F.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512(
+        x: &Padded<'_>,
+        w_t: &[f32],
+        i: usize,
+        first: usize,
+        out: (&mut [f32], &mut [f32]),
+        prec: Precision,
+    ) {
+        conv_row_lanes(x, w_t, i, first, out, prec);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::capabilities().avx512f {
+        // SAFETY: the CPU has AVX-512F (read from CPUID with the capabilities).
+        return unsafe { avx512(x, w_t, i, first, out, prec) };
+    }
+    conv_row_lanes(x, w_t, i, first, out, prec);
+}
+
+/// [`conv_row`]'s loops, inlined into each build: candle's sum of products
+/// in increasing tap order (a multiply, then an add), the rounding, the
+/// silu as candle's ([`silu_into`]) and the rounding again.
+#[inline(always)]
+fn conv_row_lanes(
+    x: &Padded<'_>,
+    w_t: &[f32],
+    i: usize,
+    first: usize,
+    (acc, silu): (&mut [f32], &mut [f32]),
+    prec: Precision,
+) {
+    let (c, kk) = (x.c, w_t.len() / x.c.max(1));
+    acc.fill(0.0);
+    for j in first..kk {
+        let (w, src) = (&w_t[j * c..(j + 1) * c], x.row(i + j));
+        for ((a, &w), &s) in acc.iter_mut().zip(w).zip(src) {
+            *a += w * s;
+        }
+    }
+    prec.round_slice(acc);
+    silu_into(acc, silu);
+    acc.copy_from_slice(silu);
+    prec.round_slice(acc);
 }
 
 #[cfg(test)]
@@ -149,6 +205,37 @@ mod tests {
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn both_builds_of_a_row_give_the_same_bits() {
+        // The AVX-512F build (where the CPU has it) and the baseline's,
+        // against each other and the reference, on channels that fill
+        // 16-lane vectors and channels that leave a tail.
+        let mut r = rand::rngs::StdRng::seed_from_u64(11);
+        for heads in [(2, 4, 8, 12), (1, 1, 3, 5)] {
+            let (nk, nv, dk, dv) = heads;
+            let (c, kk, t) = (2 * nk * dk + nv * dv, 4, 9);
+            let w_t: Vec<f32> = (0..kk * c).map(|_| r.gen_range(-3.0..3.0)).collect();
+            let hist: Vec<f32> = (0..(kk - 1) * c).map(|_| r.gen_range(-8.0..8.0)).collect();
+            let new: Vec<f32> = (0..t * c).map(|_| r.gen_range(-8.0..8.0)).collect();
+            let x = Padded {
+                hist: &hist,
+                new: &new,
+                c,
+            };
+            for p in Precision::ALL {
+                let (mut a, mut b, mut s) = (vec![0f32; c], vec![0f32; c], vec![0f32; c]);
+                for (i, first) in [(0, 0), (4, 0), (8, 2), (8, kk)] {
+                    conv_row(&x, &w_t, i, first, (&mut a, &mut s), p);
+                    conv_row_lanes(&x, &w_t, i, first, (&mut b, &mut s), p);
+                    assert!(bits(&a) == bits(&b), "{heads:?} {p:?} row {i} from {first}");
+                }
+            }
+            let (q, _, v) = conv_split(&x, &w_t, None, Precision::F16, heads);
+            let want = reference(&x, &w_t, None, Precision::F16, heads);
+            assert!(bits(&q) == bits(&want[0]) && bits(&v) == bits(&want[2]));
+        }
     }
 
     #[test]
