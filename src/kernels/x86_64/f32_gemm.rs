@@ -27,6 +27,8 @@
 //! tests compare with candle's own product, so a build that changed them
 //! would fail there.
 
+use std::mem::MaybeUninit;
+
 use super::gemv::{load16, weight_at};
 use super::tiles::{self, Tile};
 use crate::kernels::Weight;
@@ -109,22 +111,59 @@ unsafe fn widen_columns(
 }
 
 /// `x [m, k]` 16 rows per group: `[group][k][lane]` = `x[16·group + lane][k]`
-/// (0 past the last row).
-fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
+/// (0 past the last row), groups in parallel, written once: each 16 × 16
+/// block of a group's rows transposed in registers ([`tiles::transpose16`])
+/// into memory not zeroed first.
+///
+/// # Safety
+/// AVX-512F; `x` holds `m·k` values.
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
     use rayon::prelude::*;
-    let groups = m.div_ceil(16);
-    let mut out = vec![0f32; groups * k * 16];
-    out.par_chunks_mut((k * 16).max(1))
+    let len = m.div_ceil(16) * k * 16;
+    let mut out = Vec::with_capacity(len);
+    out.spare_capacity_mut()[..len]
+        .par_chunks_mut((k * 16).max(1))
         .enumerate()
-        .for_each(|(g, group)| {
-            for r in g * 16..(g * 16 + 16).min(m) {
-                let (row, lane) = (&x[r * k..(r + 1) * k], r % 16);
-                for (kk, &v) in row.iter().enumerate() {
-                    group[kk * 16 + lane] = v;
-                }
+        // SAFETY: AVX-512F; the group lies inside x's rows.
+        .for_each(|(g, group)| unsafe { pack_group(x, (m, k), g, group) });
+    // SAFETY: every group wrote each of its k·16 values.
+    unsafe { out.set_len(len) };
+    out
+}
+
+/// Group `g` of [`pack_rows`] into `out` (`k·16` values), every value written.
+///
+/// # Safety
+/// AVX-512F; `x` holds `m·k` values and `16·g < m`.
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_group(x: &[f32], (m, k): (usize, usize), g: usize, out: &mut [MaybeUninit<f32>]) {
+    use std::arch::x86_64::*;
+    assert_eq!(out.len(), k * 16, "a group's packed values");
+    let rows = (m - 16 * g).min(16);
+    let row = |l: usize| &x[(16 * g + l) * k..(16 * g + l + 1) * k];
+    let o = out.as_mut_ptr() as *mut f32;
+    let mut e = 0;
+    while e + 16 <= k {
+        let r: [__m512; 16] = std::array::from_fn(|l| {
+            // SAFETY: row l holds k values, so e..e + 16 of them.
+            if l < rows {
+                _mm512_loadu_ps(row(l)[e..e + 16].as_ptr())
+            } else {
+                _mm512_setzero_ps()
             }
         });
-    out
+        for (j, v) in tiles::transpose16(r).into_iter().enumerate() {
+            // SAFETY: values (e + j)·16 .. + 16 lie inside the group's k·16.
+            _mm512_storeu_ps(o.add((e + j) * 16), v);
+        }
+        e += 16;
+    }
+    for kk in e..k {
+        for (l, v) in out[kk * 16..(kk + 1) * 16].iter_mut().enumerate() {
+            v.write(if l < rows { row(l)[kk] } else { 0.0 });
+        }
+    }
 }
 
 /// `V·16` rows × `C` columns: for each k-block, accumulators from +0 take
@@ -155,5 +194,30 @@ unsafe fn kernel<const V: usize, const C: usize>(a: &[f32], b: *const f32, c: *m
         }
         tiles::store(&acc, c, t, block == 0);
         block = end;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The packed layout, value by value, at row and k counts that fill
+    /// groups and 16 × 16 blocks and counts that leave tails of both.
+    #[test]
+    fn packed_rows_hold_each_row_in_its_lane() {
+        if !crate::kernels::capabilities().avx512f {
+            eprintln!("skipped: this CPU has no AVX-512F, which pack_rows needs");
+            return;
+        }
+        for (m, k) in [(1, 1), (16, 16), (17, 33), (40, 15), (3, 64), (64, 100)] {
+            let x: Vec<f32> = (0..m * k).map(|i| i as f32 + 0.5).collect();
+            // SAFETY: the CPU has AVX-512F; x holds m·k values.
+            let p = unsafe { super::pack_rows(&x, m, k) };
+            assert_eq!(p.len(), m.div_ceil(16) * k * 16);
+            for (i, &v) in p.iter().enumerate() {
+                let (g, kk, lane) = (i / (k * 16), i / 16 % k, i % 16);
+                let r = 16 * g + lane;
+                let want = if r < m { x[r * k + kk] } else { 0.0 };
+                assert_eq!(v.to_bits(), want.to_bits(), "m {m} k {k} at {i}");
+            }
+        }
     }
 }
