@@ -132,9 +132,23 @@ impl Weights {
     /// Errors: unknown name or a non-float dtype ([`Error::Checkpoint`]), an
     /// unreadable shard ([`Error::Io`]).
     pub fn load_f32_rounded(&self, name: &str, prec: Precision) -> Result<Tensor> {
+        Ok(self.load_f32_rounded_counted(name, prec)?.0)
+    }
+
+    /// [`Self::load_f32_rounded`], with the NaN and ±Inf counts of the
+    /// stored values ([`Self::count_non_finite`]'s), counted in the same
+    /// pass as the conversion.
+    ///
+    /// Errors: as [`Self::load_f32_rounded`].
+    pub fn load_f32_rounded_counted(
+        &self,
+        name: &str,
+        prec: Precision,
+    ) -> Result<(Tensor, (usize, usize))> {
         let t = self.header(name)?;
-        let v = self.convert_rows(t, 0, t.shape.first().copied().unwrap_or(1), Some(prec))?;
-        Ok(Tensor::from_vec(v, t.shape.clone(), &Device::Cpu)?)
+        let rows = t.shape.first().copied().unwrap_or(1);
+        let (v, counts) = self.convert_rows_counted(t, 0, rows, Some(prec))?;
+        Ok((Tensor::from_vec(v, t.shape.clone(), &Device::Cpu)?, counts))
     }
 
     /// The 2-D tensor `name` stored in bf16, `[N, K]`, as its bf16 pairs
@@ -293,6 +307,18 @@ impl Weights {
         len: usize,
         prec: Option<Precision>,
     ) -> Result<Vec<f32>> {
+        Ok(self.convert_rows_counted(t, start, len, prec)?.0)
+    }
+
+    /// [`Self::convert_rows`], with those rows' NaN and ±Inf counts as
+    /// stored ([`decode::convert`]).
+    fn convert_rows_counted(
+        &self,
+        t: &TensorHeader,
+        start: usize,
+        len: usize,
+        prec: Option<Precision>,
+    ) -> Result<(Vec<f32>, (usize, usize))> {
         let dtype = Stored::of(&t.dtype).ok_or_else(|| self.not_float(t))?;
         let width = dtype.width();
         let row_elems: usize = t.shape.iter().skip(1).product();

@@ -200,37 +200,6 @@ impl TensorView {
             .unwrap_or(false)
     }
 
-    fn scan_non_finite(&self, key: &str, t: &Tensor) -> Result<()> {
-        if self.scanned(key) {
-            return Ok(());
-        }
-        // Count on the tensor's own storage (no copy), in parallel.
-        let t = t.flatten_all()?;
-        let (storage, layout) = t.storage_and_layout();
-        let (nan, inf) = match (&*storage, layout.contiguous_offsets()) {
-            (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) => {
-                use rayon::prelude::*;
-                v[a..b]
-                    .par_chunks(1 << 16)
-                    .map(|c| {
-                        c.iter().fold((0, 0), |n, x| {
-                            (n.0 + x.is_nan() as usize, n.1 + x.is_infinite() as usize)
-                        })
-                    })
-                    .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
-            }
-            _ => {
-                let v = t.to_vec1::<f32>()?;
-                (
-                    v.iter().filter(|x| x.is_nan()).count(),
-                    v.iter().filter(|x| x.is_infinite()).count(),
-                )
-            }
-        };
-        self.record_non_finite(key, nan, inf);
-        Ok(())
-    }
-
     fn record_non_finite(&self, key: &str, nan: usize, inf: usize) {
         if let Ok(mut m) = self.non_finite.lock() {
             m.insert(key.to_string(), NonFinite { nan, inf });
@@ -329,18 +298,11 @@ impl WeightSource for TensorView {
     fn tensor_in(&self, name: &str, prec: Precision) -> Result<Tensor> {
         match self.key(name)? {
             Some(key) => {
-                let t = self.weights.load_f32_rounded(key, prec)?;
-                let exact = self
-                    .weights
-                    .index()
-                    .get(key)
-                    .is_some_and(|h| prec.is_exact_for(&h.dtype));
-                if exact {
-                    // Rounding changed nothing: the tensor holds the stored values.
-                    self.scan_non_finite(key, &t)?;
-                } else {
-                    // Rounding may overflow a finite value; count what is stored.
-                    self.scan_key_bytes(key)?;
+                let (t, (nan, inf)) = self.weights.load_f32_rounded_counted(key, prec)?;
+                // The stored values' counts (a rounding may overflow a
+                // finite value; what is stored is what is reported).
+                if !self.scanned(key) {
+                    self.record_non_finite(key, nan, inf);
                 }
                 self.place(t)
             }

@@ -48,26 +48,46 @@ const PIECE: usize = 1 << 14;
 /// rounded to `prec` where given (`Precision::round_slice`); bytes past the
 /// last whole value are ignored. bf16 and f16 widen exactly (a NaN gets
 /// its quiet bit, as the half crate's `to_f32` gives it); f64 narrows with
-/// `as f32`.
-pub(super) fn convert(src: &[u8], dtype: Stored, prec: Option<Precision>) -> Vec<f32> {
+/// `as f32`. With the NaN and ±Inf counts of the values as widened (before the
+/// rounding, which may overflow a finite value to Inf): the stored values'
+/// counts, as `Weights::count_non_finite` reads them from the bytes (an f64
+/// past f32's range counts as the Inf its cast is), counted in the same
+/// pass while each piece is in cache.
+pub(super) fn convert(
+    src: &[u8],
+    dtype: Stored,
+    prec: Option<Precision>,
+) -> (Vec<f32>, (usize, usize)) {
     let width = dtype.width();
     let n = src.len() / width;
     let mut out: Vec<f32> = Vec::with_capacity(n);
-    out.spare_capacity_mut()[..n]
+    let counts = out.spare_capacity_mut()[..n]
         .par_chunks_mut(PIECE)
         .zip(src[..n * width].par_chunks(PIECE * width))
-        .for_each(|(o, s)| {
+        .map(|(o, s)| {
             let o = widen(dtype, s, o);
+            let counts = non_finite(o);
             if let Some(p) = prec {
                 p.round_slice(o);
             }
-        });
+            counts
+        })
+        .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     // SAFETY: the two sides split n values into the same pieces (PIECE
     // values, and PIECE·width of the n·width bytes), so the pieces cover the
     // first n values, and `widen` wrote each value of its piece. A panic in
-    // a piece leaves `for_each` before this line.
+    // a piece leaves the parallel loop before this line.
     unsafe { out.set_len(n) };
-    out
+    (out, counts)
+}
+
+/// NaN and ±Inf counts of `v`, on the bits (a loop that vectorises).
+fn non_finite(v: &[f32]) -> (usize, usize) {
+    const INF: u32 = 0x7F80_0000;
+    v.iter().fold((0, 0), |n, x| {
+        let a = x.to_bits() & 0x7FFF_FFFF;
+        (n.0 + usize::from(a > INF), n.1 + usize::from(a == INF))
+    })
 }
 
 /// `o.len()` values decoded from `s` (`o.len()` values of `dtype`) into `o`,
@@ -228,8 +248,21 @@ mod tests {
                 Some(Precision::F16),
             ] {
                 for n in [halves.len(), PIECE + 17, 15, 1, 0] {
-                    let got = convert(&bytes[..2 * n + 1], dtype, prec);
+                    let (got, counts) = convert(&bytes[..2 * n + 1], dtype, prec);
                     assert_eq!(got.len(), n, "{dtype:?}: the odd trailing byte is ignored");
+                    // The stored values' counts, as read from the bytes.
+                    let stored = match dtype {
+                        Stored::Bf16 => {
+                            crate::checkpoint::weights::bf16_non_finite(&bytes[..2 * n])
+                        }
+                        _ => crate::checkpoint::weights::non_finite_bits(
+                            &bytes[..2 * n],
+                            |b: [u8; 2]| u32::from(u16::from_le_bytes(b)),
+                            10,
+                            5,
+                        ),
+                    };
+                    assert_eq!(counts, stored, "{dtype:?} to {prec:?}: NaN and Inf of {n}");
                     for (i, (g, &h)) in got.iter().zip(&halves).enumerate() {
                         let mut want = [widened(dtype, h)];
                         if let Some(p) = prec {
@@ -260,8 +293,16 @@ mod tests {
         let b32: Vec<u8> = xs.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect();
         for prec in [None, Some(Precision::Bf16)] {
             for (dtype, bytes) in [(Stored::F64, &b64), (Stored::F32, &b32)] {
-                let got = convert(bytes, dtype, prec);
+                let (got, counts) = convert(bytes, dtype, prec);
                 assert_eq!(got.len(), xs.len(), "{dtype:?}");
+                // 3.4e39 narrows to Inf and counts as one; its bf16
+                // rounding does not add one.
+                let cast = xs.iter().map(|&x| x as f32);
+                let want = (
+                    cast.clone().filter(|x| x.is_nan()).count(),
+                    cast.filter(|x| x.is_infinite()).count(),
+                );
+                assert_eq!(counts, want, "{dtype:?} to {prec:?}: NaN and Inf");
                 for (i, (g, &x)) in got.iter().zip(&xs).enumerate() {
                     let mut want = [x as f32];
                     if let Some(p) = prec {
@@ -269,7 +310,9 @@ mod tests {
                     }
                     assert_eq!(g.to_bits(), want[0].to_bits(), "{dtype:?} {x} at {i}");
                 }
-                assert!(convert(&bytes[..dtype.width() - 1], dtype, prec).is_empty());
+                assert!(convert(&bytes[..dtype.width() - 1], dtype, prec)
+                    .0
+                    .is_empty());
             }
         }
     }
