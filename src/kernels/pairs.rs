@@ -45,11 +45,7 @@ impl Pairs {
         let ok = words
             .par_chunks_mut(pairs.max(1))
             .zip(values.par_chunks(k.max(1)))
-            .all(|(out, row)| {
-                row.chunks(2)
-                    .zip(out.iter_mut())
-                    .all(|(two, o)| pair_of(two).map(|p| *o = p).is_some())
-            });
+            .all(|(out, row)| row_pairs(row, out));
         if !ok {
             return Err(refused(
                 "bf16 dot-product matmul: a weight value is not a bf16 value".into(),
@@ -179,6 +175,50 @@ pub(in crate::kernels) fn scalar_words(out: &mut [u32], row: &[u8]) -> (usize, u
     (nan, inf)
 }
 
+/// One row's pairs into `out` (`row.len().div_ceil(2)` words), as
+/// [`pair_of`] gives each; false when a value is not bf16 (then `out` is
+/// not meaningful). The loop compiled for AVX-512F where the CPU has it, the
+/// same bit operations either way.
+fn row_pairs(row: &[f32], out: &mut [u32]) -> bool {
+    /// [`row_pairs_lanes`] compiled for AVX-512F.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512(row: &[f32], out: &mut [u32]) -> bool {
+        row_pairs_lanes(row, out)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::capabilities().avx512f {
+        // SAFETY: the CPU has AVX-512F (read from CPUID with the capabilities).
+        return unsafe { avx512(row, out) };
+    }
+    row_pairs_lanes(row, out)
+}
+
+/// [`row_pairs`]' loop, branch-free so that it vectorises: a pair's word
+/// is the first value's high half over the second's, and the values' low
+/// halves are or-ed together to be checked once at the end.
+#[inline(always)]
+fn row_pairs_lanes(row: &[f32], out: &mut [u32]) -> bool {
+    assert_eq!(out.len(), row.len().div_ceil(2), "a row's pairs");
+    let whole = row.chunks_exact(2);
+    let tail = whole.remainder();
+    let mut low = 0u32;
+    for (two, o) in whole.zip(out.iter_mut()) {
+        let (a, b) = (two[0].to_bits(), two[1].to_bits());
+        low |= (a | b) & 0xFFFF;
+        *o = (a & 0xFFFF_0000) | (b >> 16);
+    }
+    if let (&[a], Some(o)) = (tail, out.last_mut()) {
+        let a = a.to_bits();
+        low |= a & 0xFFFF;
+        *o = a & 0xFFFF_0000;
+    }
+    low == 0
+}
+
 /// One or two f32 values holding bf16 values as a swapped pair: the first
 /// in the high half, the second (0 when absent) in the low half. `None`
 /// when a value is not a bf16 value (its low 16 bits are not zero).
@@ -192,4 +232,46 @@ pub(crate) fn pair_of(two: &[f32]) -> Option<u32> {
         None => 0,
     };
     Some(bf(*two.first()?)? << 16 | lo)
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// Rows of bf16 values (odd and even lengths, one shorter than a
+    /// vector, signed zeros, NaN and Inf among them) give [`pair_of`]'s
+    /// words in both builds; a value with a low half set anywhere in a row,
+    /// its odd last one included, is refused.
+    #[test]
+    fn a_rows_pairs_are_pair_ofs_words_in_both_builds() {
+        let mut r = rand::rngs::StdRng::seed_from_u64(5);
+        for k in [1, 2, 7, 31, 32, 33, 100] {
+            let row: Vec<f32> = (0..k)
+                .map(|i| match i % 9 {
+                    0 => -0.0,
+                    1 => f32::NAN,
+                    2 => f32::NEG_INFINITY,
+                    _ => f32::from_bits(r.gen::<u32>() & 0xFFFF_0000),
+                })
+                .collect();
+            let want: Vec<u32> = row.chunks(2).map(|t| pair_of(t).unwrap()).collect();
+            let mut got = vec![0u32; want.len()];
+            assert!(row_pairs(&row, &mut got) && got == want, "k {k}");
+            let mut got = vec![0u32; want.len()];
+            assert!(
+                row_pairs_lanes(&row, &mut got) && got == want,
+                "k {k}, baseline"
+            );
+            assert_eq!(Pairs::of(&row, [1, k]).unwrap().words(), &want[..]);
+            for at in [0, k / 2, k - 1] {
+                let mut bad = row.clone();
+                bad[at] = f32::from_bits(bad[at].to_bits() | 1);
+                assert!(!row_pairs(&bad, &mut got), "k {k}: a low bit at {at}");
+                assert!(!row_pairs_lanes(&bad, &mut got), "k {k}: a low bit at {at}");
+                assert!(Pairs::of(&bad, [1, k]).is_err());
+            }
+        }
+    }
 }
