@@ -7,6 +7,7 @@
 
 mod amx;
 mod bf16_gemm;
+pub(crate) mod expf;
 mod f32_gemm;
 mod gemv;
 mod tiles;

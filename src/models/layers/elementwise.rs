@@ -4,8 +4,9 @@
 //! pages Linux zeroes first at long prompts (`docs/performance.md`, "Fewer
 //! passes over a long prompt's memory"). Each element gets the operations
 //! candle's ops give it, in their order, so the values are the same bits.
-//! A row's silu takes libm's `expf` a value at a time, as candle's does,
-//! then the rest of the tail runs in an AVX-512F build where the CPU has it
+//! A row's silu takes `expf`'s bits 16 values at a time where the CPU and
+//! libm allow (else a libm call per value, as candle's does), then the rest
+//! of the tail runs in an AVX-512F build where the CPU has it
 //! (`docs/performance.md`, "Elementwise tails in 16 lanes"). Also a
 //! parallel join of column blocks ([`cat_columns`]).
 
@@ -27,15 +28,14 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// [`silu`] of each value of `x` into `out`, in two passes: libm's `expf`
-/// (one call per value, as candle's op makes it), then `x / (1 + e)`, which
-/// vectorises. The same operations in the same order as [`silu`], so the
-/// same bits.
+/// [`silu`] of each value of `x` into `out`, in two passes: `e^{−x}` with
+/// libm `expf`'s bits ([`crate::kernels::exp_negated`]: 16 values at a time
+/// where the CPU and libm allow, else a libm call per value, as candle's op
+/// makes it), then `x / (1 + e)`, which vectorises. The same operations in
+/// the same order as [`silu`], so the same bits.
 #[inline(always)]
 pub fn silu_into(x: &[f32], out: &mut [f32]) {
-    for (o, &x) in out.iter_mut().zip(x) {
-        *o = (-x).exp();
-    }
+    crate::kernels::exp_negated(x, out);
     for (o, &x) in out.iter_mut().zip(x) {
         *o = x / (1.0 + *o);
     }
