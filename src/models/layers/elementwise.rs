@@ -55,7 +55,7 @@ pub enum SiluOf {
 /// shape, in parallel, as a new tensor of that shape; `None` when either
 /// is not an f32 CPU tensor or the shapes differ (the caller then takes
 /// candle's ops). The silu is [`silu_into`]'s, and `f` runs in an AVX-512F
-/// build where the CPU has it ([`tail_piece`]), so that a tail of roundings
+/// build where the CPU has it (`tail_piece`), so that a tail of roundings
 /// and products vectorises.
 ///
 /// Errors: a tensor failure.
