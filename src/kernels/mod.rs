@@ -243,9 +243,9 @@ pub fn bf16_dot_rate() -> Option<f64> {
 /// algorithm, checked once per process: `x86_64/expf.rs`), else one libm
 /// call per value.
 pub fn exp_negated(x: &[f32], out: &mut [f32]) {
+    assert!(out.len() >= x.len(), "an output per value");
     #[cfg(target_arch = "x86_64")]
     if capabilities().avx512f && x86_64::expf::matches_libm() {
-        assert!(out.len() >= x.len(), "an output per value");
         // SAFETY: the CPU has AVX-512F (read from CPUID with the
         // capabilities); `out` holds a value per input (asserted).
         return unsafe { x86_64::expf::exp_negated(x, out) };
