@@ -204,7 +204,7 @@ mod tests {
     #[test]
     fn packed_rows_hold_each_row_in_its_lane() {
         if !crate::kernels::capabilities().avx512f {
-            eprintln!("skipped: this CPU has no AVX-512F, which pack_rows needs");
+            eprintln!("SKIPPED: this CPU has no AVX-512F, which pack_rows needs");
             return;
         }
         for (m, k) in [(1, 1), (16, 16), (17, 33), (40, 15), (3, 64), (64, 100)] {

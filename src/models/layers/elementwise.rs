@@ -23,16 +23,12 @@ const PIECE: usize = 1 << 14;
 /// pass that reads them.
 const BLOCK: usize = 512;
 
-/// candle's f32 `silu` (`candle_core::op::Silu::f32`): `x / (1 + e^{−x})`.
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-/// [`silu`] of each value of `x` into `out`, in two passes: `e^{−x}` with
-/// libm `expf`'s bits ([`crate::kernels::exp_negated`]: 16 values at a time
+/// candle's f32 `silu` (`candle_core::op::Silu::f32`: `x / (1 + e^{−x})`)
+/// of each value of `x` into `out`, in two passes: `e^{−x}` with libm
+/// `expf`'s bits ([`crate::kernels::exp_negated`]: 16 values at a time
 /// where the CPU and libm allow, else a libm call per value, as candle's op
 /// makes it), then `x / (1 + e)`, which vectorises. The same operations in
-/// the same order as [`silu`], so the same bits.
+/// the same order as candle's, so the same bits.
 #[inline(always)]
 pub fn silu_into(x: &[f32], out: &mut [f32]) {
     crate::kernels::exp_negated(x, out);
@@ -41,7 +37,7 @@ pub fn silu_into(x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// The operand whose [`silu`] an elementwise tail takes.
+/// The operand whose silu an elementwise tail takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SiluOf {
     /// The first (the SwiGLU's gate).
@@ -197,13 +193,17 @@ mod tests {
     use super::*;
     use crate::precision::Precision;
 
-    /// Values of the dtype from tiny to past `exp`'s overflow, signed zeros included.
+    /// Values of the dtype from tiny to past `exp`'s overflow, signed zeros,
+    /// ±Inf and NaN included.
     fn values(n: usize, p: Precision, seed: u64) -> Vec<f32> {
         let mut r = rand::rngs::StdRng::seed_from_u64(seed);
         (0..n)
             .map(|i| match i % 50 {
                 0 => 0.0,
                 1 => -0.0,
+                3 => f32::INFINITY,
+                4 => f32::NEG_INFINITY,
+                5 => f32::NAN,
                 2 => r.gen_range(-120.0..120.0),
                 _ => r.gen_range(-1.0f32..1.0) * 10f32.powi(r.gen_range(-6..2)),
             })
