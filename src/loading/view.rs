@@ -192,7 +192,8 @@ impl TensorView {
             .unwrap_or_default()
     }
 
-    /// True when `key` was already scanned (by either scan).
+    /// True when `key`'s NaN/Inf counts were already recorded (from its
+    /// conversion or a scan of its bytes).
     fn scanned(&self, key: &str) -> bool {
         self.non_finite
             .lock()
@@ -317,8 +318,8 @@ impl WeightSource for TensorView {
     }
 
     /// A bf16 checkpoint key on a CPU view: its pairs from the mapped bytes,
-    /// the key's bytes scanned for NaN/Inf (the counts `tensor_in` records
-    /// for an exact dtype); while [`WeightSource::hold_pairs`] is on, the
+    /// the key's bytes scanned for NaN/Inf (the stored values' counts, as
+    /// `tensor_in` records them); while [`WeightSource::hold_pairs`] is on, the
     /// words read before (by any view over the same shards) instead of a
     /// new read. Missing, converted or non-bf16 tensors: `None`.
     fn bf16_pairs(&self, name: &str) -> Result<PairWords> {

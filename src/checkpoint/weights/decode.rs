@@ -48,11 +48,10 @@ const PIECE: usize = 1 << 14;
 /// rounded to `prec` where given (`Precision::round_slice`); bytes past the
 /// last whole value are ignored. bf16 and f16 widen exactly (a NaN gets
 /// its quiet bit, as the half crate's `to_f32` gives it); f64 narrows with
-/// `as f32`. With the NaN and ±Inf counts of the values as widened (before the
-/// rounding, which may overflow a finite value to Inf): the stored values'
-/// counts, as `Weights::count_non_finite` reads them from the bytes (an f64
-/// past f32's range counts as the Inf its cast is), counted in the same
-/// pass while each piece is in cache.
+/// `as f32`. With the NaN and ±Inf counts of the widened values, taken
+/// before the rounding (which may overflow a finite value to Inf) while each
+/// piece is in cache: the counts `Weights::count_non_finite` reads from the
+/// bytes (for f64, those of the `as f32` cast).
 pub(super) fn convert(
     src: &[u8],
     dtype: Stored,

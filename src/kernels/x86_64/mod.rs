@@ -3,7 +3,9 @@
 //! AMX tiles for bf16 pairs ([`amx`]).
 //! The products are entered only through [`super::Plan::run`], so every
 //! one runs on a CPU [`detect`] found its features on; the conversion of a
-//! checkpoint's bf16 bytes ([`words_from_bytes`]) detects AVX-512BW itself.
+//! checkpoint's bf16 bytes ([`words_from_bytes`]) detects AVX-512BW itself,
+//! and the silu's `e^{−x}` ([`expf`], through [`super::exp_negated`]) runs
+//! where the capabilities have AVX-512F and it reproduces this libm.
 
 mod amx;
 mod bf16_gemm;
